@@ -1,0 +1,75 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Stores and the middleware wrap them with a message that
+// says what was wrong and with which value; test with [errors.Is].
+var (
+	// ErrInvalidArgument is wrapped by every input error: bad keys, leases,
+	// lease ids, owners and payload hashes. A call that fails with it changed
+	// nothing.
+	ErrInvalidArgument = errors.New("inbox: invalid argument")
+
+	// ErrInvalidKey: the key is empty, longer than MaxKeyLen, not valid UTF-8,
+	// or holds a NUL byte. Wraps ErrInvalidArgument.
+	ErrInvalidKey = fmt.Errorf("%w: invalid key", ErrInvalidArgument)
+
+	// ErrInvalidLease: a lease duration is zero or negative where one is
+	// required, negative where zero means the default, or outside the range a
+	// store accepts. Wraps ErrInvalidArgument.
+	ErrInvalidLease = fmt.Errorf("%w: invalid lease", ErrInvalidArgument)
+
+	// ErrInvalidLeaseID: a lease id is empty or longer than MaxLeaseIDLen.
+	// Wraps ErrInvalidArgument.
+	ErrInvalidLeaseID = fmt.Errorf("%w: invalid lease id", ErrInvalidArgument)
+
+	// ErrLeaseLost: the lease id no longer holds the key: it expired and
+	// another caller acquired the key, or it was released, or it never held
+	// it. The caller must stop acting as the key's owner.
+	ErrLeaseLost = errors.New("inbox: lease lost")
+
+	// ErrNotSupported: the store cannot do what was asked (for example
+	// Extend on a store without lease extension).
+	ErrNotSupported = errors.New("inbox: not supported")
+
+	// ErrStoreUnavailable: the store could not be reached or failed (network
+	// error, timeout, server fault). Stores wrap backend errors with it; the
+	// middleware returns it, so the message is nacked and redelivered later.
+	ErrStoreUnavailable = errors.New("inbox: store unavailable")
+
+	// ErrClosed: the store or middleware was closed.
+	ErrClosed = errors.New("inbox: closed")
+
+	// ErrBusy: another consumer holds the key's lease and did not finish
+	// within the middleware's wait. The message is nacked for the broker to
+	// redeliver later. [BusyError] carries the details.
+	ErrBusy = errors.New("inbox: key busy")
+
+	// ErrNoKey: the message has no id the middleware could key it by, and
+	// the middleware is configured to refuse such messages.
+	ErrNoKey = errors.New("inbox: message has no idempotency key")
+
+	// ErrPayloadMismatch: a known key arrived with different content, and the
+	// middleware is configured to refuse such messages.
+	ErrPayloadMismatch = errors.New("inbox: payload differs from the one recorded for the key")
+)
+
+// BusyError is returned by the middleware when a key stayed busy for the
+// whole in-process wait. It matches [ErrBusy] with errors.Is.
+type BusyError struct {
+	// Key is the inbox key.
+	Key string
+	// RetryAfter is the time the lease had left at the last look.
+	RetryAfter time.Duration
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("inbox: key %q busy: another consumer holds its lease for %s more", e.Key, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrBusy) true.
+func (e *BusyError) Is(target error) bool { return target == ErrBusy }

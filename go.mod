@@ -1,0 +1,3 @@
+module github.com/watermill-inbox/inbox
+
+go 1.24

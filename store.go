@@ -1,0 +1,237 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Defaults shared by every store and by the middleware.
+const (
+	// DefaultLease is the lease length a store grants when
+	// [BeginOptions.Lease] is zero and the store has no default of its own
+	// configured. The inbox ADR asks for 30 to 120 seconds.
+	DefaultLease = 30 * time.Second
+
+	// DefaultRetention is how long a processed key stays processed unless the
+	// store is configured otherwise. The inbox ADR asks for 7 to 30 days.
+	DefaultRetention = 7 * 24 * time.Hour
+
+	// MaxKeyLen is the longest key, in bytes, that every store accepts.
+	MaxKeyLen = 1024
+
+	// MaxOwnerLen is the longest [BeginOptions.Owner], in bytes.
+	MaxOwnerLen = 255
+
+	// MaxLeaseIDLen is the longest lease id, in bytes.
+	MaxLeaseIDLen = 128
+
+	// MaxPayloadHashLen is the longest [BeginOptions.PayloadHash], in bytes.
+	MaxPayloadHashLen = 128
+)
+
+// Store is the minimal inbox contract of the ADR: ask before the handler, mark
+// after it succeeded. It has no leases, so two consumers that receive the same
+// message at once can both see "not processed" and both run the handler; use a
+// [LeaseStore] to prevent that. Implementations must be safe for concurrent
+// use.
+type Store interface {
+	// IsProcessed reports whether key was marked processed within the store's
+	// retention.
+	IsProcessed(ctx context.Context, key string) (bool, error)
+
+	// MarkProcessed marks key processed for the store's retention. Marking a
+	// processed key again succeeds. On a LeaseStore it marks the key whatever
+	// lease is held on it.
+	MarkProcessed(ctx context.Context, key string) error
+}
+
+// LeaseStore is the leased contract of the remote inbox protocol v1, which
+// every store of this project implements. See the package documentation for
+// the guarantees each method gives. Implementations must be safe for
+// concurrent use.
+type LeaseStore interface {
+	Store
+
+	// TryBegin claims key. It returns a [Claim] whose Status is:
+	//   - [Acquired]: the caller holds a lease until Claim.ExpiresAt and must
+	//     finish with Complete or Release (or let the lease expire);
+	//   - [Busy]: another lease is live; Claim.ExpiresAt and Claim.RetryAfter
+	//     say when it ends;
+	//   - [Processed]: the key was completed within the retention.
+	// A TryBegin that carries the LeaseID of the live lease returns Acquired
+	// again, which makes a retried call idempotent. Each acquisition of a new
+	// lease increments [Record.Attempts].
+	TryBegin(ctx context.Context, key string, opts BeginOptions) (Claim, error)
+
+	// Complete marks key processed under leaseID. It fails with
+	// [ErrLeaseLost] when leaseID no longer holds the key (it expired and
+	// someone else acquired it, or it was released). Repeating Complete with
+	// the lease that completed the key succeeds.
+	Complete(ctx context.Context, key, leaseID string) error
+
+	// Release gives the lease back without marking the key, so the next
+	// TryBegin acquires it at once. It fails with [ErrLeaseLost] when leaseID
+	// no longer holds the key.
+	Release(ctx context.Context, key, leaseID string) error
+
+	// Extend pushes the lease's deadline to lease from now (store clock) and
+	// returns the new deadline. It fails with [ErrLeaseLost] when leaseID no
+	// longer holds the key, and with [ErrNotSupported] on a store that cannot
+	// extend leases.
+	Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error)
+
+	// Get returns what the store knows of key. A key the store does not know,
+	// or whose record has expired, is a Record with State [StateNotFound] and a nil
+	// error.
+	Get(ctx context.Context, key string) (Record, error)
+}
+
+// BeginOptions are the optional parameters of [LeaseStore.TryBegin].
+type BeginOptions struct {
+	// Owner names the caller (host, process, consumer) for logs and
+	// [Record.Owner]. Informational only: fencing is by lease id. At most
+	// [MaxOwnerLen] bytes.
+	Owner string
+
+	// Lease is how long the lease lasts. Zero means the store's default
+	// ([DefaultLease] unless configured); negative is [ErrInvalidLease]. A
+	// store may clamp it to the range it supports: Claim.Lease is what was
+	// granted.
+	Lease time.Duration
+
+	// LeaseID is the id the caller wants for the lease: retrying TryBegin with
+	// the same LeaseID returns Acquired again instead of Busy. Empty means the
+	// store picks one ([NewLeaseID]). At most [MaxLeaseIDLen] bytes.
+	LeaseID string
+
+	// PayloadHash is an opaque fingerprint of the message content (the
+	// middleware uses hex SHA-256). The store records the first one it sees for
+	// the key and reports a different one in [Claim.PayloadMismatch]. At most
+	// [MaxPayloadHashLen] bytes.
+	PayloadHash string
+}
+
+// Status is the outcome of [LeaseStore.TryBegin].
+type Status int
+
+// The outcomes of TryBegin. The zero value is not a valid status, so a Claim
+// that was never filled in cannot pass for one.
+const (
+	// Acquired: the caller holds the lease.
+	Acquired Status = iota + 1
+	// Processed: the key was completed within the retention; skip the message.
+	Processed
+	// Busy: another caller holds a live lease.
+	Busy
+)
+
+var statusNames = [...]string{Acquired: "Acquired", Processed: "Processed", Busy: "Busy"}
+
+// String returns the protocol v1 name of s ("Acquired", "Processed", "Busy").
+func (s Status) String() string {
+	if s > 0 && int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", int(s))
+}
+
+// ParseStatus is the inverse of [Status.String]. An unknown name is an error
+// wrapping [ErrInvalidArgument] that quotes it.
+func ParseStatus(s string) (Status, error) {
+	for i, n := range statusNames {
+		if n != "" && n == s {
+			return Status(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown status %q", ErrInvalidArgument, s)
+}
+
+// Claim is the result of [LeaseStore.TryBegin].
+type Claim struct {
+	// Status is the outcome.
+	Status Status
+
+	// LeaseID identifies the lease when Status is Acquired; pass it to
+	// Complete, Release and Extend.
+	LeaseID string
+
+	// ExpiresAt is the lease's deadline on the store's clock, when Status is
+	// Acquired or Busy. Do not compare it with the local clock: use Lease or
+	// RetryAfter.
+	ExpiresAt time.Time
+
+	// Lease is the lease length granted, when Status is Acquired. It can differ
+	// from BeginOptions.Lease when the store clamps leases.
+	Lease time.Duration
+
+	// RetryAfter is the time the live lease has left, when Status is Busy.
+	RetryAfter time.Duration
+
+	// PayloadMismatch is true when TryBegin carried a PayloadHash and the key
+	// already has a different one on record: the same key with other content.
+	PayloadMismatch bool
+}
+
+// State is what [LeaseStore.Get] knows of a key.
+type State int
+
+// The states of a record.
+const (
+	// StateNotFound: the store has no live record of the key.
+	StateNotFound State = iota
+	// StateAvailable: the key was seen but is neither leased nor processed
+	// (its lease was released or expired).
+	StateAvailable
+	// StateInProgress: a lease is live.
+	StateInProgress
+	// StateProcessed: the key was completed within the retention.
+	StateProcessed
+)
+
+var stateNames = [...]string{StateNotFound: "NotFound", StateAvailable: "Available", StateInProgress: "InProgress", StateProcessed: "Processed"}
+
+// String returns the protocol v1 name of s ("NotFound", "Available",
+// "InProgress", "Processed").
+func (s State) String() string {
+	if s >= 0 && int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// ParseState is the inverse of [State.String]. An unknown name is an error
+// wrapping [ErrInvalidArgument] that quotes it.
+func ParseState(s string) (State, error) {
+	for i, n := range stateNames {
+		if n == s {
+			return State(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown state %q", ErrInvalidArgument, s)
+}
+
+// Record is what a store knows of one key, as returned by [LeaseStore.Get].
+// Times are on the store's clock.
+type Record struct {
+	State State
+
+	// Attempts counts the leases acquired on the key.
+	Attempts int
+
+	// FirstSeen and LastSeen are the times of the first and the latest
+	// TryBegin, Complete, Release or Extend that changed the record (FirstSeen
+	// <= LastSeen). Zero when State is StateNotFound.
+	FirstSeen time.Time
+	LastSeen  time.Time
+
+	// LeaseUntil is the deadline of the current lease when State is
+	// StateInProgress, else zero.
+	LeaseUntil time.Time
+
+	// Owner is BeginOptions.Owner of the latest acquisition.
+	Owner string
+
+	// PayloadHash is the first BeginOptions.PayloadHash seen for the key.
+	PayloadHash string
+}
