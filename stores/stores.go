@@ -1,0 +1,257 @@
+// Package stores opens inbox stores by URL, so that an application can swap
+// stores through configuration:
+//
+//	store, err := stores.Open(ctx, os.Getenv("INBOX_STORE_URL")) // e.g. "redis://127.0.0.1:6379/0?retention=72h"
+//	if err != nil { ... }
+//	defer store.Close()
+//
+// Each driver registers its URL scheme when its package is imported, usually
+// with a blank import (`import _ "github.com/watermill-inbox/inbox/stores/memory"`);
+// package [github.com/watermill-inbox/inbox/stores/all] imports every driver
+// this project ships.
+//
+// # Parameters
+//
+// The mux reads the parameters every store shares and removes them from the
+// URL before the driver sees it:
+//
+//   - retention: how long a processed key stays processed, as a Go duration
+//     ("168h", "30m"). Default: the driver's, normally [inbox.DefaultRetention].
+//   - lease: the lease length used when a caller asks for none ("30s").
+//     Default: the driver's, normally [inbox.DefaultLease].
+//
+// Drivers read their own parameters (prefix, table, collection, ...) and
+// reject any parameter they do not know, naming it: a typo never passes
+// silently. Errors never quote a URL's password or token.
+package stores
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// ErrUnknownScheme is wrapped when no driver is registered for a URL's scheme.
+var ErrUnknownScheme = errors.New("stores: unknown URL scheme")
+
+// ErrInvalidURL is wrapped when a URL cannot be parsed or holds a bad or
+// unknown parameter.
+var ErrInvalidURL = errors.New("stores: invalid store URL")
+
+// Store is what [Open] returns: a lease store that owns its connections and
+// must be closed.
+type Store interface {
+	inbox.LeaseStore
+	// Close releases what the store holds (connections, goroutines). A store
+	// built over a client the caller passed in does not close that client.
+	Close() error
+}
+
+// Params are the parameters the mux reads for every driver. Zero values mean
+// the driver's default.
+type Params struct {
+	Retention time.Duration
+	Lease     time.Duration
+}
+
+// Opener opens a store from a URL. The URL passed in has the shared
+// parameters removed; the opener must reject the query parameters it does not
+// know ([RejectUnknown] helps).
+type Opener interface {
+	OpenStore(ctx context.Context, u *url.URL, p Params) (Store, error)
+}
+
+// OpenerFunc adapts a function to [Opener].
+type OpenerFunc func(ctx context.Context, u *url.URL, p Params) (Store, error)
+
+// OpenStore calls f.
+func (f OpenerFunc) OpenStore(ctx context.Context, u *url.URL, p Params) (Store, error) {
+	return f(ctx, u, p)
+}
+
+// URLMux maps URL schemes to openers. The zero value is an empty mux ready to
+// use; it is safe for concurrent use.
+type URLMux struct {
+	mu      sync.RWMutex
+	openers map[string]Opener
+}
+
+// Register makes o open URLs with scheme (lower case, without "://"). It panics
+// when the scheme is registered twice or o is nil: both are programming
+// errors found at init.
+func (m *URLMux) Register(scheme string, o Opener) {
+	if o == nil {
+		panic("stores: Register of a nil opener for scheme " + scheme)
+	}
+	scheme = strings.ToLower(scheme)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.openers == nil {
+		m.openers = make(map[string]Opener)
+	}
+	if _, dup := m.openers[scheme]; dup {
+		panic("stores: scheme " + scheme + " registered twice")
+	}
+	m.openers[scheme] = o
+}
+
+// Schemes returns the registered schemes, sorted.
+func (m *URLMux) Schemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]string, 0, len(m.openers))
+	for s := range m.openers {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Open parses rawURL, reads the shared parameters and calls the opener
+// registered for its scheme.
+func (m *URLMux) Open(ctx context.Context, rawURL string) (Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error quotes the whole URL, password included: report only why.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalidURL, err)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("%w: %q has no scheme (like memory:// or redis://); known schemes: %s",
+			ErrInvalidURL, Redact(u), strings.Join(m.Schemes(), ", "))
+	}
+	scheme := strings.ToLower(u.Scheme)
+	m.mu.RLock()
+	o := m.openers[scheme]
+	m.mu.RUnlock()
+	if o == nil {
+		return nil, fmt.Errorf("%w %q (is the driver imported?); known schemes: %s",
+			ErrUnknownScheme, scheme, strings.Join(m.Schemes(), ", "))
+	}
+	p, rest, err := readParams(u)
+	if err != nil {
+		return nil, err
+	}
+	return o.OpenStore(ctx, rest, p)
+}
+
+func readParams(u *url.URL) (Params, *url.URL, error) {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return Params{}, nil, fmt.Errorf("%w: query of %q: %v", ErrInvalidURL, Redact(u), err)
+	}
+	var p Params
+	for name, dst := range map[string]*time.Duration{"retention": &p.Retention, "lease": &p.Lease} {
+		v, err := PopDuration(q, name)
+		if err != nil {
+			return Params{}, nil, err
+		}
+		*dst = v
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	return p, &rest, nil
+}
+
+// PopDuration reads and removes the positive duration parameter name from q.
+// It returns zero when the parameter is absent, and an error wrapping
+// [ErrInvalidURL] when it is repeated, unparsable or not positive.
+func PopDuration(q url.Values, name string) (time.Duration, error) {
+	s, ok, err := PopString(q, name)
+	if err != nil || !ok {
+		return 0, err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: parameter %s=%q is not a duration like 30s or 168h", ErrInvalidURL, name, s)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%w: parameter %s=%q must be positive", ErrInvalidURL, name, s)
+	}
+	return d, nil
+}
+
+// PopString reads and removes the parameter name from q. ok is false when it
+// is absent; repeating it is an error wrapping [ErrInvalidURL].
+func PopString(q url.Values, name string) (v string, ok bool, err error) {
+	vs, ok := q[name]
+	if !ok {
+		return "", false, nil
+	}
+	delete(q, name)
+	if len(vs) != 1 {
+		return "", false, fmt.Errorf("%w: parameter %s is given %d times", ErrInvalidURL, name, len(vs))
+	}
+	return vs[0], true, nil
+}
+
+// RejectUnknown returns an error wrapping [ErrInvalidURL] that names the
+// parameters left in q, or nil when none is left. Drivers call it after
+// popping the parameters they know.
+func RejectUnknown(scheme string, q url.Values, known ...string) error {
+	if len(q) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(q))
+	for n := range q {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	known = append([]string{"retention", "lease"}, known...)
+	return fmt.Errorf("%w: unknown parameter(s) %s for %s:// (known: %s)",
+		ErrInvalidURL, strings.Join(names, ", "), scheme, strings.Join(known, ", "))
+}
+
+// Redact returns u as a string with any password replaced by "xxxxx" and the
+// values of query parameters that carry secrets (token, password, secret,
+// key) masked, for logs and error messages.
+func Redact(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		if _, has := c.User.Password(); has {
+			c.User = url.UserPassword(c.User.Username(), "xxxxx")
+		}
+	}
+	if c.RawQuery != "" {
+		if q, err := url.ParseQuery(c.RawQuery); err == nil {
+			for n := range q {
+				ln := strings.ToLower(n)
+				for _, s := range []string{"token", "password", "secret", "key"} {
+					if strings.Contains(ln, s) {
+						q[n] = []string{"xxxxx"}
+					}
+				}
+			}
+			c.RawQuery = q.Encode()
+		} else {
+			c.RawQuery = "xxxxx"
+		}
+	}
+	return c.String()
+}
+
+var defaultMux URLMux
+
+// DefaultURLMux returns the mux that drivers register with in their init
+// functions and that [Open] uses.
+func DefaultURLMux() *URLMux { return &defaultMux }
+
+// Register registers o for scheme on the default mux. Drivers call it from
+// init.
+func Register(scheme string, o Opener) { defaultMux.Register(scheme, o) }
+
+// Open opens a store by URL through the default mux. See the package
+// documentation for the shared parameters.
+func Open(ctx context.Context, rawURL string) (Store, error) {
+	return defaultMux.Open(ctx, rawURL)
+}

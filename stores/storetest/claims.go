@@ -1,0 +1,235 @@
+package storetest
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// longLease is used where a case must not see the lease run out, however
+// slow the machine.
+const longLease = 30 * time.Second
+
+func (s *suite) testNewKeyAcquires(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "new")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, Owner: "o"}, inbox.Acquired)
+	if c.LeaseID == "" {
+		t.Fatal("Acquired claim has an empty LeaseID")
+	}
+	if c.ExpiresAt.IsZero() {
+		t.Fatal("Acquired claim has a zero ExpiresAt")
+	}
+	if c.Lease != longLease {
+		t.Fatalf("Acquired claim grants Lease %s, asked %s", c.Lease, longLease)
+	}
+	if c.RetryAfter != 0 || c.PayloadMismatch {
+		t.Fatalf("Acquired claim has Busy-only or mismatch fields set: %+v", c)
+	}
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateInProgress || r.Attempts != 1 {
+		t.Fatalf("after first TryBegin: Get = %v with %d attempts, want InProgress with 1", r.State, r.Attempts)
+	}
+}
+
+func (s *suite) testGeneratedLeaseID(t *testing.T) {
+	st := s.store(t)
+	a := mustBegin(t, st, newKey(t, "gen-a"), inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	b := mustBegin(t, st, newKey(t, "gen-b"), inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if a.LeaseID == "" || b.LeaseID == "" || a.LeaseID == b.LeaseID {
+		t.Fatalf("generated lease ids %q and %q: want two distinct non-empty ids", a.LeaseID, b.LeaseID)
+	}
+	if err := inbox.ValidateLeaseID(a.LeaseID); err != nil {
+		t.Fatalf("generated lease id is not valid input for Complete: %v", err)
+	}
+}
+
+// raceBegin runs n concurrent TryBegin calls on key, released together, and
+// returns their claims.
+func raceBegin(t *testing.T, st inbox.LeaseStore, key string, n int) []inbox.Claim {
+	t.Helper()
+	ctx := ctxT(t)
+	claims := make([]inbox.Claim, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			claims[i], errs[i] = st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease, Owner: fmt.Sprintf("racer-%d", i)})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("racer %d: TryBegin: %v", i, err)
+		}
+	}
+	return claims
+}
+
+// checkOneWinner asserts exactly one Acquired and that every other claim is
+// Busy with the winner's deadline.
+func (s *suite) checkOneWinner(t *testing.T, claims []inbox.Claim) inbox.Claim {
+	t.Helper()
+	var winners []inbox.Claim
+	for _, c := range claims {
+		if c.Status == inbox.Acquired {
+			winners = append(winners, c)
+		}
+	}
+	if len(winners) != 1 {
+		t.Fatalf("%d of %d concurrent TryBegin calls got Acquired, want exactly 1", len(winners), len(claims))
+	}
+	w := winners[0]
+	for i, c := range claims {
+		if c.Status == inbox.Acquired {
+			continue
+		}
+		if c.Status != inbox.Busy {
+			t.Fatalf("racer %d: %v, want Busy", i, c.Status)
+		}
+		if !within(c.ExpiresAt, w.ExpiresAt, s.h.TimePrecision) {
+			t.Fatalf("racer %d: Busy ExpiresAt %s, want the winner's %s", i, c.ExpiresAt, w.ExpiresAt)
+		}
+		if c.RetryAfter <= 0 || c.RetryAfter > longLease+s.h.TimePrecision {
+			t.Fatalf("racer %d: Busy RetryAfter %s, want in (0, %s]", i, c.RetryAfter, longLease)
+		}
+	}
+	return w
+}
+
+func (s *suite) skipIfNotAtomic(t *testing.T) {
+	t.Helper()
+	if s.h.NotAtomic != "" {
+		t.Skip("concurrency case skipped: " + s.h.NotAtomic)
+	}
+}
+
+func (s *suite) testConcurrentExactlyOne(t *testing.T) {
+	s.skipIfNotAtomic(t)
+	st := s.store(t)
+	for round := range 3 {
+		key := newKey(t, fmt.Sprintf("race-%d", round))
+		s.checkOneWinner(t, raceBegin(t, st, key, 50))
+		if r := mustGet(t, st, key); r.Attempts != 1 {
+			t.Fatalf("after the race Attempts = %d, want 1 (only the winner acquired)", r.Attempts)
+		}
+	}
+}
+
+func (s *suite) testConcurrentOnExpired(t *testing.T) {
+	s.skipIfNotAtomic(t)
+	st := s.store(t)
+	key := newKey(t, "race-expired")
+	mustBegin(t, st, key, inbox.BeginOptions{Lease: s.h.Lease}, inbox.Acquired)
+	pollUntil(t, expireDeadline(s.h.Lease), "lease to expire", func() bool {
+		return mustGet(t, st, key).State == inbox.StateAvailable
+	})
+	s.checkOneWinner(t, raceBegin(t, st, key, 50))
+	if r := mustGet(t, st, key); r.Attempts != 2 {
+		t.Fatalf("after the race on an expired lease Attempts = %d, want 2", r.Attempts)
+	}
+}
+
+func (s *suite) testConcurrentAfterRelease(t *testing.T) {
+	s.skipIfNotAtomic(t)
+	st := s.store(t)
+	key := newKey(t, "race-released")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if err := st.Release(ctxT(t), key, c.LeaseID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	s.checkOneWinner(t, raceBegin(t, st, key, 50))
+}
+
+func (s *suite) testBusyFields(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "busy")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	b := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Busy)
+	if !within(b.ExpiresAt, c.ExpiresAt, s.h.TimePrecision) {
+		t.Fatalf("Busy ExpiresAt %s, want the holder's %s", b.ExpiresAt, c.ExpiresAt)
+	}
+	if b.RetryAfter <= longLease/2 || b.RetryAfter > longLease+s.h.TimePrecision {
+		t.Fatalf("Busy RetryAfter %s right after a %s lease began, want in (%s, %s]", b.RetryAfter, longLease, longLease/2, longLease)
+	}
+	if b.LeaseID != "" {
+		t.Fatalf("Busy claim leaks the holder's lease id %q", b.LeaseID)
+	}
+	if r := mustGet(t, st, key); r.Attempts != 1 {
+		t.Fatalf("a Busy TryBegin changed Attempts to %d, want 1", r.Attempts)
+	}
+}
+
+func (s *suite) testSameLeaseIDIdempotent(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "same-lease")
+	id := inbox.NewLeaseID()
+	c1 := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: id}, inbox.Acquired)
+	if c1.LeaseID != id {
+		t.Fatalf("TryBegin with LeaseID %q granted lease %q", id, c1.LeaseID)
+	}
+	c2 := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: id}, inbox.Acquired)
+	if c2.LeaseID != id {
+		t.Fatalf("retried TryBegin granted lease %q, want %q", c2.LeaseID, id)
+	}
+	if r := mustGet(t, st, key); r.Attempts != 1 {
+		t.Fatalf("retried TryBegin with the same lease id made Attempts %d, want 1", r.Attempts)
+	}
+	mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: inbox.NewLeaseID()}, inbox.Busy)
+	if err := st.Complete(ctxT(t), key, id); err != nil {
+		t.Fatalf("Complete with the retried lease: %v", err)
+	}
+	mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: id}, inbox.Processed)
+}
+
+func (s *suite) testProcessedAfterComplete(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "processed")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if err := st.Complete(ctxT(t), key, c.LeaseID); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	for range 5 {
+		p := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Processed)
+		if p.LeaseID != "" {
+			t.Fatalf("Processed claim carries lease id %q", p.LeaseID)
+		}
+	}
+	// Processed must hold for concurrent callers too.
+	if s.h.NotAtomic == "" {
+		for i, c := range raceBegin(t, st, key, 20) {
+			if c.Status != inbox.Processed {
+				t.Fatalf("concurrent TryBegin %d after Complete = %v, want Processed", i, c.Status)
+			}
+		}
+	}
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateProcessed || r.Attempts != 1 {
+		t.Fatalf("after Complete: Get = %v with %d attempts, want Processed with 1", r.State, r.Attempts)
+	}
+	ok, err := st.IsProcessed(ctxT(t), key)
+	if err != nil || !ok {
+		t.Fatalf("IsProcessed after Complete = %v, %v; want true", ok, err)
+	}
+}
+
+func (s *suite) testDefaultLease(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "default-lease")
+	c := mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Acquired)
+	if c.Lease <= 0 {
+		t.Fatalf("TryBegin with Lease 0 granted %s, want the store's positive default", c.Lease)
+	}
+	r := mustGet(t, st, key)
+	if got := c.ExpiresAt.Sub(r.LastSeen); got < c.Lease-50*time.Millisecond || got > c.Lease+50*time.Millisecond {
+		t.Fatalf("ExpiresAt - LastSeen = %s, want the granted lease %s", got, c.Lease)
+	}
+}

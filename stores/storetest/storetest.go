@@ -1,0 +1,234 @@
+// Package storetest is the conformance suite of the inbox store contract. Every
+// store this project ships runs it against its real server, and so can any
+// third-party [inbox.LeaseStore]:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Harness{
+//			New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
+//				s, err := mystore.New(mystore.Options{Retention: cfg.Retention})
+//				if err != nil {
+//					t.Fatal(err)
+//				}
+//				t.Cleanup(func() { s.Close() })
+//				return s
+//			},
+//		})
+//	}
+//
+// Each behaviour is one subtest, so a failure names the rule that broke.
+// Every subtest uses keys of its own (a random prefix), so stores may share one
+// backend between subtests, and subtests run in parallel. Leases and
+// retention are short (under two seconds by default), so the suite takes
+// seconds; the expiry cases poll with a deadline instead of sleeping.
+//
+// A store states what it cannot do in the [Harness] (River's style): a case
+// that needs a missing capability is skipped with the reason, never passed in
+// silence.
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// Harness describes the store under test.
+type Harness struct {
+	// New returns a store for one subtest, configured with cfg. Required. It
+	// may return the same store, or stores sharing one backend, to several
+	// subtests when their Config is equal: subtests never share keys. The
+	// stores of one Run must not hold keys written by an earlier Run (use a
+	// fresh key prefix, table or database per Run, or clear it first): one
+	// case uses fixed keys such as "." and "..". New should register its own
+	// cleanup with t.Cleanup.
+	New func(t *testing.T, cfg Config) inbox.LeaseStore
+
+	// Lease is the short lease the expiry cases use. Default 500ms; a store
+	// whose leases have a coarser unit sets it (the remote protocol counts
+	// whole seconds, so its harness uses 1s).
+	Lease time.Duration
+
+	// Retention is the short retention the retention cases configure through
+	// Config. Default 1s.
+	Retention time.Duration
+
+	// TimePrecision is the finest unit the store keeps times in: the suite
+	// compares store times with this tolerance. Default 1ms.
+	TimePrecision time.Duration
+
+	// NoExtend states that the store cannot extend leases: Extend must then
+	// fail with inbox.ErrNotSupported, and the cases that need Extend skip.
+	NoExtend bool
+
+	// NotAtomic, when not empty, states why the store's claims are not atomic
+	// under concurrency on the server under test (for example a MongoDB
+	// protocol server whose concurrent updates race). The concurrency cases
+	// then skip with this reason.
+	NotAtomic string
+}
+
+// Config is what the suite asks of the store [Harness.New] returns.
+type Config struct {
+	// Retention is how long processed keys must stay processed. Zero means
+	// the store's default (the suite then never waits for expiry).
+	Retention time.Duration
+}
+
+// Run runs the whole suite against h.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil {
+		t.Fatal("storetest: Harness.New is required")
+	}
+	if h.Lease <= 0 {
+		h.Lease = 500 * time.Millisecond
+	}
+	if h.Retention <= 0 {
+		h.Retention = time.Second
+	}
+	if h.TimePrecision <= 0 {
+		h.TimePrecision = time.Millisecond
+	}
+	s := &suite{h: h}
+	for _, c := range s.cases() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t)
+		})
+	}
+}
+
+type testCase struct {
+	name string
+	fn   func(t *testing.T)
+}
+
+type suite struct {
+	h Harness
+}
+
+func (s *suite) cases() []testCase {
+	return []testCase{
+		{"TryBegin_new_key_acquires", s.testNewKeyAcquires},
+		{"TryBegin_generates_lease_id_when_none_given", s.testGeneratedLeaseID},
+		{"TryBegin_concurrent_exactly_one_acquires", s.testConcurrentExactlyOne},
+		{"TryBegin_concurrent_on_expired_lease_exactly_one_acquires", s.testConcurrentOnExpired},
+		{"TryBegin_concurrent_after_release_exactly_one_acquires", s.testConcurrentAfterRelease},
+		{"TryBegin_busy_reports_deadline_and_retry_after", s.testBusyFields},
+		{"TryBegin_same_lease_id_is_idempotent", s.testSameLeaseIDIdempotent},
+		{"TryBegin_after_complete_is_processed", s.testProcessedAfterComplete},
+		{"TryBegin_default_lease_when_zero", s.testDefaultLease},
+		{"Lease_expiry_reacquire_and_fencing", s.testLeaseExpiryFencing},
+		{"Complete_after_expiry_when_nobody_took_over", s.testCompleteAfterExpiryUntaken},
+		{"Complete_repeated_with_completing_lease", s.testCompleteRepeated},
+		{"Complete_with_foreign_lease_is_lease_lost", s.testCompleteForeign},
+		{"Release_frees_key", s.testReleaseFrees},
+		{"Release_twice_is_lease_lost", s.testReleaseTwice},
+		{"Extend_keeps_lease_past_its_deadline", s.testExtendKeepsLease},
+		{"Extend_by_non_holder_is_lease_lost", s.testExtendNonHolder},
+		{"Retention_processed_key_expires", s.testRetentionExpiry},
+		{"Get_unknown_key_is_not_found", s.testGetUnknown},
+		{"Get_fields_through_lifecycle", s.testGetLifecycle},
+		{"Payload_hash_first_kept_mismatch_reported", s.testPayloadHash},
+		{"Store_IsProcessed_and_MarkProcessed", s.testPlainStore},
+		{"Store_MarkProcessed_over_live_lease", s.testMarkOverLease},
+		{"Keys_special_characters_round_trip", s.testSpecialKeys},
+		{"Keys_compared_byte_for_byte", s.testKeysByteForByte},
+		{"Keys_max_length", s.testKeyMaxLength},
+		{"Bad_input_rejected_without_change", s.testBadInput},
+		{"Canceled_context_fails_without_change", s.testCanceledContext},
+	}
+}
+
+// ---- helpers ----
+
+func (s *suite) store(t *testing.T) inbox.LeaseStore {
+	t.Helper()
+	return s.h.New(t, Config{})
+}
+
+// newKey returns a key no other subtest or run uses.
+func newKey(t *testing.T, suffix string) string {
+	t.Helper()
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "storetest:" + hex.EncodeToString(b[:]) + ":" + suffix
+}
+
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustBegin(t *testing.T, st inbox.LeaseStore, key string, opts inbox.BeginOptions, want inbox.Status) inbox.Claim {
+	t.Helper()
+	c, err := st.TryBegin(ctxT(t), key, opts)
+	if err != nil {
+		t.Fatalf("TryBegin(%q): %v", key, err)
+	}
+	if c.Status != want {
+		t.Fatalf("TryBegin(%q) = %v, want %v (claim %+v)", key, c.Status, want, c)
+	}
+	return c
+}
+
+func mustGet(t *testing.T, st inbox.LeaseStore, key string) inbox.Record {
+	t.Helper()
+	r, err := st.Get(ctxT(t), key)
+	if err != nil {
+		t.Fatalf("Get(%q): %v", key, err)
+	}
+	return r
+}
+
+func wantErr(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("%s: error %v, want one wrapping %v", what, err, target)
+	}
+}
+
+// within reports whether a and b differ by at most tol.
+func within(a, b time.Time, tol time.Duration) bool {
+	d := a.Sub(b)
+	return d <= tol && d >= -tol
+}
+
+// pollUntil calls f until it returns true or the deadline passes.
+func pollUntil(t *testing.T, deadline time.Duration, what string, f func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	wait := 10 * time.Millisecond
+	for {
+		if f() {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: still not true after %s", what, deadline)
+		}
+		time.Sleep(wait) // polling interval, not synchronisation: the condition decides.
+		if wait < 100*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+// sameRecord compares two records, times within the store's precision.
+func (s *suite) sameRecord(a, b inbox.Record) bool {
+	p := s.h.TimePrecision
+	return a.State == b.State && a.Attempts == b.Attempts && a.Owner == b.Owner && a.PayloadHash == b.PayloadHash &&
+		within(a.FirstSeen, b.FirstSeen, p) && within(a.LastSeen, b.LastSeen, p) && within(a.LeaseUntil, b.LeaseUntil, p)
+}
+
+// expireDeadline bounds how long the suite waits for a lease or retention of
+// length d to run out: generous, so a loaded CI machine does not flake.
+func expireDeadline(d time.Duration) time.Duration { return 10*d + 5*time.Second }
