@@ -1,0 +1,64 @@
+# watermill-inbox developer targets. Every module of the repository (the
+# library and the small modules under examples/, e2e/ and stores/ that carry
+# heavy or clashing dependencies) is tested by `make test`.
+
+GO          ?= go
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+MODULES     := $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \; | sort)
+TEST_FLAGS  ?= -race -count=1 -timeout 20m
+FUZZTIME    ?= 20s
+BENCH       ?= .
+BENCHCOUNT  ?= 6
+
+.PHONY: test lint fmt vet staticcheck fuzz cover bench e2e tidy
+
+## test: all tests of all modules, with -race. Tests whose service is down
+## skip, and one line at the end names them; INBOX_REQUIRE_SERVICES=1 makes a
+## missing service a failure.
+test:
+	@skipfile=$$(mktemp); rc=0; \
+	for m in $(MODULES); do \
+		echo "== go test $$m"; \
+		(cd $$m && INBOX_SKIP_FILE=$$skipfile $(GO) test $(TEST_FLAGS) ./...) || rc=1; \
+	done; \
+	if [ -s $$skipfile ]; then \
+		echo "skipped, service not available: $$(sort -u $$skipfile | paste -sd ';' - | sed 's/;/; /g')"; \
+	fi; \
+	rm -f $$skipfile; exit $$rc
+
+## lint: gofmt, go vet and staticcheck on every module.
+lint: fmt vet staticcheck
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+
+staticcheck:
+	@for m in $(MODULES); do (cd $$m && $(STATICCHECK) ./...) || exit 1; done
+
+## fuzz: run every fuzz target of the library for FUZZTIME each.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+## cover: coverage of the library's packages, as coverage.out and coverage.html.
+cover:
+	$(GO) test -count=1 -coverpkg=./... -coverprofile=coverage.out ./...
+	$(GO) tool cover -func=coverage.out | tail -1
+	$(GO) tool cover -html=coverage.out -o coverage.html
+
+## bench: benchmarks, BENCHCOUNT runs each, summarised by benchstat.
+bench:
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./... | tee bench.txt
+	$(BENCHSTAT) bench.txt
+
+tidy:
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy) || exit 1; done

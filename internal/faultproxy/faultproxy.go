@@ -1,0 +1,167 @@
+// Package faultproxy is a loopback TCP proxy for outage tests: put it between
+// a client and a server, then cut, stall or restore the link. Tests never stop
+// the shared servers; they break the path to them instead.
+package faultproxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Mode is how the proxy treats connections.
+type Mode int
+
+const (
+	// Pass forwards bytes both ways.
+	Pass Mode = iota
+	// Refuse closes every new connection at once (the client sees a reset or
+	// EOF) and has closed the existing ones.
+	Refuse
+	// Stall accepts connections and forwards nothing: the client waits until
+	// its own timeout. Existing connections are closed when entering Stall.
+	Stall
+)
+
+// Proxy forwards a loopback port to a target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	mode  Mode
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+	done  chan struct{}
+}
+
+// New starts a proxy to target ("host:port") on a free loopback port and stops
+// it when the test ends.
+func New(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("faultproxy: listen: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the proxy's "127.0.0.1:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetMode switches the proxy. Entering Refuse or Stall closes the open
+// connections, so clients notice at once.
+func (p *Proxy) SetMode(m Mode) {
+	p.mu.Lock()
+	p.mode = m
+	var toClose []net.Conn
+	if m != Pass {
+		for c := range p.conns {
+			toClose = append(toClose, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range toClose {
+		_ = c.Close()
+	}
+}
+
+// Cut is SetMode(Refuse); Restore is SetMode(Pass); Stall is SetMode(Stall).
+func (p *Proxy) Cut()     { p.SetMode(Refuse) }
+func (p *Proxy) Restore() { p.SetMode(Pass) }
+func (p *Proxy) Stall()   { p.SetMode(Stall) }
+
+// Close stops the proxy and closes every connection.
+func (p *Proxy) Close() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	close(p.done)
+	_ = p.ln.Close()
+	p.SetMode(Refuse)
+	p.wg.Wait()
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return false
+	default:
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+func (p *Proxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		p.mu.Lock()
+		mode := p.mode
+		p.mu.Unlock()
+		switch mode {
+		case Refuse:
+			_ = c.Close()
+			continue
+		case Stall:
+			if !p.track(c) {
+				_ = c.Close()
+			}
+			continue // held open until the mode changes or the proxy closes
+		}
+		if !p.track(c) {
+			_ = c.Close()
+			return
+		}
+		p.wg.Add(1)
+		go p.forward(c)
+	}
+}
+
+func (p *Proxy) forward(c net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(c)
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	if !p.track(s) {
+		_ = s.Close()
+		return
+	}
+	defer p.untrack(s)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	pipe := func(dst, src net.Conn) {
+		defer wg.Done()
+		_, _ = io.Copy(dst, src)
+		_ = dst.Close()
+		_ = src.Close()
+	}
+	go pipe(s, c)
+	go pipe(c, s)
+	wg.Wait()
+}

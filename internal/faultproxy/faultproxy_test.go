@@ -1,0 +1,74 @@
+package faultproxy_test
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox/internal/faultproxy"
+)
+
+func echoServer(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return err
+	}
+	_, err = bufio.NewReader(c).ReadString('\n')
+	return err
+}
+
+func TestProxy_cut_stall_restore(t *testing.T) {
+	t.Parallel()
+	p := faultproxy.New(t, echoServer(t))
+	if err := roundTrip(p.Addr()); err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	p.Cut()
+	if err := roundTrip(p.Addr()); err == nil {
+		t.Fatal("cut: round trip succeeded")
+	}
+	p.Stall()
+	if err := roundTrip(p.Addr()); err == nil {
+		t.Fatal("stall: round trip succeeded")
+	}
+	p.Restore()
+	if err := roundTrip(p.Addr()); err != nil {
+		t.Fatalf("restored: %v", err)
+	}
+}
