@@ -64,15 +64,23 @@ func (b *Builder) Validate() error {
 }
 
 func checkField(field, v string) error {
+	if _, c := scan(v); validSegment(v, c) {
+		return nil
+	}
+	return fieldError(field, v)
+}
+
+// fieldError says why v is not a valid value for Builder's field; v must be
+// invalid (see validSegment).
+func fieldError(field, v string) error {
 	switch {
 	case v == "":
 		return newError(inbox.ErrInvalidArgument, "keying: Builder.%s is empty", field)
 	case !utf8.ValidString(v):
 		return newError(inbox.ErrInvalidArgument, "keying: Builder.%s %s is not valid UTF-8", field, quote(v))
-	case strings.IndexByte(v, 0) >= 0:
+	default:
 		return newError(inbox.ErrInvalidArgument, "keying: Builder.%s %s holds a NUL byte", field, quote(v))
 	}
-	return nil
 }
 
 // Key resolves msg's key. source is the Name of the [IDSource] that gave the
@@ -81,8 +89,9 @@ func checkField(field, v string) error {
 // The alias comes from b.Alias and must be a valid segment. The id is the
 // first non-empty one among b.IDSources; when no source yields one, the error
 // wraps [inbox.ErrNoKey] and lists the sources tried. An error from a source
-// or from the alias function stops the resolution and is returned wrapped
-// with the source's name (or "alias").
+// or from the alias function stops the resolution (later sources are not
+// asked) and is returned wrapped as "keying: id source NAME: ..." or
+// "keying: alias of message UUID: ...".
 //
 // An id that would make the key longer than [MaxLen], that is not valid
 // UTF-8, that holds a NUL byte, or that itself starts with [HashedIDPrefix] is
@@ -92,7 +101,8 @@ func checkField(field, v string) error {
 // Group that [Builder.Validate] would reject give an error wrapping
 // [inbox.ErrInvalidArgument].
 //
-// A key Key returns always passes [Key.Validate].
+// On error, k is the zero Key and source is empty. A key Key returns always
+// passes [Key.Validate].
 func (b *Builder) Key(msg *message.Message) (k Key, source string, err error) {
 	k, _, source, err = b.resolve(msg)
 	return k, source, err
@@ -128,12 +138,15 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 	if msg == nil {
 		return Key{}, l, "", newError(inbox.ErrInvalidArgument, "keying: message is nil")
 	}
-	if err := checkField("Bus", b.Bus); err != nil {
-		return Key{}, l, "", err
+	var c uint8
+	if l.bus, c = scan(b.Bus); !validSegment(b.Bus, c) {
+		return Key{}, l, "", fieldError("Bus", b.Bus)
 	}
-	if err := checkField("Group", b.Group); err != nil {
-		return Key{}, l, "", err
+	l.busEsc = c&classEscape != 0
+	if l.group, c = scan(b.Group); !validSegment(b.Group, c) {
+		return Key{}, l, "", fieldError("Group", b.Group)
 	}
+	l.groupEsc = c&classEscape != 0
 
 	aliasFn := b.Alias
 	if aliasFn == nil {
@@ -146,9 +159,10 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 		}
 		return Key{}, l, "", err
 	}
-	if err := checkSegment("alias", alias); err != nil {
-		return Key{}, l, "", err
+	if l.alias, c = scan(alias); !validSegment(alias, c) {
+		return Key{}, l, "", segmentError("alias", alias)
 	}
+	l.aliasEsc = c&classEscape != 0
 
 	sources := b.IDSources
 	if len(sources) == 0 {
@@ -161,7 +175,10 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 		}
 		v, err := s.ID(msg)
 		if err != nil {
-			return Key{}, l, "", fmt.Errorf("keying: id source %s: %w", s.Name(), err)
+			if _, ours := err.(*keyError); !ours {
+				err = fmt.Errorf("keying: id source %s: %w", s.Name(), err)
+			}
+			return Key{}, l, "", err
 		}
 		if v != "" {
 			id, source = v, s.Name()
@@ -172,14 +189,11 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 		return Key{}, l, "", noKey(msg, sources)
 	}
 
-	l.bus, l.busEsc = escapedLen(b.Bus)
-	l.group, l.groupEsc = escapedLen(b.Group)
-	l.alias, l.aliasEsc = escapedLen(alias)
 	fixed := l.bus + l.group + l.alias + 3
 	if fixed+len(id) > MaxLen || mustHash(id) {
 		id = HashID(id)
 		if fixed+len(id) > MaxLen {
-			return Key{}, l, source, invalidKey(
+			return Key{}, l, "", invalidKey(
 				"keying: key would be %d bytes even with the id hashed, longer than the limit of %d (escaped segment lengths: bus %d, group %d, alias %d, id %d): shorten the alias",
 				fixed+len(id), MaxLen, l.bus, l.group, l.alias, len(id))
 		}
@@ -187,9 +201,11 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 	return Key{Bus: b.Bus, Group: b.Group, Alias: alias, ID: id}, l, source, nil
 }
 
-// mustHash reports whether id cannot go into a key verbatim.
+// mustHash reports whether id, which fits in the key, cannot go into it
+// verbatim.
 func mustHash(id string) bool {
-	return !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0 || strings.HasPrefix(id, HashedIDPrefix)
+	_, c := scan(id)
+	return !validSegment(id, c) || strings.HasPrefix(id, HashedIDPrefix)
 }
 
 func noKey(msg *message.Message, sources []IDSource) error {

@@ -38,12 +38,14 @@
 //
 // # Ids
 //
-// A [Builder] asks its [IDSource]s in order and takes the first non-empty id.
-// The default order ([DefaultIDSources]) is the "IdempotencyKey" metadata
-// field ([DefaultIDMetadataKey]), then the message UUID. [FromPayloadHash]
+// A [Builder] asks its sources ([IDSource]) in order and takes the first
+// non-empty id. The default order ([DefaultIDSources]) is the
+// "IdempotencyKey" metadata field ([DefaultIDMetadataKey]), then the message
+// UUID. [FromPayloadHash]
 // (a SHA-256 of the payload) is an opt-in fallback: two different messages
-// with the same content would share a key. Sources for Kafka offsets and AMQP
-// message ids live in their own packages so that this one imports no broker
+// with the same content would share a key. Broker-specific sources (Kafka
+// topic/partition/offset, AMQP MessageId) belong in subpackages
+// (keying/kafkakey, keying/amqpkey), so that this package imports no broker
 // client. A message for which no source yields an id gets an error wrapping
 // [inbox.ErrNoKey]; the middleware decides what to do with it.
 //
@@ -57,11 +59,21 @@
 // is hashed too, so a raw id can never collide with the hash of another one.
 // An id whose key is exactly [MaxLen] bytes long stays as it is.
 //
+// # Errors
+//
+// Every error this package makes starts with "keying: ", names the segment or
+// field at fault and the offending value (cut to 64 bytes), and wraps a
+// sentinel of package inbox: [inbox.ErrInvalidKey] for bad keys and segments,
+// [inbox.ErrInvalidArgument] for a bad [Builder], [inbox.ErrNoKey] for a
+// message without an id. Test them with errors.Is.
+//
 // # Cost
 //
 // [Builder.Key] allocates nothing in the common case (id from metadata or the
 // UUID, no hashing); [Key.String] and [Builder.KeyString] allocate the key
-// string once. Segments without '%' or ':' are copied without escaping work.
+// string once. Each segment is measured in one table-driven pass (escaped
+// length, NUL, non-ASCII); segments without '%' or ':' are copied without
+// escaping work, and only segments with non-ASCII bytes get a UTF-8 check.
 package keying
 
 import (
@@ -121,23 +133,18 @@ func (k Key) String() string {
 // UTF-8 and without a NUL byte, and String() at most [MaxLen] bytes. The
 // error wraps [inbox.ErrInvalidKey] and names the segment and the fault.
 func (k Key) Validate() error {
-	if err := checkSegment("bus", k.Bus); err != nil {
-		return err
+	segs := [4]string{k.Bus, k.Group, k.Alias, k.ID}
+	var lens [4]int
+	for i, seg := range segs {
+		n, c := scan(seg)
+		if !validSegment(seg, c) {
+			return segmentError(segmentNames[i], seg)
+		}
+		lens[i] = n
 	}
-	if err := checkSegment("group", k.Group); err != nil {
-		return err
-	}
-	if err := checkSegment("alias", k.Alias); err != nil {
-		return err
-	}
-	if err := checkSegment("id", k.ID); err != nil {
-		return err
-	}
-	bl, _ := escapedLen(k.Bus)
-	gl, _ := escapedLen(k.Group)
-	al, _ := escapedLen(k.Alias)
-	if n := bl + gl + al + 3 + len(k.ID); n > MaxLen {
-		return tooLong(n, bl, gl, al, len(k.ID))
+	lens[3] = len(k.ID) // the id is not escaped
+	if n := lens[0] + lens[1] + lens[2] + 3 + lens[3]; n > MaxLen {
+		return tooLong(n, lens[0], lens[1], lens[2], lens[3])
 	}
 	return nil
 }
@@ -171,17 +178,21 @@ func Parse(s string) (Key, error) {
 	var k Key
 	segs := [3]*string{&k.Bus, &k.Group, &k.Alias}
 	for i, r := range raw {
-		if err := checkSegment(segmentNames[i], r); err != nil {
-			return Key{}, err
+		_, c := scan(r)
+		if !validSegment(r, c) {
+			return Key{}, segmentError(segmentNames[i], r)
 		}
-		v, err := unescape(segmentNames[i], r)
-		if err != nil {
-			return Key{}, err
+		*segs[i] = r
+		if c&classEscape != 0 {
+			v, err := unescape(segmentNames[i], r)
+			if err != nil {
+				return Key{}, err
+			}
+			*segs[i] = v
 		}
-		*segs[i] = v
 	}
-	if err := checkSegment("id", rest); err != nil {
-		return Key{}, err
+	if _, c := scan(rest); !validSegment(rest, c) {
+		return Key{}, segmentError("id", rest)
 	}
 	k.ID = rest
 	return k, nil
@@ -200,21 +211,6 @@ func HashID(id string) string {
 }
 
 var segmentNames = [4]string{"bus", "group", "alias", "id"}
-
-// escapedLen returns the length of s once escaped, and whether s holds a byte
-// to escape.
-func escapedLen(s string) (int, bool) {
-	if strings.IndexByte(s, ':') < 0 && strings.IndexByte(s, '%') < 0 {
-		return len(s), false
-	}
-	n := len(s)
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == ':' || c == '%' {
-			n += 2
-		}
-	}
-	return n, true
-}
 
 // writeSegment writes s to b, escaping '%' and ':' when esc is set.
 func writeSegment(b *strings.Builder, s string, esc bool) {
@@ -239,12 +235,10 @@ func writeSegment(b *strings.Builder, s string, esc bool) {
 }
 
 // unescape reverses writeSegment on the raw segment s of a parsed key,
-// accepting only the canonical escapes "%25" and "%3A".
+// accepting only the canonical escapes "%25" and "%3A". Parse calls it only
+// for segments holding a '%'.
 func unescape(name, s string) (string, error) {
 	i := strings.IndexByte(s, '%')
-	if i < 0 {
-		return s, nil
-	}
 	var b strings.Builder
 	b.Grow(len(s))
 	off := 0 // offset of s within the raw segment, for error messages
@@ -268,18 +262,17 @@ func unescape(name, s string) (string, error) {
 	return b.String(), nil
 }
 
-// checkSegment reports whether s is a usable segment value: non-empty, valid
-// UTF-8, no NUL.
-func checkSegment(name, s string) error {
+// segmentError says why s is not a valid value for the segment name; s must
+// be invalid (see validSegment).
+func segmentError(name, s string) error {
 	switch {
 	case s == "":
 		return invalidKey("keying: %s segment is empty", name)
 	case !utf8.ValidString(s):
 		return invalidKey("keying: %s segment %s is not valid UTF-8", name, quote(s))
-	case strings.IndexByte(s, 0) >= 0:
+	default:
 		return invalidKey("keying: %s segment %s holds a NUL byte", name, quote(s))
 	}
-	return nil
 }
 
 func tooLong(n, bus, group, alias, id int) error {

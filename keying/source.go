@@ -102,7 +102,7 @@ func (s funcSource) Name() string { return s.name }
 
 func (s funcSource) ID(msg *message.Message) (string, error) {
 	if s.f == nil {
-		return "", newError(inbox.ErrInvalidArgument, "IDSourceFunc %q has a nil function", s.name)
+		return "", newError(inbox.ErrInvalidArgument, "keying: id source %s: IDSourceFunc was given a nil function", s.name)
 	}
 	return s.f(msg)
 }
