@@ -1,0 +1,33 @@
+package remote_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/remote"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+	"github.com/watermill-inbox/inbox/stores/storetest"
+)
+
+// harness runs the suite through the remote client against inboxd's handler
+// on loopback HTTP, over the backing store newBacking returns.
+func harness(newBacking func(t *testing.T, cfg storetest.Config) inbox.LeaseStore) storetest.Harness {
+	return storetest.Harness{
+		New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
+			base := serve(t, server.Config{Store: newBacking(t, cfg), LeaseMin: time.Second})
+			return newClient(t, remote.Options{URL: base})
+		},
+		// leaseSeconds counts whole seconds.
+		Lease:     time.Second,
+		Retention: time.Second,
+		// RFC 3339 with nanosecond fractions carries the store's own precision.
+		TimePrecision: time.Millisecond,
+	}
+}
+
+func TestConformance_memory(t *testing.T) {
+	storetest.Run(t, harness(func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
+		return newMemory(t, cfg.Retention)
+	}))
+}
