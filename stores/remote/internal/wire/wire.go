@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -224,6 +226,47 @@ func wantType(goType string) string {
 	return goType
 }
 
+// seconds decodes leaseSeconds: a JSON number (not a string) with an
+// integral value, in any notation ("30", "3e1"). Values beyond int64 are
+// saturated, so the lease range check catches them.
+type seconds struct{ v **int64 }
+
+func (s *seconds) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] == '"' || b[0] == '{' || b[0] == '[' || b[0] == 't' || b[0] == 'f' {
+		return fmt.Errorf("JSON %s where a whole number was expected", kind(b))
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return fmt.Errorf("%s is not a number", b)
+	}
+	if f != math.Trunc(f) || math.IsNaN(f) {
+		return fmt.Errorf("%s is not a whole number of seconds", b)
+	}
+	var n int64
+	switch {
+	case f >= math.MaxInt64:
+		n = math.MaxInt64
+	case f <= math.MinInt64:
+		n = math.MinInt64
+	default:
+		n = int64(f)
+	}
+	*s.v = &n
+	return nil
+}
+
+func kind(b []byte) string {
+	switch b[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	}
+	return "boolean"
+}
+
 // DecodeTryBegin reads a try-begin body. It checks JSON types only; the
 // server validates values.
 func DecodeTryBegin(body []byte) (TryBeginRequest, error) {
@@ -232,7 +275,7 @@ func DecodeTryBegin(body []byte) (TryBeginRequest, error) {
 	r.HasLeaseID, err = decodeObject(body, []field{
 		{"key", CodeInvalidKey, &r.Key},
 		{"owner", CodeInvalidArgument, &r.Owner},
-		{"leaseSeconds", CodeInvalidLease, &r.LeaseSeconds},
+		{"leaseSeconds", CodeInvalidLease, &seconds{&r.LeaseSeconds}},
 		{"leaseId", CodeInvalidLeaseID, &r.LeaseID},
 		{"payloadHash", CodeInvalidArgument, &r.PayloadHash},
 	})
@@ -246,7 +289,7 @@ func DecodeLease(body []byte) (LeaseRequest, error) {
 	r.HasLeaseID, err = decodeObject(body, []field{
 		{"key", CodeInvalidKey, &r.Key},
 		{"leaseId", CodeInvalidLeaseID, &r.LeaseID},
-		{"leaseSeconds", CodeInvalidLease, &r.LeaseSeconds},
+		{"leaseSeconds", CodeInvalidLease, &seconds{&r.LeaseSeconds}},
 	})
 	return r, err
 }
