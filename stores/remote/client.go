@@ -156,6 +156,9 @@ func (s *Store) do(ctx context.Context, ep endpoint, body []byte) (res result, u
 		if ctx.Err() != nil {
 			return result{}, uncertain || sent, s.ctxError(ctx, ep, i+1, lastErr)
 		}
+		if errors.Is(lastErr, ErrProtocol) {
+			return result{}, uncertain || sent, lastErr // a broken answer comes back broken
+		}
 		if lastErr == nil {
 			lastErr = statusError(ep, res)
 			uncertain = true // a 5xx may come after the server acted
