@@ -46,15 +46,15 @@ func TestOpenURL(t *testing.T) {
 	}
 
 	for raw, want := range map[string]string{
-		base + "/?retention=1h":                       "retention",
-		base + "/?token=" + testToken + "&bogus=1":    "bogus",
-		base + "/?token=a&token_file=" + file:         "not both",
-		base + "/?token_file=/nonexistent/tok":        "token_file",
-		base + "/?retries=-1":                         "retries",
-		base + "/?timeout=fast":                       "timeout",
+		base + "/?retention=1h":                      "retention",
+		base + "/?token=" + testToken + "&bogus=1":   "bogus",
+		base + "/?token=a&token_file=" + file:        "not both",
+		base + "/?token_file=/nonexistent/tok":       "token_file",
+		base + "/?retries=-1":                        "retries",
+		base + "/?timeout=fast":                      "timeout",
 		"http://user:" + testToken + "@127.0.0.1:1/": "user info",
-		"http:///nohost":                              "no host",
-		base + "/#frag":                               "fragment",
+		"http:///nohost":                             "no host",
+		base + "/#frag":                              "fragment",
 	} {
 		_, err := stores.Open(ctx, raw)
 		if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), want) {
