@@ -96,7 +96,8 @@ func (o Options) Validate() error {
 type Store struct {
 	client    redis.UniversalClient
 	opts      Options
-	retention string // Options.Retention in microseconds, as a script argument
+	retention any    // Options.Retention in microseconds, boxed once as a script argument
+	lease     any    // Options.Lease likewise
 	owns      bool   // Close closes client
 	closed    atomic.Bool
 }
@@ -119,6 +120,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		client:    client,
 		opts:      opts,
 		retention: strconv.FormatInt(micros(opts.Retention), 10),
+		lease:     strconv.FormatInt(micros(opts.Lease), 10),
 	}, nil
 }
 
@@ -206,21 +208,20 @@ func (s *Store) run(ctx context.Context, op, key string, sc *redis.Script, args 
 	return v, nil
 }
 
-// ints decodes a reply that must be an array of n integers.
-func ints(op, key string, v any, n int) ([]int64, error) {
+// ints decodes a reply that must be an array of len(dst) integers into dst.
+func ints(op, key string, v any, dst []int64) error {
 	a, ok := v.([]any)
-	if !ok || len(a) != n {
-		return nil, badReply(op, key, v)
+	if !ok || len(a) != len(dst) {
+		return badReply(op, key, v)
 	}
-	out := make([]int64, n)
 	for i, e := range a {
 		x, ok := e.(int64)
 		if !ok {
-			return nil, badReply(op, key, v)
+			return badReply(op, key, v)
 		}
-		out[i] = x
+		dst[i] = x
 	}
-	return out, nil
+	return nil
 }
 
 // TryBegin implements [inbox.LeaseStore]. A lease is kept in whole
@@ -233,23 +234,22 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err := opts.Validate(); err != nil {
 		return inbox.Claim{}, err
 	}
-	lease := opts.Lease
-	if lease == 0 {
-		lease = s.opts.Lease
-	}
-	if lease > MaxDuration {
-		return inbox.Claim{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, lease, MaxDuration)
+	lease := s.lease
+	if opts.Lease > MaxDuration {
+		return inbox.Claim{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, opts.Lease, MaxDuration)
+	} else if opts.Lease > 0 {
+		lease = micros(opts.Lease)
 	}
 	id := opts.LeaseID
 	if id == "" {
 		id = inbox.NewLeaseID()
 	}
-	v, err := s.run(ctx, op, key, tryBeginScript, id, micros(lease), s.retention, opts.Owner, opts.PayloadHash)
+	v, err := s.run(ctx, op, key, tryBeginScript, id, lease, s.retention, opts.Owner, opts.PayloadHash)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
-	r, err := ints(op, key, v, 5)
-	if err != nil {
+	var r [5]int64
+	if err := ints(op, key, v, r[:]); err != nil {
 		return inbox.Claim{}, err
 	}
 	until, granted, now, mismatch := r[1], r[2], r[3], r[4]
@@ -367,8 +367,8 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if len(a) != 9 {
 		return inbox.Record{}, badReply(op, key, v)
 	}
-	n, err := ints(op, key, a[:7], 7)
-	if err != nil {
+	var n [7]int64
+	if err := ints(op, key, a[:7], n[:]); err != nil {
 		return inbox.Record{}, badReply(op, key, v)
 	}
 	owner, ok1 := a[7].(string)
