@@ -96,9 +96,9 @@ func (o Options) Validate() error {
 type Store struct {
 	client    redis.UniversalClient
 	opts      Options
-	retention any    // Options.Retention in microseconds, boxed once as a script argument
-	lease     any    // Options.Lease likewise
-	owns      bool   // Close closes client
+	retention any  // Options.Retention in microseconds, boxed once as a script argument
+	lease     any  // Options.Lease likewise
+	owns      bool // Close closes client
 	closed    atomic.Bool
 }
 
