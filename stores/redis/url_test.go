@@ -199,3 +199,30 @@ func TestStore_physical_ttl(t *testing.T) {
 		t.Fatalf("PTTL after Complete = %s, want about the retention (1h)", ttl)
 	}
 }
+
+// Data under the store's prefix that the store did not write is reported,
+// never misread: a value of another type is a server error, a hash of
+// another shape an unexpected reply; both wrap ErrStoreUnavailable and
+// name what was found.
+func TestStore_foreign_data_under_prefix(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix})
+	if err := c.Set(ctx, prefix+"string", "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.TryBegin(ctx, "string", inbox.BeginOptions{})
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("TryBegin over a string value: %v, want ErrStoreUnavailable naming WRONGTYPE", err)
+	}
+	future := time.Now().Add(time.Hour).UnixMicro()
+	if err := c.HSet(ctx, prefix+"hash", "ex", future, "pr", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Get(ctx, "hash")
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected script reply") {
+		t.Fatalf("Get of a hash missing fields: %v, want ErrStoreUnavailable naming the unexpected reply", err)
+	}
+}
