@@ -65,7 +65,8 @@ func (o ExpiringKeyRepositoryOptions) Validate() error {
 //   - The Deduplicator's key is a hash of the payload (Adler-32 by default,
 //     which collides), not the message's id, and it is not scoped by
 //     consumer group: two groups that must both process a message share one
-//     key.
+//     key unless each gets a repository with its own Prefix. The inbox key
+//     is bus:group:alias:id.
 //
 // IsDuplicate is one SET key 1 NX PX window: atomic, so of concurrent calls
 // for one key exactly one reports false.
