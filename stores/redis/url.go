@@ -62,12 +62,18 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		if err != nil {
 			return nil, badURL(u, err)
 		}
+		if err := checkPool(u, co.PoolSize, co.MinIdleConns, co.MaxIdleConns, co.MaxActiveConns, co.MaxConcurrentDials); err != nil {
+			return nil, err
+		}
 		co.ContextTimeoutEnabled = true
 		client = redis.NewClusterClient(co)
 	} else {
 		o, err := redis.ParseURL(rest.String())
 		if err != nil {
 			return nil, badURL(u, err)
+		}
+		if err := checkPool(u, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.MaxConcurrentDials); err != nil {
+			return nil, err
 		}
 		o.ContextTimeoutEnabled = true
 		client = redis.NewClient(o)
@@ -86,4 +92,20 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 func badURL(u *url.URL, err error) error {
 	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
+}
+
+// maxPoolParam bounds the pool sizes a URL may ask for.
+const maxPoolParam = 100_000
+
+// checkPool rejects pool sizes that go-redis would panic on (negative, found
+// by FuzzOpenURL) or allocate without bound (huge), in the order pool_size,
+// min_idle_conns, max_idle_conns, max_active_conns, max_concurrent_dials.
+func checkPool(u *url.URL, sizes ...int) error {
+	names := []string{"pool_size", "min_idle_conns", "max_idle_conns", "max_active_conns", "max_concurrent_dials"}
+	for i, n := range sizes {
+		if n < 0 || n > maxPoolParam {
+			return fmt.Errorf("%w: %s: parameter %s=%d is outside [0, %d]", stores.ErrInvalidURL, stores.Redact(u), names[i], n, maxPoolParam)
+		}
+	}
+	return nil
 }

@@ -96,6 +96,8 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 		"redis://127.0.0.1:6379/notanumber",
 		"redis://127.0.0.1:6379/15?prefix=" + strings.Repeat("p", redisstore.MaxPrefixLen+1),
 		"redis://127.0.0.1:6379/15?retention=100us",
+		"redis://127.0.0.1:6379/15?pool_size=-1", // go-redis panics on it
+		"redis://127.0.0.1:6379?addr=127.0.0.1:6380&max_idle_conns=1000000000",
 	} {
 		if _, err := stores.Open(ctx, raw); !errors.Is(err, stores.ErrInvalidURL) {
 			t.Errorf("Open(%q): %v, want ErrInvalidURL", raw, err)
@@ -225,4 +227,30 @@ func TestStore_foreign_data_under_prefix(t *testing.T) {
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected script reply") {
 		t.Fatalf("Get of a hash missing fields: %v, want ErrStoreUnavailable naming the unexpected reply", err)
 	}
+}
+
+// Any query either opens a store or fails with ErrInvalidURL, and no error
+// quotes the password.
+func FuzzOpenURL(f *testing.F) {
+	for _, q := range []string{"", "prefix=a:&timeout=1s", "cluster=true", "addr=127.0.0.1:2", "dial_timeout=x",
+		"retention=1h&lease=2s", "prefix=%zz", "timeout=0", "pool_size=-1", "cluster=1&addr=:1"} {
+		f.Add("/0", q)
+	}
+	f.Fuzz(func(t *testing.T, path, query string) {
+		raw := "redis://user:pw-s3cr3t@127.0.0.1:1" + path + "?" + query
+		if _, err := url.Parse(raw); err != nil {
+			return // the mux's own parse error, tested in package stores
+		}
+		s, err := stores.Open(context.Background(), raw)
+		if err == nil {
+			_ = s.Close()
+			return
+		}
+		if !errors.Is(err, stores.ErrInvalidURL) {
+			t.Fatalf("Open(%q): %v, want nil or ErrInvalidURL", raw, err)
+		}
+		if strings.Contains(err.Error(), "pw-s3cr3t") {
+			t.Fatalf("Open(%q): error quotes the password: %v", raw, err)
+		}
+	})
 }
