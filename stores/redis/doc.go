@@ -84,7 +84,10 @@
 // other parameter goes to go-redis's [redis.ParseURL] or
 // [redis.ParseClusterURL], so its options (dial_timeout, read_timeout,
 // pool_size, max_retries, ...) can be set too, and an unknown parameter is an
-// error naming it. The store made from a URL enables ContextTimeoutEnabled,
+// error naming it. Pool sizes (pool_size, min_idle_conns, max_idle_conns,
+// max_active_conns, max_concurrent_dials) must be within [0, 100000]:
+// go-redis panics on a negative one. The store made from a URL enables
+// ContextTimeoutEnabled,
 // owns its client and closes it on Close; errors quote the URL with its
 // password masked. Sentinel has no URL form here: build a
 // [redis.NewFailoverClient] and pass it to [New].
