@@ -372,3 +372,28 @@ func TestStore_stalled_link_times_out(t *testing.T) {
 		t.Fatalf("Get canceled by its caller: %v, want context.Canceled only", err)
 	}
 }
+
+// With a negative Options.Timeout the store adds no bound of its own: the
+// caller's deadline is what ends a call on a stalled link.
+func TestStore_no_timeout_uses_callers_deadline(t *testing.T) {
+	t.Parallel()
+	shared := sharedClient(t)
+	p := faultproxy.New(t, shared.Options().Addr)
+	c := redis.NewClient(proxiedOptions(t, p))
+	t.Cleanup(func() { _ = c.Close() })
+	st := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, shared), Timeout: -1})
+	if _, err := st.TryBegin(context.Background(), "k", inbox.BeginOptions{}); err != nil {
+		t.Fatalf("TryBegin through a live link: %v", err)
+	}
+	p.Stall()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := st.Get(ctx, "k")
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get through a stalled link: %v, want ErrStoreUnavailable and DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("Get through a stalled link returned after %s, want about the caller's 300ms", took)
+	}
+}

@@ -51,10 +51,15 @@ type Options struct {
 
 	// Timeout bounds each call to Redis (one script run, including go-redis's
 	// own retries) unless the caller's context ends sooner. Optional; default
-	// [DefaultTimeout] (5 s). The bound reaches the socket only when the
-	// client was built with ContextTimeoutEnabled (clients made from a URL
-	// are); otherwise the client's ReadTimeout and WriteTimeout apply to
-	// each attempt.
+	// [DefaultTimeout] (5 s); negative means no bound of the store's own, so
+	// only the caller's context and the client's timeouts apply. The bound
+	// reaches the socket only when the client was built with
+	// ContextTimeoutEnabled (clients made from a URL are); otherwise the
+	// client's ReadTimeout and WriteTimeout apply to each attempt.
+	//
+	// The bound costs a timer per call (see Performance in the package
+	// documentation); a call whose context already ends within Timeout adds
+	// none.
 	Timeout time.Duration
 }
 
@@ -85,9 +90,6 @@ func (o Options) Validate() error {
 	}
 	if o.Lease < 0 || o.Lease > MaxDuration {
 		return fmt.Errorf("%w: redis store: Lease %s is outside (0, %s]", inbox.ErrInvalidLease, o.Lease, MaxDuration)
-	}
-	if o.Timeout < 0 {
-		return fmt.Errorf("%w: redis store: Timeout %s is negative", inbox.ErrInvalidArgument, o.Timeout)
 	}
 	return nil
 }
@@ -148,6 +150,9 @@ func (s *Store) begin(ctx context.Context, op, key string) (context.Context, con
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, ctxError(op, key, err, err)
+	}
+	if s.opts.Timeout < 0 {
+		return ctx, func() {}, nil
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.opts.Timeout {
 		return ctx, func() {}, nil

@@ -135,7 +135,6 @@ func TestNew_validates_options(t *testing.T) {
 		"huge retention":     {redisstore.Options{Retention: redisstore.MaxDuration + 1}, inbox.ErrInvalidArgument},
 		"negative lease":     {redisstore.Options{Lease: -time.Second}, inbox.ErrInvalidLease},
 		"huge lease":         {redisstore.Options{Lease: redisstore.MaxDuration + 1}, inbox.ErrInvalidLease},
-		"negative timeout":   {redisstore.Options{Timeout: -time.Second}, inbox.ErrInvalidArgument},
 		"over-long prefix":   {redisstore.Options{Prefix: strings.Repeat("p", redisstore.MaxPrefixLen+1)}, inbox.ErrInvalidArgument},
 	} {
 		if _, err := redisstore.New(c, tc.opts); !errors.Is(err, tc.want) {
