@@ -52,44 +52,68 @@ func BenchmarkTryBeginComplete(b *testing.B) {
 }
 
 // BenchmarkOverhead_paired alternates ours and raw-lua within each
-// iteration (in turn first), so that the load of a shared machine, which
-// drifts over seconds, weighs on both alike. It reports each one's time per
-// message and their ratio (ours/raw-lua, time: 1.11 or less meets the
-// throughput target of 0.9), with the store's default Timeout (a timer per
-// call) and with Timeout off.
+// iteration of each caller (in turn first), so that the load of a shared
+// machine, which drifts over seconds, weighs on both alike. It reports each
+// one's time per message and their ratio (ours/raw-lua, time: 1.11 or less
+// meets the throughput target of 0.9), sequentially and with 16 callers,
+// with the store's default Timeout (a timer per call) and with Timeout off.
 func BenchmarkOverhead_paired(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
 		timeout time.Duration
 	}{{"timeout-5s", 0}, {"timeout-off", -1}} {
-		b.Run(tc.name, func(b *testing.B) {
-			impls := benchImpls(b, tc.timeout)
-			ours, raw := impls[0], impls[1]
-			ctx := context.Background()
-			var n int64
-			var tOurs, tRaw time.Duration
-			for b.Loop() {
-				n++
-				key := "paired:" + strconv.FormatInt(n, 36)
-				first, second, t1, t2 := ours, raw, &tOurs, &tRaw
-				if n%2 == 0 {
-					first, second, t1, t2 = raw, ours, &tRaw, &tOurs
-				}
-				start := time.Now()
-				if err := first.op(ctx, key); err != nil {
-					b.Fatal(err)
-				}
-				mid := time.Now()
-				if err := second.op(ctx, key); err != nil {
-					b.Fatal(err)
-				}
-				*t1 += mid.Sub(start)
-				*t2 += time.Since(mid)
+		for _, callers := range []int{1, 16} {
+			mode := "seq"
+			if callers > 1 {
+				mode = "parallel-" + strconv.Itoa(callers)
 			}
-			b.ReportMetric(float64(tOurs.Microseconds())/float64(n), "ours-µs/msg")
-			b.ReportMetric(float64(tRaw.Microseconds())/float64(n), "raw-lua-µs/msg")
-			b.ReportMetric(float64(tOurs)/float64(tRaw), "ours/raw-lua")
-		})
+			b.Run(tc.name+"/"+mode, func(b *testing.B) {
+				impls := benchImpls(b, tc.timeout)
+				ours, raw := impls[0], impls[1]
+				ctx := context.Background()
+				var seq, tOurs, tRaw atomic.Int64
+				pair := func() error {
+					n := seq.Add(1)
+					key := "paired:" + strconv.FormatInt(n, 36)
+					first, second, t1, t2 := ours, raw, &tOurs, &tRaw
+					if n%2 == 0 {
+						first, second, t1, t2 = raw, ours, &tRaw, &tOurs
+					}
+					start := time.Now()
+					if err := first.op(ctx, key); err != nil {
+						return err
+					}
+					mid := time.Now()
+					if err := second.op(ctx, key); err != nil {
+						return err
+					}
+					t1.Add(int64(mid.Sub(start)))
+					t2.Add(int64(time.Since(mid)))
+					return nil
+				}
+				if callers == 1 {
+					for b.Loop() {
+						if err := pair(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := pair(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				n := float64(seq.Load())
+				b.ReportMetric(float64(tOurs.Load())/1e3/n, "ours-µs/msg")
+				b.ReportMetric(float64(tRaw.Load())/1e3/n, "raw-lua-µs/msg")
+				b.ReportMetric(float64(tOurs.Load())/float64(tRaw.Load()), "ours/raw-lua")
+			})
+		}
 	}
 }
 
