@@ -62,6 +62,9 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 	for {
 		n, err := s.exec(ctx, s.q.cleanup, s.opts.CleanupBatch)
 		total += n
+		if s.onBatch != nil {
+			s.onBatch(n)
+		}
 		if err != nil {
 			return total, s.wrap(ctx, "Cleanup", err)
 		}

@@ -25,3 +25,7 @@ func MySQLDSN(raw string) (string, error) {
 	}
 	return cfg.FormatDSN(), nil
 }
+
+// OnCleanupBatch makes s call f with the rows each cleanup statement
+// deleted.
+func OnCleanupBatch(s *Store, f func(n int64)) { s.onBatch = f }

@@ -107,6 +107,9 @@ type Store struct {
 	returning bool
 	// ownsDB makes Close close db (stores opened by URL).
 	ownsDB bool
+	// onBatch, when set (tests), sees the rows each cleanup statement
+	// deleted.
+	onBatch func(n int64)
 
 	mu     sync.Mutex
 	closed bool
