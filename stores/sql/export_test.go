@@ -29,3 +29,12 @@ func MySQLDSN(raw string) (string, error) {
 // OnCleanupBatch makes s call f with the rows each cleanup statement
 // deleted.
 func OnCleanupBatch(s *Store, f func(n int64)) { s.onBatch = f }
+
+// SQLitePath returns the database path a sqlite:// URL names.
+func SQLitePath(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	return sqlitePath(u)
+}

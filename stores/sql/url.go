@@ -230,7 +230,10 @@ func SQLiteDSN(path string, busyTimeout time.Duration) string {
 	return "file:" + path + "?" + bt + "&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 }
 
-func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+// sqlitePath returns the database path a sqlite URL names:
+// sqlite:///abs/path.db, sqlite://rel/path.db or sqlite:rel/path.db
+// (relative to the working directory), sqlite::memory:.
+func sqlitePath(u *url.URL) (string, error) {
 	var path string
 	switch {
 	case u.Opaque != "":
@@ -241,10 +244,18 @@ func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store,
 		path = u.Path // sqlite:///absolute/path.db
 	}
 	if path == "" || path == "/" {
-		return nil, fmt.Errorf("%w: %s names no database file (sqlite:///abs/path.db, sqlite://rel/path.db, sqlite::memory:)", stores.ErrInvalidURL, stores.Redact(u))
+		return "", fmt.Errorf("%w: %s names no database file (sqlite:///abs/path.db, sqlite://rel/path.db, sqlite::memory:)", stores.ErrInvalidURL, stores.Redact(u))
 	}
 	if strings.ContainsAny(path, "?#") {
-		return nil, fmt.Errorf("%w: sqlite path %q holds ? or #", stores.ErrInvalidURL, path)
+		return "", fmt.Errorf("%w: sqlite path %q holds ? or #", stores.ErrInvalidURL, path)
+	}
+	return path, nil
+}
+
+func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+	path, err := sqlitePath(u)
+	if err != nil {
+		return nil, err
 	}
 	q := u.Query()
 	o, err := popStoreParams(q, p, SQLite)
