@@ -38,3 +38,7 @@ func SQLitePath(raw string) (string, error) {
 	}
 	return sqlitePath(u)
 }
+
+// Statements returns the TryBegin and Complete statements of s, for the
+// benchmark that runs them without the store around them.
+func Statements(s *Store) (tryBegin, complete string) { return s.q.tryBegin, s.q.complete }
