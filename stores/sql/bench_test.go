@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,8 +34,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 
 			b.Run("store", func(b *testing.B) {
 				ctx := ctxT(b)
-				for i := 0; b.Loop(); i++ {
-					key := fmt.Sprintf("bench:%s:store:%d", prefix, i)
+				for b.Loop() {
+					key := fmt.Sprintf("bench:%s:store:%d", prefix, benchSeq.Add(1))
 					c, err := s.TryBegin(ctx, key, inbox.BeginOptions{})
 					if err != nil || c.Status != inbox.Acquired {
 						b.Fatalf("TryBegin = %+v, %v", c, err)
@@ -49,8 +50,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 				lease, ret := (30 * time.Second).Microseconds(), (7 * 24 * time.Hour).Microseconds()
 				b.Run("same-sql", func(b *testing.B) {
 					ctx := ctxT(b)
-					for i := 0; b.Loop(); i++ {
-						key := fmt.Sprintf("bench:%s:same:%d", prefix, i)
+					for b.Loop() {
+						key := fmt.Sprintf("bench:%s:same:%d", prefix, benchSeq.Add(1))
 						id := inbox.NewLeaseID()
 						var (
 							state, attempts int
@@ -73,8 +74,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 			ins, upd := floorStatements(be.dialect, table)
 			b.Run("insert-update", func(b *testing.B) {
 				ctx := ctxT(b)
-				for i := 0; b.Loop(); i++ {
-					key := fmt.Sprintf("bench:%s:floor:%d", prefix, i)
+				for b.Loop() {
+					key := fmt.Sprintf("bench:%s:floor:%d", prefix, benchSeq.Add(1))
 					id := inbox.NewLeaseID()
 					if _, err := db.ExecContext(ctx, ins, key, id); err != nil {
 						b.Fatal(err)
@@ -87,6 +88,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 		})
 	}
 }
+
+// benchSeq makes every benchmark key new, across the reruns of -count.
+var benchSeq atomic.Int64
 
 // floorStatements are a plain INSERT of a leased row and an UPDATE marking
 // it processed, with the database clock, on the store's table.
@@ -105,4 +109,3 @@ func floorStatements(d sqlstore.Dialect, table string) (ins, upd string) {
 			"UPDATE " + table + " SET state = 1, processed_at = " + now + ", last_seen = " + now + ", lease_until = NULL, expires_at = " + now + " + 604800000000 WHERE msg_key = ?1 AND lease_id = ?2"
 	}
 }
-
