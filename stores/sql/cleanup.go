@@ -3,10 +3,13 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"hash/fnv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-inbox/inbox"
 )
 
 // Migrate creates the store's table and index when they do not exist. It is
@@ -91,7 +94,7 @@ func (s *Store) startJanitor() {
 			case <-t.C:
 			}
 			n, err := s.Cleanup(ctx)
-			if err != nil && ctx.Err() == nil {
+			if err != nil && ctx.Err() == nil && !errors.Is(err, inbox.ErrClosed) {
 				s.opts.Logger.Error("inbox sql store: cleanup failed", err, watermill.LogFields{"table": s.opts.Table, "deleted": n})
 			} else if n > 0 {
 				s.opts.Logger.Debug("inbox sql store: cleanup", watermill.LogFields{"table": s.opts.Table, "deleted": n})

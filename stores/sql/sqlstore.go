@@ -111,6 +111,10 @@ type Store struct {
 	// deleted.
 	onBatch func(n int64)
 
+	// stmts holds prepared statements on SQLite, whose driver would
+	// otherwise parse every statement anew (query -> *sql.Stmt).
+	stmts sync.Map
+
 	mu     sync.Mutex
 	closed bool
 	stop   context.CancelFunc
@@ -200,6 +204,11 @@ func (s *Store) Close() error {
 		stop()
 		<-done
 	}
+	s.stmts.Range(func(k, v any) bool {
+		_ = v.(*sql.Stmt).Close()
+		s.stmts.Delete(k)
+		return true
+	})
 	if s.ownsDB {
 		return s.db.Close()
 	}
@@ -220,6 +229,41 @@ func (s *Store) enter(ctx context.Context, op string) error {
 }
 
 func us(d time.Duration) int64 { return d.Microseconds() }
+
+// stmt returns a prepared statement for q on SQLite, nil elsewhere (pgx
+// caches statements itself; go-sql-driver interpolates parameters) or when
+// preparing failed (the caller then runs q unprepared and reports its error).
+func (s *Store) stmt(ctx context.Context, q string) *sql.Stmt {
+	if s.opts.Dialect != SQLite {
+		return nil
+	}
+	if v, ok := s.stmts.Load(q); ok {
+		return v.(*sql.Stmt)
+	}
+	st, err := s.db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil
+	}
+	if v, loaded := s.stmts.LoadOrStore(q, st); loaded {
+		_ = st.Close()
+		return v.(*sql.Stmt)
+	}
+	return st
+}
+
+func (s *Store) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := s.stmt(ctx, q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return s.db.QueryRowContext(ctx, q, args...)
+}
+
+func (s *Store) execStmt(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := s.stmt(ctx, q); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return s.db.ExecContext(ctx, q, args...)
+}
 
 func (s *Store) leaseFor(d time.Duration) time.Duration {
 	if d == 0 {
@@ -258,7 +302,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	var errTryBegin error
 	if s.returning {
 		errTryBegin = s.retry(ctx, func() error {
-			return s.db.QueryRowContext(ctx, s.q.tryBegin, args...).Scan(dest...)
+			return s.queryRow(ctx, s.q.tryBegin, args...).Scan(dest...)
 		})
 	} else {
 		errTryBegin = s.retry(ctx, func() error {
@@ -321,7 +365,7 @@ func validateHolderArgs(key, leaseID string) error {
 func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	var n int64
 	err := s.retry(ctx, func() error {
-		res, err := s.db.ExecContext(ctx, query, args...)
+		res, err := s.execStmt(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -429,7 +473,7 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 	} else {
 		err = s.retry(ctx, func() error {
 			found = true
-			err := s.db.QueryRowContext(ctx, s.q.extend, key, leaseID, us(lease), us(lease+s.opts.Retention)).Scan(s.timeDest(&until, &untilOK))
+			err := s.queryRow(ctx, s.q.extend, key, leaseID, us(lease), us(lease+s.opts.Retention)).Scan(s.timeDest(&until, &untilOK))
 			if errors.Is(err, sql.ErrNoRows) {
 				found = false
 				return nil
@@ -465,7 +509,7 @@ func (s *Store) get(ctx context.Context, key string) (inbox.Record, error) {
 		firstOK, lastOK, untilOK, expiresOK, nowOK bool
 	)
 	err := s.retry(ctx, func() error {
-		return s.db.QueryRowContext(ctx, s.q.get, key).Scan(&state, &attempts,
+		return s.queryRow(ctx, s.q.get, key).Scan(&state, &attempts,
 			s.timeDest(&first, &firstOK), s.timeDest(&last, &lastOK), s.timeDest(&until, &untilOK),
 			&owner, &hash, s.timeDest(&expires, &expiresOK), s.timeDest(&now, &nowOK))
 	})
