@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
@@ -77,7 +78,10 @@ func ExampleNewTxMiddleware() {
 	s, _ := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.SQLite, AutoMigrate: true})
 	_ = s.Close()
 
-	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{DB: db, Dialect: sqlstore.SQLite, Bus: "rabbit", Group: "billing"})
+	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
+		DB: db, Dialect: sqlstore.SQLite, Bus: "rabbit", Group: "billing",
+		Alias: keying.StaticAlias("orders"), // in a router, the handler's name by default
+	})
 	if err != nil {
 		panic(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
 )
 
 // DefaultLockTimeout is how long a duplicate waits for another consumer's
@@ -65,9 +66,16 @@ type TxConfig struct {
 	// Group names the consumer group or queue in keys. Required.
 	Group string
 
-	// Alias gives the key's alias segment. Optional; default the router
-	// handler's name.
-	Alias func(*message.Message) (string, error)
+	// Alias gives the key's alias segment, the message type. Optional;
+	// default [keying.AliasFromHandler]: the router handler's name.
+	Alias keying.AliasFunc
+
+	// IDSources are tried in order for the message's id. Optional; default
+	// [keying.DefaultIDSources]: the IdempotencyKey metadata field, then the
+	// message UUID. A message for which none yields an id is refused with
+	// an error wrapping [inbox.ErrNoKey] (the broker redelivers it, or a
+	// poison queue takes it).
+	IDSources []keying.IDSource
 
 	// Retention is how long a processed key stays processed. Optional;
 	// default inbox.DefaultRetention (7 days).
@@ -114,9 +122,10 @@ func (c *TxConfig) setDefaults() {
 		c.LockTimeout = DefaultLockTimeout
 	}
 	if c.Alias == nil {
-		c.Alias = func(msg *message.Message) (string, error) {
-			return message.HandlerNameFromCtx(msg.Context()), nil
-		}
+		c.Alias = keying.AliasFromHandler()
+	}
+	if len(c.IDSources) == 0 {
+		c.IDSources = keying.DefaultIDSources()
 	}
 	if c.Owner == "" {
 		host, _ := os.Hostname()
@@ -152,6 +161,12 @@ func (c TxConfig) Validate() error {
 	if c.Group == "" {
 		bad("Group is required")
 	}
+	if c.Bus != "" && c.Group != "" {
+		kb := keying.Builder{Bus: c.Bus, Group: c.Group, Alias: c.Alias, IDSources: c.IDSources}
+		if err := kb.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
 	if c.Retention < time.Millisecond {
 		bad("Retention %s is below 1ms", c.Retention)
 	}
@@ -169,8 +184,9 @@ func (c TxConfig) Validate() error {
 // handler's writes and the mark commit together or not at all. Build it
 // with [NewTxMiddleware] and add [TxInbox.Middleware] to a router.
 type TxInbox struct {
-	cfg TxConfig
-	q   txQueries
+	cfg  TxConfig
+	keys keying.Builder
+	q    txQueries
 }
 
 type txQueries struct {
@@ -218,7 +234,8 @@ ON CONFLICT (msg_key) DO NOTHING`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
 		}
 	}
-	return &TxInbox{cfg: cfg, q: q}, nil
+	keys := keying.Builder{Bus: cfg.Bus, Group: cfg.Group, Alias: cfg.Alias, IDSources: cfg.IDSources}
+	return &TxInbox{cfg: cfg, keys: keys, q: q}, nil
 }
 
 type txCtxKey struct{}
@@ -234,8 +251,9 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 
 // Middleware is the [message.HandlerMiddleware].
 //
-// For each message it builds the key (bus:group:alias:id, the id being the
-// IdempotencyKey metadata field or else the message UUID), takes a
+// For each message it builds the key with [keying.Builder]
+// (bus:group:alias:id, by default the IdempotencyKey metadata field or else
+// the message UUID), takes a
 // connection, begins a transaction and inserts the key's row, already marked
 // processed. A concurrent delivery of the same key waits on that
 // uncommitted row: when the first transaction commits it sees the key
@@ -251,21 +269,10 @@ func (m *TxInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (m *TxInbox) key(msg *message.Message) (string, error) {
-	alias, err := m.cfg.Alias(msg)
-	if err != nil {
-		return "", fmt.Errorf("inbox sql tx middleware: alias of message %q: %w", msg.UUID, err)
-	}
-	if alias == "" {
-		alias = "default"
-	}
-	return buildKey(m.cfg.Bus, m.cfg.Group, alias, msg)
-}
-
 func (m *TxInbox) handle(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
-	key, err := m.key(msg)
+	key, _, err := m.keys.KeyString(msg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inbox sql tx middleware: key of message %q: %w", msg.UUID, err)
 	}
 	ctx := msg.Context()
 	fields := watermill.LogFields{"message_uuid": msg.UUID, "inbox_key": key}

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
 
@@ -75,7 +76,7 @@ func (e *txEnv) middleware(t testing.TB, cfg sqlstore.TxConfig) *sqlstore.TxInbo
 	cfg.DB, cfg.Dialect, cfg.Table = e.db, e.b.dialect, e.table
 	cfg.Bus, cfg.Group = "test", "group"
 	if cfg.Alias == nil {
-		cfg.Alias = func(*message.Message) (string, error) { return "handler", nil }
+		cfg.Alias = keying.StaticAlias("handler")
 	}
 	mw, err := sqlstore.NewTxMiddleware(cfg)
 	if err != nil {
@@ -491,4 +492,39 @@ func TestTx_process_killed_before_commit(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestTx_keys_from_keying_id_sources(t *testing.T) {
+	forTx(t, func(t *testing.T, e *txEnv) {
+		mw := e.middleware(t, sqlstore.TxConfig{})
+		var calls atomic.Int32
+		h := mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			calls.Add(1)
+			return nil, e.writeEffect(m, "ok")
+		})
+		// Two messages (producer retry: new UUID) with one IdempotencyKey.
+		for range 2 {
+			msg := newMsg()
+			msg.Metadata.Set(keying.DefaultIDMetadataKey, "order-42")
+			if _, err := h(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if calls.Load() != 1 {
+			t.Fatalf("handler ran %d times for two messages with one IdempotencyKey, want 1", calls.Load())
+		}
+		if ok, err := e.store.IsProcessed(ctxT(t), "test:group:handler:order-42"); err != nil || !ok {
+			t.Fatalf("IsProcessed(test:group:handler:order-42) = %v, %v", ok, err)
+		}
+
+		// No id from any source: refused, nothing runs.
+		strict := e.middleware(t, sqlstore.TxConfig{IDSources: []keying.IDSource{keying.FromMetadata("absent")}})
+		_, err := strict.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			t.Error("handler ran for a message without a key")
+			return nil, nil
+		})(newMsg())
+		if !errors.Is(err, inbox.ErrNoKey) {
+			t.Fatalf("message without a key: %v, want ErrNoKey", err)
+		}
+	})
 }
