@@ -253,10 +253,9 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 //
 // For each message it builds the key with [keying.Builder]
 // (bus:group:alias:id, by default the IdempotencyKey metadata field or else
-// the message UUID), takes a
-// connection, begins a transaction and inserts the key's row, already marked
-// processed. A concurrent delivery of the same key waits on that
-// uncommitted row: when the first transaction commits it sees the key
+// the message UUID), takes a connection, begins a transaction and inserts
+// the key's row, already marked processed. A concurrent delivery of the same
+// key waits on that uncommitted row: when the first transaction commits it sees the key
 // processed and acks without running the handler; when it rolls back it
 // claims the key itself; after [TxConfig.LockTimeout] it returns an error
 // wrapping [inbox.ErrBusy]. The handler runs with the transaction in its
@@ -298,7 +297,7 @@ func (m *TxInbox) handle(h message.HandlerFunc, msg *message.Message) (out []*me
 	if err != nil {
 		done = true
 		_ = tx.Rollback()
-		return out, err
+		return nil, err
 	}
 	if len(out) > 0 {
 		if m.cfg.Outbox == nil {
