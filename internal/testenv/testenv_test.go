@@ -64,6 +64,7 @@ func TestService_missing_skips_and_records(t *testing.T) {
 }
 
 func TestService_missing_fails_when_required(t *testing.T) {
+	t.Setenv("INBOX_SKIP_FILE", filepath.Join(t.TempDir(), "skips"))
 	t.Setenv("INBOX_REQUIRE_SERVICES", "1")
 	t.Setenv("INBOX_TEST_FAKE2_URL", "redis://"+closedPort(t)+"/0")
 	f := &fakeTB{TB: t}
@@ -79,6 +80,7 @@ func TestService_missing_fails_when_required(t *testing.T) {
 }
 
 func TestService_available(t *testing.T) {
+	t.Setenv("INBOX_SKIP_FILE", filepath.Join(t.TempDir(), "skips"))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
