@@ -20,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/memory"
 	"github.com/watermill-inbox/inbox/stores/remote"
@@ -369,4 +372,42 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 			t.Errorf("run with %s: %v, want an error naming %q", vars, err, want)
 		}
 	}
+}
+
+// inboxd over the shared Redis, opened by URL through stores/all.
+func TestRun_over_redis(t *testing.T) {
+	t.Parallel()
+	raw := testenv.Redis.URL(t)
+	prefix := "inboxtest:inboxd:" + inbox.NewLeaseID() + ":"
+	addr, _, _, _ := startRun(t, map[string]string{
+		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": raw + "?prefix=" + url.QueryEscape(prefix) + "&retention=1h",
+	})
+	ctx := context.Background()
+	s, err := stores.Open(ctx, "http://"+addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin through inboxd over Redis: %+v, %v", c, err)
+	}
+	if err := s.Complete(ctx, "k", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(mustRedisOptions(t, raw))
+	defer rc.Close()
+	n, err := rc.Exists(ctx, prefix+"k").Result()
+	if err != nil || n != 1 {
+		t.Fatalf("Redis key %q: exists=%d, %v; want the record there", prefix+"k", n, err)
+	}
+	_ = rc.Del(ctx, prefix+"k")
+}
+
+func mustRedisOptions(t *testing.T, raw string) *redis.Options {
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }
