@@ -79,6 +79,20 @@
 //     every key round-trips.
 //   - IsProcessed is GET /v1/inbox/{key}; MarkProcessed is mark-processed
 //     without leaseId, the inbox ADR's unleased mark.
+//
+// # Performance
+//
+// Each call is one HTTP round trip (plus one discovery read per client).
+// BenchmarkTryBeginComplete (a TryBegin and a Complete of a new key, one
+// caller) on this project's 2-core shared machine, medians of 6 runs from one
+// `go test -bench` run: memory store used directly 5.2 µs, through this client
+// and inboxd over loopback 259 µs (about 50x); Redis store used directly
+// 156 µs, through the client and inboxd 508 µs (about 3.3x). The protocol
+// costs about 120 µs of CPU per call on that machine (client and server
+// together, mostly net/http and syscalls; 24 KB and about 140 allocations per
+// call), which is small next to a broker round trip but not free: put inboxd
+// close to its store, and prefer a store used directly where the service's
+// isolation is not needed.
 package remote
 
 import (
