@@ -60,7 +60,7 @@ func route(doc *openapi3.T, r *http.Request) (*routers.Route, map[string]string)
 }
 
 var filterOpts = &openapi3filter.Options{
-	AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
+	AuthenticationFunc:    openapi3filter.NoopAuthenticationFunc,
 	IncludeResponseStatus: true,
 	MultiError:            true,
 }
