@@ -139,11 +139,6 @@ func allCalls(s *remote.Store, key string) map[string]error {
 	return out
 }
 
-var endpoints = map[string]string{
-	"TryBegin": "/v1/inbox/try-begin", "Complete": "/v1/inbox/mark-processed", "Release": "/v1/inbox/release",
-	"Extend": "/v1/inbox/extend", "Get": "/v1/inbox/", "IsProcessed": "/v1/inbox/", "MarkProcessed": "/v1/inbox/mark-processed",
-}
-
 // nothingStored asserts the backing store never heard of key.
 func nothingStored(t *testing.T, backing inbox.LeaseStore, key string) {
 	t.Helper()
