@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -334,6 +335,12 @@ func TestFaults_404_on_get(t *testing.T) {
 // strip removes ext. fields from every answer and "extend" from discovery: an
 // older server.
 func strip(fields ...string) func(http.ResponseWriter, *http.Request, http.Handler) {
+	return stripExt([]string{"extend"}, fields...)
+}
+
+// stripExt removes the extensions exts from discovery and fields from every
+// answer.
+func stripExt(exts []string, fields ...string) func(http.ResponseWriter, *http.Request, http.Handler) {
 	return func(w http.ResponseWriter, req *http.Request, next http.Handler) {
 		rec := &capture{header: http.Header{}}
 		next.ServeHTTP(rec, req)
@@ -342,10 +349,10 @@ func strip(fields ...string) func(http.ResponseWriter, *http.Request, http.Handl
 			for _, f := range fields {
 				delete(m, f)
 			}
-			if exts, ok := m["extensions"].([]any); ok {
+			if list, ok := m["extensions"].([]any); ok {
 				var keep []any
-				for _, e := range exts {
-					if e != "extend" {
+				for _, e := range list {
+					if !slices.Contains(exts, e.(string)) {
 						keep = append(keep, e)
 					}
 				}
@@ -482,5 +489,34 @@ func TestClient_sends_keys_escaped(t *testing.T) {
 	want := []string{"/v1/inbox", "/v1/inbox/%2E%2E", "/v1/inbox/a%2F%2E%2Fb", "/v1/inbox/%252e", "/v1/inbox/%3Fx%23y", "/v1/inbox/%C3%A9"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("request URIs\n got %q\nwant %q", got, want)
+	}
+}
+
+// Against a server that does not honour the caller's leaseId, a try-begin is
+// not safe to repeat: it gets exactly one attempt.
+func TestClient_try_begin_not_retried_without_the_leaseId_extension(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, remote.Options{Retries: 3})
+	strip := stripExt([]string{"leaseId"})
+	r.in.on("", func(w http.ResponseWriter, req *http.Request, next http.Handler) {
+		if req.URL.Path == "/v1/inbox/try-begin" {
+			status(503, `{"error":"store_unavailable","message":"x"}`)(w, req, next)
+			return
+		}
+		strip(w, req, next)
+	})
+	_, err := r.client.TryBegin(context.Background(), "k", inbox.BeginOptions{})
+	checkErr(t, "TryBegin answered 503", err, "try-begin", inbox.ErrStoreUnavailable)
+	if n := r.in.count("/v1/inbox/try-begin"); n != 1 {
+		t.Fatalf("try-begin sent %d times to a server without the leaseId extension, want once", n)
+	}
+	if err := r.client.Complete(context.Background(), "k", "l"); err == nil {
+		t.Fatal("Complete of an unknown lease succeeded")
+	}
+	_ = r.client.Release(context.Background(), "k", "l")
+	r.in.on("/v1/inbox/release", status(503, `{"error":"store_unavailable","message":"x"}`))
+	_ = r.client.Release(context.Background(), "k", "l")
+	if n := r.in.count("/v1/inbox/release"); n != 1+4 {
+		t.Fatalf("release sent %d times, want 1 and then 4 (it carries its leaseId, so it is retried)", n)
 	}
 }
