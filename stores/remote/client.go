@@ -383,5 +383,8 @@ func (s *Store) Discover(ctx context.Context) (*Discovery, error) {
 	s.mu.Lock()
 	s.disc = d
 	s.mu.Unlock()
+	s.log.Info("Remote inbox service discovered", watermill.LogFields{
+		"base_url": s.base.String(), "version": d.Version, "auth": d.Auth, "lease_policy": d.LeasePolicy,
+		"lease_min": d.LeaseMin.String(), "lease_max": d.LeaseMax.String(), "extensions": d.Extensions})
 	return d, nil
 }

@@ -173,8 +173,8 @@ type Options struct {
 	// on top of Timeout.
 	HTTPClient *http.Client
 
-	// Logger receives retries at debug level. Optional; default none. Logs
-	// never hold the token.
+	// Logger receives the discovery at info level and retries at debug.
+	// Optional; default none. Logs never hold the token.
 	Logger watermill.LoggerAdapter
 }
 

@@ -56,6 +56,8 @@ func startFlow(t *testing.T, store inbox.LeaseStore, backing inbox.LeaseStore, t
 			out, err := h(m)
 			if errors.Is(err, inbox.ErrStoreUnavailable) {
 				f.nacks.Add(1)
+			}
+			if err != nil {
 				time.Sleep(5 * time.Millisecond) // GoChannel redelivers at once: keep the loop gentle
 			}
 			return out, err

@@ -553,6 +553,8 @@ func (s *Server) done(r *http.Request, ep string, start time.Time, rep reply) {
 		slog.String("status", rep.status), slog.Duration("duration", el), slog.String("remote_addr", r.RemoteAddr),
 	}
 	switch {
+	case rep.err != nil && errors.Is(rep.err, context.Canceled) && r.Context().Err() != nil:
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "inbox server: client went away before the answer", attrs...)
 	case rep.err != nil && rep.code >= 500:
 		s.log.LogAttrs(r.Context(), slog.LevelError, "inbox server: store call failed",
 			append(attrs, slog.String("error", rep.err.Error()), slog.String("key", rep.key))...)
