@@ -15,6 +15,7 @@
 //	INBOX_LEASE_POLICY     -lease-policy    clamp or reject leases outside the range; default clamp
 //	INBOX_MAX_BODY_BYTES   -max-body-bytes  request body limit; default 16384
 //	INBOX_MAX_KEY_BYTES    -max-key-bytes   key length limit; default 1024
+//	INBOX_STORE_TIMEOUT    -store-timeout   bound on each store call of a request; default 10s
 //	INBOX_LOG_LEVEL        -log-level       debug, info, warn or error; default info
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
 //
@@ -67,6 +68,7 @@ type settings struct {
 	storeURL, listen, tokenFile, policy, logLevel string
 	token                                         string
 	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
+	storeTimeout                                  time.Duration
 	maxBody                                       int64
 	maxKey                                        int
 }
@@ -107,6 +109,7 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		leaseMax:     dur("INBOX_LEASE_MAX", server.DefaultLeaseMax.String()),
 		leaseDefault: dur("INBOX_LEASE_DEFAULT", server.DefaultLeaseDefault.String()),
 		shutdown:     dur("INBOX_SHUTDOWN_TIMEOUT", "30s"),
+		storeTimeout: dur("INBOX_STORE_TIMEOUT", server.DefaultStoreTimeout.String()),
 		maxBody:      num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
 		maxKey:       int(num("INBOX_MAX_KEY_BYTES", 1024)),
 	}
@@ -123,6 +126,7 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.DurationVar(&s.leaseMin, "lease-min", s.leaseMin, "shortest lease (INBOX_LEASE_MIN)")
 	fs.DurationVar(&s.leaseMax, "lease-max", s.leaseMax, "longest lease (INBOX_LEASE_MAX)")
 	fs.DurationVar(&s.leaseDefault, "lease-default", s.leaseDefault, "default lease (INBOX_LEASE_DEFAULT)")
+	fs.DurationVar(&s.storeTimeout, "store-timeout", s.storeTimeout, "bound on each store call (INBOX_STORE_TIMEOUT)")
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", s.shutdown, "time to finish requests in flight (INBOX_SHUTDOWN_TIMEOUT)")
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
@@ -180,7 +184,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	h, err := server.New(server.Config{
 		Store: store, Token: s.token, Logger: log,
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
-		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey,
+		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout,
 	})
 	if err != nil {
 		return err

@@ -30,6 +30,7 @@ const (
 	DefaultLeaseDefault = inbox.DefaultLease
 	DefaultMaxBodyBytes = 16 << 10
 	DefaultReadyTimeout = 2 * time.Second
+	DefaultStoreTimeout = 10 * time.Second
 )
 
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].
@@ -70,6 +71,11 @@ type Config struct {
 
 	// ReadyTimeout bounds the store check of /readyz. Optional; default 2 s.
 	ReadyTimeout time.Duration
+
+	// StoreTimeout bounds each store call a request makes, so a hung store
+	// answers 503 store_unavailable instead of holding requests. Optional;
+	// default 10 s (clients time out sooner and retry).
+	StoreTimeout time.Duration
 
 	// Logger receives structured logs: failures at error, refused requests
 	// at warn or info, every request at debug (with its key). Logs never
@@ -113,6 +119,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -164,6 +173,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReadyTimeout < 0 {
 		bad("ReadyTimeout %s is negative", c.ReadyTimeout)
+	}
+	if c.StoreTimeout < 0 {
+		bad("StoreTimeout %s is negative", c.StoreTimeout)
 	}
 	if c.Gatherer == nil {
 		bad("Gatherer is required when Registerer is not a prometheus.Gatherer")

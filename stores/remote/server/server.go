@@ -220,7 +220,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(path, wire.KeyPrefix):
 		ep = epGet
 		if s.method(w, r, &rep, http.MethodGet) && s.authorized(w, r, &rep) {
-			rep = s.get(r.Context(), path)
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+			rep = s.get(ctx, path)
+			cancel()
 		}
 	default:
 		ep = epOther
@@ -277,7 +279,9 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, f func(ctx context
 		}
 		return errReply(http.StatusBadRequest, wire.CodeInvalidJSON, "cannot read the request body: "+err.Error())
 	}
-	return f(r.Context(), body)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	return f(ctx, body)
 }
 
 func decodeReply(err error) reply {

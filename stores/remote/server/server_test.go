@@ -405,3 +405,22 @@ func TestConfig_validate(t *testing.T) {
 		t.Fatal("registering the metrics twice on one registry did not fail")
 	}
 }
+
+// hung is a store whose TryBegin waits for its context.
+type hung struct{ inbox.LeaseStore }
+
+func (hung) TryBegin(ctx context.Context, _ string, _ inbox.BeginOptions) (inbox.Claim, error) {
+	<-ctx.Done()
+	return inbox.Claim{}, fmt.Errorf("%w: %w", inbox.ErrStoreUnavailable, ctx.Err())
+}
+
+func TestServer_store_timeout(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{Store: hung{newMemory(t)}, StoreTimeout: 50 * time.Millisecond})
+	start := time.Now()
+	code, b, hdr := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`)
+	want(t, "try-begin over a hung store", code, b, 503, "error", "store_unavailable")
+	if el := time.Since(start); el > 5*time.Second || hdr.Get("Retry-After") == "" {
+		t.Fatalf("answered after %s with headers %v; want a prompt 503 with Retry-After", el, hdr)
+	}
+}
