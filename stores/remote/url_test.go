@@ -147,3 +147,25 @@ func TestConformance_memory_without_extend(t *testing.T) {
 	h.NoExtend = true
 	storetest.Run(t, h)
 }
+
+// The lease granted is the server's answer: clamped into its range, or
+// refused under the reject policy; leases travel in whole seconds, rounded up.
+func TestClient_lease_granted_by_server(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clamp := newClient(t, remote.Options{URL: serve(t, server.Config{Store: newMemory(t, 0), LeaseMin: 30 * time.Second})})
+	for asked, granted := range map[time.Duration]time.Duration{
+		5 * time.Second: 30 * time.Second, 45*time.Second + time.Millisecond: 46 * time.Second, time.Hour: 120 * time.Second,
+	} {
+		c, err := clamp.TryBegin(ctx, "k"+asked.String(), inbox.BeginOptions{Lease: asked})
+		if err != nil || c.Lease != granted {
+			t.Errorf("asked %s: granted %s, %v; want %s", asked, c.Lease, err, granted)
+		}
+	}
+	reject := newClient(t, remote.Options{URL: serve(t, server.Config{Store: newMemory(t, 0), LeaseMin: 30 * time.Second, LeasePolicy: server.PolicyReject})})
+	_, err := reject.TryBegin(ctx, "k", inbox.BeginOptions{Lease: 5 * time.Second})
+	checkErr(t, "a lease under the minimum with reject", err, "try-begin", inbox.ErrInvalidLease, inbox.ErrInvalidArgument)
+	if !strings.Contains(err.Error(), "[30, 120]") {
+		t.Fatalf("error %q does not state the server's range", err)
+	}
+}
