@@ -84,15 +84,20 @@
 //
 // Each call is one HTTP round trip (plus one discovery read per client).
 // BenchmarkTryBeginComplete (a TryBegin and a Complete of a new key, one
-// caller) on this project's 2-core shared machine, medians of 6 runs from one
-// `go test -bench` run: memory store used directly 5.2 µs, through this client
-// and inboxd over loopback 259 µs (about 50x); Redis store used directly
-// 156 µs, through the client and inboxd 508 µs (about 3.3x). The protocol
-// costs about 120 µs of CPU per call on that machine (client and server
-// together, mostly net/http and syscalls; 24 KB and about 140 allocations per
-// call), which is small next to a broker round trip but not free: put inboxd
-// close to its store, and prefer a store used directly where the service's
-// isolation is not needed.
+// caller), medians of -count 6 from one run, two runs on this project's
+// 2-core machine shared with other builds (load average 6 to 7):
+//
+//	                 run 1     run 2
+//	direct memory    5.2 µs    4.9 µs
+//	remote memory    259 µs    259 µs   (about 50x)
+//	direct Redis     156 µs    334 µs
+//	remote Redis     508 µs    565 µs   (about 3.3x and 1.7x)
+//
+// The protocol costs about 125 µs per call on that machine (client and
+// server together: mostly net/http and syscalls; about 25 KB and 145
+// allocations per call). That is small next to a broker round trip but not
+// free: run inboxd close to its store, and use a store directly where the
+// service's isolation is not needed.
 package remote
 
 import (
