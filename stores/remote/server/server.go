@@ -237,7 +237,16 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 	if r.Method == want || (want == http.MethodGet && r.Method == http.MethodHead) {
 		return true
 	}
-	w.Header().Set("Allow", want)
+	allow := want
+	if want == http.MethodGet {
+		allow = "GET, HEAD"
+		switch r.URL.EscapedPath() {
+		case wire.TryBegin, wire.MarkProcessed, wire.Release, wire.Extend:
+			allow = "GET, HEAD, POST" // POST the operation, GET the key of that name
+			want = "POST"
+		}
+	}
+	w.Header().Set("Allow", allow)
 	*rep = errReply(http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed, fmt.Sprintf("%s %s: use %s", r.Method, r.URL.EscapedPath(), want))
 	return false
 }

@@ -177,8 +177,13 @@ func TestServer_bad_input(t *testing.T) {
 	want(t, "unknown path", code, b, 404, "error", "not_found")
 	code, b, hdr := call(t, h, "DELETE", "/v1/inbox/k", "")
 	want(t, "wrong method", code, b, 405, "error", "method_not_allowed")
-	if hdr.Get("Allow") != "GET" {
-		t.Fatalf("405 without Allow: GET: %v", hdr)
+	if hdr.Get("Allow") != "GET, HEAD" {
+		t.Fatalf("405 without Allow: GET, HEAD: %v", hdr)
+	}
+	code, b, hdr = call(t, h, "PUT", "/v1/inbox/try-begin", `{"key":"k"}`)
+	want(t, "PUT try-begin", code, b, 405, "error", "method_not_allowed")
+	if hdr.Get("Allow") != "GET, HEAD, POST" || !strings.Contains(b["message"].(string), "use POST") {
+		t.Fatalf("405 on an operation path: Allow %q, message %q", hdr.Get("Allow"), b["message"])
 	}
 	code, b, _ = call(t, h, "POST", "/v1/inbox", `{}`)
 	want(t, "POST discovery", code, b, 405, "error", "method_not_allowed")
