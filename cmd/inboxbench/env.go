@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/redis/go-redis/v9"
+
+	redisstore "github.com/watermill-inbox/inbox/stores/redis"
+	"github.com/watermill-inbox/inbox/stores/remote"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+)
+
+// retention of every benchmark key: long enough for a run, short enough that
+// Redis forgets what a crashed run left behind.
+const retention = 15 * time.Minute
+
+// env holds the stores every router trial shares: one Redis client, one
+// PostgreSQL pool and table, one SQLite file, one inboxd in front of Redis.
+// Each trial gets a queue or topic of its own, and so a consumer group and
+// inbox keys of its own. close removes what the run created.
+type env struct {
+	run string // unique per run, in key prefixes and table names
+
+	redis      *redis.Client
+	redisStore *redisstore.Store
+	dedupRepo  *redisstore.ExpiringKeyRepository
+
+	pg      *sql.DB
+	pgStore *sqlstore.Store
+	pgTable string
+
+	liteDir   string
+	lite      *sql.DB
+	liteStore *sqlstore.Store
+
+	remoteBacking *redisstore.Store
+	remoteSrv     *http.Server
+	remoteStore   *remote.Store
+}
+
+func (e *env) prefix() string { return "inboxbench:" + e.run + ":" }
+
+// newEnv connects what the variants need; a variant whose service is missing
+// fails the run (the harness has no skip: a missing row would make the tables
+// lie by omission).
+func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err error) {
+	e = &env{run: o.runID}
+	defer func() {
+		if err != nil {
+			_ = e.close(context.Background())
+		}
+	}()
+	if need["redis"] {
+		ro, err := redis.ParseURL(o.redisURL)
+		if err != nil {
+			return e, fmt.Errorf("redis URL: %w", err)
+		}
+		ro.PoolSize = 64
+		e.redis = redis.NewClient(ro)
+		if err := e.redis.Ping(ctx).Err(); err != nil {
+			return e, fmt.Errorf("redis %s: %w", ro.Addr, err)
+		}
+		e.redisStore, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "inbox:", Retention: retention})
+		if err != nil {
+			return e, err
+		}
+		e.dedupRepo, err = redisstore.NewExpiringKeyRepository(e.redis, redisstore.ExpiringKeyRepositoryOptions{Prefix: e.prefix() + "dedup:", Window: retention})
+		if err != nil {
+			return e, err
+		}
+	}
+	if need["remote"] {
+		e.remoteBacking, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "remote:", Retention: retention})
+		if err != nil {
+			return e, err
+		}
+		h, err := server.New(server.Config{Store: e.remoteBacking})
+		if err != nil {
+			return e, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return e, err
+		}
+		e.remoteSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = e.remoteSrv.Serve(ln) }()
+		e.remoteStore, err = remote.New(remote.Options{URL: "http://" + ln.Addr().String()})
+		if err != nil {
+			return e, err
+		}
+	}
+	if need["postgres"] {
+		e.pg, err = sql.Open("pgx", o.postgresURL)
+		if err != nil {
+			return e, err
+		}
+		e.pg.SetMaxIdleConns(32)
+		e.pgTable = "inboxbench_" + e.run
+		e.pgStore, err = sqlstore.New(ctx, e.pg, sqlstore.Options{Dialect: sqlstore.Postgres, Table: e.pgTable, AutoMigrate: true, Retention: retention})
+		if err != nil {
+			e.pgTable = ""
+			return e, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	if need["sqlite"] {
+		e.liteDir, err = os.MkdirTemp("", "inboxbench-")
+		if err != nil {
+			return e, err
+		}
+		e.lite, err = sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(e.liteDir, "inbox.db"), 10*time.Second))
+		if err != nil {
+			return e, err
+		}
+		e.lite.SetMaxOpenConns(1)
+		e.liteStore, err = sqlstore.New(ctx, e.lite, sqlstore.Options{Dialect: sqlstore.SQLite, AutoMigrate: true, Retention: retention})
+		if err != nil {
+			return e, fmt.Errorf("sqlite: %w", err)
+		}
+	}
+	return e, nil
+}
+
+// close drops what the run made: its Redis keys, its PostgreSQL table, its
+// SQLite file.
+func (e *env) close(ctx context.Context) error {
+	var errs []error
+	if e.remoteStore != nil {
+		errs = append(errs, e.remoteStore.Close())
+	}
+	if e.remoteSrv != nil {
+		errs = append(errs, e.remoteSrv.Shutdown(ctx))
+	}
+	if e.redis != nil {
+		errs = append(errs, deletePrefix(ctx, e.redis, e.prefix()))
+		errs = append(errs, e.redis.Close())
+	}
+	if e.pg != nil {
+		if e.pgStore != nil {
+			errs = append(errs, e.pgStore.Close())
+		}
+		if e.pgTable != "" {
+			_, err := e.pg.ExecContext(ctx, "DROP TABLE IF EXISTS "+e.pgTable)
+			errs = append(errs, err)
+		}
+		errs = append(errs, e.pg.Close())
+	}
+	if e.lite != nil {
+		if e.liteStore != nil {
+			errs = append(errs, e.liteStore.Close())
+		}
+		errs = append(errs, e.lite.Close())
+	}
+	if e.liteDir != "" {
+		errs = append(errs, os.RemoveAll(e.liteDir))
+	}
+	return errors.Join(errs...)
+}
+
+// deletePrefix unlinks every key under prefix (SCAN, never FLUSH: the Redis
+// is shared).
+func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := c.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		return c.Unlink(ctx, batch...).Err()
+	}
+	return nil
+}

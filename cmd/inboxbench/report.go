@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+type report struct {
+	opts               options
+	machine            []string
+	started, finished  time.Time
+	loadStart, loadEnd string
+
+	micro     *microResults
+	router    *routerResults
+	roundtrip *rtResults
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// describeMachine lists the CPU, memory, Go and service versions.
+func describeMachine(ctx context.Context, o options) []string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var out []string
+	cpu := "unknown"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	out = append(out, fmt.Sprintf("CPU: %d cores (GOMAXPROCS %d), %s", runtime.NumCPU(), runtime.GOMAXPROCS(0), cpu))
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "MemTotal:") {
+				out = append(out, "Memory: "+strings.Join(strings.Fields(l)[1:], " "))
+				break
+			}
+		}
+	}
+	out = append(out, fmt.Sprintf("Go: %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH))
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var mods []string
+		for _, d := range bi.Deps {
+			for _, p := range []string{"watermill", "watermill-amqp", "watermill-kafka", "sarama", "kfake", "go-redis", "pgx", "sqlite"} {
+				if strings.HasSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(d.Path, "/v2"), "/v3"), "/v5"), "/"+p) ||
+					strings.HasSuffix(strings.TrimSuffix(d.Path, "/v9"), "/"+p) || strings.HasSuffix(d.Path, "/pkg/"+p) {
+					mods = append(mods, d.Path+" "+d.Version)
+				}
+			}
+		}
+		if len(mods) > 0 {
+			out = append(out, "Modules: "+strings.Join(mods, ", "))
+		}
+	}
+	var services []string
+	if o.has("router") || o.has("roundtrip") {
+		if ro, err := redis.ParseURL(o.redisURL); err == nil {
+			c := redis.NewClient(ro)
+			if info, err := c.InfoMap(ctx, "server").Result(); err == nil {
+				services = append(services, "Redis "+info["Server"]["redis_version"])
+			}
+			_ = c.Close()
+		}
+		if db, err := sql.Open("pgx", o.postgresURL); err == nil {
+			var v string
+			if db.QueryRowContext(ctx, "SHOW server_version").Scan(&v) == nil {
+				services = append(services, "PostgreSQL "+v)
+			}
+			_ = db.Close()
+		}
+		if db, err := sql.Open("sqlite", ":memory:"); err == nil {
+			var v string
+			if db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v) == nil {
+				services = append(services, "SQLite "+v+" (modernc.org/sqlite, WAL, synchronous=NORMAL)")
+			}
+			_ = db.Close()
+		}
+	}
+	if o.has("router") {
+		if c, err := amqp091.Dial(o.amqpURL); err == nil {
+			if v, ok := c.Properties["version"].(string); ok {
+				services = append(services, "RabbitMQ "+v)
+			}
+			_ = c.Close()
+		}
+		if len(o.kafkaBrokers) == 0 {
+			services = append(services, "Kafka: kfake in this process")
+		}
+	}
+	if len(services) > 0 {
+		out = append(out, "Services: "+strings.Join(services, "; "))
+	}
+	return out
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# inboxbench results\n\n")
+	p("Run `%s`, %s, %s.\n", r.opts.runID, r.started.UTC().Format("2006-01-02 15:04 MST"), r.finished.Sub(r.started).Round(time.Second))
+	p("Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", r.loadStart, r.loadEnd)
+	for _, m := range r.machine {
+		p("- %s\n", m)
+	}
+	p("\nCommand: `inboxbench %s`\n\n", strings.Join(os.Args[1:], " "))
+	p("Every figure is the median over %d repetitions; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", r.opts.reps)
+	if r.router != nil {
+		r.router.markdown(&b)
+	}
+	if r.micro != nil {
+		r.micro.markdown(&b)
+	}
+	if r.roundtrip != nil {
+		r.roundtrip.markdown(&b)
+	}
+	return b.String()
+}
+
+func rangeOf(xs []float64, format string) string {
+	lo, hi := spread(xs)
+	return fmt.Sprintf("["+format+", "+format+"]", lo, hi)
+}
+
+func (r *routerResults) markdown(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("## Router throughput, one consumer\n\n")
+	p("Messages per second from the first delivery to the last ack, a no-op handler, distinct message ids. ")
+	p("RabbitMQ: watermill-amqp's durable-queue defaults (persistent messages, prefetch 1). Kafka: watermill-kafka, one consumer-group member on a one-partition topic. ")
+	p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL).\n\n")
+	for gi, g := range r.groups {
+		if g.consumers != 1 {
+			continue
+		}
+		p("### %s (%d messages per trial)\n\n", g.broker, g.n)
+		p("| variant | msg/s | ratio to none | CPU µs/msg |\n|---|--:|--:|--:|\n")
+		for _, v := range g.variants {
+			rates, ratios, cpu := r.rates(gi, v), r.ratios(gi, v), r.cpuPerMsg(gi, v)
+			p("| %s | %.0f %s | %.2f %s | %.1f |\n", v, median(rates), rangeOf(rates, "%.0f"), median(ratios), rangeOf(ratios, "%.2f"), median(cpu))
+		}
+		p("\n")
+	}
+	var scaling []int
+	for _, g := range r.groups {
+		if g.consumers != 1 {
+			scaling = append(scaling, g.consumers)
+		}
+	}
+	if len(scaling) == 0 {
+		return
+	}
+	p("## Scaling with concurrent consumers\n\n")
+	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency).\n\n")
+	for _, broker := range r.brokers() {
+		var cols []int
+		for _, g := range r.groups {
+			if g.broker == broker {
+				cols = append(cols, g.consumers)
+			}
+		}
+		var rows []string
+		for _, g := range r.groups {
+			if g.broker == broker && g.consumers != 1 {
+				rows = g.variants
+				break
+			}
+		}
+		p("### %s\n\n| variant |", broker)
+		for _, c := range cols {
+			p(" %d consumer%s |", c, map[bool]string{true: "", false: "s"}[c == 1])
+		}
+		p("\n|---|")
+		for range cols {
+			p("--:|")
+		}
+		p("\n")
+		for _, v := range rows {
+			p("| %s |", v)
+			for _, c := range cols {
+				gi := r.find(broker, c)
+				if _, ok := r.trials[gi][v]; !ok {
+					p(" |")
+					continue
+				}
+				p(" %.0f (%.2f) |", median(r.rates(gi, v)), median(r.ratios(gi, v)))
+			}
+			p("\n")
+		}
+		p("\n")
+	}
+}
+
+func (r *routerResults) brokers() []string {
+	var out []string
+	for _, g := range r.groups {
+		if len(out) == 0 || out[len(out)-1] != g.broker {
+			out = append(out, g.broker)
+		}
+	}
+	return out
+}
+
+func (m *microResults) markdown(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("## Middleware cost per message, memory store, no broker\n\n")
+	p("The wrapped handler called as the router calls it (handler, then ack) for %d distinct messages per repetition; the inbox's marks, which land after the ack, are drained inside the measurement. CPU time is the process's (all goroutines, GC included) per message; overhead is a contender's CPU time minus none's in the same repetition.\n\n", m.n)
+	p("| contender | CPU ns/msg | overhead ns/msg | allocs/msg | bytes/msg |\n|---|--:|--:|--:|--:|\n")
+	for _, v := range m.variants {
+		cpu := m.col(v, func(r microResult) float64 { return r.cpuNs })
+		over := m.overhead(v)
+		p("| %s | %.0f %s | %.0f %s | %.1f | %.0f |\n", v, median(cpu), rangeOf(cpu, "%.0f"), median(over), rangeOf(over, "%.0f"),
+			median(m.col(v, func(r microResult) float64 { return r.allocs })), median(m.col(v, func(r microResult) float64 { return r.bytes })))
+	}
+	p("\n")
+}
+
+func (r *rtResults) markdown(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("## Store round trips: TryBegin + Complete of a new key\n\n")
+	p("One client, sequential calls, the variants interleaved within every iteration (the stores' BenchmarkTryBeginCompleteInterleaved and BenchmarkClaimCompleteInterleaved). Ratios are throughputs relative to the raw work: the raw work's time over ours (1.00: as fast as the raw client; below 1: ours is slower).\n\n")
+	p("| store | iterations | ours µs/msg | raw client, same work | µs/msg | ours ÷ raw (throughput) | least equivalent raw work | µs/msg | ours ÷ floor |\n|---|--:|--:|---|--:|--:|---|--:|--:|\n")
+	for _, s := range r.stores {
+		rows := r.runs[s]
+		same := r.col(s, func(x rtRow) float64 { return x.sameRatio })
+		floor := r.col(s, func(x rtRow) float64 { return x.floorRatio })
+		p("| %s | %d | %.1f | %s | %.1f | %.2f %s | %s | %.1f | %.2f %s |\n", s, r.iters[s],
+			median(r.col(s, func(x rtRow) float64 { return x.ours }))/1e3, rows[0].sameName,
+			median(r.col(s, func(x rtRow) float64 { return x.same }))/1e3, median(same), rangeOf(same, "%.2f"),
+			rows[0].floorName, median(r.col(s, func(x rtRow) float64 { return x.floor }))/1e3, median(floor), rangeOf(floor, "%.2f"))
+	}
+	p("\n")
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// trialResult is one router trial: n messages consumed by one variant.
+type trialResult struct {
+	msgs    int
+	elapsed time.Duration // first delivery to last ack
+	cpu     time.Duration // this process's CPU time over the same window
+	drain   time.Duration // router stop plus the middleware's Close (pending marks)
+}
+
+func (r trialResult) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
+
+// cpuPerMsg is the harness process's CPU time per message (the consumer,
+// the middleware and, for kfake, the broker; not RabbitMQ, Redis or
+// PostgreSQL, which run in their own processes).
+func (r trialResult) cpuPerMsg() time.Duration { return r.cpu / time.Duration(r.msgs) }
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// meter is the outermost middleware: it notes the first delivery and the
+// return of the n-th successful handler, after which the router acks.
+type meter struct {
+	n           int64
+	started     atomic.Bool
+	t0, t1      time.Time
+	cpu0, cpu1  time.Duration
+	ok, failed  atomic.Int64
+	done        chan struct{}
+	startedOnce sync.Once
+}
+
+func newMeter(n int) *meter { return &meter{n: int64(n), done: make(chan struct{})} }
+
+func (m *meter) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if !m.started.Load() {
+			m.startedOnce.Do(func() {
+				m.t0, m.cpu0 = time.Now(), cpuTime()
+				m.started.Store(true)
+			})
+		}
+		out, err := h(msg)
+		if err != nil {
+			m.failed.Add(1)
+			return out, err
+		}
+		if m.ok.Add(1) == m.n {
+			m.t1, m.cpu1 = time.Now(), cpuTime()
+			close(m.done)
+		}
+		return out, nil
+	}
+}
+
+func handle(*message.Message) error { return nil }
+
+// runTrial consumes a new queue or topic of n messages with consumers
+// concurrent consumers through variant v.
+func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int, timeout time.Duration) (trialResult, error) {
+	ts, err := b.prepare(ctx, n, consumers)
+	if err != nil {
+		return trialResult{}, err
+	}
+	defer ts.cleanup()
+	mw, closeMW, err := v.make(e, b.name(), ts.group)
+	if err != nil {
+		return trialResult{}, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return trialResult{}, err
+	}
+	m := newMeter(n)
+	router.AddMiddleware(m.middleware, mw)
+	for i, sub := range ts.subs {
+		router.AddConsumerHandler("consumer-"+strconv.Itoa(i), ts.topic, sub, handle)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	routerDone := make(chan error, 1)
+	// Goroutines the router starts carry these labels in CPU profiles
+	// (-cpuprofile; go tool pprof -tagfocus variant=inbox-redis).
+	go pprof.Do(runCtx, pprof.Labels("variant", v.name, "broker", b.name()), func(ctx context.Context) { routerDone <- router.Run(ctx) })
+
+	var waitErr error
+	t := time.NewTimer(timeout)
+	select {
+	case <-m.done:
+	case <-t.C:
+		waitErr = fmt.Errorf("%s/%s: %d of %d messages handled (%d handler errors) within %s", b.name(), v.name, m.ok.Load(), n, m.failed.Load(), timeout)
+	case err := <-routerDone:
+		waitErr = fmt.Errorf("%s/%s: router stopped early: %v", b.name(), v.name, err)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	t.Stop()
+	stop := time.Now()
+	closeErr := router.Close()
+	closeErr = errors.Join(closeErr, closeMW(context.Background()))
+	res := trialResult{msgs: n, elapsed: m.t1.Sub(m.t0), cpu: m.cpu1 - m.cpu0, drain: time.Since(stop)}
+	if err := errors.Join(waitErr, closeErr); err != nil {
+		return res, err
+	}
+	if f := m.failed.Load(); f > 0 {
+		return res, fmt.Errorf("%s/%s: %d handler errors", b.name(), v.name, f)
+	}
+	return res, nil
+}

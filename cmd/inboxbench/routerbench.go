@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A group is one broker at one concurrency: the variants of a group are
+// compared with the group's baseline of the same repetition.
+type group struct {
+	broker    string
+	consumers int
+	variants  []string
+	n         int
+}
+
+type routerResults struct {
+	groups []group
+	// trials[group index][variant][rep]
+	trials []map[string][]trialResult
+	reps   int
+}
+
+// rates returns the throughputs of variant v in group g, one per repetition.
+func (r *routerResults) rates(g int, v string) []float64 {
+	var out []float64
+	for _, t := range r.trials[g][v] {
+		out = append(out, t.rate())
+	}
+	return out
+}
+
+// ratios returns v's throughput over the baseline's, per repetition.
+func (r *routerResults) ratios(g int, v string) []float64 {
+	base := r.trials[g][baseline]
+	var out []float64
+	for i, t := range r.trials[g][v] {
+		if i < len(base) {
+			out = append(out, t.rate()/base[i].rate())
+		}
+	}
+	return out
+}
+
+func (r *routerResults) cpuPerMsg(g int, v string) []float64 {
+	var out []float64
+	for _, t := range r.trials[g][v] {
+		out = append(out, float64(t.cpuPerMsg())/1e3)
+	}
+	return out
+}
+
+func (r *routerResults) find(broker string, consumers int) int {
+	for i, g := range r.groups {
+		if g.broker == broker && g.consumers == consumers {
+			return i
+		}
+	}
+	return -1
+}
+
+func runRouter(ctx context.Context, o options, logf func(string, ...any)) (*routerResults, error) {
+	res := &routerResults{reps: o.reps}
+	needs := map[string]bool{}
+	for _, b := range o.brokers {
+		for _, c := range o.consumers {
+			g := group{broker: b, consumers: c, variants: o.scaleVariants, n: o.scaleN}
+			if c == 1 {
+				g.variants, g.n = o.variants, o.n
+			}
+			if b == "kafka" {
+				g.n = map[bool]int{true: o.kafkaN, false: o.kafkaScaleN}[c == 1]
+			}
+			vs, err := pick(g.variants)
+			if err != nil {
+				return nil, err
+			}
+			for _, v := range vs {
+				needs[v.needs] = true
+				if v.needs == "remote" {
+					needs["redis"] = true
+				}
+			}
+			res.groups = append(res.groups, g)
+			res.trials = append(res.trials, map[string][]trialResult{})
+		}
+	}
+	e, err := newEnv(ctx, o, needs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.close(cctx); err != nil {
+			logf("cleaning up: %v", err)
+		}
+	}()
+	brokers := map[string]broker{}
+	defer func() {
+		for _, b := range brokers {
+			_ = b.close()
+		}
+	}()
+	for _, name := range o.brokers {
+		var b broker
+		switch name {
+		case "rabbitmq":
+			b, err = newRabbit(o.amqpURL, o.runID)
+		case "kafka":
+			b, err = newKafka(o.kafkaBrokers, o.runID)
+		default:
+			err = fmt.Errorf("unknown broker %q", name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		brokers[name] = b
+	}
+
+	for rep := range o.reps {
+		for gi, g := range res.groups {
+			vs, _ := pick(g.variants)
+			for _, v := range rotate(vs, rep+gi) {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				t, err := runTrial(ctx, e, brokers[g.broker], v, g.n, g.consumers, o.trialTimeout)
+				if err != nil {
+					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
+				}
+				res.trials[gi][v.name] = append(res.trials[gi][v.name], t)
+				logf("rep %d/%d %-8s x%-2d %-20s %7.0f msg/s  cpu %5.1f µs/msg  drain %s",
+					rep+1, o.reps, g.broker, g.consumers, v.name, t.rate(), float64(t.cpuPerMsg())/1e3, t.drain.Round(time.Millisecond))
+			}
+		}
+	}
+	return res, errors.Join()
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/memory"
+)
+
+// A variant is what sits in the router between the meter and the handler.
+type variant struct {
+	name  string
+	needs string // service of env it needs ("" for none)
+	// make returns the middleware for one trial, on bus for group, and what
+	// to call after the router has stopped (it drains pending marks).
+	make func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error)
+}
+
+// The baseline: no middleware at all.
+const baseline = "none"
+
+func allVariants() []variant {
+	return []variant{
+		{name: baseline, make: func(*env, string, string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			return func(h message.HandlerFunc) message.HandlerFunc { return h }, noClose, nil
+		}},
+		{name: "deduplicator-memory", make: func(*env, string, string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			// Watermill's defaults: Adler-32 of the payload, in-memory
+			// repository with a one-minute window. Timeout as the inbox's
+			// (a zero Timeout would mean 5 ms, not the documented minute).
+			d := &wmw.Deduplicator{Timeout: middleware.DefaultStoreTimeout}
+			return d.Middleware, noClose, nil
+		}},
+		{name: "deduplicator-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			// One SET NX PX per message (stores/redis ExpiringKeyRepository).
+			d := &wmw.Deduplicator{Repository: e.dedupRepo, Timeout: middleware.DefaultStoreTimeout}
+			return d.Middleware, noClose, nil
+		}},
+		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			s, err := memory.New(memory.Options{Retention: retention})
+			if err != nil {
+				return nil, nil, err
+			}
+			return inboxMiddleware(s, bus, group, func(ctx context.Context) error { return s.Close() })
+		}},
+		inboxVariant("inbox-redis", "redis", func(e *env) inbox.LeaseStore { return e.redisStore }),
+		inboxVariant("inbox-postgres", "postgres", func(e *env) inbox.LeaseStore { return e.pgStore }),
+		inboxVariant("inbox-sqlite", "sqlite", func(e *env) inbox.LeaseStore { return e.liteStore }),
+		inboxVariant("inbox-remote-redis", "remote", func(e *env) inbox.LeaseStore { return e.remoteStore }),
+	}
+}
+
+func noClose(context.Context) error { return nil }
+
+func inboxVariant(name, needs string, store func(*env) inbox.LeaseStore) variant {
+	return variant{name: name, needs: needs, make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
+		return inboxMiddleware(store(e), bus, group, noClose)
+	}}
+}
+
+// inboxMiddleware is this project's middleware with its defaults, keyed by
+// the message UUID under a fixed alias (so that competing handlers of one
+// queue share keys, as consumers of one group do).
+func inboxMiddleware(s inbox.LeaseStore, bus, group string, after func(context.Context) error) (message.HandlerMiddleware, func(context.Context) error, error) {
+	ib, err := middleware.New(middleware.Config{Store: s, Bus: bus, Group: group, Alias: keying.StaticAlias("bench")})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ib.Middleware, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := ib.Close(ctx); err != nil {
+			return fmt.Errorf("draining the inbox: %w", err)
+		}
+		return after(ctx)
+	}, nil
+}
+
+// pick returns the variants named in names, in that order.
+func pick(names []string) ([]variant, error) {
+	all := allVariants()
+	var out []variant
+	for _, n := range names {
+		found := false
+		for _, v := range all {
+			if v.name == n {
+				out = append(out, v)
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown variant %q", n)
+		}
+	}
+	return out, nil
+}
