@@ -14,7 +14,7 @@ FUZZTIME    ?= 20s
 BENCH       ?= .
 BENCHCOUNT  ?= 6
 
-.PHONY: test lint fmt vet staticcheck fuzz cover bench e2e tidy
+.PHONY: test lint fmt vet staticcheck fuzz cover bench bench-go e2e tidy
 
 ## test: all tests of all modules, with -race. Tests whose service is down
 ## skip, and one line at the end names them; INBOX_REQUIRE_SERVICES=1 makes a
@@ -59,8 +59,20 @@ cover:
 	$(GO) tool cover -func=coverage.out | tail -1
 	$(GO) tool cover -html=coverage.out -o coverage.html
 
-## bench: benchmarks, BENCHCOUNT runs each, summarised by benchstat.
+## bench: the one-run benchmark harness (cmd/inboxbench, see BENCHMARKS.md):
+## router throughput on RabbitMQ and Kafka per store, scaling with 1, 4 and 16
+## consumers, the middleware's cost per message, store round trips against the
+## raw clients. Interleaved repetitions, medians, ratios within each
+## repetition. Writes docs/bench-results.md and docs/throughput.svg. Needs the
+## services of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in
+## process (kfake). About 8 minutes; BENCH_FLAGS passes more flags
+## (go run ./cmd/inboxbench -h in that directory lists them).
 bench:
+	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg $(BENCH_FLAGS)
+
+## bench-go: every Go benchmark of the library, BENCHCOUNT runs each,
+## summarised by benchstat.
+bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
