@@ -27,6 +27,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"sync"
@@ -94,26 +95,39 @@ type Stats struct {
 
 // entry is one key's record. Entries form a list ordered by last write, the
 // oldest at the front, so sweeping and eviction start there.
+//
+// Times are int64 nanoseconds, not time.Time: deadlines on the store's
+// monotonic clock (since Store.epoch), reported times as wall-clock Unix
+// nanoseconds. A time.Time carries a *Location, so five of them made every
+// record five pointers the garbage collector scans again on every cycle, and
+// 80 bytes larger; the store holds up to a million records.
 type entry struct {
 	key         string
-	leaseID     string    // live or expired lease; after Complete, the completing lease; "" after Release
-	leaseUntil  time.Time // zero when released or processed
-	expiresAt   time.Time // the record is gone at this time
-	firstSeen   time.Time
-	lastSeen    time.Time
-	lease       time.Duration // length of the current lease
-	attempts    int
-	processed   bool
+	leaseID     string // live or expired lease; after Complete, the completing lease; "" after Release
 	owner       string
 	payloadHash string
 	prev, next  *entry
+	leaseUntil  int64         // monotonic; 0 when released or processed
+	leaseWall   int64         // leaseUntil on the wall clock, as reported
+	expiresAt   int64         // monotonic: the record is gone at this time
+	firstSeen   int64         // wall clock
+	lastSeen    int64         // wall clock
+	lease       time.Duration // length of the current lease
+	attempts    int
+	processed   bool
 }
 
-func (e *entry) state(now time.Time) inbox.State {
+// clock is one reading of the store's clocks.
+type clock struct {
+	mono int64 // nanoseconds since Store.epoch, monotonic
+	wall int64 // Unix nanoseconds
+}
+
+func (e *entry) state(now clock) inbox.State {
 	switch {
 	case e.processed:
 		return inbox.StateProcessed
-	case !e.leaseUntil.IsZero() && now.Before(e.leaseUntil):
+	case e.leaseUntil != 0 && now.mono < e.leaseUntil:
 		return inbox.StateInProgress
 	default:
 		return inbox.StateAvailable
@@ -122,7 +136,8 @@ func (e *entry) state(now time.Time) inbox.State {
 
 // Store is the in-memory [inbox.LeaseStore]. It is safe for concurrent use.
 type Store struct {
-	opts Options
+	opts  Options
+	epoch time.Time // origin of the monotonic times of entries
 
 	mu         sync.Mutex
 	m          map[string]*entry
@@ -142,7 +157,7 @@ func New(opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, m: make(map[string]*entry)}, nil
+	return &Store{opts: opts, epoch: time.Now(), m: make(map[string]*entry)}, nil
 }
 
 // Close makes every later call fail with [inbox.ErrClosed] and drops the
@@ -167,27 +182,30 @@ func (s *Store) Stats() Stats {
 	return Stats{Entries: len(s.m), Evicted: s.evicted}
 }
 
-func wall(t time.Time) time.Time {
-	if t.IsZero() {
-		return t
-	}
-	return t.Round(0)
+// wallTime turns Unix nanoseconds into a time.Time without a monotonic
+// reading, as the store reports times.
+func wallTime(ns int64) time.Time { return time.Unix(0, ns) }
+
+// now reads the store's clocks.
+func (s *Store) now() clock {
+	t := time.Now()
+	return clock{mono: int64(t.Sub(s.epoch)), wall: t.UnixNano()}
 }
 
 // lock checks the context, locks the store and returns the current time and
 // the live entry of key (nil when absent or expired). Callers must unlock.
-func (s *Store) lock(ctx context.Context, key string) (time.Time, *entry, error) {
+func (s *Store) lock(ctx context.Context, key string) (clock, *entry, error) {
 	if err := ctx.Err(); err != nil {
-		return time.Time{}, nil, fmt.Errorf("memory store: %w", err)
+		return clock{}, nil, fmt.Errorf("memory store: %w", err)
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return time.Time{}, nil, fmt.Errorf("memory store: %w", inbox.ErrClosed)
+		return clock{}, nil, fmt.Errorf("memory store: %w", inbox.ErrClosed)
 	}
-	now := time.Now()
+	now := s.now()
 	e := s.m[key]
-	if e != nil && !now.Before(e.expiresAt) {
+	if e != nil && now.mono >= e.expiresAt {
 		s.remove(e)
 		e = nil
 	}
@@ -196,13 +214,13 @@ func (s *Store) lock(ctx context.Context, key string) (time.Time, *entry, error)
 
 // touch records a write to e at now: it moves e to the back of the list and
 // sweeps a few expired records from the front.
-func (s *Store) touch(e *entry, now time.Time) {
-	e.lastSeen = now
+func (s *Store) touch(e *entry, now clock) {
+	e.lastSeen = now.wall
 	if s.tail != e {
 		s.unlink(e)
 		s.pushBack(e)
 	}
-	for i := 0; i < 4 && s.head != nil && s.head != e && !now.Before(s.head.expiresAt); i++ {
+	for i := 0; i < 4 && s.head != nil && s.head != e && now.mono >= s.head.expiresAt; i++ {
 		s.remove(s.head)
 	}
 }
@@ -237,11 +255,11 @@ func (s *Store) remove(e *entry) {
 }
 
 // makeRoom keeps len(m) < MaxEntries before an insert.
-func (s *Store) makeRoom(now time.Time) error {
+func (s *Store) makeRoom(now clock) error {
 	if s.opts.MaxEntries < 0 || len(s.m) < s.opts.MaxEntries {
 		return nil
 	}
-	for s.head != nil && !now.Before(s.head.expiresAt) {
+	for s.head != nil && now.mono >= s.head.expiresAt {
 		s.remove(s.head)
 	}
 	for e := s.head; e != nil && len(s.m) >= s.opts.MaxEntries; {
@@ -266,22 +284,44 @@ func (s *Store) leaseFor(d time.Duration) time.Duration {
 }
 
 // acquire gives e a new lease.
-func (s *Store) acquire(e *entry, now time.Time, opts inbox.BeginOptions) inbox.Claim {
+func (s *Store) acquire(e *entry, now clock, opts inbox.BeginOptions) inbox.Claim {
 	lease := s.leaseFor(opts.Lease)
 	e.leaseID = opts.LeaseID
 	if e.leaseID == "" {
 		e.leaseID = inbox.NewLeaseID()
 	}
 	e.lease = lease
-	e.leaseUntil = now.Add(lease)
-	e.expiresAt = e.leaseUntil.Add(s.opts.Retention)
+	s.setLease(e, now, lease)
 	e.attempts++
 	e.owner = opts.Owner
 	if e.payloadHash == "" {
 		e.payloadHash = opts.PayloadHash
 	}
 	s.touch(e, now)
-	return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wall(e.leaseUntil), Lease: lease}
+	return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wallTime(e.leaseWall), Lease: lease}
+}
+
+// setLease makes e's lease end lease after now, and the record retention
+// after that.
+func (s *Store) setLease(e *entry, now clock, lease time.Duration) {
+	e.leaseUntil = add(now.mono, lease)
+	e.leaseWall = add(now.wall, lease)
+	e.expiresAt = add(e.leaseUntil, s.opts.Retention)
+}
+
+// endLease clears e's lease; the record lives for the retention from now.
+func (s *Store) endLease(e *entry, now clock) {
+	e.leaseUntil, e.leaseWall = 0, 0
+	e.expiresAt = add(now.mono, s.opts.Retention)
+}
+
+// add returns t+d, saturating: a lease or retention of centuries ends at the
+// largest time the store can hold (year 2262) instead of wrapping around.
+func add(t int64, d time.Duration) int64 {
+	if d > 0 && t > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return t + int64(d)
 }
 
 // TryBegin implements [inbox.LeaseStore].
@@ -302,7 +342,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 		if err := s.makeRoom(now); err != nil {
 			return inbox.Claim{}, err
 		}
-		e = &entry{key: key, firstSeen: now}
+		e = &entry{key: key, firstSeen: now.wall}
 		s.m[key] = e
 		s.pushBack(e)
 		return s.acquire(e, now, opts), nil
@@ -315,12 +355,11 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 		if opts.LeaseID != "" && opts.LeaseID == e.leaseID {
 			// A retry by the holder: renew from now, so the caller's own
 			// reckoning of the deadline (from its retry) holds.
-			e.leaseUntil = now.Add(e.lease)
-			e.expiresAt = e.leaseUntil.Add(s.opts.Retention)
+			s.setLease(e, now, e.lease)
 			s.touch(e, now)
-			return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wall(e.leaseUntil), Lease: e.lease, PayloadMismatch: mismatch}, nil
+			return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wallTime(e.leaseWall), Lease: e.lease, PayloadMismatch: mismatch}, nil
 		}
-		return inbox.Claim{Status: inbox.Busy, ExpiresAt: wall(e.leaseUntil), RetryAfter: e.leaseUntil.Sub(now), PayloadMismatch: mismatch}, nil
+		return inbox.Claim{Status: inbox.Busy, ExpiresAt: wallTime(e.leaseWall), RetryAfter: time.Duration(e.leaseUntil - now.mono), PayloadMismatch: mismatch}, nil
 	default:
 		c := s.acquire(e, now, opts)
 		c.PayloadMismatch = mismatch
@@ -364,8 +403,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 		return nil // repeated by the completing lease
 	}
 	e.processed = true
-	e.leaseUntil = time.Time{}
-	e.expiresAt = now.Add(s.opts.Retention)
+	s.endLease(e, now)
 	s.touch(e, now)
 	return nil
 }
@@ -387,8 +425,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 		return fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
 	}
 	e.leaseID = ""
-	e.leaseUntil = time.Time{}
-	e.expiresAt = now.Add(s.opts.Retention)
+	s.endLease(e, now)
 	s.touch(e, now)
 	return nil
 }
@@ -413,10 +450,9 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 		return time.Time{}, fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
 	}
 	e.lease = lease
-	e.leaseUntil = now.Add(lease)
-	e.expiresAt = e.leaseUntil.Add(s.opts.Retention)
+	s.setLease(e, now, lease)
 	s.touch(e, now)
-	return wall(e.leaseUntil), nil
+	return wallTime(e.leaseWall), nil
 }
 
 // Get implements [inbox.LeaseStore].
@@ -435,13 +471,13 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 	r := inbox.Record{
 		State:       e.state(now),
 		Attempts:    e.attempts,
-		FirstSeen:   wall(e.firstSeen),
-		LastSeen:    wall(e.lastSeen),
+		FirstSeen:   wallTime(e.firstSeen),
+		LastSeen:    wallTime(e.lastSeen),
 		Owner:       e.owner,
 		PayloadHash: e.payloadHash,
 	}
 	if r.State == inbox.StateInProgress {
-		r.LeaseUntil = wall(e.leaseUntil)
+		r.LeaseUntil = wallTime(e.leaseWall)
 	}
 	return r, nil
 }
@@ -474,14 +510,13 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 		if err := s.makeRoom(now); err != nil {
 			return err
 		}
-		e = &entry{key: key, firstSeen: now}
+		e = &entry{key: key, firstSeen: now.wall}
 		s.m[key] = e
 		s.pushBack(e)
 	}
 	e.processed = true
 	e.leaseID = ""
-	e.leaseUntil = time.Time{}
-	e.expiresAt = now.Add(s.opts.Retention)
+	s.endLease(e, now)
 	s.touch(e, now)
 	return nil
 }
