@@ -56,7 +56,9 @@ type options struct {
 	scaleVariants []string
 	trialTimeout  time.Duration
 
-	microN int
+	microN        int
+	microVariants []string
+	microYield    bool
 
 	repo       string
 	rtScale    float64
@@ -106,7 +108,9 @@ func parseFlags(args []string) (options, error) {
 	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,inbox-memory,inbox-redis,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer (none is the baseline)")
 	scaleVariants := fs.String("scale-variants", "none,inbox-redis,inbox-postgres", "variants with more than one consumer")
 	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial")
-	fs.IntVar(&o.microN, "micro-n", 200000, "messages per repetition of the middleware micro benchmark")
+	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
+	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline)")
+	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")
 	fs.StringVar(&o.repo, "repo", "", "repository root, for the stores' round-trip benchmarks (default: found from the working directory)")
 	fs.Float64Var(&o.rtScale, "roundtrip-scale", 1, "scales the iterations of each store round-trip benchmark run (Redis 3000, SQL 1000)")
 	rtPackages := fs.String("roundtrip-stores", "redis,sql", "store packages whose round trips are measured: redis, sql")
@@ -128,6 +132,7 @@ func parseFlags(args []string) (options, error) {
 	o.variants = splitList(*variants)
 	o.scaleVariants = splitList(*scaleVariants)
 	o.rtPackages = splitList(*rtPackages)
+	o.microVariants = splitList(*microVariants)
 	o.kafkaBrokers = splitList(*kafkaBrokers)
 	for _, c := range splitList(*consumers) {
 		k, err := strconv.Atoi(c)
@@ -141,6 +146,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if len(o.variants) == 0 || o.variants[0] != baseline {
 		return o, fmt.Errorf("-variants must start with the baseline %q", baseline)
+	}
+	if len(o.microVariants) == 0 || o.microVariants[0] != baseline {
+		return o, fmt.Errorf("-micro-variants must start with the baseline %q", baseline)
 	}
 	if len(o.scaleVariants) == 0 || o.scaleVariants[0] != baseline {
 		return o, fmt.Errorf("-scale-variants must start with the baseline %q", baseline)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 
@@ -17,11 +18,10 @@ type microResult struct {
 
 type microResults struct {
 	n        int
+	yield    bool
 	variants []string
 	runs     map[string][]microResult
 }
-
-var microVariants = []string{baseline, "deduplicator-memory", "inbox-memory"}
 
 var microPayload = []byte(`{"order":12345,"amount_cents":1999}`)
 
@@ -33,11 +33,16 @@ var microPayload = []byte(`{"order":12345,"amount_cents":1999}`)
 // cost minus none's. This is BenchmarkMiddleware of package middleware, run
 // with rotation and medians.
 func runMicro(o options, logf func(string, ...any)) (*microResults, error) {
-	vs, err := pick(microVariants)
+	vs, err := pick(o.microVariants)
 	if err != nil {
 		return nil, err
 	}
-	res := &microResults{n: o.microN, variants: microVariants, runs: map[string][]microResult{}}
+	for _, v := range vs {
+		if v.needs != "" {
+			return nil, fmt.Errorf("micro benchmark: %s needs %s; only in-process contenders are measured here", v.name, v.needs)
+		}
+	}
+	res := &microResults{n: o.microN, variants: o.microVariants, yield: o.microYield, runs: map[string][]microResult{}}
 	e := &env{run: o.runID}
 	for rep := range o.reps {
 		for _, v := range rotate(vs, rep) {
@@ -58,6 +63,9 @@ func runMicro(o options, logf func(string, ...any)) (*microResults, error) {
 					return nil, err
 				}
 				m.Ack()
+				if o.microYield {
+					runtime.Gosched()
+				}
 			}
 			if err := closeFn(ctx); err != nil {
 				return nil, err
