@@ -18,9 +18,9 @@ import (
 // Its store calls after TryBegin (heartbeat Extends, the Complete or Release)
 // are serialised by mu, so they never race each other. Heartbeats are driven
 // by the Inbox's scheduler, one goroutine for all leases: a handler that ends
-// before its first heartbeat costs no timer and no goroutine of its own. The
-// only goroutine a lease starts is the one that waits for the router's ack
-// after a successful handler.
+// before its first heartbeat costs no timer and no goroutine of its own.
+// After a successful handler, an ack waiter (see ackWaiters: goroutines
+// reused from one message to the next) waits for the router's ack.
 type lease struct {
 	ib       *Inbox
 	msg      *message.Message
@@ -31,6 +31,7 @@ type lease struct {
 	length   time.Duration // granted lease
 	interval time.Duration // heartbeat period
 	cancel   context.CancelCauseFunc
+	acked    bool // acked before the handler ran (InstantAck)
 
 	mu       sync.Mutex
 	deadline time.Time // local, monotonic: when the lease ends unless renewed
@@ -94,7 +95,8 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 	}
 	// The handler's context stays live until the router acks or nacks: the
 	// messages it returned may be published with it.
-	go l.awaitAck(instantAcked)
+	l.acked = instantAcked
+	ib.waiters.start(l)
 	return out, nil
 }
 
@@ -113,9 +115,9 @@ func (l *lease) finish(why string) {
 
 // awaitAck waits for the router's verdict on a message whose handler
 // succeeded: Complete on ack, Release on nack.
-func (l *lease) awaitAck(acked bool) {
+func (l *lease) awaitAck() {
 	defer l.cancel(errHandlerReturned)
-	if !acked {
+	if !l.acked {
 		select {
 		case <-l.msg.Acked():
 		case <-l.msg.Nacked():

@@ -41,6 +41,7 @@ type Inbox struct {
 
 	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
 	beats     *scheduler  // heartbeats of every lease; nil for a plain Store
+	waiters   *ackWaiters // wait for the router's ack after a successful handler
 	timeouts  bool        // wrap store calls in StoreTimeout (the store does not bound them itself)
 	timed     bool        // Metrics were configured: time the store calls
 }
@@ -69,6 +70,7 @@ func New(cfg Config) (*Inbox, error) {
 	if ls, ok := cfg.Store.(inbox.LeaseStore); ok {
 		ib.leases = ls
 		ib.beats = newScheduler()
+		ib.waiters = newAckWaiters()
 	} else {
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
@@ -111,6 +113,7 @@ func (ib *Inbox) Close(ctx context.Context) error {
 func (ib *Inbox) stopBeats() {
 	if ib.beats != nil {
 		ib.beats.close()
+		ib.waiters.close()
 	}
 }
 

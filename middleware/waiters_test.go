@@ -1,0 +1,132 @@
+package middleware
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/stores/memory"
+)
+
+func newWaitersInbox(t *testing.T) (*Inbox, *memory.Store) {
+	t.Helper()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := New(Config{Store: s, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ib, s
+}
+
+// pollUntil fails the test when cond does not hold within ten seconds.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func processed(t *testing.T, s *memory.Store, id string) bool {
+	r, err := s.Get(context.Background(), "b:g:h:"+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.State == inbox.StateProcessed
+}
+
+// TestAckWaiters_reused_then_stopped_by_Close checks that one message after
+// another is marked by the same waiter goroutine, and that Close makes the
+// idle waiter exit.
+func TestAckWaiters_reused_then_stopped_by_Close(t *testing.T) {
+	t.Parallel()
+	ib, s := newWaitersInbox(t)
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for i := range 20 {
+		id := strconv.Itoa(i)
+		m := message.NewMessage(id, nil)
+		if _, err := h(m); err != nil {
+			t.Fatal(err)
+		}
+		m.Ack()
+		pollUntil(t, "message "+id+" is marked and its waiter idle", func() bool {
+			return processed(t, s, id) && ib.waiters.idle.Load() == 1
+		})
+	}
+	if n := ib.waiters.spawned.Load(); n != 1 {
+		t.Errorf("%d waiters started for 20 messages handled one after another, want 1", n)
+	}
+	if err := ib.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
+}
+
+// TestAckWaiters_idle_bounded checks that a burst of concurrent marks starts
+// a waiter each, and that at most maxIdleWaiters of them stay parked.
+func TestAckWaiters_idle_bounded(t *testing.T) {
+	t.Parallel()
+	ib, s := newWaitersInbox(t)
+	defer func() { _ = ib.Close(context.Background()) }()
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	const n = maxIdleWaiters + 36
+	msgs := make([]*message.Message, n)
+	for i := range msgs { // every handler returns before any ack: n pending marks
+		msgs[i] = message.NewMessage(strconv.Itoa(i), nil)
+		if _, err := h(msgs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ib.waiters.spawned.Load(); got != n {
+		t.Errorf("%d waiters started for %d pending marks, want %d", got, n, n)
+	}
+	var wg sync.WaitGroup
+	for _, m := range msgs {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.Ack() }()
+	}
+	wg.Wait()
+	pollUntil(t, "every message is marked", func() bool {
+		for i := range n {
+			if !processed(t, s, strconv.Itoa(i)) {
+				return false
+			}
+		}
+		return true
+	})
+	pollUntil(t, "the extra waiters have exited", func() bool { return ib.waiters.idle.Load() == maxIdleWaiters })
+}
+
+// TestAckWaiters_close_races_parking closes waiter sets while their waiters
+// are finishing leases, so that close meets waiters between counting
+// themselves idle and parking: none may be left parked (run with -race).
+func TestAckWaiters_close_races_parking(t *testing.T) {
+	t.Parallel()
+	for range 50 {
+		ib, _ := newWaitersInbox(t)
+		h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+		for i := range 8 {
+			m := message.NewMessage(strconv.Itoa(i), nil)
+			if _, err := h(m); err != nil {
+				t.Fatal(err)
+			}
+			go m.Ack()
+		}
+		if err := ib.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		pollUntil(t, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
+	}
+}
