@@ -69,6 +69,37 @@
 // replica had not received; WAIT is not used. A restart or failover also
 // empties the script cache, which the EVAL fallback absorbs.
 //
+// # Pipelined marks (opt-in)
+//
+// By default every call is one round trip, and a consumer that handles one
+// message at a time makes two per message: the TryBegin before the handler
+// (on the message's critical path) and the Complete after the ack (in the
+// background). [Options.CompleteDelay] makes Complete wait, at most that
+// long, for the next TryBegin of the same Store and travel with it in one
+// go-redis pipeline (marks first), or with other Completes when the delay
+// ends. That saves a round trip per message: a write and a read on both
+// sides, go-redis's connection check, and a wake-up of the waiting
+// goroutine; on a small machine where the consumer, Redis and the broker
+// share the cores, those system calls are a large part of a message's cost
+// (see BENCHMARKS.md at the repository root). It does not save Redis's own
+// work, the scripts. What it trades, for at most CompleteDelay:
+//
+//   - a key is marked processed later. Its lease is held meanwhile, so a
+//     duplicate arriving then finds the key busy and waits (the middleware
+//     polls) instead of being dropped at once;
+//   - a consumer that crashes in that window leaves the key unmarked: a later
+//     duplicate runs again once the lease has ended. The default flow has
+//     the same window between the ack and the mark; this widens it;
+//   - a TryBegin that carries marks waits for Redis to run their scripts
+//     first, so the claim of a message can take a little longer while the
+//     round trips saved make the whole cheaper.
+//
+// Each mark still gets its own result (a lost lease is still
+// [inbox.ErrLeaseLost]), the marks are sent under a context detached from
+// the TryBegin that carries them, and Close sends the marks still waiting.
+// A few milliseconds is enough: the next message of a busy consumer comes
+// sooner, and an idle consumer's marks go when the delay ends.
+//
 // # URL form
 //
 // Importing the package registers the schemes redis and rediss (TLS) with
@@ -79,7 +110,8 @@
 //	redis://host1:6379?cluster=true                                  (Cluster, one seed)
 //
 // The store's parameters are retention and lease (shared by every store),
-// prefix, timeout (per call, a Go duration) and cluster (true or false; an
+// prefix, timeout (per call, a Go duration), complete_delay
+// ([Options.CompleteDelay], a Go duration) and cluster (true or false; an
 // addr parameter implies true). A Cluster URL names no database, or 0. Every
 // other parameter goes to go-redis's [redis.ParseURL] or
 // [redis.ParseClusterURL], so its options (dial_timeout, read_timeout,

@@ -1,8 +1,25 @@
 package redisstore
 
+import "time"
+
 // The scripts, for the benchmark that runs them through go-redis directly
 // (the overhead of the store's Go side is measured against it).
 var (
 	TryBeginScript = tryBeginScript
 	CompleteScript = completeScript
 )
+
+// PendingMarks is the number of Completes waiting to be sent
+// (Options.CompleteDelay).
+func PendingMarks(s *Store) int {
+	if s.marks == nil {
+		return 0
+	}
+	s.marks.mu.Lock()
+	defer s.marks.mu.Unlock()
+	return len(s.marks.pending)
+}
+
+// SetCompleteDelay changes the CompleteDelay of a store made with one,
+// beyond MaxCompleteDelay if need be, so that a test decides when marks go.
+func SetCompleteDelay(s *Store, d time.Duration) { s.opts.CompleteDelay = d }

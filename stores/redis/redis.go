@@ -62,6 +62,24 @@ type Options struct {
 	// documentation); a call whose context already ends within Timeout adds
 	// none.
 	Timeout time.Duration
+
+	// CompleteDelay, when positive, pipelines marks (opt-in): Complete does
+	// not send its script at once but waits, at most CompleteDelay, to
+	// travel in one round trip with the next TryBegin of this Store (or with
+	// other Completes when the delay ends or 128 are waiting), then returns
+	// its own result as usual. A consumer that handles one message at a time
+	// then makes one round trip per message instead of two: the mark of one
+	// message rides with the claim of the next. What it trades, for at most
+	// CompleteDelay: a key is marked processed later, so its lease is held
+	// longer (a duplicate arriving meanwhile waits, see the middleware's
+	// busy wait) and a crash in that window leaves the key unmarked (a later
+	// duplicate runs again once the lease ends, as after a crash between
+	// the ack and the mark, whose window this widens); and a TryBegin that
+	// carries marks waits for Redis to run their scripts first. Each call
+	// can then take up to Timeout + CompleteDelay ([Store.CallTimeout]).
+	// Optional; default 0: every call is its own round trip; at most
+	// [MaxCompleteDelay]. See "Pipelined marks" in the package documentation.
+	CompleteDelay time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -92,6 +110,9 @@ func (o Options) Validate() error {
 	if o.Lease < 0 || o.Lease > MaxDuration {
 		return fmt.Errorf("%w: redis store: Lease %s is outside (0, %s]", inbox.ErrInvalidLease, o.Lease, MaxDuration)
 	}
+	if o.CompleteDelay < 0 || o.CompleteDelay > MaxCompleteDelay {
+		return fmt.Errorf("%w: redis store: CompleteDelay %s is outside [0, %s]", inbox.ErrInvalidArgument, o.CompleteDelay, MaxCompleteDelay)
+	}
 	return nil
 }
 
@@ -103,6 +124,7 @@ type Store struct {
 	lease     any  // Options.Lease likewise
 	owns      bool // Close closes client
 	closed    atomic.Bool
+	marks     *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
 }
 
 var (
@@ -118,7 +140,7 @@ func (s *Store) CallTimeout() time.Duration {
 	if s.opts.Timeout < 0 {
 		return math.MaxInt64
 	}
-	return s.opts.Timeout
+	return s.opts.Timeout + s.opts.CompleteDelay
 }
 
 // New returns a store over client, which may be a standalone, Sentinel
@@ -133,18 +155,30 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	return &Store{
+	s := &Store{
 		client:    client,
 		opts:      opts,
 		retention: strconv.FormatInt(micros(opts.Retention), 10),
 		lease:     strconv.FormatInt(micros(opts.Lease), 10),
-	}, nil
+	}
+	if opts.CompleteDelay > 0 {
+		s.marks = &marks{timer: time.AfterFunc(time.Hour, s.flushMarks)}
+		s.marks.timer.Stop()
+	}
+	return s, nil
 }
 
-// Close makes every later call fail with [inbox.ErrClosed]. It closes the
-// client only when the store made it (opened from a URL).
+// Close makes every later call fail with [inbox.ErrClosed]. With
+// Options.CompleteDelay, it first sends the marks still waiting. It closes
+// the client only when the store made it (opened from a URL).
 func (s *Store) Close() error {
-	if s.closed.Swap(true) || !s.owns {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if b := s.takeMarks(); len(b) > 0 {
+		s.pipeline(context.Background(), b, "", nil)
+	}
+	if !s.owns {
 		return nil
 	}
 	return s.client.Close()
@@ -161,7 +195,7 @@ func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
 // context for one call with the store's timeout.
 func (s *Store) begin(ctx context.Context, op, key string) (context.Context, context.CancelFunc, error) {
 	if s.closed.Load() {
-		return nil, nil, fmt.Errorf("redis store: %s %q: %w", op, key, inbox.ErrClosed)
+		return nil, nil, closedError(op, key)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, ctxError(op, key, err, err)
@@ -174,6 +208,10 @@ func (s *Store) begin(ctx context.Context, op, key string) (context.Context, con
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	return cctx, cancel, nil
+}
+
+func closedError(op, key string) error {
+	return fmt.Errorf("redis store: %s %q: %w", op, key, inbox.ErrClosed)
 }
 
 // ctxError wraps err for a call ended by its context: a canceled caller
@@ -264,7 +302,14 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if id == "" {
 		id = inbox.NewLeaseID()
 	}
-	v, err := s.run(ctx, op, key, tryBeginScript, id, lease, s.retention, opts.Owner, opts.PayloadHash)
+	args := []any{id, lease, s.retention, opts.Owner, opts.PayloadHash}
+	var v any
+	var err error
+	if batch := s.takeMarks(); len(batch) > 0 {
+		v, err = s.tryBeginWith(ctx, batch, key, args)
+	} else {
+		v, err = s.run(ctx, op, key, tryBeginScript, args...)
+	}
 	if err != nil {
 		return inbox.Claim{}, err
 	}
@@ -316,14 +361,14 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 	if err := validateHolderArgs(key, leaseID); err != nil {
 		return err
 	}
+	if s.marks != nil {
+		return s.completeLater(ctx, key, leaseID)
+	}
 	v, err := s.run(ctx, op, key, completeScript, leaseID, s.retention)
 	if err != nil {
 		return err
 	}
-	if code, ok := v.(int64); !ok || code != 1 {
-		return holderError(op, key, leaseID, code, v)
-	}
-	return nil
+	return completeReply(key, leaseID, v)
 }
 
 // Release implements [inbox.LeaseStore]. If the reply to a Release that

@@ -23,7 +23,8 @@ func init() {
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
 
-// openURL reads the driver's own parameters (prefix, timeout, cluster; the
+// openURL reads the driver's own parameters (prefix, timeout,
+// complete_delay, cluster; the
 // mux has taken retention and lease) and passes every other one to go-redis,
 // which rejects those it does not know by name.
 func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
@@ -34,6 +35,9 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		return nil, err
 	}
 	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
+		return nil, err
+	}
+	if opts.CompleteDelay, err = stores.PopDuration(q, "complete_delay"); err != nil {
 		return nil, err
 	}
 	cluster := len(q["addr"]) > 0
@@ -90,7 +94,7 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 

@@ -91,6 +91,8 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 		"redis://127.0.0.1:6379/15?no_such_option=1",      // unknown to go-redis too
 		"redis://127.0.0.1:6379/15?timeout=-1s",           // not positive
 		"redis://127.0.0.1:6379/15?timeout=1s&timeout=2s", // repeated
+		"redis://127.0.0.1:6379/15?complete_delay=2s",     // over MaxCompleteDelay
+		"redis://127.0.0.1:6379/15?complete_delay=-1ms",   // not positive
 		"redis://127.0.0.1:6379/15?cluster=maybe",
 		"redis://127.0.0.1:6379/3?cluster=true", // Cluster has only db 0
 		"redis://127.0.0.1:6379/notanumber",
