@@ -105,11 +105,11 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.kafkaScaleN, "kafka-scale-n", 10000, "messages per Kafka trial with more than one consumer")
 	consumers := fs.String("consumers", "1,4,16", "concurrent consumers of the scaling table (1 is the main table)")
 	brokers := fs.String("brokers", "rabbitmq,kafka", "brokers: rabbitmq, kafka")
-	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,inbox-memory,inbox-redis,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer (none is the baseline)")
-	scaleVariants := fs.String("scale-variants", "none,inbox-redis,inbox-postgres", "variants with more than one consumer")
+	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,inbox-memory,inbox-redis,inbox-redis-pipelined,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer (none is the baseline)")
+	scaleVariants := fs.String("scale-variants", "none,inbox-redis,inbox-redis-pipelined,inbox-postgres", "variants with more than one consumer")
 	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
-	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline)")
+	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
 	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")
 	fs.StringVar(&o.repo, "repo", "", "repository root, for the stores' round-trip benchmarks (default: found from the working directory)")
 	fs.Float64Var(&o.rtScale, "roundtrip-scale", 1, "scales the iterations of each store round-trip benchmark run (Redis 3000, SQL 1000)")
@@ -210,7 +210,7 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	logf("inboxbench run %s, load average %s", o.runID, rep.loadStart)
 
 	if o.has("micro") {
-		r, err := runMicro(o, logf)
+		r, err := runMicro(ctx, o, logf)
 		if err != nil {
 			return fmt.Errorf("micro: %w", err)
 		}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strconv"
 
@@ -23,41 +22,50 @@ type microResults struct {
 	runs     map[string][]microResult
 }
 
-var microPayload = []byte(`{"order":12345,"amount_cents":1999}`)
-
 // runMicro calls each contender's wrapped handler as the router does
 // (handler, then Ack) for o.microN distinct messages per repetition, without
 // a broker: the middleware's own cost. The inbox's marks land after the ack
 // in a goroutine; its Close, which waits for them, is inside the measurement.
 // Every contender builds its messages, so the overhead of a contender is its
 // cost minus none's. This is BenchmarkMiddleware of package middleware, run
-// with rotation and medians.
-func runMicro(o options, logf func(string, ...any)) (*microResults, error) {
+// with rotation and medians, and with a distinct payload per message.
+func runMicro(ctx context.Context, o options, logf func(string, ...any)) (*microResults, error) {
 	vs, err := pick(o.microVariants)
 	if err != nil {
 		return nil, err
 	}
+	needs := map[string]bool{}
 	for _, v := range vs {
-		if v.needs != "" {
-			return nil, fmt.Errorf("micro benchmark: %s needs %s; only in-process contenders are measured here", v.name, v.needs)
+		needs[v.needs] = true
+		if v.needs == "remote" {
+			needs["redis"] = true
 		}
 	}
+	e, err := newEnv(ctx, o, needs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := e.close(context.Background()); err != nil {
+			logf("cleaning up: %v", err)
+		}
+	}()
 	res := &microResults{n: o.microN, variants: o.microVariants, yield: o.microYield, runs: map[string][]microResult{}}
-	e := &env{run: o.runID}
 	for rep := range o.reps {
 		for _, v := range rotate(vs, rep) {
-			mw, closeFn, err := v.make(e, "bench", "g")
+			mw, closeFn, err := v.make(e, "bench", "micro-"+strconv.Itoa(rep))
 			if err != nil {
 				return nil, err
 			}
 			h := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })
-			ctx := context.Background()
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
 			cpu0 := cpuTime()
 			for i := range o.microN {
-				m := message.NewMessage(strconv.Itoa(i), microPayload)
+				id := strconv.Itoa(i)
+				// Distinct payloads: the Deduplicator keys by a payload hash.
+				m := message.NewMessage(id, []byte(`{"amount_cents":1999,"order":`+id+`}`))
 				m.SetContext(ctx)
 				if _, err := h(m); err != nil {
 					return nil, err
