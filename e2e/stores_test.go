@@ -25,7 +25,7 @@ import (
 )
 
 const (
-	noNetwork = "the store is in-process or embedded: there is no network link to cut"
+	noNetwork  = "the store is in-process or embedded: there is no network link to cut"
 	oneProcess = "the memory store lives inside one process: no other process can share it, and a killed consumer's claims die with it " +
 		"(the remote cells run the crash case over an inboxd whose store is memory)"
 	txNoPolicy = "the transactional middleware has no MissingKey policy (it refuses a message without id with ErrNoKey); " +

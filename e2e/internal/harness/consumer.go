@@ -399,6 +399,7 @@ func (h *handler) crash() {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
 }
+
 // Run runs the router until Stop; it returns when the router is running.
 func (c *Consumer) Run() error {
 	go func() { c.done <- c.router.Run(context.Background()) }()

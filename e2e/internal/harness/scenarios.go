@@ -237,7 +237,7 @@ func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
 		}
 		typed := Raw{Body: []byte("e-typed"), AMQPHeaders: amqp.Table{
 			keying.DefaultIDMetadataKey: "typed-1",
-			"int": int32(-7), "long": int64(1) << 40, "bool": true, "float": 1.5,
+			"int":                       int32(-7), "long": int64(1) << 40, "bool": true, "float": 1.5,
 			"time":   time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC),
 			"table":  amqp.Table{"a": int32(1), "b": []byte{0xff}},
 			"array":  []any{int32(1), "x", false},
