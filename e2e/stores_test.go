@@ -18,6 +18,7 @@ import (
 	"github.com/watermill-inbox/inbox/e2e/internal/harness"
 	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/memory"
 	_ "github.com/watermill-inbox/inbox/stores/redis"
@@ -28,8 +29,6 @@ const (
 	noNetwork  = "the store is in-process or embedded: there is no network link to cut"
 	oneProcess = "the memory store lives inside one process: no other process can share it, and a killed consumer's claims die with it " +
 		"(the remote cells run the crash case over an inboxd whose store is memory)"
-	txNoPolicy = "the transactional middleware has no MissingKey policy (it refuses a message without id with ErrNoKey); " +
-		"the bad-input case checks both policies of the leased middleware"
 )
 
 // storeKinds are the rows of the matrix in this module (MongoDB is in the
@@ -41,9 +40,9 @@ func storeKinds() []harness.StoreKind {
 		{Name: "postgres", New: sqlKind(testenv.Postgres, false)},
 		{Name: "mariadb", New: sqlKind(testenv.MySQL, false)},
 		{Name: "sqlite", New: newSQLite(false), NoOutage: noNetwork},
-		{Name: "postgres-tx", New: sqlKind(testenv.Postgres, true), Tx: true, NoBadInput: txNoPolicy},
-		{Name: "mariadb-tx", New: sqlKind(testenv.MySQL, true), Tx: true, NoBadInput: txNoPolicy},
-		{Name: "sqlite-tx", New: newSQLite(true), Tx: true, NoOutage: noNetwork, NoBadInput: txNoPolicy},
+		{Name: "postgres-tx", New: sqlKind(testenv.Postgres, true), Tx: true},
+		{Name: "mariadb-tx", New: sqlKind(testenv.MySQL, true), Tx: true},
+		{Name: "sqlite-tx", New: newSQLite(true), Tx: true, NoOutage: noNetwork},
 	}
 }
 
@@ -273,10 +272,17 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 	if err != nil {
 		return nil, err
 	}
+	policy := middleware.MissingKeyProcess
+	if spec.RejectMissing {
+		policy = middleware.MissingKeyReject
+	}
+	outcomes := &harness.Outcomes{}
 	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
 		DB: db, Dialect: d, Table: table,
 		Bus: spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
 		LockTimeout: 5 * time.Second,
+		MissingKey:  policy,
+		Metrics:     outcomes,
 	})
 	if err != nil {
 		_ = db.Close()
@@ -296,6 +302,7 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 			_, err := tx.ExecContext(msg.Context(), insert, id)
 			return err
 		},
-		Close: func(context.Context) error { return db.Close() },
+		Outcomes: outcomes,
+		Close:    func(context.Context) error { return db.Close() },
 	}, nil
 }

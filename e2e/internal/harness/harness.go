@@ -43,8 +43,7 @@ type StoreKind struct {
 	// NoCrossProcess: the crash scenario needs the store reachable from
 	// another process. NoOutage: the outage scenario cuts a network link.
 	// NoConcurrency: the competing-consumers scenario needs atomic claims.
-	// NoBadInput: the bad-input scenario needs the MissingKey policies.
-	NoCrossProcess, NoOutage, NoConcurrency, NoBadInput string
+	NoCrossProcess, NoOutage, NoConcurrency string
 
 	// Tx marks the SQL transactional mode, where the effect commits with
 	// the mark: a crash after the effect leaves neither.

@@ -213,9 +213,6 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 // (filtered with !middleware.IsTransient) takes it. Nothing is lost and the
 // router keeps processing the messages that follow.
 func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
-	if sk.NoBadInput != "" {
-		skip(t, sk.Name, "bad input", sk.NoBadInput)
-	}
 	const partitions = 2
 	e := newEnv(t, bk, sk, false, partitions)
 
