@@ -31,6 +31,22 @@ test:
 	fi; \
 	rm -f $$skipfile; exit $$rc
 
+## e2e: the end-to-end suite only (the modules under e2e/: brokers, stores,
+## crashes, outages), with -race. Needs the services of `make test`; Kafka
+## runs in-process (kfake), plus a real broker when KAFKA_BROKERS is set.
+E2E_MODULES := $(filter ./e2e ./e2e/%,$(MODULES))
+e2e:
+	@[ -n "$(RACE)" ] || echo "note: no C compiler (cgo is off), so tests run without -race; install gcc for the race detector"
+	@skipfile=$$(mktemp); rc=0; \
+	for m in $(E2E_MODULES); do \
+		echo "== go test $$m"; \
+		(cd $$m && INBOX_SKIP_FILE=$$skipfile $(GO) test $(TEST_FLAGS) ./...) || rc=1; \
+	done; \
+	if [ -s $$skipfile ]; then \
+		echo "skipped: $$(sort -u $$skipfile | paste -sd ';' - | sed 's/;/; /g')"; \
+	fi; \
+	rm -f $$skipfile; exit $$rc
+
 ## lint: gofmt, go vet and staticcheck on every module.
 lint: fmt vet staticcheck
 
