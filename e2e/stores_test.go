@@ -26,9 +26,8 @@ import (
 )
 
 const (
-	noNetwork  = "the store is in-process or embedded: there is no network link to cut"
-	oneProcess = "the memory store lives inside one process: no other process can share it, and a killed consumer's claims die with it " +
-		"(the remote cells run the crash case over an inboxd whose store is memory)"
+	noNetwork  = "no network link to cut: the store is in-process or embedded"
+	oneProcess = "the memory store lives in one process: no other process can share it"
 )
 
 // storeKinds are the rows of the matrix in this module (MongoDB is in the

@@ -18,7 +18,7 @@ import (
 // producer retrying, with a new Watermill UUID each time, the same
 // IdempotencyKey); one consumer applies each effect once.
 func Duplicates(t *testing.T, bk BrokerKind, sk StoreKind) {
-	const n, copies, partitions = 30, 3, 4
+	const n, copies, partitions = 50, 3, 4
 	e := newEnv(t, bk, sk, false, partitions)
 	c := StartConsumer(t, e.spec, e.store.Shared)
 	ids := IDs("a", n)
@@ -45,7 +45,7 @@ func Competing(t *testing.T, bk BrokerKind, sk StoreKind) {
 	if sk.NoConcurrency != "" {
 		skip(t, sk.Name, "competing consumers", sk.NoConcurrency)
 	}
-	const n, consumers, partitions = 40, 4, 4
+	const n, consumers, partitions = 100, 4, 4
 	e := newEnv(t, bk, sk, false, partitions)
 	spec := e.spec
 	spec.FailRate = 0.1
