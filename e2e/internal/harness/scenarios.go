@@ -200,7 +200,13 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 		func() string { return fmt.Sprintf("missing %v; %s", e.missing(t, during), describe(c)) })
 	stopAll(t, c)
 	e.expectCounts(t, once(before, during))
-	if v := c.Probe.Violations(); v != 0 {
+	// With a lease store, a delivery nacked for a store failure never ran the
+	// handler: the claim failed, and a failed mark after a successful
+	// handler is retried, never nacked. In the transactional mode the
+	// handler runs inside the transaction, whose commit can fail in the
+	// cut (even after the database committed it: the redelivery then sees a
+	// duplicate); the ledger above is the check there.
+	if v := c.Probe.Violations(); v != 0 && !sk.Tx {
 		t.Errorf("%d deliveries ran the handler although the store failed", v)
 	}
 	t.Logf("%d deliveries nacked on store errors; %s", c.Probe.StoreFailed(), describe(c))
