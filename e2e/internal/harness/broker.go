@@ -68,7 +68,7 @@ func startKfake(t *testing.T) BrokerSpec {
 		t.Fatalf("starting kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return BrokerSpec{Kind: Kafka, Brokers: c.ListenAddrs(), Session: 2 * time.Second}
+	return BrokerSpec{Kind: Kafka, Brokers: c.ListenAddrs(), Session: 3 * time.Second}
 }
 
 // BrokerSpec says how to reach a broker; it travels to child processes as
@@ -220,6 +220,10 @@ func (b BrokerSpec) Subscriber(group string) (message.Subscriber, error) {
 		cfg.Consumer.Group.Session.Timeout = b.Session
 		cfg.Consumer.Group.Heartbeat.Interval = b.Session / 10
 		cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
+		// How long a rebalance waits for members to rejoin (60 s by
+		// default): a member that closes mid-rebalance must not hold the
+		// others' joins, and their router's close, for a minute.
+		cfg.Consumer.Group.Rebalance.Timeout = 2 * b.Session
 		cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
 		return kafka.NewSubscriber(kafka.SubscriberConfig{
 			Brokers:               b.Brokers,

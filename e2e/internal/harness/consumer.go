@@ -263,6 +263,7 @@ type Consumer struct {
 	closers  []func() error
 	done     chan error
 	stopOnce sync.Once
+	stopped  atomic.Bool
 	stopErr  error
 }
 
@@ -296,7 +297,7 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 	if err != nil {
 		return fail(fmt.Errorf("subscriber: %w", err))
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return fail(err)
 	}
@@ -416,6 +417,7 @@ func (c *Consumer) Run() error {
 // Stop closes the router, then the inbox (draining pending marks).
 func (c *Consumer) Stop() error {
 	c.stopOnce.Do(func() {
+		defer c.stopped.Store(true)
 		err := c.router.Close()
 		if rerr := <-c.done; rerr != nil {
 			err = errors.Join(err, rerr)
@@ -445,6 +447,9 @@ func StartConsumer(t testing.TB, spec ConsumerSpec, shared stores.Store) *Consum
 		t.Fatalf("consumer: %v", err)
 	}
 	t.Cleanup(func() {
+		if c.stopped.Load() {
+			return // stopped by the test, which reported the error
+		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stopping the consumer: %v", err)
 		}

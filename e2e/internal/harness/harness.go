@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,11 +258,23 @@ func abbrev(s string) string {
 	return s
 }
 
+// stopAll stops the consumers at once (one after the other, each Kafka
+// consumer leaving would start a rebalance that the next one waits out).
 func stopAll(t *testing.T, cs ...*Consumer) {
 	t.Helper()
-	for _, c := range cs {
-		if err := c.Stop(); err != nil {
-			t.Errorf("stopping a consumer: %v", err)
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.Stop()
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("stopping consumer %d: %v", i, err)
 		}
 	}
 }
