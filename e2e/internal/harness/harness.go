@@ -103,13 +103,25 @@ type env struct {
 	ledger Ledger
 	spec   ConsumerSpec
 	pub    message.Publisher
+
+	partitions int
 }
 
+// msg is NewMessage(id, the i-th partition of the case's topic).
+func (e *env) msg(id string, i int) *message.Message { return NewMessage(id, i%e.partitions) }
+
+// newEnv prepares a case. Its Kafka topic has the given number of
+// partitions, or one for a store without atomic claims: one consumer then
+// handles its messages one at a time (RabbitMQ consumers do anyway, with a
+// prefetch of one).
 func newEnv(t *testing.T, bk BrokerKind, sk StoreKind, proxied bool, partitions int) *env {
 	t.Helper()
+	if sk.NoConcurrency != "" {
+		partitions = 1
+	}
 	b := bk.Start(t)
 	sc := sk.New(t, proxied)
-	e := &env{b: b, store: sc, kind: sk, ledger: sc.Ledger}
+	e := &env{b: b, store: sc, kind: sk, ledger: sc.Ledger, partitions: partitions}
 	ledgerPath := ""
 	if e.ledger == nil {
 		fl := NewFileLedger(t)

@@ -24,7 +24,7 @@ func Duplicates(t *testing.T, bk BrokerKind, sk StoreKind) {
 	ids := IDs("a", n)
 	for round := range copies {
 		for i, id := range ids {
-			e.publish(t, NewMessage(id, (i+round)%partitions))
+			e.publish(t, e.msg(id, i+round))
 		}
 	}
 	waitFor(t, 90*time.Second, fmt.Sprintf("%d deliveries acked, %d messages applied", n*copies, n),
@@ -58,7 +58,7 @@ func Competing(t *testing.T, bk BrokerKind, sk StoreKind) {
 
 	ids := IDs("b", n)
 	for i, id := range ids {
-		e.publish(t, NewMessage(id, i%partitions), NewMessage(id, (i+1)%partitions))
+		e.publish(t, e.msg(id, i), e.msg(id, i+1))
 	}
 	acked := func() (sum int64) {
 		for _, c := range cs {
@@ -175,7 +175,7 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 
 	before, during := IDs("d-before", 10), IDs("d-during", 20)
 	for i, id := range before {
-		e.publish(t, NewMessage(id, i%partitions))
+		e.publish(t, e.msg(id, i))
 	}
 	waitFor(t, 60*time.Second, "the first messages applied",
 		func() bool { return len(e.missing(t, before)) == 0 },
@@ -184,7 +184,7 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 	e.store.Proxy.Cut()
 	failedAtCut := c.Probe.StoreFailed()
 	for i, id := range during {
-		e.publish(t, NewMessage(id, i%partitions))
+		e.publish(t, e.msg(id, i))
 	}
 	applied := func() int { return len(during) - len(e.missing(t, during)) }
 	waitFor(t, 60*time.Second, "deliveries failing on the store during the outage",
@@ -226,7 +226,7 @@ func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
 	c := StartConsumer(t, e.spec, e.store.Shared)
 	longID := "long-" + strings.Repeat("L", 2000)
 	long := func(p int) *message.Message {
-		m := NewMessage("e-long", p)
+		m := e.msg("e-long", p)
 		m.Metadata.Set(keying.DefaultIDMetadataKey, longID)
 		return m
 	}
@@ -256,7 +256,7 @@ func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
 		want["e-typed"], want["e-msgid"] = 1, 1
 	case Kafka:
 		binary := func(p int32) Raw {
-			return Raw{Body: []byte("e-binary"), Partition: p, KafkaHeaders: map[string][]byte{
+			return Raw{Body: []byte("e-binary"), Partition: p % int32(e.partitions), KafkaHeaders: map[string][]byte{
 				keying.DefaultIDMetadataKey: {0xff, 0xfe, 0x00, 'k'}, // not UTF-8: hashed into the key
 				"blob":                      {0x00, 0xff, 0x80},
 			}}
