@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -20,8 +22,8 @@ import (
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
-	_ "github.com/watermill-inbox/inbox/stores/memory"
-	_ "github.com/watermill-inbox/inbox/stores/redis"
+	_ "github.com/watermill-inbox/inbox/stores/all"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
 
@@ -39,6 +41,7 @@ func storeKinds() []harness.StoreKind {
 		{Name: "postgres", New: sqlKind(testenv.Postgres, false)},
 		{Name: "mariadb", New: sqlKind(testenv.MySQL, false)},
 		{Name: "sqlite", New: newSQLite(false), NoOutage: noNetwork},
+		{Name: "remote", New: newRemote},
 		{Name: "postgres-tx", New: sqlKind(testenv.Postgres, true), Tx: true},
 		{Name: "mariadb-tx", New: sqlKind(testenv.MySQL, true), Tx: true},
 		{Name: "sqlite-tx", New: newSQLite(true), Tx: true, NoOutage: noNetwork},
@@ -95,6 +98,30 @@ func unique() string { return strings.ToLower(watermill.NewShortUUID()[:10]) }
 func newMemory(t *testing.T, _ bool) harness.StoreCase {
 	s := open(t, "memory://")
 	return harness.StoreCase{Spec: harness.StoreSpec{URL: "memory://"}, Shared: s, Inspect: s}
+}
+
+// newRemote serves the remote inbox protocol (package server, as inboxd
+// does) over a memory store, on a loopback port, and returns the http://
+// URL of the remote store. Consumers in other processes reach it too.
+func newRemote(t *testing.T, proxied bool) harness.StoreCase {
+	backing := open(t, "memory://")
+	srv, err := server.New(server.Config{Store: backing, LeaseMin: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	direct := "http://" + ln.Addr().String() + "/"
+	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: backing}
+	if proxied {
+		sc.Spec.URL, sc.Proxy = proxy(t, direct)
+	}
+	return sc
 }
 
 func newRedis(t *testing.T, proxied bool) harness.StoreCase {
