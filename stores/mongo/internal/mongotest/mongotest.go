@@ -10,9 +10,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,6 +116,14 @@ func Run(t *testing.T, srv Server) {
 		t.Parallel()
 		testSkewedClocks(t, client)
 	})
+	t.Run("Clock_resync_corrects_a_fast_local_clock", func(t *testing.T) {
+		t.Parallel()
+		testClockResync(t, client)
+	})
+	t.Run("Busy_under_concurrency_never_waits_past_the_lease", func(t *testing.T) {
+		t.Parallel()
+		testBusyWithinLease(t, client)
+	})
 	t.Run("EnsureIndexes", func(t *testing.T) {
 		t.Parallel()
 		testEnsureIndexes(t, client, srv.TTL)
@@ -148,9 +159,8 @@ func testSkewedClocks(t *testing.T, client *mongo.Client) {
 	if err != nil || c.Status != inbox.Acquired {
 		t.Fatalf("TryBegin on the host an hour ahead = %+v, %v; want Acquired", c, err)
 	}
-	// The server runs on a clock close to this process's (same host or
-	// NTP-synchronised): the deadline must be on it, not an hour off.
-	if d := c.ExpiresAt.Sub(time.Now().Add(lease)); d > 5*time.Second || d < -5*time.Second {
+	// The deadline is on the server's clock, not an hour off.
+	if d := c.ExpiresAt.Sub(serverTime(t, client).Add(lease)); d > 5*time.Second || d < -5*time.Second {
 		t.Fatalf("deadline %s from the host an hour ahead is %s off the server's clock", c.ExpiresAt, d)
 	}
 	b, err := behind.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: lease})
@@ -171,6 +181,79 @@ func testSkewedClocks(t *testing.T, client *mongo.Client) {
 	}
 	if b, err := ahead.TryBegin(ctxT(t), key2, inbox.BeginOptions{Lease: lease}); err != nil || b.Status != inbox.Busy {
 		t.Fatalf("TryBegin on the host an hour ahead of the holder = %+v, %v; want Busy", b, err)
+	}
+}
+
+// serverTime reads the server's clock.
+func serverTime(t *testing.T, client *mongo.Client) time.Time {
+	t.Helper()
+	raw, err := client.Database("admin").RunCommand(ctxT(t), bson.D{{Key: "hello", Value: 1}}).Raw()
+	if err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	lt, ok := raw.Lookup("localTime").TimeOK()
+	if !ok {
+		t.Fatalf("hello has no localTime: %s", raw)
+	}
+	return lt
+}
+
+// testClockResync runs a store whose local clock then jumps two minutes
+// ahead, as a fast clock would drift: the store must notice the estimate is
+// stale, read the server's clock again, and still see a 30 s lease taken a
+// moment ago as live.
+func testClockResync(t *testing.T, client *mongo.Client) {
+	var skew atomic.Int64
+	s := NewStore(t, client, Collection(t, client, "resync"), mongostore.Options{
+		LocalClock: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
+	})
+	key := "resync:" + inbox.NewLeaseID()
+	c, err := s.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: 30 * time.Second})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin = %+v, %v; want Acquired", c, err)
+	}
+	skew.Store(int64(2 * time.Minute))
+	r, err := s.Get(ctxT(t), key)
+	if err != nil || r.State != inbox.StateInProgress {
+		t.Fatalf("after the local clock ran 2 minutes ahead, Get = %+v, %v; want the 30 s lease still InProgress", r, err)
+	}
+	b, err := s.TryBegin(ctxT(t), key, inbox.BeginOptions{})
+	if err != nil || b.Status != inbox.Busy || b.RetryAfter <= 20*time.Second {
+		t.Fatalf("after the local clock ran 2 minutes ahead, TryBegin = %+v, %v; want Busy for most of 30 s", b, err)
+	}
+}
+
+// testBusyWithinLease races TryBegin calls on fresh keys. Whoever wins (on a
+// server without atomic updates, several may), a Busy answer must never ask
+// to wait longer than the lease: a racer that read the clock before the
+// winner stamped its deadline must not measure from its older reading.
+func testBusyWithinLease(t *testing.T, client *mongo.Client) {
+	s := NewStore(t, client, Collection(t, client, "busy"), mongostore.Options{})
+	const lease = 30 * time.Second
+	for round := range 5 {
+		key := "busy:" + strconv.Itoa(round) + ":" + inbox.NewLeaseID()
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		claims := make([]inbox.Claim, 20)
+		errs := make([]error, len(claims))
+		for i := range claims {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				claims[i], errs[i] = s.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: lease})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, c := range claims {
+			if errs[i] != nil {
+				t.Fatalf("racer %d: %v", i, errs[i])
+			}
+			if c.Status == inbox.Busy && (c.RetryAfter <= 0 || c.RetryAfter > lease) {
+				t.Fatalf("racer %d: Busy with RetryAfter %s for a %s lease", i, c.RetryAfter, lease)
+			}
+		}
 	}
 }
 
@@ -213,7 +296,7 @@ func testEnsureIndexes(t *testing.T, client *mongo.Client, ttl bool) {
 		if found == nil {
 			t.Fatalf("no index %s after EnsureIndexes: %v", mongostore.TTLIndexName, idx)
 		}
-		if v, ok := found["expireAfterSeconds"]; !ok || v != int32(0) {
+		if v, ok := found["expireAfterSeconds"]; !ok || fmt.Sprint(v) != "0" {
 			t.Fatalf("index %s has expireAfterSeconds %v (%T), want 0", mongostore.TTLIndexName, v, v)
 		}
 		if len(logs.errs) != 0 {
@@ -294,6 +377,8 @@ func viaProxy(t *testing.T, uri, addr string) string {
 	return u.String()
 }
 
+// testOutage talks to the first host of uri directly: with a replica set,
+// name the primary first in INBOX_TEST_MONGO_URL.
 func testOutage(t *testing.T, uri string) {
 	proxy := faultproxy.New(t, firstHost(t, uri))
 	client := Connect(t, viaProxy(t, uri, proxy.Addr()))
