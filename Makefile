@@ -6,7 +6,10 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 MODULES     := $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \; | sort)
-TEST_FLAGS  ?= -race -count=1 -timeout 20m
+# The race detector needs cgo (a C compiler). Without one, tests run without
+# -race and say so; CI has one and checks it.
+RACE        := $(shell [ "$$($(GO) env CGO_ENABLED 2>/dev/null)" = 1 ] && echo -race)
+TEST_FLAGS  ?= $(RACE) -count=1 -timeout 25m
 FUZZTIME    ?= 20s
 BENCH       ?= .
 BENCHCOUNT  ?= 6
@@ -17,6 +20,7 @@ BENCHCOUNT  ?= 6
 ## skip, and one line at the end names them; INBOX_REQUIRE_SERVICES=1 makes a
 ## missing service a failure.
 test:
+	@[ -n "$(RACE)" ] || echo "note: no C compiler (cgo is off), so tests run without -race; install gcc for the race detector"
 	@skipfile=$$(mktemp); rc=0; \
 	for m in $(MODULES); do \
 		echo "== go test $$m"; \

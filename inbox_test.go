@@ -1,0 +1,119 @@
+package inbox_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+func TestStatus_round_trip(t *testing.T) {
+	t.Parallel()
+	for _, s := range []inbox.Status{inbox.Acquired, inbox.Processed, inbox.Busy} {
+		got, err := inbox.ParseStatus(s.String())
+		if err != nil || got != s {
+			t.Errorf("ParseStatus(%q) = %v, %v", s.String(), got, err)
+		}
+	}
+	if _, err := inbox.ParseStatus("Done"); !errors.Is(err, inbox.ErrInvalidArgument) || !strings.Contains(err.Error(), `"Done"`) {
+		t.Errorf("unknown status: %v", err)
+	}
+	if _, err := inbox.ParseStatus(""); err == nil {
+		t.Error("empty status parsed")
+	}
+	if s := inbox.Status(0).String(); s != "Status(0)" {
+		t.Errorf("zero status prints %q", s)
+	}
+}
+
+func TestState_round_trip(t *testing.T) {
+	t.Parallel()
+	for _, s := range []inbox.State{inbox.StateNotFound, inbox.StateAvailable, inbox.StateInProgress, inbox.StateProcessed} {
+		got, err := inbox.ParseState(s.String())
+		if err != nil || got != s {
+			t.Errorf("ParseState(%q) = %v, %v", s.String(), got, err)
+		}
+	}
+	if _, err := inbox.ParseState("Gone"); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Errorf("unknown state: %v", err)
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"a", "bus:group:alias:urn:uuid:1", "ключ", strings.Repeat("x", inbox.MaxKeyLen)} {
+		if err := inbox.ValidateKey(ok); err != nil {
+			t.Errorf("ValidateKey(%.20q): %v", ok, err)
+		}
+	}
+	for name, bad := range map[string]string{
+		"empty":   "",
+		"long":    strings.Repeat("x", inbox.MaxKeyLen+1),
+		"utf8":    "a\xffb",
+		"nul":     "a\x00b",
+		"trunc":   "\xe2\x82",
+		"onlynul": "\x00",
+	} {
+		err := inbox.ValidateKey(bad)
+		if !errors.Is(err, inbox.ErrInvalidKey) || !errors.Is(err, inbox.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidKey", name, err)
+		}
+	}
+}
+
+func TestBeginOptions_Validate(t *testing.T) {
+	t.Parallel()
+	if err := (inbox.BeginOptions{}).Validate(); err != nil {
+		t.Fatalf("zero options: %v", err)
+	}
+	cases := map[string]struct {
+		o    inbox.BeginOptions
+		want error
+	}{
+		"negative lease": {inbox.BeginOptions{Lease: -time.Second}, inbox.ErrInvalidLease},
+		"long lease id":  {inbox.BeginOptions{LeaseID: strings.Repeat("i", inbox.MaxLeaseIDLen+1)}, inbox.ErrInvalidLeaseID},
+		"nul lease id":   {inbox.BeginOptions{LeaseID: "a\x00"}, inbox.ErrInvalidLeaseID},
+		"long owner":     {inbox.BeginOptions{Owner: strings.Repeat("o", inbox.MaxOwnerLen+1)}, inbox.ErrInvalidArgument},
+		"bad owner utf8": {inbox.BeginOptions{Owner: "\xff"}, inbox.ErrInvalidArgument},
+		"long hash":      {inbox.BeginOptions{PayloadHash: strings.Repeat("h", inbox.MaxPayloadHashLen+1)}, inbox.ErrInvalidArgument},
+	}
+	for name, c := range cases {
+		if err := c.o.Validate(); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+}
+
+func TestValidateLease(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{0, -1} {
+		if err := inbox.ValidateLease(d); !errors.Is(err, inbox.ErrInvalidLease) {
+			t.Errorf("ValidateLease(%s) = %v", d, err)
+		}
+	}
+	if err := inbox.ValidateLease(time.Nanosecond); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestNewLeaseID(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		id := inbox.NewLeaseID()
+		if len(id) != 32 || seen[id] || inbox.ValidateLeaseID(id) != nil {
+			t.Fatalf("lease id %q: want 32 hex digits, unique and valid", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestBusyError(t *testing.T) {
+	t.Parallel()
+	err := error(&inbox.BusyError{Key: "k", RetryAfter: time.Second})
+	if !errors.Is(err, inbox.ErrBusy) || !strings.Contains(err.Error(), `"k"`) {
+		t.Fatalf("BusyError %v does not match ErrBusy or name the key", err)
+	}
+}

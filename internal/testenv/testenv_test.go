@@ -1,0 +1,96 @@
+package testenv_test
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/watermill-inbox/inbox/internal/testenv"
+)
+
+// fakeTB records Skip and Fatal instead of acting on them.
+type fakeTB struct {
+	testing.TB
+	skipped, failed string
+}
+
+func (f *fakeTB) Helper()                        {}
+func (f *fakeTB) Skip(args ...any)               { f.skipped = strings.TrimSpace(sprint(args...)); runtime.Goexit() }
+func (f *fakeTB) Fatalf(format string, a ...any) { f.failed = format; runtime.Goexit() }
+
+func sprint(args ...any) string {
+	var b strings.Builder
+	for _, a := range args {
+		b.WriteString(a.(string))
+	}
+	return b.String()
+}
+
+// run calls f on a fresh goroutine so Goexit ends only it.
+func run(f func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	<-done
+}
+
+func closedPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestService_missing_skips_and_records(t *testing.T) {
+	skipFile := filepath.Join(t.TempDir(), "skips")
+	t.Setenv("INBOX_SKIP_FILE", skipFile)
+	t.Setenv("INBOX_REQUIRE_SERVICES", "")
+	t.Setenv("INBOX_TEST_FAKE_URL", "redis://"+closedPort(t)+"/0")
+	svc := testenv.Service{Name: "fake", Env: "INBOX_TEST_FAKE_URL", HowTo: "start fake"}
+	f := &fakeTB{TB: t}
+	run(func() { svc.URL(f) })
+	if f.skipped == "" || f.failed != "" {
+		t.Fatalf("skipped %q, failed %q: want a skip", f.skipped, f.failed)
+	}
+	data, _ := os.ReadFile(skipFile)
+	if !strings.Contains(string(data), "fake (start fake)") {
+		t.Fatalf("skip file holds %q", data)
+	}
+}
+
+func TestService_missing_fails_when_required(t *testing.T) {
+	t.Setenv("INBOX_SKIP_FILE", filepath.Join(t.TempDir(), "skips"))
+	t.Setenv("INBOX_REQUIRE_SERVICES", "1")
+	t.Setenv("INBOX_TEST_FAKE2_URL", "redis://"+closedPort(t)+"/0")
+	f := &fakeTB{TB: t}
+	run(func() { testenv.Service{Name: "fake2", Env: "INBOX_TEST_FAKE2_URL"}.URL(f) })
+	if f.failed == "" {
+		t.Fatal("a required missing service did not fail the test")
+	}
+	g := &fakeTB{TB: t}
+	run(func() { testenv.Service{Name: "opt", Env: "INBOX_TEST_UNSET_OPTIONAL", Optional: true}.URL(g) })
+	if g.skipped == "" || g.failed != "" {
+		t.Fatalf("optional service: skipped %q failed %q; want a skip even when services are required", g.skipped, g.failed)
+	}
+}
+
+func TestService_available(t *testing.T) {
+	t.Setenv("INBOX_SKIP_FILE", filepath.Join(t.TempDir(), "skips"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Setenv("INBOX_TEST_UP_URL", "redis://"+ln.Addr().String()+"/0")
+	f := &fakeTB{TB: t}
+	var got string
+	run(func() { got = testenv.Service{Name: "up", Env: "INBOX_TEST_UP_URL"}.URL(f) })
+	if got == "" || f.skipped != "" || f.failed != "" {
+		t.Fatalf("URL %q, skipped %q, failed %q", got, f.skipped, f.failed)
+	}
+}

@@ -1,0 +1,202 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+)
+
+// Defaults of [Config].
+const (
+	DefaultMaxBusyWait  = 10 * time.Second
+	DefaultStoreTimeout = 5 * time.Second
+)
+
+// MissingKeyPolicy says what to do with a message that has no id to key it by.
+type MissingKeyPolicy int
+
+const (
+	// MissingKeyProcess runs the handler without deduplication, logs it and
+	// counts it (outcome no_key). The default: a message is never dropped in
+	// silence.
+	MissingKeyProcess MissingKeyPolicy = iota
+	// MissingKeyReject returns an error wrapping [inbox.ErrNoKey] without
+	// running the handler, meant to be routed to a poison queue.
+	MissingKeyReject
+)
+
+// PayloadHashPolicy says whether the middleware fingerprints message content,
+// and what it does when a known key arrives with different content.
+type PayloadHashPolicy int
+
+const (
+	// PayloadHashOff sends no fingerprint. The default.
+	PayloadHashOff PayloadHashPolicy = iota
+	// PayloadHashWarn sends the SHA-256 of the payload; a known key with other
+	// content is logged and counted (outcome payload_mismatch) and otherwise
+	// handled as usual.
+	PayloadHashWarn
+	// PayloadHashReject is PayloadHashWarn that also refuses the message with
+	// an error wrapping [inbox.ErrPayloadMismatch], without running the
+	// handler.
+	PayloadHashReject
+)
+
+// Config configures [New]. Only Store, Bus and Group are required.
+type Config struct {
+	// Store is the inbox store. Required. An [inbox.LeaseStore] (every store
+	// of this project) gets the leased flow; a plain [inbox.Store] gets the
+	// ADR's check-then-mark flow, under which two concurrent deliveries of
+	// one message can both run the handler.
+	Store inbox.Store
+
+	// Bus names the message bus in keys, e.g. "rabbit" or "kafka-prod".
+	// Required.
+	Bus string
+
+	// Group names the consumer group or queue in keys. Required: Watermill
+	// does not expose it, and two groups must not share keys.
+	Group string
+
+	// Alias gives the key's alias segment, the message type. Optional;
+	// default [keying.AliasFromHandler]: the router handler's name.
+	Alias keying.AliasFunc
+
+	// IDSources are tried in order for the message's id. Optional; default
+	// [keying.DefaultIDSources]: the IdempotencyKey metadata field, then the
+	// message UUID.
+	IDSources []keying.IDSource
+
+	// Lease is how long a claim lasts without renewal. Optional; default
+	// [inbox.DefaultLease] (30 s). While the handler runs, a heartbeat
+	// extends it every HeartbeatInterval.
+	Lease time.Duration
+
+	// HeartbeatInterval is how often the lease is extended. Optional;
+	// default Lease/3. Must be shorter than Lease.
+	HeartbeatInterval time.Duration
+
+	// MaxBusyWait bounds the in-process wait when another consumer holds the
+	// key: the middleware polls (20 ms growing to 1 s, jittered) for at most
+	// the time the holder's lease has left plus a little, and at most
+	// MaxBusyWait, then returns an error wrapping [inbox.ErrBusy] so the
+	// broker redelivers later. Optional; default 10 s, short enough not to
+	// stall a Kafka rebalance. Negative means no wait.
+	MaxBusyWait time.Duration
+
+	// StoreTimeout bounds each store call. Optional; default 5 s.
+	StoreTimeout time.Duration
+
+	// FailOpen makes store errors run the handler without deduplication
+	// (logged, and counted as outcome fail_open) instead of failing closed.
+	// Optional; default false: a store error nacks the message, which the
+	// broker redelivers, so nothing is lost and nothing runs twice.
+	FailOpen bool
+
+	// MissingKey says what happens to a message without an id. Optional;
+	// default MissingKeyProcess.
+	MissingKey MissingKeyPolicy
+
+	// PayloadHash turns on content fingerprints. Optional; default
+	// PayloadHashOff.
+	PayloadHash PayloadHashPolicy
+
+	// Owner names this consumer in the store's records. Optional; default
+	// "hostname/pid".
+	Owner string
+
+	// Logger receives the middleware's logs. Optional; default
+	// watermill.NopLogger. Logs never hold payloads.
+	Logger watermill.LoggerAdapter
+
+	// Metrics receives outcome counts and store call timings. Optional;
+	// default none. See package metrics for Prometheus.
+	Metrics Metrics
+}
+
+func (c *Config) setDefaults() {
+	if c.Alias == nil {
+		c.Alias = keying.AliasFromHandler()
+	}
+	if len(c.IDSources) == 0 {
+		c.IDSources = keying.DefaultIDSources()
+	}
+	if c.Lease == 0 {
+		c.Lease = inbox.DefaultLease
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.Lease / 3
+	}
+	if c.MaxBusyWait == 0 {
+		c.MaxBusyWait = DefaultMaxBusyWait
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = host + "/" + strconv.Itoa(os.Getpid())
+		if len(c.Owner) > inbox.MaxOwnerLen {
+			c.Owner = c.Owner[:inbox.MaxOwnerLen]
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+}
+
+// ErrInvalidConfig is wrapped by the errors of [Config.Validate].
+var ErrInvalidConfig = fmt.Errorf("%w: invalid middleware config", inbox.ErrInvalidArgument)
+
+// Validate reports every problem of c (after defaults), joined, each wrapping
+// [ErrInvalidConfig].
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.Store == nil {
+		bad("Store is required")
+	}
+	if c.Bus == "" {
+		bad("Bus is required")
+	}
+	if c.Group == "" {
+		bad("Group is required")
+	}
+	if c.Bus != "" && c.Group != "" {
+		kb := keying.Builder{Bus: c.Bus, Group: c.Group, Alias: c.Alias, IDSources: c.IDSources}
+		if err := kb.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
+	if c.Lease < 0 {
+		bad("Lease %s is negative", c.Lease)
+	}
+	if c.HeartbeatInterval < 0 || (c.Lease > 0 && c.HeartbeatInterval >= c.Lease) {
+		bad("HeartbeatInterval %s must be positive and shorter than Lease %s", c.HeartbeatInterval, c.Lease)
+	}
+	if c.StoreTimeout < 0 {
+		bad("StoreTimeout %s is negative", c.StoreTimeout)
+	}
+	if c.MissingKey != MissingKeyProcess && c.MissingKey != MissingKeyReject {
+		bad("MissingKey %d is not a MissingKeyPolicy", c.MissingKey)
+	}
+	if c.PayloadHash < PayloadHashOff || c.PayloadHash > PayloadHashReject {
+		bad("PayloadHash %d is not a PayloadHashPolicy", c.PayloadHash)
+	}
+	if err := (inbox.BeginOptions{Owner: c.Owner}).Validate(); err != nil {
+		bad("Owner: %v", err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,500 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/middleware"
+)
+
+// Direct calls of the middleware, playing the router's part: call the
+// handler, then Ack or Nack.
+
+const testKeyPrefix = "test:g:h:"
+
+// call runs the middleware-wrapped h on msg as the router would and returns
+// its result; it does not ack.
+func call(ib *middleware.Inbox, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	return ib.Middleware(h)(msg)
+}
+
+func msgFor(id string) *message.Message {
+	m := order(id)
+	m.SetContext(context.Background())
+	return m
+}
+
+func ok(m *message.Message) ([]*message.Message, error) { return nil, nil }
+
+func staticAlias() keying.AliasFunc { return keying.StaticAlias("h") }
+
+func TestInbox_busy_key_waits_then_returns_ErrBusy(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), MaxBusyWait: 150 * time.Millisecond})
+	// Another consumer holds the key for a long time.
+	if _, err := store.TryBegin(context.Background(), testKeyPrefix+"b-1", inbox.BeginOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Bool
+	start := time.Now()
+	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("b-1"))
+	waited := time.Since(start)
+	var be *inbox.BusyError
+	if !errors.Is(err, inbox.ErrBusy) || !errors.As(err, &be) || be.RetryAfter <= 0 {
+		t.Fatalf("error %v, want a BusyError wrapping ErrBusy with RetryAfter", err)
+	}
+	if ran.Load() {
+		t.Fatal("the handler ran on a busy key")
+	}
+	if waited < 140*time.Millisecond || waited > 5*time.Second {
+		t.Fatalf("waited %s, want about MaxBusyWait (150ms)", waited)
+	}
+	if rec.callCount(middleware.OpTryBegin) < 2 {
+		t.Fatalf("TryBegin called %d times, want the first call and at least one poll", rec.callCount(middleware.OpTryBegin))
+	}
+	if rec.get(middleware.OutcomeBusy) != 1 {
+		t.Fatal("busy outcome not counted")
+	}
+}
+
+func TestInbox_busy_key_completed_during_wait_is_a_duplicate(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	ctx := context.Background()
+	c, err := store.TryBegin(ctx, testKeyPrefix+"b-2", inbox.BeginOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// Complete once the middleware has polled at least once.
+		for rec.callCount(middleware.OpTryBegin) < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		_ = store.Complete(ctx, testKeyPrefix+"b-2", c.LeaseID)
+	}()
+	var ran atomic.Bool
+	out, err := call(ib, func(m *message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("b-2"))
+	if err != nil || out != nil || ran.Load() {
+		t.Fatalf("got %v, %v, ran=%v; want a skipped duplicate", out, err, ran.Load())
+	}
+	if rec.get(middleware.OutcomeDuplicate) != 1 {
+		t.Fatal("duplicate not counted")
+	}
+}
+
+func TestInbox_busy_key_released_during_wait_is_acquired(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	ctx := context.Background()
+	c, err := store.TryBegin(ctx, testKeyPrefix+"b-3", inbox.BeginOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for rec.callCount(middleware.OpTryBegin) < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		_ = store.Release(ctx, testKeyPrefix+"b-3", c.LeaseID)
+	}()
+	var ran atomic.Bool
+	m := msgFor("b-3")
+	if _, err := call(ib, func(m *message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+	if !ran.Load() {
+		t.Fatal("the handler did not run after the holder released")
+	}
+	eventually(t, 5*time.Second, "marked", func() bool {
+		r, _ := store.Get(ctx, testKeyPrefix+"b-3")
+		return r.State == inbox.StateProcessed
+	})
+}
+
+func TestInbox_busy_wait_honours_message_context(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias(), MaxBusyWait: time.Minute})
+	if _, err := store.TryBegin(context.Background(), testKeyPrefix+"b-4", inbox.BeginOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	m := msgFor("b-4")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	m.SetContext(ctx)
+	start := time.Now()
+	_, err := call(ib, ok, m)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("error %v after %s, want the message context's deadline soon", err, time.Since(start))
+	}
+}
+
+func TestInbox_lease_lost_cancels_handler_context(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.setExtendErr(inbox.ErrLeaseLost, false)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	var cause error
+	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) {
+		select {
+		case <-m.Context().Done():
+			cause = context.Cause(m.Context())
+			return nil, m.Context().Err()
+		case <-time.After(10 * time.Second):
+			return nil, errors.New("handler context never canceled")
+		}
+	}, msgFor("l-1"))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("handler returned %v, want context.Canceled", err)
+	}
+	if !errors.Is(cause, inbox.ErrLeaseLost) {
+		t.Fatalf("cancellation cause %v, want one wrapping ErrLeaseLost", cause)
+	}
+	if rec.get(middleware.OutcomeLeaseLost) != 1 {
+		t.Fatal("lease_lost not counted")
+	}
+	if store.releases.Load() != 0 {
+		t.Fatal("the middleware released a lease it had lost")
+	}
+}
+
+func TestInbox_lease_not_renewable_before_deadline_cancels_handler(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.setExtendErr(errDown, false) // renewals fail, though nobody took the key
+	rec := newRecorder()
+	const lease = 300 * time.Millisecond
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
+	start := time.Now()
+	var cause error
+	_, _ = call(ib, func(m *message.Message) ([]*message.Message, error) {
+		<-m.Context().Done()
+		cause = context.Cause(m.Context())
+		return nil, m.Context().Err()
+	}, msgFor("l-2"))
+	took := time.Since(start)
+	if !errors.Is(cause, inbox.ErrLeaseLost) || !strings.Contains(cause.Error(), "deadline") {
+		t.Fatalf("cause %v, want ErrLeaseLost saying the deadline passed", cause)
+	}
+	if took < lease-20*time.Millisecond || took > lease+2*time.Second {
+		t.Fatalf("handler canceled after %s, want at the lease's end (%s)", took, lease)
+	}
+	if n := rec.callCount(middleware.OpExtend); n < 2 {
+		t.Fatalf("%d renewal attempts, want several before giving up", n)
+	}
+}
+
+func TestInbox_store_without_extend_turns_heartbeats_off(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.setExtendErr(inbox.ErrNotSupported, false)
+	logs := watermill.NewCaptureLogger()
+	const lease = time.Second
+	ib := newInbox(t, middleware.Config{Store: store, Logger: logs, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
+	var cause error
+	_, _ = call(ib, func(m *message.Message) ([]*message.Message, error) {
+		<-m.Context().Done()
+		cause = context.Cause(m.Context())
+		return nil, m.Context().Err()
+	}, msgFor("n-1"))
+	if !errors.Is(cause, inbox.ErrLeaseLost) {
+		t.Fatalf("cause %v, want ErrLeaseLost at the end of the unrenewable lease", cause)
+	}
+	if !logged(logs, watermill.InfoLogLevel, "Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled") {
+		t.Fatalf("no log line about heartbeats off; got %+v", logs.Captured())
+	}
+	// A short handler under the same store is unaffected.
+	m := msgFor("n-2")
+	if _, err := call(ib, ok, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+}
+
+func TestInbox_complete_lands_when_subscriber_cancels_context_at_ack(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias()})
+	m := msgFor("a-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	m.SetContext(ctx)
+	if _, err := call(ib, ok, m); err != nil {
+		t.Fatal(err)
+	}
+	// What subscribers do: ack, then cancel the message context.
+	m.Ack()
+	cancel()
+	eventually(t, 5*time.Second, "Complete landed", func() bool {
+		r, _ := store.Get(context.Background(), testKeyPrefix+"a-1")
+		return r.State == inbox.StateProcessed
+	})
+	if p := store.completeCtxErr.Load(); p == nil || *p != nil {
+		t.Fatalf("Complete ran with a dead context: %v", p)
+	}
+}
+
+func TestInbox_nack_after_success_releases(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	m := msgFor("k-1")
+	if _, err := call(ib, ok, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Nack()
+	eventually(t, 5*time.Second, "released", func() bool {
+		r, _ := store.Get(context.Background(), testKeyPrefix+"k-1")
+		return r.State == inbox.StateAvailable
+	})
+	if rec.get(middleware.OutcomeReleased) != 1 {
+		t.Fatal("release not counted")
+	}
+}
+
+func TestInbox_handler_error_releases_before_returning(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias(), Lease: time.Minute})
+	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("e-1"))
+	if !errors.Is(err, errBoom) {
+		t.Fatalf("error %v, want the handler's", err)
+	}
+	// No polling: the release must have landed before the middleware returned.
+	r, _ := store.Get(context.Background(), testKeyPrefix+"e-1")
+	if r.State != inbox.StateAvailable {
+		t.Fatalf("state right after the failed handler returned: %v, want Available", r.State)
+	}
+}
+
+func TestInbox_close_drains_pending_marks(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib, err := middleware.New(middleware.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked, waiting := msgFor("d-1"), msgFor("d-2")
+	for _, m := range []*message.Message{acked, waiting} {
+		if _, err := call(ib, ok, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acked.Ack()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = ib.Close(ctx) // d-2 is never acked: Close gives up on it
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close: %v, want a deadline error for the never-acked message", err)
+	}
+	get := func(id string) inbox.State {
+		r, _ := store.Get(context.Background(), testKeyPrefix+id)
+		return r.State
+	}
+	if s := get("d-1"); s != inbox.StateProcessed {
+		t.Fatalf("acked message state %v after Close, want Processed", s)
+	}
+	eventually(t, 5*time.Second, "the abandoned lease released", func() bool { return get("d-2") == inbox.StateAvailable })
+	if _, err := call(ib, ok, msgFor("d-3")); !errors.Is(err, inbox.ErrClosed) {
+		t.Fatalf("message after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestInbox_close_waits_for_in_flight_marks(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.failCompletes.Store(3) // the mark needs a few retries
+	ib, err := middleware.New(middleware.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := msgFor("w-1")
+	if _, err := call(ib, ok, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := ib.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := store.Get(context.Background(), testKeyPrefix+"w-1"); r.State != inbox.StateProcessed {
+		t.Fatalf("state after Close returned: %v, want Processed", r.State)
+	}
+}
+
+func TestInbox_missing_key_policy(t *testing.T) {
+	t.Parallel()
+	noID := func() *message.Message {
+		m := message.NewMessage("", []byte("x")) // no UUID, no IdempotencyKey
+		m.SetContext(context.Background())
+		return m
+	}
+	t.Run("process", func(t *testing.T) {
+		t.Parallel()
+		rec := newRecorder()
+		logs := watermill.NewCaptureLogger()
+		ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec, Logger: logs, Alias: staticAlias()})
+		var runs atomic.Int32
+		for range 2 {
+			if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }, noID()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if runs.Load() != 2 || rec.get(middleware.OutcomeNoKey) != 2 {
+			t.Fatalf("runs %d, no_key %d; want 2 and 2", runs.Load(), rec.get(middleware.OutcomeNoKey))
+		}
+		if !logged(logs, watermill.InfoLogLevel, "Message has no idempotency key; processing it without deduplication") {
+			t.Fatal("no log line for the message without id")
+		}
+	})
+	t.Run("reject", func(t *testing.T) {
+		t.Parallel()
+		ib := newInbox(t, middleware.Config{Store: newMemory(t), Alias: staticAlias(), MissingKey: middleware.MissingKeyReject})
+		var ran atomic.Bool
+		_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, noID())
+		if !errors.Is(err, inbox.ErrNoKey) || ran.Load() {
+			t.Fatalf("error %v, ran %v; want ErrNoKey without running", err, ran.Load())
+		}
+	})
+}
+
+func TestInbox_payload_hash_policies(t *testing.T) {
+	t.Parallel()
+	withPayload := func(id, payload string) *message.Message {
+		m := msgFor(id)
+		m.Payload = []byte(payload)
+		return m
+	}
+	for _, policy := range []middleware.PayloadHashPolicy{middleware.PayloadHashWarn, middleware.PayloadHashReject} {
+		t.Run(map[middleware.PayloadHashPolicy]string{middleware.PayloadHashWarn: "warn", middleware.PayloadHashReject: "reject"}[policy], func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder()
+			ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec, Alias: staticAlias(), PayloadHash: policy})
+			first := withPayload("h-1", "amount=10")
+			if _, err := call(ib, ok, first); err != nil {
+				t.Fatal(err)
+			}
+			first.Ack()
+			eventually(t, 5*time.Second, "marked", func() bool { return rec.get(middleware.OutcomeProcessed) == 1 })
+			var ran atomic.Bool
+			_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, withPayload("h-1", "amount=99"))
+			if ran.Load() {
+				t.Fatal("the handler ran for a processed key")
+			}
+			if rec.get(middleware.OutcomePayloadMismatch) != 1 {
+				t.Fatal("mismatch not counted")
+			}
+			if policy == middleware.PayloadHashReject && !errors.Is(err, inbox.ErrPayloadMismatch) {
+				t.Fatalf("reject: error %v, want ErrPayloadMismatch", err)
+			}
+			if policy == middleware.PayloadHashWarn && err != nil {
+				t.Fatalf("warn: error %v, want the duplicate skipped", err)
+			}
+			// Same content again: a plain duplicate.
+			if _, err := call(ib, ok, withPayload("h-1", "amount=10")); err != nil {
+				t.Fatal(err)
+			}
+			if rec.get(middleware.OutcomePayloadMismatch) != 1 {
+				t.Fatal("same content counted as a mismatch")
+			}
+		})
+	}
+}
+
+func TestInbox_fail_open_processes_without_dedup(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.down.Store(true)
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), FailOpen: true})
+	var runs atomic.Int32
+	for range 2 {
+		if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }, msgFor("f-1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs.Load() != 2 || rec.get(middleware.OutcomeFailOpen) != 2 {
+		t.Fatalf("runs %d, fail_open %d; want 2, 2", runs.Load(), rec.get(middleware.OutcomeFailOpen))
+	}
+}
+
+func TestInbox_fail_closed_returns_ErrStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.down.Store(true)
+	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias()})
+	var ran atomic.Bool
+	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("f-2"))
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || ran.Load() {
+		t.Fatalf("error %v, ran %v; want ErrStoreUnavailable without running", err, ran.Load())
+	}
+}
+
+func TestInbox_plain_store_flow(t *testing.T) {
+	t.Parallel()
+	mem := newMemory(t)
+	ib := newInbox(t, middleware.Config{Store: plainStore{mem}, Alias: staticAlias()})
+	var runs atomic.Int32
+	h := func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }
+	processed := func(id string) bool {
+		ok, _ := mem.IsProcessed(context.Background(), testKeyPrefix+id)
+		return ok
+	}
+
+	// Failure: not marked.
+	if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("p-1")); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	// Success but nacked: not marked.
+	m := msgFor("p-1")
+	if _, err := call(ib, h, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Nack()
+	// Success and acked: marked; the next delivery is skipped.
+	m = msgFor("p-1")
+	if _, err := call(ib, h, m); err != nil {
+		t.Fatal(err)
+	}
+	if processed("p-1") {
+		t.Fatal("marked before the ack")
+	}
+	m.Ack()
+	eventually(t, 5*time.Second, "marked after ack", func() bool { return processed("p-1") })
+	if _, err := call(ib, h, msgFor("p-1")); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("handler ran %d times, want 2 (nacked, then acked; the third skipped)", runs.Load())
+	}
+}
+
+func TestConfig_validate(t *testing.T) {
+	t.Parallel()
+	_, err := middleware.New(middleware.Config{Lease: time.Second, HeartbeatInterval: 2 * time.Second, MissingKey: 7})
+	if !errors.Is(err, middleware.ErrInvalidConfig) || !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Fatalf("error %v, want ErrInvalidConfig", err)
+	}
+	for _, want := range []string{"Store is required", "bus", "group", "HeartbeatInterval", "MissingKey"} {
+		if !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(want)) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+}

@@ -1,0 +1,301 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// lease is one acquired key, from TryBegin to its Complete or Release.
+//
+// Its store calls after TryBegin (heartbeat Extends, the Complete or Release)
+// are serialised by mu, so they never race each other. Heartbeats are driven
+// by the Inbox's scheduler, one goroutine for all leases: a handler that ends
+// before its first heartbeat costs no timer and no goroutine of its own. The
+// only goroutine a lease starts is the one that waits for the router's ack
+// after a successful handler.
+type lease struct {
+	ib       *Inbox
+	msg      *message.Message
+	base     context.Context // the message's values without its cancellation
+	handler  string
+	key      string
+	id       string
+	length   time.Duration // granted lease
+	interval time.Duration // heartbeat period
+	cancel   context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time // local, monotonic: when the lease ends unless renewed
+	lost     bool      // the lease is no longer ours
+	done     bool      // finished: no more heartbeats
+
+	// owned by the scheduler, under its lock
+	next               time.Time
+	prevBeat, nextBeat *lease
+	queued             bool
+}
+
+// Causes of the handler context's cancellation other than a lost lease.
+var (
+	errHandlerReturned = errors.New("inbox: handler returned")
+	errHandlerPanicked = errors.New("inbox: handler panicked")
+)
+
+const stopped = time.Duration(-1)
+
+// run executes the handler under a lease kept alive by heartbeats.
+func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key string, claim inbox.Claim,
+	opts inbox.BeginOptions, sent time.Time, instantAcked bool) (out []*message.Message, err error) {
+	granted := claim.Lease
+	if granted <= 0 {
+		granted = opts.Lease
+	}
+	interval := ib.cfg.HeartbeatInterval
+	if interval >= granted {
+		interval = granted / 3
+	}
+	orig := msg.Context()
+	hctx, cancel := context.WithCancelCause(orig)
+	l := &lease{
+		ib: ib, msg: msg, base: context.WithoutCancel(orig), handler: handler, key: key, id: claim.LeaseID,
+		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel,
+	}
+	ib.beats.schedule(l, sent.Add(interval))
+
+	msg.SetContext(hctx)
+	returned := false
+	defer func() {
+		msg.SetContext(orig)
+		if returned {
+			return
+		}
+		r := recover()
+		cancel(errHandlerPanicked)
+		l.finish("handler panicked")
+		panic(r)
+	}()
+	out, err = h(msg)
+	returned = true
+
+	if err != nil {
+		cancel(errHandlerReturned)
+		// Synchronous: Kafka's subscriber redelivers in-process at once, so
+		// the key must be free before the middleware returns.
+		l.finish("handler failed")
+		return out, err
+	}
+	// The handler's context stays live until the router acks or nacks: the
+	// messages it returned may be published with it.
+	go l.awaitAck(instantAcked)
+	return out, nil
+}
+
+// finish stops the lease without marking: no more heartbeats, and the lease
+// is released unless it was lost. It ends the lease's pending count.
+func (l *lease) finish(why string) {
+	defer l.ib.untrack()
+	l.mu.Lock()
+	l.done = true
+	if !l.lost {
+		l.release(why)
+	}
+	l.mu.Unlock()
+	l.ib.beats.unschedule(l)
+}
+
+// awaitAck waits for the router's verdict on a message whose handler
+// succeeded: Complete on ack, Release on nack.
+func (l *lease) awaitAck(acked bool) {
+	defer l.cancel(errHandlerReturned)
+	if !acked {
+		select {
+		case <-l.msg.Acked():
+		case <-l.msg.Nacked():
+			l.finish("message nacked")
+			return
+		case <-l.ib.abandon:
+			l.finish("middleware closed before the mark")
+			return
+		}
+	}
+	l.mu.Lock()
+	next := l.complete()
+	if next == stopped {
+		l.done = true
+	}
+	l.mu.Unlock()
+	if next == stopped {
+		l.ib.beats.unschedule(l)
+		l.ib.untrack()
+		return
+	}
+	l.retryComplete(next)
+}
+
+// retryComplete retries a failed Complete in the background until it lands,
+// the lease is lost or ends, or the middleware closes. Heartbeats go on
+// meanwhile.
+//
+//go:noinline
+func (l *lease) retryComplete(next time.Duration) {
+	retry := time.NewTimer(next)
+	defer retry.Stop()
+	for {
+		select {
+		case <-retry.C:
+		case <-l.ib.abandon:
+			l.finish("middleware closed before the mark")
+			return
+		}
+		l.mu.Lock()
+		next = l.complete()
+		if next == stopped {
+			l.done = true
+		}
+		l.mu.Unlock()
+		if next == stopped {
+			l.ib.beats.unschedule(l)
+			l.ib.untrack()
+			return
+		}
+		retry.Reset(next)
+	}
+}
+
+// storeCtx returns the context for a store call after the handler: detached
+// from the message's cancellation, bounded by StoreTimeout unless the store
+// bounds its calls itself.
+func (l *lease) storeCtx(timeout time.Duration) (context.Context, context.CancelFunc) {
+	if !l.ib.timeouts {
+		return l.base, noCancel
+	}
+	return context.WithTimeout(l.base, timeout)
+}
+
+func noCancel() {}
+
+func (l *lease) logFields() watermill.LogFields {
+	return watermill.LogFields{"message_uuid": l.msg.UUID, "handler_name": l.handler, "inbox_key": l.key}
+}
+
+// lose cancels the handler's context: this consumer no longer holds the key.
+// Call with mu held.
+func (l *lease) lose(cause error) {
+	l.lost = true
+	l.cancel(cause)
+	l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
+	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.logFields())
+}
+
+// beat is one heartbeat, run by the scheduler on a goroutine of its own.
+func (l *lease) beat() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done || l.lost {
+		return
+	}
+	if next := l.extend(); next != stopped {
+		// Under mu, so that finish (which sets done under mu first) can
+		// never be followed by a re-schedule.
+		l.ib.beats.schedule(l, time.Now().Add(next))
+	}
+}
+
+// extend renews the lease and returns when to beat next, or stopped. Call
+// with mu held.
+func (l *lease) extend() time.Duration {
+	left := time.Until(l.deadline)
+	if left <= 0 {
+		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
+		return stopped
+	}
+	if l.ib.extendOff.Load() {
+		return left // wake at the deadline to cancel the handler
+	}
+	sent := time.Now()
+	ctx, cancel := l.storeCtx(min(l.ib.cfg.StoreTimeout, left))
+	_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
+	cancel()
+	l.ib.endCall(OpExtend, sent, err)
+	switch {
+	case err == nil:
+		l.deadline = sent.Add(l.length)
+		return l.interval
+	case errors.Is(err, inbox.ErrLeaseLost):
+		l.lose(fmt.Errorf("heartbeat of key %q: %w", l.key, err))
+		return stopped
+	case errors.Is(err, inbox.ErrNotSupported):
+		if l.ib.extendOff.CompareAndSwap(false, true) {
+			l.ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
+		}
+		return max(time.Until(l.deadline), 0)
+	default:
+		l.ib.m.Outcome(l.handler, OutcomeStoreError)
+		l.ib.log.Error("Inbox heartbeat failed; retrying until the lease deadline", err, l.logFields())
+		return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0))
+	}
+}
+
+// complete marks the key processed. It returns stopped when done (marked,
+// lost, or given up at the lease's end), else when to retry. Call with mu
+// held.
+func (l *lease) complete() time.Duration {
+	start := l.ib.startCall()
+	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
+	err := l.ib.leases.Complete(ctx, l.key, l.id)
+	cancel()
+	l.ib.endCall(OpComplete, start, err)
+	if err == nil {
+		l.ib.m.Outcome(l.handler, OutcomeProcessed)
+		return stopped
+	}
+	return l.completeFailed(err)
+}
+
+// completeFailed is complete's slow path, kept out of its frame so that the
+// ack goroutine's stack stays small.
+//
+//go:noinline
+func (l *lease) completeFailed(err error) time.Duration {
+	if errors.Is(err, inbox.ErrLeaseLost) {
+		if !l.lost {
+			l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
+		}
+		l.ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, l.logFields())
+		return stopped
+	}
+	l.ib.m.Outcome(l.handler, OutcomeStoreError)
+	left := time.Until(l.deadline)
+	if left <= 0 {
+		l.ib.m.Outcome(l.handler, OutcomeCompleteFailed)
+		l.ib.log.Error("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, l.logFields())
+		return stopped
+	}
+	l.ib.m.Outcome(l.handler, OutcomeCompleteRetry)
+	l.ib.log.Info("Inbox mark failed after a successful handler; retrying in the background", l.logFields().Add(watermill.LogFields{"error": err.Error()}))
+	return min(l.interval/4+10*time.Millisecond, left)
+}
+
+// release gives the lease back unmarked. Call with mu held.
+func (l *lease) release(why string) {
+	start := l.ib.startCall()
+	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
+	err := l.ib.leases.Release(ctx, l.key, l.id)
+	cancel()
+	l.ib.endCall(OpRelease, start, err)
+	if err != nil {
+		l.ib.m.Outcome(l.handler, OutcomeStoreError)
+		l.ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, l.logFields().Add(watermill.LogFields{"reason": why}))
+		return
+	}
+	l.ib.m.Outcome(l.handler, OutcomeReleased)
+	l.ib.log.Debug("Inbox lease released", l.logFields().Add(watermill.LogFields{"reason": why}))
+}

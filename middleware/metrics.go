@@ -1,0 +1,66 @@
+package middleware
+
+import "time"
+
+// Outcome is what happened to a message, or to its key's mark, as counted by
+// [Metrics].
+type Outcome string
+
+// The outcomes the middleware counts.
+const (
+	// OutcomeProcessed: the handler succeeded and the key was marked processed.
+	OutcomeProcessed Outcome = "processed"
+	// OutcomeDuplicate: the key was already processed; the handler did not run
+	// and the message was acked.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeBusy: another consumer held the key for the whole wait; the
+	// message was nacked with ErrBusy.
+	OutcomeBusy Outcome = "busy"
+	// OutcomeReleased: the lease was given back unmarked, because the handler
+	// failed or panicked or the router nacked the message.
+	OutcomeReleased Outcome = "released"
+	// OutcomeStoreError: a store call failed.
+	OutcomeStoreError Outcome = "store_error"
+	// OutcomeFailOpen: a store error with Config.FailOpen: the handler ran
+	// without deduplication.
+	OutcomeFailOpen Outcome = "fail_open"
+	// OutcomeNoKey: the message had no id.
+	OutcomeNoKey Outcome = "no_key"
+	// OutcomePayloadMismatch: a known key arrived with different content.
+	OutcomePayloadMismatch Outcome = "payload_mismatch"
+	// OutcomeLeaseLost: the lease was lost (expired and taken over, or not
+	// renewable in time); the handler's context was canceled.
+	OutcomeLeaseLost Outcome = "lease_lost"
+	// OutcomeCompleteRetry: marking the key after a successful handler failed
+	// and is being retried in the background.
+	OutcomeCompleteRetry Outcome = "complete_retry"
+	// OutcomeCompleteFailed: marking the key failed until the lease ended; a
+	// redelivery will run the handler again.
+	OutcomeCompleteFailed Outcome = "complete_failed"
+)
+
+// Store operations as reported to [Metrics.StoreCall].
+const (
+	OpTryBegin      = "try_begin"
+	OpComplete      = "complete"
+	OpRelease       = "release"
+	OpExtend        = "extend"
+	OpIsProcessed   = "is_processed"
+	OpMarkProcessed = "mark_processed"
+)
+
+// Metrics receives what the middleware counts. Implementations must be safe
+// for concurrent use and cheap: they are called on every message. Package
+// [github.com/watermill-inbox/inbox/metrics] has a Prometheus one.
+type Metrics interface {
+	// Outcome counts one outcome for the handler (the router's handler name,
+	// "" outside a router).
+	Outcome(handler string, o Outcome)
+	// StoreCall times one store call; err is its error, nil on success.
+	StoreCall(op string, d time.Duration, err error)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Outcome(string, Outcome)                {}
+func (nopMetrics) StoreCall(string, time.Duration, error) {}

@@ -1,0 +1,453 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// Defaults of [Options].
+const (
+	// DefaultPrefix is the key prefix when Options.Prefix is empty.
+	DefaultPrefix = "inbox:"
+
+	// DefaultTimeout bounds each call when Options.Timeout is zero.
+	DefaultTimeout = 5 * time.Second
+
+	// MaxDuration is the longest lease or retention the store accepts: 100
+	// years. Times are kept as microseconds in Lua numbers (doubles), exact
+	// up to 2^53 µs (about 285 years after 1970).
+	MaxDuration = 100 * 365 * 24 * time.Hour
+
+	// MaxPrefixLen is the longest Options.Prefix, in bytes.
+	MaxPrefixLen = 256
+)
+
+// Options configure a [Store]. The zero value is usable: every field has a
+// default.
+type Options struct {
+	// Prefix is prepended to every inbox key to make its Redis key, so one
+	// Redis can hold several inboxes and other data. The store owns every
+	// key under it. Optional; default [DefaultPrefix] ("inbox:"); at most
+	// [MaxPrefixLen] bytes.
+	Prefix string
+
+	// Retention is how long a processed key stays processed, and how long
+	// any record lives after its last lease ended. Optional; default
+	// inbox.DefaultRetention (7 days); at least a millisecond, at most
+	// [MaxDuration].
+	Retention time.Duration
+
+	// Lease is the lease granted when TryBegin asks for none. Optional;
+	// default inbox.DefaultLease (30 s); at most [MaxDuration].
+	Lease time.Duration
+
+	// Timeout bounds each call to Redis (one script run, including go-redis's
+	// own retries) unless the caller's context ends sooner. Optional; default
+	// [DefaultTimeout] (5 s); negative means no bound of the store's own, so
+	// only the caller's context and the client's timeouts apply. The bound
+	// reaches the socket only when the client was built with
+	// ContextTimeoutEnabled (clients made from a URL are); otherwise the
+	// client's ReadTimeout and WriteTimeout apply to each attempt.
+	//
+	// The bound costs a timer per call (see Performance in the package
+	// documentation); a call whose context already ends within Timeout adds
+	// none.
+	Timeout time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Retention == 0 {
+		o.Retention = inbox.DefaultRetention
+	}
+	if o.Lease == 0 {
+		o.Lease = inbox.DefaultLease
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+}
+
+// Validate reports whether o is usable once defaults are applied (zero
+// fields are valid: they take their default). Errors wrap
+// [inbox.ErrInvalidArgument] and name the field and its value.
+func (o Options) Validate() error {
+	if len(o.Prefix) > MaxPrefixLen {
+		return fmt.Errorf("%w: redis store: Prefix is %d bytes, longer than the limit of %d", inbox.ErrInvalidArgument, len(o.Prefix), MaxPrefixLen)
+	}
+	if o.Retention != 0 && (o.Retention < time.Millisecond || o.Retention > MaxDuration) {
+		return fmt.Errorf("%w: redis store: Retention %s is outside [1ms, %s]", inbox.ErrInvalidArgument, o.Retention, MaxDuration)
+	}
+	if o.Lease < 0 || o.Lease > MaxDuration {
+		return fmt.Errorf("%w: redis store: Lease %s is outside (0, %s]", inbox.ErrInvalidLease, o.Lease, MaxDuration)
+	}
+	return nil
+}
+
+// Store is the Redis [inbox.LeaseStore]. It is safe for concurrent use.
+type Store struct {
+	client    redis.UniversalClient
+	opts      Options
+	retention any  // Options.Retention in microseconds, boxed once as a script argument
+	lease     any  // Options.Lease likewise
+	owns      bool // Close closes client
+	closed    atomic.Bool
+}
+
+var (
+	_ inbox.LeaseStore   = (*Store)(nil)
+	_ inbox.BoundedCalls = (*Store)(nil)
+)
+
+// CallTimeout implements [inbox.BoundedCalls]: Options.Timeout bounds each
+// call, so a caller's own per-call timer would only duplicate it. With no
+// bound of the store's own (negative Timeout) it reports the largest
+// duration, so callers keep theirs.
+func (s *Store) CallTimeout() time.Duration {
+	if s.opts.Timeout < 0 {
+		return math.MaxInt64
+	}
+	return s.opts.Timeout
+}
+
+// New returns a store over client, which may be a standalone, Sentinel
+// (failover) or Cluster client: every operation touches one key. The store
+// does not close client. It does not contact Redis: a Redis that is down
+// makes calls fail with [inbox.ErrStoreUnavailable] until it is back.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: redis store: client is nil", inbox.ErrInvalidArgument)
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts.setDefaults()
+	return &Store{
+		client:    client,
+		opts:      opts,
+		retention: strconv.FormatInt(micros(opts.Retention), 10),
+		lease:     strconv.FormatInt(micros(opts.Lease), 10),
+	}, nil
+}
+
+// Close makes every later call fail with [inbox.ErrClosed]. It closes the
+// client only when the store made it (opened from a URL).
+func (s *Store) Close() error {
+	if s.closed.Swap(true) || !s.owns {
+		return nil
+	}
+	return s.client.Close()
+}
+
+// micros converts d to whole microseconds, rounding up.
+func micros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
+
+// begin checks that the store is open and the context live, and returns the
+// context for one call with the store's timeout.
+func (s *Store) begin(ctx context.Context, op, key string) (context.Context, context.CancelFunc, error) {
+	if s.closed.Load() {
+		return nil, nil, fmt.Errorf("redis store: %s %q: %w", op, key, inbox.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, ctxError(op, key, err, err)
+	}
+	if s.opts.Timeout < 0 {
+		return ctx, func() {}, nil
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.opts.Timeout {
+		return ctx, func() {}, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	return cctx, cancel, nil
+}
+
+// ctxError wraps err for a call ended by its context: a canceled caller
+// gets context.Canceled; a deadline (the caller's or the store's Timeout)
+// means Redis did not answer in time, so it wraps both
+// inbox.ErrStoreUnavailable and context.DeadlineExceeded.
+func ctxError(op, key string, ctxErr, err error) error {
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		if err == ctxErr {
+			return fmt.Errorf("redis store: %s %q: %w: %w", op, key, inbox.ErrStoreUnavailable, err)
+		}
+		return fmt.Errorf("redis store: %s %q: %w: %w (%w)", op, key, inbox.ErrStoreUnavailable, ctxErr, err)
+	}
+	if err == ctxErr {
+		return fmt.Errorf("redis store: %s %q: %w", op, key, err)
+	}
+	return fmt.Errorf("redis store: %s %q: %w (%w)", op, key, ctxErr, err)
+}
+
+// fail maps an error of go-redis to the store's contract. callCtx is the
+// context the call ran under.
+func (s *Store) fail(callCtx context.Context, op, key string, err error) error {
+	switch {
+	case errors.Is(err, redis.ErrClosed):
+		return fmt.Errorf("redis store: %s %q: %w: %w", op, key, inbox.ErrClosed, err)
+	case callCtx.Err() != nil:
+		return ctxError(op, key, callCtx.Err(), err)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return ctxError(op, key, err, err)
+	case errors.Is(err, redis.Nil):
+		// The scripts never return nil; go-redis's sentinel must not leak.
+		return fmt.Errorf("redis store: %s %q: %w: unexpected nil reply", op, key, inbox.ErrStoreUnavailable)
+	}
+	return fmt.Errorf("redis store: %s %q: %w: %w", op, key, inbox.ErrStoreUnavailable, err)
+}
+
+// badReply is the error for a script reply of the wrong shape.
+func badReply(op, key string, v any) error {
+	return fmt.Errorf("redis store: %s %q: %w: unexpected script reply %#v", op, key, inbox.ErrStoreUnavailable, v)
+}
+
+func (s *Store) run(ctx context.Context, op, key string, sc *redis.Script, args ...any) (any, error) {
+	cctx, cancel, err := s.begin(ctx, op, key)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	v, err := sc.Run(cctx, s.client, []string{s.opts.Prefix + key}, args...).Result()
+	if err != nil {
+		return nil, s.fail(cctx, op, key, err)
+	}
+	return v, nil
+}
+
+// ints decodes a reply that must be an array of len(dst) integers into dst.
+func ints(op, key string, v any, dst []int64) error {
+	a, ok := v.([]any)
+	if !ok || len(a) != len(dst) {
+		return badReply(op, key, v)
+	}
+	for i, e := range a {
+		x, ok := e.(int64)
+		if !ok {
+			return badReply(op, key, v)
+		}
+		dst[i] = x
+	}
+	return nil
+}
+
+// TryBegin implements [inbox.LeaseStore]. A lease is kept in whole
+// microseconds (rounded up); Claim.Lease is what was granted.
+func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+	const op = "TryBegin"
+	if err := inbox.ValidateKey(key); err != nil {
+		return inbox.Claim{}, err
+	}
+	if err := opts.Validate(); err != nil {
+		return inbox.Claim{}, err
+	}
+	lease := s.lease
+	if opts.Lease > MaxDuration {
+		return inbox.Claim{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, opts.Lease, MaxDuration)
+	} else if opts.Lease > 0 {
+		lease = micros(opts.Lease)
+	}
+	id := opts.LeaseID
+	if id == "" {
+		id = inbox.NewLeaseID()
+	}
+	v, err := s.run(ctx, op, key, tryBeginScript, id, lease, s.retention, opts.Owner, opts.PayloadHash)
+	if err != nil {
+		return inbox.Claim{}, err
+	}
+	var r [5]int64
+	if err := ints(op, key, v, r[:]); err != nil {
+		return inbox.Claim{}, err
+	}
+	until, granted, now, mismatch := r[1], r[2], r[3], r[4]
+	if mismatch != 0 && mismatch != 1 {
+		return inbox.Claim{}, badReply(op, key, v)
+	}
+	c := inbox.Claim{PayloadMismatch: mismatch == 1}
+	switch r[0] {
+	case 1:
+		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, id, fromMicros(until), time.Duration(granted)*time.Microsecond
+	case 2:
+		c.Status = inbox.Processed
+	case 3:
+		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, fromMicros(until), time.Duration(until-now)*time.Microsecond
+	default:
+		return inbox.Claim{}, badReply(op, key, v)
+	}
+	return c, nil
+}
+
+func validateHolderArgs(key, leaseID string) error {
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	return inbox.ValidateLeaseID(leaseID)
+}
+
+// holderError maps the negative codes of Complete, Release and Extend.
+func holderError(op, key, leaseID string, code int64, v any) error {
+	switch code {
+	case -1:
+		return fmt.Errorf("redis store: %s %q: %w: the key has no record", op, key, inbox.ErrLeaseLost)
+	case -2:
+		return fmt.Errorf("redis store: %s %q: %w: the key is not held by lease %q", op, key, inbox.ErrLeaseLost, leaseID)
+	case -3:
+		return fmt.Errorf("redis store: %s %q: %w: the key is already processed", op, key, inbox.ErrLeaseLost)
+	}
+	return badReply(op, key, v)
+}
+
+// Complete implements [inbox.LeaseStore].
+func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
+	const op = "Complete"
+	if err := validateHolderArgs(key, leaseID); err != nil {
+		return err
+	}
+	v, err := s.run(ctx, op, key, completeScript, leaseID, s.retention)
+	if err != nil {
+		return err
+	}
+	if code, ok := v.(int64); !ok || code != 1 {
+		return holderError(op, key, leaseID, code, v)
+	}
+	return nil
+}
+
+// Release implements [inbox.LeaseStore]. If the reply to a Release that
+// Redis applied is lost and go-redis retries it, the retry fails with
+// [inbox.ErrLeaseLost] although the lease was released.
+func (s *Store) Release(ctx context.Context, key, leaseID string) error {
+	const op = "Release"
+	if err := validateHolderArgs(key, leaseID); err != nil {
+		return err
+	}
+	v, err := s.run(ctx, op, key, releaseScript, leaseID, s.retention)
+	if err != nil {
+		return err
+	}
+	if code, ok := v.(int64); !ok || code != 1 {
+		return holderError(op, key, leaseID, code, v)
+	}
+	return nil
+}
+
+// Extend implements [inbox.LeaseStore].
+func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	const op = "Extend"
+	if err := validateHolderArgs(key, leaseID); err != nil {
+		return time.Time{}, err
+	}
+	if err := inbox.ValidateLease(lease); err != nil {
+		return time.Time{}, err
+	}
+	if lease > MaxDuration {
+		return time.Time{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, lease, MaxDuration)
+	}
+	v, err := s.run(ctx, op, key, extendScript, leaseID, micros(lease), s.retention)
+	if err != nil {
+		return time.Time{}, err
+	}
+	until, ok := v.(int64)
+	if !ok || until <= 0 {
+		return time.Time{}, holderError(op, key, leaseID, until, v)
+	}
+	return fromMicros(until), nil
+}
+
+// Get implements [inbox.LeaseStore].
+func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
+	const op = "Get"
+	if err := inbox.ValidateKey(key); err != nil {
+		return inbox.Record{}, err
+	}
+	v, err := s.run(ctx, op, key, getScript)
+	if err != nil {
+		return inbox.Record{}, err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return inbox.Record{}, badReply(op, key, v)
+	}
+	if len(a) == 1 && a[0] == int64(0) {
+		return inbox.Record{}, nil
+	}
+	if len(a) != 9 {
+		return inbox.Record{}, badReply(op, key, v)
+	}
+	var n [7]int64
+	if err := ints(op, key, a[:7], n[:]); err != nil {
+		return inbox.Record{}, badReply(op, key, v)
+	}
+	owner, ok1 := a[7].(string)
+	hash, ok2 := a[8].(string)
+	now, processed, until, attempts, first, last := n[1], n[2], n[3], n[4], n[5], n[6]
+	if n[0] != 1 || !ok1 || !ok2 || (processed != 0 && processed != 1) || until < 0 || attempts < 0 || first < 0 || last < 0 {
+		return inbox.Record{}, badReply(op, key, v)
+	}
+	r := inbox.Record{
+		Attempts:    int(attempts),
+		FirstSeen:   fromMicros(first),
+		LastSeen:    fromMicros(last),
+		Owner:       owner,
+		PayloadHash: hash,
+	}
+	switch {
+	case processed == 1:
+		r.State = inbox.StateProcessed
+	case until > now:
+		r.State, r.LeaseUntil = inbox.StateInProgress, fromMicros(until)
+	default:
+		r.State = inbox.StateAvailable
+	}
+	return r, nil
+}
+
+// IsProcessed implements [inbox.Store].
+func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
+	const op = "IsProcessed"
+	if err := inbox.ValidateKey(key); err != nil {
+		return false, err
+	}
+	v, err := s.run(ctx, op, key, isProcessedScript)
+	if err != nil {
+		return false, err
+	}
+	switch v {
+	case int64(1):
+		return true, nil
+	case int64(0):
+		return false, nil
+	}
+	return false, badReply(op, key, v)
+}
+
+// MarkProcessed implements [inbox.Store]. It marks key processed whatever
+// lease is held on it; the holder's Complete then fails with
+// [inbox.ErrLeaseLost].
+func (s *Store) MarkProcessed(ctx context.Context, key string) error {
+	const op = "MarkProcessed"
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	v, err := s.run(ctx, op, key, markProcessedScript, s.retention)
+	if err != nil {
+		return err
+	}
+	if v != int64(1) {
+		return badReply(op, key, v)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox/stores"
+)
+
+// Schemes this package registers with
+// [github.com/watermill-inbox/inbox/stores]: plain TCP and TLS.
+const (
+	Scheme    = "redis"
+	SchemeTLS = "rediss"
+)
+
+func init() {
+	stores.Register(Scheme, stores.OpenerFunc(openURL))
+	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
+}
+
+// openURL reads the driver's own parameters (prefix, timeout, cluster; the
+// mux has taken retention and lease) and passes every other one to go-redis,
+// which rejects those it does not know by name.
+func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+	q := u.Query()
+	opts := Options{Retention: p.Retention, Lease: p.Lease}
+	var err error
+	if opts.Prefix, _, err = stores.PopString(q, "prefix"); err != nil {
+		return nil, err
+	}
+	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
+		return nil, err
+	}
+	cluster := len(q["addr"]) > 0
+	if v, ok, err := stores.PopString(q, "cluster"); err != nil {
+		return nil, err
+	} else if ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: parameter cluster=%q is not true or false", stores.ErrInvalidURL, v)
+		}
+		cluster = cluster || b
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", stores.ErrInvalidURL, stores.Redact(u), err)
+	}
+
+	rest := *u
+	rest.RawQuery = q.Encode()
+	var client redis.UniversalClient
+	if cluster {
+		if rest.Path != "" && rest.Path != "/" && rest.Path != "/0" {
+			return nil, fmt.Errorf("%w: %s: Redis Cluster has only database 0, the URL path names %q", stores.ErrInvalidURL, stores.Redact(u), rest.Path)
+		}
+		rest.Path = ""
+		co, err := redis.ParseClusterURL(rest.String())
+		if err != nil {
+			return nil, badURL(u, err)
+		}
+		if err := checkPool(u, co.PoolSize, co.MinIdleConns, co.MaxIdleConns, co.MaxActiveConns, co.MaxConcurrentDials); err != nil {
+			return nil, err
+		}
+		co.ContextTimeoutEnabled = true
+		client = redis.NewClusterClient(co)
+	} else {
+		o, err := redis.ParseURL(rest.String())
+		if err != nil {
+			return nil, badURL(u, err)
+		}
+		if err := checkPool(u, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.MaxConcurrentDials); err != nil {
+			return nil, err
+		}
+		o.ContextTimeoutEnabled = true
+		client = redis.NewClient(o)
+	}
+	s, err := New(client, opts)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	s.owns = true
+	return s, nil
+}
+
+// badURL wraps an error of go-redis's URL parser, which names the bad
+// parameter but never the password.
+func badURL(u *url.URL, err error) error {
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
+		stores.ErrInvalidURL, stores.Redact(u), err)
+}
+
+// maxPoolParam bounds the pool sizes a URL may ask for.
+const maxPoolParam = 100_000
+
+// checkPool rejects pool sizes that go-redis would panic on (negative, found
+// by FuzzOpenURL) or allocate without bound (huge), in the order pool_size,
+// min_idle_conns, max_idle_conns, max_active_conns, max_concurrent_dials.
+func checkPool(u *url.URL, sizes ...int) error {
+	names := []string{"pool_size", "min_idle_conns", "max_idle_conns", "max_active_conns", "max_concurrent_dials"}
+	for i, n := range sizes {
+		if n < 0 || n > maxPoolParam {
+			return fmt.Errorf("%w: %s: parameter %s=%d is outside [0, %d]", stores.ErrInvalidURL, stores.Redact(u), names[i], n, maxPoolParam)
+		}
+	}
+	return nil
+}

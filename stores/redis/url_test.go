@@ -1,0 +1,255 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/stores"
+	redisstore "github.com/watermill-inbox/inbox/stores/redis"
+	"github.com/watermill-inbox/inbox/stores/redis/internal/redistest"
+)
+
+// withQuery returns raw with the query parameters q added.
+func withQuery(t *testing.T, raw, q string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += q
+	return u.String()
+}
+
+func TestOpenURL_standalone(t *testing.T) {
+	t.Parallel()
+	base := testenv.Redis.URL(t)
+	c := sharedClient(t)
+	prefix := testPrefix(t, c)
+	ctx := context.Background()
+	s, err := stores.Open(ctx, withQuery(t, base, "prefix="+url.QueryEscape(prefix)+"&lease=7s&retention=1h&timeout=2s&dial_timeout=1s&pool_size=4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || cl.Status != inbox.Acquired || cl.Lease != 7*time.Second {
+		t.Fatalf("TryBegin through a URL-opened store: %+v, %v; want Acquired with the URL's 7s lease", cl, err)
+	}
+	// The key is under the URL's prefix, with the URL's retention as TTL.
+	ttl, err := c.PTTL(ctx, prefix+"k").Result()
+	if err != nil || ttl <= time.Hour || ttl > time.Hour+8*time.Second {
+		t.Fatalf("PTTL of the record = %s, %v; want lease + retention (1h7s)", ttl, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, inbox.ErrClosed) {
+		t.Fatalf("Get after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestOpenURL_cluster(t *testing.T) {
+	t.Parallel()
+	addrs := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	for _, raw := range []string{
+		"redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2],
+		"redis://" + addrs[1] + "/?cluster=true&timeout=3s",
+	} {
+		s, err := stores.Open(ctx, raw)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", raw, err)
+		}
+		// Enough keys to land on every master: a standalone client would
+		// get MOVED errors for most of them.
+		for i := range 30 {
+			key := "k" + strings.Repeat("x", i)
+			if err := s.MarkProcessed(ctx, key); err != nil {
+				t.Fatalf("MarkProcessed(%q) through %q: %v", key, raw, err)
+			}
+		}
+		_ = s.Close()
+	}
+}
+
+func TestOpenURL_rejects_bad_parameters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, raw := range []string{
+		"redis://127.0.0.1:6379/15?prefx=a",               // typo of ours
+		"redis://127.0.0.1:6379/15?dial_timeout=x",        // bad go-redis value
+		"redis://127.0.0.1:6379/15?no_such_option=1",      // unknown to go-redis too
+		"redis://127.0.0.1:6379/15?timeout=-1s",           // not positive
+		"redis://127.0.0.1:6379/15?timeout=1s&timeout=2s", // repeated
+		"redis://127.0.0.1:6379/15?cluster=maybe",
+		"redis://127.0.0.1:6379/3?cluster=true", // Cluster has only db 0
+		"redis://127.0.0.1:6379/notanumber",
+		"redis://127.0.0.1:6379/15?prefix=" + strings.Repeat("p", redisstore.MaxPrefixLen+1),
+		"redis://127.0.0.1:6379/15?retention=100us",
+		"redis://127.0.0.1:6379/15?pool_size=-1", // go-redis panics on it
+		"redis://127.0.0.1:6379?addr=127.0.0.1:6380&max_idle_conns=1000000000",
+	} {
+		if _, err := stores.Open(ctx, raw); !errors.Is(err, stores.ErrInvalidURL) {
+			t.Errorf("Open(%q): %v, want ErrInvalidURL", raw, err)
+		}
+	}
+}
+
+func TestOpenURL_never_shows_password(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"redis://user:s3cr3t-pw@127.0.0.1:6379/15?bogus=1",
+		"rediss://:s3cr3t-pw@127.0.0.1:6379/15?timeout=forever",
+		"redis://user:s3cr3t-pw@127.0.0.1:6379/7?cluster=true",
+	} {
+		_, err := stores.Open(context.Background(), raw)
+		if err == nil {
+			t.Fatalf("Open(%q) succeeded", raw)
+		}
+		if strings.Contains(err.Error(), "s3cr3t-pw") {
+			t.Errorf("error quotes the password: %v", err)
+		}
+	}
+}
+
+func TestNew_validates_options(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	for name, tc := range map[string]struct {
+		opts redisstore.Options
+		want error
+	}{
+		"negative retention": {redisstore.Options{Retention: -time.Second}, inbox.ErrInvalidArgument},
+		"sub-ms retention":   {redisstore.Options{Retention: time.Microsecond}, inbox.ErrInvalidArgument},
+		"huge retention":     {redisstore.Options{Retention: redisstore.MaxDuration + 1}, inbox.ErrInvalidArgument},
+		"negative lease":     {redisstore.Options{Lease: -time.Second}, inbox.ErrInvalidLease},
+		"huge lease":         {redisstore.Options{Lease: redisstore.MaxDuration + 1}, inbox.ErrInvalidLease},
+		"over-long prefix":   {redisstore.Options{Prefix: strings.Repeat("p", redisstore.MaxPrefixLen+1)}, inbox.ErrInvalidArgument},
+	} {
+		if _, err := redisstore.New(c, tc.opts); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+	}
+	if _, err := redisstore.New(nil, redisstore.Options{}); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Errorf("nil client: %v", err)
+	}
+	if err := (redisstore.Options{}).Validate(); err != nil {
+		t.Errorf("zero Options: %v, want valid (defaults)", err)
+	}
+}
+
+func TestStore_close_keeps_callers_client(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.TryBegin(context.Background(), "k", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrClosed) {
+		t.Fatalf("TryBegin after Close: %v, want ErrClosed", err)
+	}
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("the caller's client after the store's Close: %v", err)
+	}
+}
+
+func TestStore_long_lease_is_rejected(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, sharedClient(t), redisstore.Options{})
+	_, err := s.TryBegin(context.Background(), "k", inbox.BeginOptions{Lease: redisstore.MaxDuration + 1})
+	if !errors.Is(err, inbox.ErrInvalidLease) {
+		t.Fatalf("TryBegin with a lease over MaxDuration: %v, want ErrInvalidLease", err)
+	}
+	if _, err := s.Extend(context.Background(), "k", inbox.NewLeaseID(), redisstore.MaxDuration+1); !errors.Is(err, inbox.ErrInvalidLease) {
+		t.Fatalf("Extend with a lease over MaxDuration: %v, want ErrInvalidLease", err)
+	}
+}
+
+// A record's physical TTL is lease + retention while in flight and the
+// retention once processed; its logical expiry is what the scripts read.
+func TestStore_physical_ttl(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
+	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{Lease: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl := c.PTTL(ctx, prefix+"k").Val()
+	if ttl < time.Hour+9*time.Minute || ttl > time.Hour+10*time.Minute+time.Second {
+		t.Fatalf("PTTL in flight = %s, want about lease + retention (1h10m)", ttl)
+	}
+	if err := s.Complete(ctx, "k", cl.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	ttl = c.PTTL(ctx, prefix+"k").Val()
+	if ttl < 59*time.Minute || ttl > time.Hour+time.Second {
+		t.Fatalf("PTTL after Complete = %s, want about the retention (1h)", ttl)
+	}
+}
+
+// Data under the store's prefix that the store did not write is reported,
+// never misread: a value of another type is a server error, a hash of
+// another shape an unexpected reply; both wrap ErrStoreUnavailable and
+// name what was found.
+func TestStore_foreign_data_under_prefix(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix})
+	if err := c.Set(ctx, prefix+"string", "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.TryBegin(ctx, "string", inbox.BeginOptions{})
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("TryBegin over a string value: %v, want ErrStoreUnavailable naming WRONGTYPE", err)
+	}
+	future := time.Now().Add(time.Hour).UnixMicro()
+	if err := c.HSet(ctx, prefix+"hash", "ex", future, "pr", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Get(ctx, "hash")
+	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected script reply") {
+		t.Fatalf("Get of a hash missing fields: %v, want ErrStoreUnavailable naming the unexpected reply", err)
+	}
+}
+
+// Any query either opens a store or fails with ErrInvalidURL, and no error
+// quotes the password.
+func FuzzOpenURL(f *testing.F) {
+	for _, q := range []string{"", "prefix=a:&timeout=1s", "cluster=true", "addr=127.0.0.1:2", "dial_timeout=x",
+		"retention=1h&lease=2s", "prefix=%zz", "timeout=0", "pool_size=-1", "cluster=1&addr=:1"} {
+		f.Add("/0", q)
+	}
+	f.Fuzz(func(t *testing.T, path, query string) {
+		raw := "redis://user:pw-s3cr3t@127.0.0.1:1" + path + "?" + query
+		if _, err := url.Parse(raw); err != nil {
+			return // the mux's own parse error, tested in package stores
+		}
+		s, err := stores.Open(context.Background(), raw)
+		if err == nil {
+			_ = s.Close()
+			return
+		}
+		if !errors.Is(err, stores.ErrInvalidURL) {
+			t.Fatalf("Open(%q): %v, want nil or ErrInvalidURL", raw, err)
+		}
+		if strings.Contains(err.Error(), "pw-s3cr3t") {
+			t.Fatalf("Open(%q): error quotes the password: %v", raw, err)
+		}
+	})
+}
