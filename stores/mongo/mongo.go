@@ -23,7 +23,7 @@ const (
 	DefaultCollection = "inbox"
 
 	// DefaultTimeout bounds each store call when Options.Timeout is zero.
-	DefaultTimeout = 10 * time.Second
+	DefaultTimeout = 5 * time.Second
 )
 
 // Options configure a [Store].
@@ -46,7 +46,9 @@ type Options struct {
 	// Timeout bounds each store call, all its round trips included, on top
 	// of the caller's context; a call that runs out of it fails with
 	// inbox.ErrStoreUnavailable wrapping context.DeadlineExceeded.
-	// Optional; default [DefaultTimeout] (10 s).
+	// Optional; default [DefaultTimeout] (5 s); negative means no bound of
+	// the store's own, so only the caller's context and the client's own
+	// timeouts apply.
 	Timeout time.Duration
 
 	// Logger receives the store's rare messages: the clock estimate at New
@@ -97,8 +99,6 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: mongo store: Retention %s is negative", inbox.ErrInvalidArgument, o.Retention)
 	case o.Lease < 0:
 		return fmt.Errorf("%w: mongo store: Lease %s is negative", inbox.ErrInvalidLease, o.Lease)
-	case o.Timeout < 0:
-		return fmt.Errorf("%w: mongo store: Timeout %s is negative", inbox.ErrInvalidArgument, o.Timeout)
 	}
 	return nil
 }
@@ -159,7 +159,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) || !s.owned {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	if err := s.client.Disconnect(ctx); err != nil {
 		return fmt.Errorf("mongo store: disconnecting: %w: %v", inbox.ErrStoreUnavailable, err)
@@ -211,6 +211,10 @@ func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc, 
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("mongo store: %w", err)
 	}
+	if s.opts.Timeout < 0 {
+		ctx, cancel := context.WithCancel(ctx)
+		return ctx, cancel, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	return ctx, cancel, nil
 }
@@ -224,7 +228,7 @@ func (s *Store) fail(ctx context.Context, what string, err error) error {
 		if errors.Is(ctxErr, context.Canceled) {
 			return fmt.Errorf("mongo store: %s: %w", what, ctxErr)
 		}
-		return fmt.Errorf("mongo store: %s: %w: no answer within %s: %w", what, inbox.ErrStoreUnavailable, s.opts.Timeout, ctxErr)
+		return fmt.Errorf("mongo store: %s: %w: no answer in time: %w", what, inbox.ErrStoreUnavailable, ctxErr)
 	}
 	return fmt.Errorf("mongo store: %s: %w: %v", what, inbox.ErrStoreUnavailable, err)
 }

@@ -58,7 +58,6 @@ func TestNew_invalid_options(t *testing.T) {
 		"dollar collection":  {client, mongostore.Options{Database: "db", Collection: "a$b"}, inbox.ErrInvalidArgument},
 		"negative retention": {client, mongostore.Options{Database: "db", Retention: -time.Second}, inbox.ErrInvalidArgument},
 		"negative lease":     {client, mongostore.Options{Database: "db", Lease: -time.Second}, inbox.ErrInvalidLease},
-		"negative timeout":   {client, mongostore.Options{Database: "db", Timeout: -time.Second}, inbox.ErrInvalidArgument},
 	} {
 		if _, err := mongostore.New(ctx, tc.client, tc.opts); !errors.Is(err, tc.want) {
 			t.Errorf("%s: New = %v, want %v", name, err, tc.want)

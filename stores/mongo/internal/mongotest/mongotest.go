@@ -442,11 +442,15 @@ func testOutage(t *testing.T, uri string) {
 
 func testClose(t *testing.T, client *mongo.Client) {
 	coll := Collection(t, client, "close")
-	s := NewStore(t, client, coll, mongostore.Options{})
+	// A negative Timeout turns the store's own bound off: calls still work.
+	s := NewStore(t, client, coll, mongostore.Options{Timeout: -1})
+	if c, err := s.TryBegin(ctxT(t), "k", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin with Timeout -1 = %+v, %v; want Acquired", c, err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := s.TryBegin(ctxT(t), "k", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrClosed) {
+	if _, err := s.TryBegin(ctxT(t), "k2", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrClosed) {
 		t.Fatalf("TryBegin after Close: %v, want ErrClosed", err)
 	}
 	if err := client.Ping(ctxT(t), nil); err != nil {
