@@ -501,6 +501,8 @@ func testOpenURL(t *testing.T, client *mongo.Client, uri string) {
 // of a fixed count (-benchtime 100x): on a server whose cost grows with the
 // collection the ratio depends on it.
 func Bench(b *testing.B, uri string) {
+	// A loaded machine must not fail a benchmark: no 5 s bound per call.
+	benchOpts := mongostore.Options{Timeout: time.Minute}
 	client := Connect(b, uri)
 	doc := func(key string) bson.D {
 		now := time.Now()
@@ -525,7 +527,7 @@ func Bench(b *testing.B, uri string) {
 		}
 	})
 	b.Run("TryBegin_Complete", func(b *testing.B) {
-		s := NewStore(b, client, Collection(b, client, "bench"), mongostore.Options{})
+		s := NewStore(b, client, Collection(b, client, "bench"), benchOpts)
 		b.ResetTimer()
 		for i := range b.N {
 			c, err := s.TryBegin(ctx, key(i), inbox.BeginOptions{Owner: "bench"})
@@ -549,7 +551,7 @@ func Bench(b *testing.B, uri string) {
 		if _, err := client.Database(Database).Collection(coll).InsertMany(ctx, fill); err != nil {
 			b.Fatal(err)
 		}
-		s := NewStore(b, client, coll, mongostore.Options{})
+		s := NewStore(b, client, coll, benchOpts)
 		b.ResetTimer()
 		for i := range b.N {
 			c, err := s.TryBegin(ctx, key(i), inbox.BeginOptions{Owner: "bench"})
@@ -562,7 +564,7 @@ func Bench(b *testing.B, uri string) {
 		}
 	})
 	b.Run("TryBegin_processed_duplicate", func(b *testing.B) {
-		s := NewStore(b, client, Collection(b, client, "bench"), mongostore.Options{})
+		s := NewStore(b, client, Collection(b, client, "bench"), benchOpts)
 		if err := s.MarkProcessed(ctx, "dup"); err != nil {
 			b.Fatal(err)
 		}
