@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"io"
 	"log"
+	"os"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
@@ -15,7 +16,7 @@ func TestMain(m *testing.M) {
 	// The outage cases break MariaDB connections on purpose; the driver
 	// would log each broken one.
 	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
-	harness.Main(m)
+	os.Exit(harness.Main(m))
 }
 
 func TestDuplicates_each_effect_once(t *testing.T) {

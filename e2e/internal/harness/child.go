@@ -22,14 +22,15 @@ const childEnv = "INBOX_E2E_CHILD_SPEC"
 // meant to be killed at its crash point long before.
 const childLimit = 90 * time.Second
 
-// Main is the TestMain of the suite's test packages. In a child process (re-
-// executed by [StartChild]) it runs the consumer its spec describes until the
-// spec's crash point kills it. Otherwise it runs the tests, with
-// -test.parallel raised to 6 unless set: the cases mostly wait on brokers,
-// stores and leases, not on the CPU.
-func Main(m *testing.M) {
+// Main is the TestMain of the suite's test packages, which exit with its
+// result: os.Exit(harness.Main(m)). In a child process (re-executed by
+// [StartChild]) it runs the consumer its spec describes until the spec's
+// crash point kills it. Otherwise it runs the tests, with -test.parallel
+// raised to 6 unless set: the cases mostly wait on brokers, stores and
+// leases, not on the CPU.
+func Main(m *testing.M) int {
 	if raw := os.Getenv(childEnv); raw != "" {
-		os.Exit(runChild(raw))
+		return runChild(raw)
 	}
 	flag.Parse()
 	set := false
@@ -37,7 +38,7 @@ func Main(m *testing.M) {
 	if !set {
 		_ = flag.Set("test.parallel", "6")
 	}
-	os.Exit(m.Run())
+	return m.Run()
 }
 
 func runChild(raw string) int {
