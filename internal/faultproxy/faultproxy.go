@@ -81,6 +81,13 @@ func (p *Proxy) SetMode(m Mode) {
 	}
 }
 
+// Stalled returns how many connections the proxy holds unanswered in Stall.
+func (p *Proxy) Stalled() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.stalled)
+}
+
 // Cut is SetMode(Refuse); Restore is SetMode(Pass); Stall is SetMode(Stall).
 func (p *Proxy) Cut()     { p.SetMode(Refuse) }
 func (p *Proxy) Restore() { p.SetMode(Pass) }

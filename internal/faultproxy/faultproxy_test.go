@@ -87,6 +87,12 @@ func TestProxy_restore_closes_stalled_connections(t *testing.T) {
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}
+	for deadline := time.Now().Add(5 * time.Second); p.Stalled() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy never accepted the connection")
+		}
+		time.Sleep(time.Millisecond) // polling interval
+	}
 	p.Restore()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	start := time.Now()
