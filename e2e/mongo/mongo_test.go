@@ -30,8 +30,8 @@ func TestMain(m *testing.M) {
 }
 
 // notAtomic is why the competing-consumers case skips on FerretDB.
-const notAtomic = "FerretDB 1.x is not atomic under concurrent updates of one document (it reads, then writes): " +
-	"two consumers can both claim a key; INBOX_TEST_MONGO_URL=mongodb://... runs this case on a mongod"
+const notAtomic = "FerretDB 1.x reads then writes without a lock, so two consumers could both claim a key " +
+	"(a mongod at INBOX_TEST_MONGO_URL runs this case)"
 
 // database holds the suite's collections, one per case.
 const database = "inbox_e2e"
