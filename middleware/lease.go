@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,34 +13,33 @@ import (
 	"github.com/watermill-inbox/inbox"
 )
 
-// handlerResult is what the handler did, as told to the lease's goroutine.
-type handlerResult int
-
-const (
-	resultFailed    handlerResult = iota + 1 // error or panic: release, then tell the caller
-	resultSucceeded                          // wait for the router's ack or nack
-	resultAcked                              // succeeded and already acked (InstantAck): complete now
-)
-
-// lease is one acquired key, from TryBegin to its Complete or Release. A
-// single goroutine (run) makes every store call for it after TryBegin, so
-// heartbeats, marks and releases never race each other.
+// lease is one acquired key, from TryBegin to its Complete or Release.
+//
+// Its store calls after TryBegin (heartbeat Extends, the Complete or Release)
+// are serialised by mu, so they never race each other. Heartbeats are driven
+// by the Inbox's scheduler, one goroutine for all leases: a handler that ends
+// before its first heartbeat costs no timer and no goroutine of its own. The
+// only goroutine a lease starts is the one that waits for the router's ack
+// after a successful handler.
 type lease struct {
 	ib       *Inbox
 	msg      *message.Message
-	parent   context.Context // the message's context at claim time: values for detached calls
+	base     context.Context // the message's values without its cancellation
 	handler  string
 	key      string
 	id       string
 	length   time.Duration // granted lease
 	interval time.Duration // heartbeat period
-	deadline time.Time     // local, monotonic: when the lease ends unless renewed
 	cancel   context.CancelCauseFunc
 
-	done     chan handlerResult // buffered: the handler's outcome
-	released chan struct{}      // closed once a failed handler's lease was given back
+	mu       sync.Mutex
+	deadline time.Time // local, monotonic: when the lease ends unless renewed
+	lost     bool      // the lease is no longer ours
+	done     bool      // finished: no more heartbeats
 
-	lost bool // owned by run
+	// owned by the scheduler, under its lock
+	next    time.Time
+	heapIdx int
 }
 
 // Causes of the handler context's cancellation other than a lost lease.
@@ -47,6 +47,8 @@ var (
 	errHandlerReturned = errors.New("inbox: handler returned")
 	errHandlerPanicked = errors.New("inbox: handler panicked")
 )
+
+const stopped = time.Duration(-1)
 
 // run executes the handler under a lease kept alive by heartbeats.
 func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key string, claim inbox.Claim,
@@ -62,11 +64,10 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 	orig := msg.Context()
 	hctx, cancel := context.WithCancelCause(orig)
 	l := &lease{
-		ib: ib, msg: msg, parent: orig, handler: handler, key: key, id: claim.LeaseID,
-		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel,
-		done: make(chan handlerResult, 1), released: make(chan struct{}),
+		ib: ib, msg: msg, base: context.WithoutCancel(orig), handler: handler, key: key, id: claim.LeaseID,
+		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel, heapIdx: -1,
 	}
-	go l.run()
+	ib.beats.schedule(l, sent.Add(interval))
 
 	msg.SetContext(hctx)
 	returned := false
@@ -77,8 +78,7 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 		}
 		r := recover()
 		cancel(errHandlerPanicked)
-		l.done <- resultFailed
-		<-l.released
+		l.finish("handler panicked")
 		panic(r)
 	}()
 	out, err = h(msg)
@@ -86,113 +86,107 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 
 	if err != nil {
 		cancel(errHandlerReturned)
-		l.done <- resultFailed
-		<-l.released // Kafka redelivers in-process: the key must be free before we return
+		// Synchronous: Kafka's subscriber redelivers in-process at once, so
+		// the key must be free before the middleware returns.
+		l.finish("handler failed")
 		return out, err
 	}
 	// The handler's context stays live until the router acks or nacks: the
 	// messages it returned may be published with it.
-	if instantAcked || isClosedChan(msg.Acked()) {
-		l.done <- resultAcked
-	} else {
-		l.done <- resultSucceeded
-	}
+	go l.awaitAck(instantAcked)
 	return out, nil
 }
 
-const stopped = time.Duration(-1)
-
-func (l *lease) run() {
+// finish stops the lease without marking: no more heartbeats, and the lease
+// is released unless it was lost. It ends the lease's pending count.
+func (l *lease) finish(why string) {
 	defer l.ib.untrack()
-	defer l.cancel(errHandlerReturned)
-
-	beat := time.NewTimer(l.interval)
-	defer beat.Stop()
-	var (
-		acked, nacked, abandon <-chan struct{} // armed once the handler succeeded
-		retry                  *time.Timer     // armed while Complete is retried
-		retryC                 <-chan time.Time
-	)
-	defer func() {
-		if retry != nil {
-			retry.Stop()
-		}
-	}()
-	// complete tries the mark; true when finished, else a retry is armed.
-	complete := func() bool {
-		next := l.complete()
-		if next == stopped {
-			return true
-		}
-		if retry == nil {
-			retry = time.NewTimer(next)
-		} else {
-			retry.Reset(next)
-		}
-		retryC = retry.C
-		return false
+	l.mu.Lock()
+	l.done = true
+	if !l.lost {
+		l.release(why)
 	}
+	l.mu.Unlock()
+	l.ib.beats.unschedule(l)
+}
 
+// awaitAck waits for the router's verdict on a message whose handler
+// succeeded: Complete on ack, Release on nack.
+func (l *lease) awaitAck(acked bool) {
+	defer l.cancel(errHandlerReturned)
+	if !acked {
+		select {
+		case <-l.msg.Acked():
+		case <-l.msg.Nacked():
+			l.finish("message nacked")
+			return
+		case <-l.ib.abandon:
+			l.finish("middleware closed before the mark")
+			return
+		}
+	}
+	l.mu.Lock()
+	next := l.complete()
+	if next == stopped {
+		l.done = true
+	}
+	l.mu.Unlock()
+	if next == stopped {
+		l.ib.beats.unschedule(l)
+		l.ib.untrack()
+		return
+	}
+	l.retryComplete(next)
+}
+
+// retryComplete retries a failed Complete in the background until it lands,
+// the lease is lost or ends, or the middleware closes. Heartbeats go on
+// meanwhile.
+//
+//go:noinline
+func (l *lease) retryComplete(next time.Duration) {
+	retry := time.NewTimer(next)
+	defer retry.Stop()
 	for {
 		select {
-		case r := <-l.done:
-			switch r {
-			case resultFailed:
-				if !l.lost {
-					l.release("handler failed")
-				}
-				close(l.released)
-				return
-			case resultAcked:
-				abandon = l.ib.abandon
-				if complete() {
-					return
-				}
-			case resultSucceeded:
-				acked, nacked, abandon = l.msg.Acked(), l.msg.Nacked(), l.ib.abandon
-			}
-		case <-beat.C:
-			if next := l.beat(); next != stopped {
-				beat.Reset(next)
-			}
-		case <-acked:
-			acked, nacked = nil, nil
-			if complete() {
-				return
-			}
-		case <-retryC:
-			if complete() {
-				return
-			}
-		case <-nacked:
-			if !l.lost {
-				l.release("message nacked")
-			}
-			return
-		case <-abandon:
-			if !l.lost {
-				l.release("middleware closed before the mark")
-			}
+		case <-retry.C:
+		case <-l.ib.abandon:
+			l.finish("middleware closed before the mark")
 			return
 		}
+		l.mu.Lock()
+		next = l.complete()
+		if next == stopped {
+			l.done = true
+		}
+		l.mu.Unlock()
+		if next == stopped {
+			l.ib.beats.unschedule(l)
+			l.ib.untrack()
+			return
+		}
+		retry.Reset(next)
 	}
 }
 
-// call runs one store call with a detached, bounded context.
-func (l *lease) call(op string, timeout time.Duration, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.parent), timeout)
-	start := time.Now()
-	err := f(ctx)
-	cancel()
-	l.ib.m.StoreCall(op, time.Since(start), err)
-	return err
+// storeCtx returns the context for a store call after the handler: detached
+// from the message's cancellation, bounded by StoreTimeout unless the store
+// bounds its calls itself.
+func (l *lease) storeCtx(timeout time.Duration) (context.Context, context.CancelFunc) {
+	if !l.ib.timeouts {
+		return l.base, noCancel
+	}
+	return context.WithTimeout(l.base, timeout)
 }
+
+func noCancel() {}
 
 func (l *lease) logFields() watermill.LogFields {
 	return watermill.LogFields{"message_uuid": l.msg.UUID, "handler_name": l.handler, "inbox_key": l.key}
 }
 
 // lose cancels the handler's context: this consumer no longer holds the key.
+// Call with mu held.
 func (l *lease) lose(cause error) {
 	l.lost = true
 	l.cancel(cause)
@@ -200,11 +194,23 @@ func (l *lease) lose(cause error) {
 	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.logFields())
 }
 
-// beat extends the lease and returns when to beat next, or stopped.
-func (l *lease) beat() time.Duration {
-	if l.lost {
-		return stopped
+// beat is one heartbeat, run by the scheduler on a goroutine of its own.
+func (l *lease) beat() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done || l.lost {
+		return
 	}
+	if next := l.extend(); next != stopped {
+		// Under mu, so that finish (which sets done under mu first) can
+		// never be followed by a re-schedule.
+		l.ib.beats.schedule(l, time.Now().Add(next))
+	}
+}
+
+// extend renews the lease and returns when to beat next, or stopped. Call
+// with mu held.
+func (l *lease) extend() time.Duration {
 	left := time.Until(l.deadline)
 	if left <= 0 {
 		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
@@ -214,10 +220,10 @@ func (l *lease) beat() time.Duration {
 		return left // wake at the deadline to cancel the handler
 	}
 	sent := time.Now()
-	err := l.call(OpExtend, min(l.ib.cfg.StoreTimeout, left), func(ctx context.Context) error {
-		_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
-		return err
-	})
+	ctx, cancel := l.storeCtx(min(l.ib.cfg.StoreTimeout, left))
+	_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
+	cancel()
+	l.ib.m.StoreCall(OpExtend, time.Since(sent), err)
 	switch {
 	case err == nil:
 		l.deadline = sent.Add(l.length)
@@ -238,16 +244,27 @@ func (l *lease) beat() time.Duration {
 }
 
 // complete marks the key processed. It returns stopped when done (marked,
-// lost, or given up at the lease's end), else when to retry.
+// lost, or given up at the lease's end), else when to retry. Call with mu
+// held.
 func (l *lease) complete() time.Duration {
-	err := l.call(OpComplete, l.ib.cfg.StoreTimeout, func(ctx context.Context) error {
-		return l.ib.leases.Complete(ctx, l.key, l.id)
-	})
-	switch {
-	case err == nil:
+	start := time.Now()
+	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
+	err := l.ib.leases.Complete(ctx, l.key, l.id)
+	cancel()
+	l.ib.m.StoreCall(OpComplete, time.Since(start), err)
+	if err == nil {
 		l.ib.m.Outcome(l.handler, OutcomeProcessed)
 		return stopped
-	case errors.Is(err, inbox.ErrLeaseLost):
+	}
+	return l.completeFailed(err)
+}
+
+// completeFailed is complete's slow path, kept out of its frame so that the
+// ack goroutine's stack stays small.
+//
+//go:noinline
+func (l *lease) completeFailed(err error) time.Duration {
+	if errors.Is(err, inbox.ErrLeaseLost) {
 		if !l.lost {
 			l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
 		}
@@ -266,11 +283,13 @@ func (l *lease) complete() time.Duration {
 	return min(l.interval/4+10*time.Millisecond, left)
 }
 
-// release gives the lease back unmarked.
+// release gives the lease back unmarked. Call with mu held.
 func (l *lease) release(why string) {
-	err := l.call(OpRelease, l.ib.cfg.StoreTimeout, func(ctx context.Context) error {
-		return l.ib.leases.Release(ctx, l.key, l.id)
-	})
+	start := time.Now()
+	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
+	err := l.ib.leases.Release(ctx, l.key, l.id)
+	cancel()
+	l.ib.m.StoreCall(OpRelease, time.Since(start), err)
 	if err != nil {
 		l.ib.m.Outcome(l.handler, OutcomeStoreError)
 		l.ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, l.logFields().Add(watermill.LogFields{"reason": why}))

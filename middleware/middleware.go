@@ -29,15 +29,19 @@ type Inbox struct {
 	log    watermill.LoggerAdapter
 	m      Metrics
 
-	mu      sync.Mutex
-	closed  bool
-	pending int           // messages between their claim and their mark
-	drained chan struct{} // closed when pending drops to zero after Close
+	// state counts the messages between their claim and their mark, with
+	// closedBit set once Close was called. drained is closed when the count
+	// reaches zero after Close.
+	state       atomic.Int64
+	drained     chan struct{}
+	drainedOnce sync.Once
 
 	abandon     chan struct{} // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
 	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
+	beats     *scheduler  // heartbeats of every lease; nil for a plain Store
+	timeouts  bool        // wrap store calls in StoreTimeout (the store does not bound them itself)
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -53,9 +57,15 @@ func New(cfg Config) (*Inbox, error) {
 		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
 		m:       cfg.Metrics,
 		abandon: make(chan struct{}),
+		drained: make(chan struct{}),
+	}
+	ib.timeouts = true
+	if b, ok := cfg.Store.(inbox.BoundedCalls); ok && b.CallTimeout() <= cfg.StoreTimeout {
+		ib.timeouts = false
 	}
 	if ls, ok := cfg.Store.(inbox.LeaseStore); ok {
 		ib.leases = ls
+		ib.beats = newScheduler()
 	} else {
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
@@ -79,49 +89,50 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // ctx.Err() without waiting for those releases (each is bounded by
 // StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
 func (ib *Inbox) Close(ctx context.Context) error {
-	ib.mu.Lock()
-	ib.closed = true
-	if ib.pending == 0 {
-		ib.mu.Unlock()
-		return nil
+	if v := ib.state.Or(closedBit) | closedBit; v == closedBit {
+		ib.markDrained()
 	}
-	if ib.drained == nil {
-		ib.drained = make(chan struct{})
-	}
-	drained := ib.drained
-	n := ib.pending
-	ib.mu.Unlock()
-
 	select {
-	case <-drained:
+	case <-ib.drained:
+		ib.stopBeats()
 		return nil
 	case <-ctx.Done():
 	}
+	n := ib.state.Load() &^ closedBit
 	ib.abandonOnce.Do(func() { close(ib.abandon) })
+	ib.stopBeats()
 	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), watermill.LogFields{"pending": n})
 	return fmt.Errorf("inbox middleware: closed with %d pending mark(s) abandoned: %w", n, ctx.Err())
 }
 
+func (ib *Inbox) stopBeats() {
+	if ib.beats != nil {
+		ib.beats.close()
+	}
+}
+
+const closedBit = int64(1) << 62
+
 // track counts a message in flight; false once closed.
 func (ib *Inbox) track() bool {
-	ib.mu.Lock()
-	defer ib.mu.Unlock()
-	if ib.closed {
-		return false
+	for {
+		v := ib.state.Load()
+		if v&closedBit != 0 {
+			return false
+		}
+		if ib.state.CompareAndSwap(v, v+1) {
+			return true
+		}
 	}
-	ib.pending++
-	return true
 }
 
 func (ib *Inbox) untrack() {
-	ib.mu.Lock()
-	ib.pending--
-	if ib.pending == 0 && ib.drained != nil {
-		close(ib.drained)
-		ib.drained = nil
+	if ib.state.Add(-1) == closedBit {
+		ib.markDrained()
 	}
-	ib.mu.Unlock()
 }
+
+func (ib *Inbox) markDrained() { ib.drainedOnce.Do(func() { close(ib.drained) }) }
 
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
 
@@ -156,11 +167,20 @@ func (ib *Inbox) fields(msg *message.Message, handler, key string) watermill.Log
 	return watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler, "inbox_key": key}
 }
 
+// bounded returns ctx bounded by StoreTimeout, unless the store bounds its
+// calls itself ([inbox.BoundedCalls]).
+func (ib *Inbox) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !ib.timeouts {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, ib.cfg.StoreTimeout)
+}
+
 // detached returns a context for store calls after the handler: the message's
 // values without its cancellation (subscribers cancel the message context at
 // ack), bounded by StoreTimeout.
 func (ib *Inbox) detached(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(parent), ib.cfg.StoreTimeout)
+	return ib.bounded(context.WithoutCancel(parent))
 }
 
 // storeErr wraps a store failure as inbox.ErrStoreUnavailable unless the error
@@ -266,7 +286,7 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 }
 
 func (ib *Inbox) tryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	cctx, cancel := context.WithTimeout(ctx, ib.cfg.StoreTimeout)
+	cctx, cancel := ib.bounded(ctx)
 	start := time.Now()
 	c, err := ib.leases.TryBegin(cctx, key, opts)
 	cancel()

@@ -30,7 +30,7 @@ func (ib *Inbox) handlePlain(h message.HandlerFunc, msg *message.Message) ([]*me
 	}()
 	instantAcked := isClosedChan(msg.Acked())
 
-	cctx, cancel := context.WithTimeout(ctx, ib.cfg.StoreTimeout)
+	cctx, cancel := ib.bounded(ctx)
 	start := time.Now()
 	done, err := ib.cfg.Store.IsProcessed(cctx, key)
 	cancel()

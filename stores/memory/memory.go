@@ -131,7 +131,10 @@ type Store struct {
 	closed     bool
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore   = (*Store)(nil)
+	_ inbox.BoundedCalls = (*Store)(nil)
+)
 
 // New returns an empty store.
 func New(opts Options) (*Store, error) {
@@ -152,6 +155,10 @@ func (s *Store) Close() error {
 	s.head, s.tail = nil, nil
 	return nil
 }
+
+// CallTimeout implements [inbox.BoundedCalls]: calls never block, so callers
+// need no timeout around them.
+func (s *Store) CallTimeout() time.Duration { return 0 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {

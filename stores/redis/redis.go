@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -104,7 +105,21 @@ type Store struct {
 	closed    atomic.Bool
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore   = (*Store)(nil)
+	_ inbox.BoundedCalls = (*Store)(nil)
+)
+
+// CallTimeout implements [inbox.BoundedCalls]: Options.Timeout bounds each
+// call, so a caller's own per-call timer would only duplicate it. With no
+// bound of the store's own (negative Timeout) it reports the largest
+// duration, so callers keep theirs.
+func (s *Store) CallTimeout() time.Duration {
+	if s.opts.Timeout < 0 {
+		return math.MaxInt64
+	}
+	return s.opts.Timeout
+}
 
 // New returns a store over client, which may be a standalone, Sentinel
 // (failover) or Cluster client: every operation touches one key. The store

@@ -1,0 +1,158 @@
+// Package sqlstore is the [inbox.LeaseStore] on database/sql, with one
+// dialect per database: PostgreSQL ([Postgres], through
+// github.com/jackc/pgx/v5/stdlib), MySQL 8 and MariaDB ([MySQL], through
+// github.com/go-sql-driver/mysql) and SQLite ([SQLite], through
+// modernc.org/sqlite, pure Go: the embedded store that needs no server). It
+// also has a transactional mode, [NewTxMiddleware], where the mark commits
+// with the handler's own writes.
+//
+//	db, _ := sql.Open("pgx", "postgres://app@db:5432/app")
+//	store, err := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.Postgres, AutoMigrate: true})
+//
+// or by URL through [github.com/watermill-inbox/inbox/stores]:
+//
+//	postgres://user:password@host:5432/db?sslmode=disable&table=inbox&migrate=true
+//	mysql://user:password@host:3306/db?table=inbox&tls=true
+//	sqlite:///var/lib/app/inbox.db   sqlite://relative/inbox.db   sqlite:relative.db   sqlite::memory:
+//
+// Parameters of every SQL URL: retention and lease (shared by all stores),
+// table (default "inbox"), migrate (true creates the table; default false),
+// cleanup_interval (starts the janitor), cleanup_batch, max_conns (pool
+// size). postgres:// also takes libpq's connection parameters (sslmode,
+// connect_timeout, application_name, search_path, ...); mysql:// takes
+// go-sql-driver's (tls, timeout, readTimeout, writeTimeout, charset,
+// collation, interpolateParams, ...), always with parseTime=true and
+// clientFoundRows=true, and with interpolateParams=true unless set (one round
+// trip per statement instead of three); sqlite:// takes busy_timeout
+// (default 5s). Any other parameter is an error that names it. Errors never
+// quote a password. A sqlite::memory: store lives in one connection and is
+// lost on Close; a file store opened by URL uses one connection (SQLite has
+// one writer; the pool is a cheaper queue than SQLite's busy loop), WAL, and
+// immediate transactions.
+//
+// # Schema
+//
+// One table per store, named by [Options.Table] and checked by
+// [ValidateTable] (identifiers only: the name cannot inject SQL). A row per
+// key: msg_key (primary key, compared byte for byte: TEXT COLLATE "C" on
+// PostgreSQL, VARBINARY(1024) on MySQL and MariaDB, whose default collations
+// fold case and trailing spaces, TEXT with SQLite's binary collation),
+// state, lease_id, owner, lease_until, attempts, first_seen, last_seen,
+// processed_at, payload_hash, and expires_at (when the row may be deleted),
+// with an index on expires_at for cleanup. Times keep microseconds on
+// PostgreSQL (timestamptz) and MySQL (DATETIME(6), UTC), milliseconds on
+// SQLite (integer microseconds from SQLite's millisecond clock).
+//
+// [Store.Migrate] creates the table when it does not exist (idempotent, safe
+// from several processes at once, never alters a table); [Options.AutoMigrate]
+// runs it in [New]. [DDL] gives the same statements to users who run their own
+// migrations. A store whose table is missing fails with
+// [inbox.ErrStoreUnavailable] and an error that says to migrate.
+//
+// # Statements and clocks
+//
+// Every operation is one statement where the dialect allows: TryBegin is an
+// INSERT ... ON CONFLICT DO UPDATE SET col = CASE ... RETURNING on PostgreSQL
+// and SQLite, and an INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING on
+// MariaDB 10.5+; the CASE arms decide in the statement, under the row lock,
+// whether the record expired (start afresh), is free (acquire, Attempts+1),
+// is held by the caller's own lease id (renew) or is processed or held by
+// another lease (unchanged). MySQL 8 has no RETURNING: there TryBegin is the
+// same upsert followed by a locking read in one short transaction, and
+// Extend an UPDATE and a read in one. MySQL and MariaDB run the assignments
+// of ON DUPLICATE KEY UPDATE left to right, each seeing the ones before it;
+// the statement assigns the columns its conditions read last, in an order
+// proved in the source. The store tells MariaDB from MySQL with SELECT
+// VERSION().
+//
+// Deadlines come from the database clock: clock_timestamp() read once per
+// statement on PostgreSQL (now() would be frozen at the start of a
+// transaction), UTC_TIMESTAMP(6) on MySQL and MariaDB (fixed for one
+// statement), julianday('now') on SQLite (fixed for one step). A statement
+// that waited for another's row lock read the clock before it waited; the
+// lease it then reports as Busy cannot be longer than the holder's, because
+// the store takes the holder's last write as the earliest possible now.
+//
+// InnoDB can deadlock concurrent upserts of one key; such statements are
+// rolled back by the server and the store runs them again (up to 8 times,
+// jittered). Connection faults, timeouts and errors that persist wrap
+// [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled.
+//
+// # Cleanup
+//
+// Reads compare expires_at with the clock, so expired rows are invisible at
+// once; [Store.Cleanup] deletes them in statements of at most
+// [Options.CleanupBatch] rows until none is left, alongside claims (on
+// PostgreSQL it skips rows locked by a claim; every delete checks expiry
+// again, so a key claimed in the meantime stays). [Options.CleanupInterval]
+// starts a janitor that [Store.Close] stops.
+//
+// # Transactional mode
+//
+// [NewTxMiddleware] returns a Watermill middleware that runs the claim, the
+// handler and the mark in one database transaction. The claim inserts the
+// key's row already marked processed (INSERT ... ON CONFLICT DO NOTHING,
+// INSERT IGNORE on MySQL); the handler gets the transaction from its context
+// ([TxFromContext]) and writes through it; a successful handler commits its
+// writes and the mark together, a failing or panicking one rolls both back.
+// A process that dies after the handler's writes but before the commit
+// leaves neither: the redelivery applies the effect once. This gives
+// exactly-once effects for handlers whose side effects live in the same
+// database.
+//
+// A concurrent delivery of the same key blocks on the uncommitted row: it
+// sees the key processed when the first transaction commits, claims it when
+// it rolls back, and after [TxConfig.LockTimeout] returns an error wrapping
+// [inbox.ErrBusy] (PostgreSQL lock_timeout, InnoDB innodb_lock_wait_timeout in
+// whole seconds, SQLite: the wait for the one writer connection). There is
+// no lease and no Extend in this mode; each message in flight holds one
+// pooled connection until its commit. InnoDB deadlocks between waiting
+// duplicates are retried before the handler runs.
+//
+// Messages the handler returns would be published by the router after the
+// commit; if that publish failed, the redelivered message would be a
+// duplicate and the messages would be lost. So the middleware never hands
+// them to the router: with [TxConfig.Outbox] it stores them in the same
+// transaction (for example with Watermill's SQL publisher built on the
+// transaction, relayed to the broker by a forwarder), and without one it
+// rolls back and returns [ErrMessagesReturned], on the first message, so the
+// mistake shows at once.
+//
+// On SQLite the handler must not use the *sql.DB outside the transaction: its
+// one connection is the transaction's. The transactional mode may share a
+// table with a lease [Store] but not its keys: a key leased by the store is
+// Busy for the middleware until the lease ends.
+//
+// # MySQL 8
+//
+// This project's CI has MariaDB 10.11, not MySQL 8. The statements MySQL 8
+// runs (TryBegin and Extend in a transaction) are tested against MariaDB by
+// the conformance suite (the "mysql8-path-on-mariadb" run). What differs and
+// is not tested here: MySQL 8.0.20+ warns that VALUES() in ON DUPLICATE KEY
+// UPDATE is deprecated (the statements still run); MySQL's default
+// transaction isolation and deadlock behaviour for INSERT IGNORE of a
+// duplicate key are the same as MariaDB's, but have only been exercised on
+// MariaDB.
+//
+// # Performance
+//
+// BenchmarkClaimCompleteInterleaved runs, within each iteration, a new key's
+// TryBegin plus Complete through the store, the store's same two statements
+// run directly through database/sql, and a plain INSERT then UPDATE of the
+// same row (the floor), so that load weighs on all three alike;
+// BenchmarkClaimComplete runs them as separate sub-benchmarks and adds the
+// MySQL 8 path on MariaDB. Ratios measured with -count 6 on the shared
+// two-core development machine (PostgreSQL 15, MariaDB 10.11, SQLite through
+// modernc.org/sqlite; absolute times varied 2 to 5 times with the machine's
+// load, the ratios much less):
+//
+//	                 store/floor     store/same statements
+//	PostgreSQL       1.19 ± 15%      1.03 ± 14%
+//	MariaDB          1.40 ± 28%      0.97 ± 11%
+//	SQLite           0.61 ± 14%      0.27 ± 13%   (the store prepares its statements; the others run unprepared)
+//
+// The store's Go code costs nothing measurable next to the round trips; its
+// claim statement costs 20 to 40 percent more than a plain INSERT on the
+// servers. The MySQL 8 path (a transaction: BEGIN, upsert, locking read,
+// COMMIT) measured about twice the floor on MariaDB, within the noise.
+package sqlstore

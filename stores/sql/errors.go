@@ -1,0 +1,187 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// errKind classifies a driver error.
+type errKind int
+
+const (
+	kindOther     errKind = iota
+	kindRetry             // deadlock or serialization failure: the statement was rolled back, run it again
+	kindLockWait          // lock wait timeout
+	kindNoTable           // the table does not exist
+	kindDuplicate         // unique violation
+)
+
+func classify(err error) errKind {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code {
+		case "40001", "40P01":
+			return kindRetry
+		case "55P03":
+			return kindLockWait
+		case "42P01":
+			return kindNoTable
+		case "23505":
+			return kindDuplicate
+		}
+		return kindOther
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case 1213: // ER_LOCK_DEADLOCK
+			return kindRetry
+		case 1205: // ER_LOCK_WAIT_TIMEOUT
+			return kindLockWait
+		case 1146: // ER_NO_SUCH_TABLE
+			return kindNoTable
+		case 1062: // ER_DUP_ENTRY
+			return kindDuplicate
+		}
+		return kindOther
+	}
+	var lite *sqlite.Error
+	if errors.As(err, &lite) {
+		switch lite.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			return kindLockWait
+		case sqlite3.SQLITE_CONSTRAINT:
+			return kindDuplicate
+		}
+		if strings.Contains(lite.Error(), "no such table") {
+			return kindNoTable
+		}
+	}
+	return kindOther
+}
+
+// retry runs f again, a few times with a short jittered pause, when the
+// database rolled it back to break a deadlock (MySQL's InnoDB does so for
+// concurrent upserts of one key) or a serialization conflict.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	return retryDeadlocks(ctx, f)
+}
+
+func retryDeadlocks(ctx context.Context, f func() error) error {
+	const attempts = 8
+	wait := time.Millisecond
+	for i := 0; ; i++ {
+		err := f()
+		if err == nil || i == attempts-1 || classify(err) != kindRetry {
+			return err
+		}
+		t := time.NewTimer(wait + rand.N(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// wrap turns a driver error into the store's error: a canceled context
+// wraps context.Canceled, a missed deadline both context.DeadlineExceeded
+// and inbox.ErrStoreUnavailable, and every other fault
+// inbox.ErrStoreUnavailable (the driver's error stays in the chain for
+// errors.As). sql.ErrNoRows never reaches here.
+func (s *Store) wrap(ctx context.Context, op string, err error) error {
+	return wrapErr(ctx, s.opts.Dialect, s.opts.Table, op, err)
+}
+
+func wrapErr(ctx context.Context, d Dialect, table, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, inbox.ErrStoreUnavailable) || errors.Is(err, inbox.ErrBusy) {
+		return err
+	}
+	ctxErr := ctx.Err()
+	switch {
+	case errors.Is(ctxErr, context.Canceled) || (ctxErr == nil && errors.Is(err, context.Canceled)):
+		return fmt.Errorf("sql store (%s): %s: %w (driver: %v)", d, op, context.Canceled, err)
+	case ctxErr != nil || errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: sql store (%s): %s: %w (driver: %v)", inbox.ErrStoreUnavailable, d, op, context.DeadlineExceeded, err)
+	}
+	switch classify(err) {
+	case kindNoTable:
+		return fmt.Errorf("%w: sql store (%s): %s: table %s does not exist: run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
+			inbox.ErrStoreUnavailable, d, op, table, err)
+	case kindRetry:
+		return fmt.Errorf("%w: sql store (%s): %s: still deadlocked after retries: %w", inbox.ErrStoreUnavailable, d, op, err)
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return fmt.Errorf("%w: sql store (%s): %s: connection lost: %w", inbox.ErrStoreUnavailable, d, op, err)
+	}
+	return fmt.Errorf("%w: sql store (%s): %s: %w", inbox.ErrStoreUnavailable, d, op, err)
+}
+
+// timeScanner scans a time column of any dialect: PostgreSQL timestamptz
+// (absolute), MySQL DATETIME(6) holding UTC (as time.Time with any loc=
+// setting, or as text without parseTime=true), SQLite integer microseconds.
+type timeScanner struct {
+	d     Dialect
+	t     *time.Time
+	valid *bool
+}
+
+func (s *Store) timeDest(t *time.Time, valid *bool) *timeScanner {
+	return &timeScanner{d: s.opts.Dialect, t: t, valid: valid}
+}
+
+func (ts *timeScanner) Scan(src any) error {
+	*ts.valid = src != nil
+	switch v := src.(type) {
+	case nil:
+		*ts.t = time.Time{}
+	case time.Time:
+		if ts.d == MySQL {
+			// The column holds UTC wall-clock time; read the fields as
+			// such whatever loc= the DSN set.
+			y, mo, d := v.Date()
+			h, mi, sec := v.Clock()
+			v = time.Date(y, mo, d, h, mi, sec, v.Nanosecond(), time.UTC)
+		}
+		*ts.t = v.UTC()
+	case int64:
+		*ts.t = time.UnixMicro(v).UTC()
+	case float64:
+		*ts.t = time.UnixMicro(int64(v)).UTC()
+	case []byte:
+		return ts.parse(string(v))
+	case string:
+		return ts.parse(v)
+	default:
+		return fmt.Errorf("sql store: cannot read %T as a time", src)
+	}
+	return nil
+}
+
+func (ts *timeScanner) parse(v string) error {
+	for _, layout := range []string{"2006-01-02 15:04:05.999999", "2006-01-02 15:04:05", time.RFC3339Nano} {
+		if t, err := time.ParseInLocation(layout, v, time.UTC); err == nil {
+			*ts.t = t.UTC()
+			return nil
+		}
+	}
+	return fmt.Errorf("sql store: cannot read %q as a time", v)
+}
