@@ -125,6 +125,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	// 2. A durable queue of this run's own, and watermill-amqp with the
 	//    amqpkey marshaler on both sides.
 	queue := "inbox-example-orders-" + watermill.NewShortUUID()
+	fmt.Fprintf(out, "queue %s\n", queue)
 	amqpCfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
 	amqpCfg.Marshaler = amqpkey.Marshaler{}
 	defer deleteQueue(cfg.AMQPURL, queue, out)
@@ -152,7 +153,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	//    decides whether the handler runs.
 	sub, err := amqp.NewSubscriber(amqpCfg, logger)
 	if err != nil {
-		return sum, fmt.Errorf("RabbitMQ subscriber: %w", err)
+		return sum, fmt.Errorf("rabbitmq subscriber: %w", err)
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 	if err != nil {
@@ -175,7 +176,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	// 5. The publisher sends the orders, duplicates included.
 	pub, err := amqp.NewPublisher(amqpCfg, logger)
 	if err != nil {
-		return sum, fmt.Errorf("RabbitMQ publisher: %w", err)
+		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
 	}
 	orders := map[string]bool{}
 	for _, id := range deliveries {

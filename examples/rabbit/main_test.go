@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-inbox/inbox/internal/testenv"
 )
@@ -48,6 +52,13 @@ func TestRun(t *testing.T) {
 		if strings.Contains(got, "times charged: 2") || strings.Contains(got, "could not delete queue") {
 			t.Errorf("run %d: an order was charged twice or the queue stayed:\n%s", run, got)
 		}
+		var queue string
+		if _, err := fmt.Sscanf(got[strings.Index(got, "queue "):], "queue %s", &queue); err != nil {
+			t.Fatalf("run %d: output does not name the queue: %v\n%s", run, err, got)
+		}
+		if queueExists(t, amqpURL, queue) {
+			t.Errorf("run %d: queue %s was not deleted", run, queue)
+		}
 	}
 	if _, err := os.Stat("inbox-example.db"); err != nil {
 		t.Errorf("the default store file is missing: %v", err)
@@ -69,4 +80,27 @@ func TestRun_store_url_password_is_not_printed(t *testing.T) {
 	if strings.Contains(err.Error()+out.String(), "s3cret") {
 		t.Errorf("the password was printed: %v\n%s", err, out.String())
 	}
+}
+
+// queueExists reports whether RabbitMQ has the queue.
+func queueExists(t *testing.T, amqpURL, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var ae *amqp091.Error
+	if errors.As(err, &ae) && ae.Code == amqp091.NotFound {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
 }
