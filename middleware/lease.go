@@ -38,8 +38,9 @@ type lease struct {
 	done     bool      // finished: no more heartbeats
 
 	// owned by the scheduler, under its lock
-	next    time.Time
-	heapIdx int
+	next               time.Time
+	prevBeat, nextBeat *lease
+	queued             bool
 }
 
 // Causes of the handler context's cancellation other than a lost lease.
@@ -65,7 +66,7 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 	hctx, cancel := context.WithCancelCause(orig)
 	l := &lease{
 		ib: ib, msg: msg, base: context.WithoutCancel(orig), handler: handler, key: key, id: claim.LeaseID,
-		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel, heapIdx: -1,
+		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel,
 	}
 	ib.beats.schedule(l, sent.Add(interval))
 
@@ -223,7 +224,7 @@ func (l *lease) extend() time.Duration {
 	ctx, cancel := l.storeCtx(min(l.ib.cfg.StoreTimeout, left))
 	_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
 	cancel()
-	l.ib.m.StoreCall(OpExtend, time.Since(sent), err)
+	l.ib.endCall(OpExtend, sent, err)
 	switch {
 	case err == nil:
 		l.deadline = sent.Add(l.length)
@@ -247,11 +248,11 @@ func (l *lease) extend() time.Duration {
 // lost, or given up at the lease's end), else when to retry. Call with mu
 // held.
 func (l *lease) complete() time.Duration {
-	start := time.Now()
+	start := l.ib.startCall()
 	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
 	err := l.ib.leases.Complete(ctx, l.key, l.id)
 	cancel()
-	l.ib.m.StoreCall(OpComplete, time.Since(start), err)
+	l.ib.endCall(OpComplete, start, err)
 	if err == nil {
 		l.ib.m.Outcome(l.handler, OutcomeProcessed)
 		return stopped
@@ -285,11 +286,11 @@ func (l *lease) completeFailed(err error) time.Duration {
 
 // release gives the lease back unmarked. Call with mu held.
 func (l *lease) release(why string) {
-	start := time.Now()
+	start := l.ib.startCall()
 	ctx, cancel := l.storeCtx(l.ib.cfg.StoreTimeout)
 	err := l.ib.leases.Release(ctx, l.key, l.id)
 	cancel()
-	l.ib.m.StoreCall(OpRelease, time.Since(start), err)
+	l.ib.endCall(OpRelease, start, err)
 	if err != nil {
 		l.ib.m.Outcome(l.handler, OutcomeStoreError)
 		l.ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, l.logFields().Add(watermill.LogFields{"reason": why}))

@@ -42,6 +42,7 @@ type Inbox struct {
 	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
 	beats     *scheduler  // heartbeats of every lease; nil for a plain Store
 	timeouts  bool        // wrap store calls in StoreTimeout (the store does not bound them itself)
+	timed     bool        // Metrics were configured: time the store calls
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -59,6 +60,8 @@ func New(cfg Config) (*Inbox, error) {
 		abandon: make(chan struct{}),
 		drained: make(chan struct{}),
 	}
+	_, nop := cfg.Metrics.(nopMetrics)
+	ib.timed = !nop
 	ib.timeouts = true
 	if b, ok := cfg.Store.(inbox.BoundedCalls); ok && b.CallTimeout() <= cfg.StoreTimeout {
 		ib.timeouts = false
@@ -285,12 +288,27 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	}
 }
 
-func (ib *Inbox) tryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+// startCall returns the start time of a store call when Metrics time them.
+func (ib *Inbox) startCall() time.Time {
+	if ib.timed {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+// endCall reports a store call to Metrics.
+func (ib *Inbox) endCall(op string, start time.Time, err error) {
+	if ib.timed {
+		ib.m.StoreCall(op, time.Since(start), err)
+	}
+}
+
+// tryBegin runs one TryBegin sent at sent.
+func (ib *Inbox) tryBegin(ctx context.Context, key string, opts inbox.BeginOptions, sent time.Time) (inbox.Claim, error) {
 	cctx, cancel := ib.bounded(ctx)
-	start := time.Now()
 	c, err := ib.leases.TryBegin(cctx, key, opts)
 	cancel()
-	ib.m.StoreCall(OpTryBegin, time.Since(start), err)
+	ib.endCall(OpTryBegin, sent, err)
 	return c, err
 }
 
@@ -303,7 +321,7 @@ const busySlack = 250 * time.Millisecond
 // sent: the lease deadline is reckoned from it on the monotonic clock.
 func (ib *Inbox) claim(ctx context.Context, handler, key string, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	sent = time.Now()
-	c, err = ib.tryBegin(ctx, key, opts)
+	c, err = ib.tryBegin(ctx, key, opts, sent)
 	if err != nil || c.Status != inbox.Busy {
 		return c, sent, err
 	}
@@ -330,7 +348,7 @@ func (ib *Inbox) claim(ctx context.Context, handler, key string, opts inbox.Begi
 		case <-timer.C:
 		}
 		sent = time.Now()
-		c, err = ib.tryBegin(ctx, key, opts)
+		c, err = ib.tryBegin(ctx, key, opts, sent)
 		if err != nil || c.Status != inbox.Busy {
 			return c, sent, err
 		}
@@ -348,9 +366,9 @@ func (ib *Inbox) claim(ctx context.Context, handler, key string, opts inbox.Begi
 func (ib *Inbox) releaseNow(ctx context.Context, handler, key, leaseID string) {
 	cctx, cancel := ib.detached(ctx)
 	defer cancel()
-	start := time.Now()
+	start := ib.startCall()
 	err := ib.leases.Release(cctx, key, leaseID)
-	ib.m.StoreCall(OpRelease, time.Since(start), err)
+	ib.endCall(OpRelease, start, err)
 	if err != nil {
 		ib.m.Outcome(handler, OutcomeStoreError)
 		ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, watermill.LogFields{"handler_name": handler, "inbox_key": key})

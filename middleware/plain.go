@@ -31,10 +31,10 @@ func (ib *Inbox) handlePlain(h message.HandlerFunc, msg *message.Message) ([]*me
 	instantAcked := isClosedChan(msg.Acked())
 
 	cctx, cancel := ib.bounded(ctx)
-	start := time.Now()
+	start := ib.startCall()
 	done, err := ib.cfg.Store.IsProcessed(cctx, key)
 	cancel()
-	ib.m.StoreCall(OpIsProcessed, time.Since(start), err)
+	ib.endCall(OpIsProcessed, start, err)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, err
@@ -82,10 +82,10 @@ func (ib *Inbox) markPlain(msg *message.Message, parent context.Context, handler
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := ib.detached(parent)
-		start := time.Now()
+		start := ib.startCall()
 		err := ib.cfg.Store.MarkProcessed(ctx, key)
 		cancel()
-		ib.m.StoreCall(OpMarkProcessed, time.Since(start), err)
+		ib.endCall(OpMarkProcessed, start, err)
 		if err == nil {
 			ib.m.Outcome(handler, OutcomeProcessed)
 			return

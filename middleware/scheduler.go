@@ -1,23 +1,24 @@
 package middleware
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 )
 
 // scheduler runs the heartbeats of every lease of an Inbox from one goroutine
-// and one timer: leases wait in a heap ordered by their next beat, and a due
+// and one timer: leases wait in a list ordered by their next beat, and a due
 // lease's beat runs on a goroutine of its own (a beat makes a store call, and
 // one slow store call must not hold back the others). Short handlers never
-// reach their first beat, so they cost a heap push and remove, not a timer.
+// reach their first beat, so they cost a list insert and unlink, not a timer.
+// Beats are nearly always due in the order they are scheduled (now plus a
+// fixed interval), so inserting from the tail is O(1) in practice.
 type scheduler struct {
-	mu    sync.Mutex
-	h     leaseHeap
-	armed time.Time // when the loop's timer fires; zero when it waits for a kick
-	kick  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	mu         sync.Mutex
+	head, tail *lease    // earliest and latest beat
+	armed      time.Time // when the loop's timer fires; zero when it waits for a kick
+	kick       chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 func newScheduler() *scheduler {
@@ -29,12 +30,11 @@ func newScheduler() *scheduler {
 // schedule (re)queues l to beat at at.
 func (s *scheduler) schedule(l *lease, at time.Time) {
 	s.mu.Lock()
-	l.next = at
-	if l.heapIdx >= 0 {
-		heap.Fix(&s.h, l.heapIdx)
-	} else {
-		heap.Push(&s.h, l)
+	if l.queued {
+		s.unlink(l)
 	}
+	l.next = at
+	s.insert(l)
 	// Wake the loop only when this beat is due before its timer: in steady
 	// state leases come and go well before their first beat, and the loop
 	// sleeps through them.
@@ -54,8 +54,8 @@ func (s *scheduler) schedule(l *lease, at time.Time) {
 // unschedule removes l if it is queued.
 func (s *scheduler) unschedule(l *lease) {
 	s.mu.Lock()
-	if l.heapIdx >= 0 {
-		heap.Remove(&s.h, l.heapIdx)
+	if l.queued {
+		s.unlink(l)
 	}
 	s.mu.Unlock()
 }
@@ -77,13 +77,14 @@ func (s *scheduler) loop() {
 	for {
 		s.mu.Lock()
 		now := time.Now()
-		for len(s.h) > 0 && !s.h[0].next.After(now) {
-			l := heap.Pop(&s.h).(*lease)
+		for s.head != nil && !s.head.next.After(now) {
+			l := s.head
+			s.unlink(l)
 			go l.beat()
 		}
 		var timerC <-chan time.Time
-		if len(s.h) > 0 {
-			s.armed = s.h[0].next
+		if s.head != nil {
+			s.armed = s.head.next
 			t.Reset(s.armed.Sub(now))
 			timerC = t.C
 		} else {
@@ -100,26 +101,39 @@ func (s *scheduler) loop() {
 	}
 }
 
-// leaseHeap is a min-heap of leases by next beat.
-type leaseHeap []*lease
+// insert puts l in time order, searching from the tail.
+func (s *scheduler) insert(l *lease) {
+	after := s.tail
+	for after != nil && after.next.After(l.next) {
+		after = after.prevBeat
+	}
+	l.prevBeat = after
+	if after == nil {
+		l.nextBeat = s.head
+		s.head = l
+	} else {
+		l.nextBeat = after.nextBeat
+		after.nextBeat = l
+	}
+	if l.nextBeat == nil {
+		s.tail = l
+	} else {
+		l.nextBeat.prevBeat = l
+	}
+	l.queued = true
+}
 
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].next.Before(h[j].next) }
-func (h leaseHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx = i
-	h[j].heapIdx = j
-}
-func (h *leaseHeap) Push(x any) {
-	l := x.(*lease)
-	l.heapIdx = len(*h)
-	*h = append(*h, l)
-}
-func (h *leaseHeap) Pop() any {
-	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
-	l.heapIdx = -1
-	*h = old[:len(old)-1]
-	return l
+func (s *scheduler) unlink(l *lease) {
+	if l.prevBeat == nil {
+		s.head = l.nextBeat
+	} else {
+		l.prevBeat.nextBeat = l.nextBeat
+	}
+	if l.nextBeat == nil {
+		s.tail = l.prevBeat
+	} else {
+		l.nextBeat.prevBeat = l.prevBeat
+	}
+	l.prevBeat, l.nextBeat = nil, nil
+	l.queued = false
 }

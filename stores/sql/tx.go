@@ -15,6 +15,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/middleware"
 )
 
 // DefaultLockTimeout is how long a duplicate waits for another consumer's
@@ -72,10 +73,22 @@ type TxConfig struct {
 
 	// IDSources are tried in order for the message's id. Optional; default
 	// [keying.DefaultIDSources]: the IdempotencyKey metadata field, then the
-	// message UUID. A message for which none yields an id is refused with
-	// an error wrapping [inbox.ErrNoKey] (the broker redelivers it, or a
-	// poison queue takes it).
+	// message UUID. A message for which none yields an id is handled as
+	// MissingKey says.
 	IDSources []keying.IDSource
+
+	// MissingKey says what happens to a message without an id, as in the
+	// main middleware. Optional; default [middleware.MissingKeyProcess]: the
+	// handler runs in a transaction of its own (so TxFromContext works) with
+	// no claim and no mark, logged and counted as no_key.
+	// [middleware.MissingKeyReject] returns an error wrapping
+	// [inbox.ErrNoKey] without running it, for a poison queue.
+	MissingKey middleware.MissingKeyPolicy
+
+	// Metrics counts outcomes (processed, duplicate, busy, released, no_key,
+	// store_error) per handler and times the claims, as the main middleware
+	// does. Optional; default none.
+	Metrics middleware.Metrics
 
 	// Retention is how long a processed key stays processed. Optional;
 	// default inbox.DefaultRetention (7 days).
@@ -137,7 +150,15 @@ func (c *TxConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
 }
+
+type nopMetrics struct{}
+
+func (nopMetrics) Outcome(string, middleware.Outcome)     {}
+func (nopMetrics) StoreCall(string, time.Duration, error) {}
 
 // Validate reports whether c is usable after defaults. Errors wrap
 // [inbox.ErrInvalidArgument].
@@ -175,6 +196,9 @@ func (c TxConfig) Validate() error {
 	}
 	if err := (inbox.BeginOptions{Owner: c.Owner}).Validate(); err != nil {
 		bad("Owner: %v", err)
+	}
+	if c.MissingKey != middleware.MissingKeyProcess && c.MissingKey != middleware.MissingKeyReject {
+		bad("MissingKey %d is not a middleware.MissingKeyPolicy", c.MissingKey)
 	}
 	return errors.Join(errs...)
 }
@@ -269,26 +293,71 @@ func (m *TxInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 func (m *TxInbox) handle(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	ctx := msg.Context()
+	handler := message.HandlerNameFromCtx(ctx)
 	key, _, err := m.keys.KeyString(msg)
 	if err != nil {
-		return nil, fmt.Errorf("inbox sql tx middleware: key of message %q: %w", msg.UUID, err)
+		return m.keyError(h, msg, handler, err)
 	}
-	ctx := msg.Context()
-	fields := watermill.LogFields{"message_uuid": msg.UUID, "inbox_key": key}
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler, "inbox_key": key}
 
+	start := time.Now()
 	tx, release, err := m.claim(ctx, key)
+	m.cfg.Metrics.StoreCall(middleware.OpTryBegin, time.Since(start), err)
 	if err != nil {
+		switch {
+		case errors.Is(err, inbox.ErrBusy):
+			m.cfg.Metrics.Outcome(handler, middleware.OutcomeBusy)
+		case ctx.Err() == nil:
+			m.cfg.Metrics.Outcome(handler, middleware.OutcomeStoreError)
+		}
 		return nil, err
 	}
 	defer release()
 	if tx == nil {
+		m.cfg.Metrics.Outcome(handler, middleware.OutcomeDuplicate)
 		m.cfg.Logger.Debug("inbox sql tx middleware: duplicate, acked without running the handler", fields)
 		return nil, nil
+	}
+	return m.runInTx(h, msg, handler, tx, true, fields)
+}
+
+// keyError handles a message whose key cannot be built, by MissingKey.
+func (m *TxInbox) keyError(h message.HandlerFunc, msg *message.Message, handler string, err error) ([]*message.Message, error) {
+	err = fmt.Errorf("inbox sql tx middleware: key of message %q: %w", msg.UUID, err)
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler}
+	if !errors.Is(err, inbox.ErrNoKey) {
+		m.cfg.Logger.Error("inbox sql tx middleware: cannot build the inbox key; message nacked", err, fields)
+		return nil, err
+	}
+	m.cfg.Metrics.Outcome(handler, middleware.OutcomeNoKey)
+	if m.cfg.MissingKey == middleware.MissingKeyReject {
+		m.cfg.Logger.Error("inbox sql tx middleware: message has no idempotency key; rejected (MissingKeyReject)", err, fields)
+		return nil, err
+	}
+	m.cfg.Logger.Info("inbox sql tx middleware: message has no idempotency key; processing it without deduplication", fields)
+	tx, err := m.cfg.DB.BeginTx(msg.Context(), nil)
+	if err != nil {
+		return nil, wrapErr(msg.Context(), m.cfg.Dialect, m.cfg.Table, "begin", err)
+	}
+	return m.runInTx(h, msg, handler, tx, false, fields)
+}
+
+// runInTx runs the handler with tx in its context and commits or rolls back.
+// claimed says whether tx holds the key's claim (false for a message without
+// a key): only then are processed and released counted.
+func (m *TxInbox) runInTx(h message.HandlerFunc, msg *message.Message, handler string, tx *sql.Tx, claimed bool, fields watermill.LogFields) (out []*message.Message, err error) {
+	ctx := msg.Context()
+	outcome := func(o middleware.Outcome) {
+		if claimed || o == middleware.OutcomeStoreError {
+			m.cfg.Metrics.Outcome(handler, o)
+		}
 	}
 	done := false
 	defer func() {
 		if !done {
 			_ = tx.Rollback() // a panic: roll back, let it go on
+			outcome(middleware.OutcomeReleased)
 		}
 	}()
 	msg.SetContext(context.WithValue(ctx, txCtxKey{}, tx))
@@ -297,24 +366,32 @@ func (m *TxInbox) handle(h message.HandlerFunc, msg *message.Message) (out []*me
 	if err != nil {
 		done = true
 		_ = tx.Rollback()
+		outcome(middleware.OutcomeReleased)
 		return nil, err
 	}
 	if len(out) > 0 {
 		if m.cfg.Outbox == nil {
 			done = true
 			_ = tx.Rollback()
+			outcome(middleware.OutcomeReleased)
 			return nil, fmt.Errorf("%w: %d message(s) from the handler of message %q; its transaction was rolled back", ErrMessagesReturned, len(out), msg.UUID)
 		}
 		if err := m.cfg.Outbox(ctx, tx, out); err != nil {
 			done = true
 			_ = tx.Rollback()
+			outcome(middleware.OutcomeReleased)
 			return nil, fmt.Errorf("inbox sql tx middleware: storing %d returned message(s) in the outbox: %w", len(out), err)
 		}
 	}
 	done = true
-	if err := tx.Commit(); err != nil {
+	start := time.Now()
+	err = tx.Commit()
+	m.cfg.Metrics.StoreCall(middleware.OpComplete, time.Since(start), err)
+	if err != nil {
+		outcome(middleware.OutcomeStoreError)
 		return nil, wrapErr(ctx, m.cfg.Dialect, m.cfg.Table, "commit", err)
 	}
+	outcome(middleware.OutcomeProcessed)
 	m.cfg.Logger.Trace("inbox sql tx middleware: committed", fields)
 	return nil, nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/middleware"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
 
@@ -517,14 +518,39 @@ func TestTx_keys_from_keying_id_sources(t *testing.T) {
 			t.Fatalf("IsProcessed(test:group:handler:order-42) = %v, %v", ok, err)
 		}
 
-		// No id from any source: refused, nothing runs.
-		strict := e.middleware(t, sqlstore.TxConfig{IDSources: []keying.IDSource{keying.FromMetadata("absent")}})
+		// No id from any source, MissingKeyReject: refused, nothing runs.
+		noID := []keying.IDSource{keying.FromMetadata("absent")}
+		strict := e.middleware(t, sqlstore.TxConfig{IDSources: noID, MissingKey: middleware.MissingKeyReject})
 		_, err := strict.Middleware(func(m *message.Message) ([]*message.Message, error) {
 			t.Error("handler ran for a message without a key")
 			return nil, nil
 		})(newMsg())
 		if !errors.Is(err, inbox.ErrNoKey) {
 			t.Fatalf("message without a key: %v, want ErrNoKey", err)
+		}
+
+		// The default, MissingKeyProcess: the handler runs in a transaction
+		// of its own, every time, and its write commits.
+		lax := e.middleware(t, sqlstore.TxConfig{IDSources: noID})
+		var laxCalls atomic.Int32
+		h = lax.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			if _, ok := sqlstore.TxFromContext(m.Context()); !ok {
+				t.Error("no transaction in the context of a message without a key")
+			}
+			laxCalls.Add(1)
+			return nil, e.writeEffect(m, "no-key")
+		})
+		for range 2 {
+			msg := newMsg()
+			if _, err := h(msg); err != nil {
+				t.Fatalf("message without a key under MissingKeyProcess: %v", err)
+			}
+			if n := e.effectCount(t, msg.UUID); n != 1 {
+				t.Fatalf("the handler's write for a message without a key: %d rows after commit, want 1", n)
+			}
+		}
+		if laxCalls.Load() != 2 {
+			t.Fatalf("handler ran %d times for two messages without a key, want 2 (no deduplication)", laxCalls.Load())
 		}
 	})
 }
