@@ -101,6 +101,12 @@ func (s Summary) String() string {
 		s.Received, s.Processed, s.Duplicates, s.Retried)
 }
 
+// kafkaVersion is the protocol version the clients speak. watermill-kafka's
+// default (1.0) is older than Kafka 4 accepts (KIP-896 removed the request
+// versions before 2.1); 2.1, sarama's own default, works with Kafka 2.1 and
+// newer, and with kfake.
+var kafkaVersion = sarama.V2_1_0_0
+
 // deliveries are the orders the publisher sends, by IdempotencyKey: order-2
 // is a producer retry, order-4 is sent three times.
 var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4"}
@@ -162,6 +168,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	//    nothing published before the group has joined is skipped.
 	saramaCfg := kafka.DefaultSaramaSubscriberConfig()
 	saramaCfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	saramaCfg.Version = kafkaVersion
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:                brokers,
 		Unmarshaler:            kafka.DefaultMarshaler{},
@@ -201,8 +208,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 
 	// 6. The publisher sends the orders, duplicates included, keyed by order
 	//    so that the copies of one order share a partition.
+	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
+	pubCfg.Version = kafkaVersion
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: brokers,
+		Brokers:               brokers,
+		OverwriteSaramaConfig: pubCfg,
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get(keying.DefaultIDMetadataKey), nil
 		}),
@@ -269,9 +279,9 @@ func waitUntil(ctx context.Context, timeout time.Duration, routerDone <-chan err
 // cleanUp deletes the run's topic and consumer group from a real cluster; a
 // failure is reported, not fatal.
 func cleanUp(brokers []string, topic, group string, out io.Writer) {
-	// sarama's default protocol version (2.1), not watermill-kafka's (1.0):
-	// deleting a consumer group needs 1.1.
-	admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
+	cfg := sarama.NewConfig()
+	cfg.Version = kafkaVersion
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
 	if err == nil {
 		defer admin.Close()
 		err = errors.Join(admin.DeleteConsumerGroup(group), admin.DeleteTopic(topic))
