@@ -57,6 +57,16 @@
 //
 // The Watermill UUID header ("_watermill_message_uuid" unless configured) is
 // converted the same way before DefaultMarshaler reads it.
+//
+// # Cost
+//
+// A delivery whose headers are all strings (what Watermill producers send) is
+// handed to DefaultMarshaler as it is: BenchmarkUnmarshal measured the same 6
+// allocations and 704 B as DefaultMarshaler, and 1.78 µs against 1.68 µs
+// (±15 to 20%, -count 8 on a loaded 2-core machine: within the noise). A
+// delivery with other header types is copied and converted: 8.4 µs and 30
+// allocations for the eight headers of the benchmark, most of it the JSON of
+// a nested table.
 package amqpkey
 
 import (
@@ -162,7 +172,7 @@ func (m Marshaler) publishID(msg *message.Message) string {
 // property. It fails only where DefaultMarshaler would on string headers.
 // The delivery's own header table is not modified.
 func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
-	if len(d.Headers) > 0 {
+	if !allStrings(d.Headers) {
 		headers := make(amqp091.Table, len(d.Headers))
 		for k, v := range d.Headers {
 			s, err := HeaderString(v)
@@ -183,6 +193,17 @@ func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 		delete(msg.Metadata, m.messageIDKey())
 	}
 	return msg, nil
+}
+
+// allStrings reports whether every value of t is a string: then
+// DefaultMarshaler can read t as it is, without a copy.
+func allStrings(t amqp091.Table) bool {
+	for _, v := range t {
+		if _, ok := v.(string); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // FromMessageID returns a [keying.IDSource] named [SourceName] that yields
