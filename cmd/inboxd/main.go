@@ -1,0 +1,235 @@
+// Command inboxd is the reference server of the remote inbox protocol v1
+// (package [github.com/watermill-inbox/inbox/stores/remote/server]) over
+// any store this project ships, chosen by URL.
+//
+// Configuration comes from the environment; each variable has a flag of the
+// same meaning, which wins:
+//
+//	INBOX_STORE_URL        -store           store URL (memory://, redis://..., postgres://...); default memory://
+//	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
+//	INBOX_TOKEN            (no flag)        bearer token; turns auth on (flags show in process lists)
+//	INBOX_TOKEN_FILE       -token-file      file holding the bearer token (whitespace trimmed)
+//	INBOX_LEASE_MIN        -lease-min       shortest lease granted; default 30s
+//	INBOX_LEASE_MAX        -lease-max       longest lease granted; default 120s
+//	INBOX_LEASE_DEFAULT    -lease-default   lease when a call names none; default 30s
+//	INBOX_LEASE_POLICY     -lease-policy    clamp or reject leases outside the range; default clamp
+//	INBOX_MAX_BODY_BYTES   -max-body-bytes  request body limit; default 16384
+//	INBOX_MAX_KEY_BYTES    -max-key-bytes   key length limit; default 1024
+//	INBOX_STORE_TIMEOUT    -store-timeout   bound on each store call of a request; default 10s
+//	INBOX_LOG_LEVEL        -log-level       debug, info, warn or error; default info
+//	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
+//
+// Retention is the store's: a URL parameter of INBOX_STORE_URL
+// (memory://?retention=168h). Without a token, auth is none: keep the listen
+// address on loopback or a private network then.
+//
+// Endpoints: protocol v1 under /v1/inbox, /healthz (the process is up),
+// /readyz (the store answers; 503 while shutting down), /metrics
+// (Prometheus). Logs are JSON lines on stderr; they never hold the token.
+//
+// On SIGTERM or SIGINT, inboxd stops accepting connections, lets the
+// requests in flight finish (up to the shutdown timeout), closes the store
+// and exits 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/watermill-inbox/inbox/stores"
+	_ "github.com/watermill-inbox/inbox/stores/all"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "inboxd:", err)
+		os.Exit(1)
+	}
+}
+
+// settings are inboxd's configuration after env and flags.
+type settings struct {
+	storeURL, listen, tokenFile, policy, logLevel string
+	token                                         string
+	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
+	storeTimeout                                  time.Duration
+	maxBody                                       int64
+	maxKey                                        int
+}
+
+// parse reads the environment, then the flags over it.
+func parse(args []string, getenv func(string) string) (settings, error) {
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var errs []error
+	dur := func(name, def string) time.Duration {
+		v := env(name, def)
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q is not a duration like 30s", name, v))
+		}
+		return d
+	}
+	num := func(name string, def int64) int64 {
+		v := env(name, strconv.FormatInt(def, 10))
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q is not a whole number", name, v))
+		}
+		return n
+	}
+	s := settings{
+		storeURL:     env("INBOX_STORE_URL", "memory://"),
+		listen:       env("INBOX_LISTEN_ADDR", "127.0.0.1:8080"),
+		tokenFile:    env("INBOX_TOKEN_FILE", ""),
+		token:        getenv("INBOX_TOKEN"),
+		policy:       env("INBOX_LEASE_POLICY", string(server.PolicyClamp)),
+		logLevel:     env("INBOX_LOG_LEVEL", "info"),
+		leaseMin:     dur("INBOX_LEASE_MIN", server.DefaultLeaseMin.String()),
+		leaseMax:     dur("INBOX_LEASE_MAX", server.DefaultLeaseMax.String()),
+		leaseDefault: dur("INBOX_LEASE_DEFAULT", server.DefaultLeaseDefault.String()),
+		shutdown:     dur("INBOX_SHUTDOWN_TIMEOUT", "30s"),
+		storeTimeout: dur("INBOX_STORE_TIMEOUT", server.DefaultStoreTimeout.String()),
+		maxBody:      num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
+		maxKey:       int(num("INBOX_MAX_KEY_BYTES", 1024)),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return s, err
+	}
+	fs := flag.NewFlagSet("inboxd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
+	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
+	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file holding the bearer token (INBOX_TOKEN_FILE)")
+	fs.StringVar(&s.policy, "lease-policy", s.policy, "clamp or reject (INBOX_LEASE_POLICY)")
+	fs.StringVar(&s.logLevel, "log-level", s.logLevel, "debug, info, warn or error (INBOX_LOG_LEVEL)")
+	fs.DurationVar(&s.leaseMin, "lease-min", s.leaseMin, "shortest lease (INBOX_LEASE_MIN)")
+	fs.DurationVar(&s.leaseMax, "lease-max", s.leaseMax, "longest lease (INBOX_LEASE_MAX)")
+	fs.DurationVar(&s.leaseDefault, "lease-default", s.leaseDefault, "default lease (INBOX_LEASE_DEFAULT)")
+	fs.DurationVar(&s.storeTimeout, "store-timeout", s.storeTimeout, "bound on each store call (INBOX_STORE_TIMEOUT)")
+	fs.DurationVar(&s.shutdown, "shutdown-timeout", s.shutdown, "time to finish requests in flight (INBOX_SHUTDOWN_TIMEOUT)")
+	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
+	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if s.token != "" && s.tokenFile != "" {
+		return s, errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
+	}
+	if s.tokenFile != "" {
+		b, err := os.ReadFile(s.tokenFile)
+		if err != nil {
+			return s, fmt.Errorf("token file: %w", err)
+		}
+		s.token = strings.TrimSpace(string(b))
+		if s.token == "" {
+			return s, fmt.Errorf("token file %q is empty", s.tokenFile)
+		}
+	}
+	if s.shutdown <= 0 {
+		return s, fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
+	}
+	return s, nil
+}
+
+// run serves until ctx ends, then shuts down gracefully. ready, when not
+// nil, receives the listening address.
+func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer, ready chan<- string) error {
+	s, err := parse(args, getenv)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
+		return fmt.Errorf("log level %q: want debug, info, warn or error", s.logLevel)
+	}
+	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level}))
+
+	redacted := s.storeURL
+	if u, err := url.Parse(s.storeURL); err == nil {
+		redacted = stores.Redact(u)
+	}
+	store, err := stores.Open(ctx, s.storeURL)
+	if err != nil {
+		return fmt.Errorf("opening the store: %w", err)
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Error("closing the store failed", slog.String("error", err.Error()))
+		}
+	}()
+	h, err := server.New(server.Config{
+		Store: store, Token: s.token, Logger: log,
+		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
+		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	auth := "none"
+	if s.token != "" {
+		auth = "bearer"
+	}
+	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("store", redacted),
+		slog.String("auth", auth), slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
+		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy))
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("inboxd shutting down: finishing requests in flight", slog.Duration("timeout", s.shutdown))
+	h.Drain()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.shutdown)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving: %w", err)
+	}
+	log.Info("inboxd stopped")
+	return nil
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/stores"
+	"github.com/watermill-inbox/inbox/stores/memory"
+	"github.com/watermill-inbox/inbox/stores/remote"
+)
+
+// gated is a memory store whose TryBegin on a key starting with "slow:"
+// creates the file "entered" in dir and then waits for the file "release":
+// a request held in flight, across processes.
+type gated struct {
+	*memory.Store
+	dir string
+}
+
+func (g gated) TryBegin(ctx context.Context, key string, o inbox.BeginOptions) (inbox.Claim, error) {
+	if strings.HasPrefix(key, "slow:") {
+		if err := os.WriteFile(filepath.Join(g.dir, "entered"), nil, 0o600); err != nil {
+			return inbox.Claim{}, err
+		}
+		for {
+			if _, err := os.Stat(filepath.Join(g.dir, "release")); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return inbox.Claim{}, ctx.Err()
+			case <-time.After(5 * time.Millisecond): // polling a file written by another process
+			}
+		}
+	}
+	return g.Store.TryBegin(ctx, key, o)
+}
+
+func init() {
+	stores.Register("gatetest", stores.OpenerFunc(func(_ context.Context, u *url.URL, _ stores.Params) (stores.Store, error) {
+		m, err := memory.New(memory.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return gated{Store: m, dir: u.Query().Get("dir")}, nil
+	}))
+}
+
+// TestMain runs main itself when re-executed by TestMain_SIGTERM.
+func TestMain(m *testing.M) {
+	if os.Getenv("INBOXD_TEST_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// syncBuffer is a log sink safe for concurrent writes and reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// startRun runs run in the background and returns its address, its logs,
+// the function that stops it (as SIGTERM would) and its result.
+func startRun(t *testing.T, vars map[string]string) (addr string, logs *syncBuffer, stop func(), result <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs = &syncBuffer{}
+	ready := make(chan string, 1)
+	res := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res <- run(ctx, nil, env(vars), logs, ready)
+	}()
+	select {
+	case addr = <-ready:
+	case err := <-res:
+		cancel()
+		t.Fatalf("run: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("inboxd did not start")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("inboxd did not stop within 10s")
+		}
+	})
+	return addr, logs, cancel, res
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(5 * time.Millisecond) // polling; the file decides
+	}
+}
+
+// waitRefused polls until addr refuses connections.
+func waitRefused(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still accepts connections after shutdown began", addr)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// slowTryBegin sends a try-begin that the gated store holds, and returns the
+// channel of its HTTP status.
+func slowTryBegin(addr string) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/v1/inbox/try-begin", "application/json", strings.NewReader(`{"key":"slow:1"}`))
+		if err != nil {
+			out <- "error: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var body struct{ Status string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		out <- fmt.Sprintf("%d %s", resp.StatusCode, body.Status)
+	}()
+	return out
+}
+
+func TestRun_shutdown_finishes_requests_in_flight(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, logs, stop, result := startRun(t, map[string]string{
+		"INBOX_STORE_URL": "gatetest://?dir=" + url.QueryEscape(dir), "INBOX_LISTEN_ADDR": "127.0.0.1:0",
+	})
+	answer := slowTryBegin(addr)
+	waitFile(t, filepath.Join(dir, "entered"))
+	stop()
+	waitRefused(t, addr)
+	select {
+	case a := <-answer:
+		t.Fatalf("request in flight answered before the store did: %s", a)
+	default:
+	}
+	if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-answer; a != "200 Acquired" {
+		t.Fatalf("request in flight during shutdown got %q, want 200 Acquired", a)
+	}
+	if err := <-result; err != nil {
+		t.Fatalf("run after shutdown: %v", err)
+	}
+	for _, want := range []string{`"msg":"inboxd listening"`, `"msg":"inboxd shutting down`, `"msg":"inboxd stopped"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("logs lack %s:\n%s", want, logs)
+		}
+	}
+}
+
+// The real signal path: main in a child process, SIGTERM while a request is
+// in flight.
+func TestMain_SIGTERM_finishes_requests_in_flight(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "INBOXD_TEST_RUN_MAIN=1",
+		"INBOX_STORE_URL=gatetest://?dir="+url.QueryEscape(dir), "INBOX_LISTEN_ADDR=127.0.0.1:0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var addr string
+	for addr == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("inboxd exited before listening")
+			}
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "inboxd listening" {
+				addr = rec.Addr
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("inboxd did not log its address")
+		}
+	}
+	answer := slowTryBegin(addr)
+	waitFile(t, filepath.Join(dir, "entered"))
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitRefused(t, addr)
+	if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-answer; a != "200 Acquired" {
+		t.Fatalf("request in flight during SIGTERM got %q, want 200 Acquired", a)
+	}
+	var rest []string
+	for l := range lines {
+		rest = append(rest, l)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("inboxd exit after SIGTERM: %v; logs:\n%s", err, strings.Join(rest, "\n"))
+	}
+	if !strings.Contains(strings.Join(rest, "\n"), `"msg":"inboxd stopped"`) {
+		t.Fatalf("no clean stop logged:\n%s", strings.Join(rest, "\n"))
+	}
+}
+
+func TestRun_bearer_token_from_file_never_logged(t *testing.T) {
+	t.Parallel()
+	const token = "s3cr3t-token-value"
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr, logs, stop, result := startRun(t, map[string]string{
+		"INBOX_TOKEN_FILE": file, "INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_LOG_LEVEL": "debug",
+		"INBOX_LEASE_MIN": "1s",
+	})
+	ctx := context.Background()
+	good, err := stores.Open(ctx, "http://"+addr+"/?token_file="+url.QueryEscape(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	c, err := good.TryBegin(ctx, "k", inbox.BeginOptions{Lease: time.Second})
+	if err != nil || c.Status != inbox.Acquired || c.Lease != time.Second {
+		t.Fatalf("TryBegin with the right token: %+v, %v", c, err)
+	}
+	bad, err := remote.New(remote.Options{URL: "http://" + addr, Token: "wrong-" + token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	_, err = bad.TryBegin(ctx, "k2", inbox.BeginOptions{})
+	if !errors.Is(err, remote.ErrUnauthorized) || !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("TryBegin with a wrong token: %v, want ErrUnauthorized and ErrStoreUnavailable", err)
+	}
+	if strings.Contains(err.Error(), token) {
+		t.Fatalf("error quotes the token: %v", err)
+	}
+	stop()
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Fatalf("logs hold the token:\n%s", logs)
+	}
+	if !strings.Contains(logs.String(), `"auth":"bearer"`) || !strings.Contains(logs.String(), "unauthorized request") {
+		t.Fatalf("logs lack the auth mode or the refused request:\n%s", logs)
+	}
+}
+
+func TestRun_endpoints_health_ready_metrics(t *testing.T) {
+	t.Parallel()
+	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": "memory://?retention=1h"})
+	for path, want := range map[string]string{
+		"/healthz": `"ok"`, "/readyz": `"ok"`, "/v1/inbox": `"version":"v1"`, "/metrics": "inbox_server_requests_total",
+	} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Errorf("GET %s = %d %s, want 200 with %s", path, resp.StatusCode, b, want)
+		}
+	}
+}
+
+func TestParse_errors_name_the_setting(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct {
+		args []string
+		vars map[string]string
+		want string
+	}{
+		"bad duration":    {nil, map[string]string{"INBOX_LEASE_MIN": "soon"}, "INBOX_LEASE_MIN"},
+		"bad number":      {nil, map[string]string{"INBOX_MAX_BODY_BYTES": "lots"}, "INBOX_MAX_BODY_BYTES"},
+		"token and file":  {nil, map[string]string{"INBOX_TOKEN": "a", "INBOX_TOKEN_FILE": "/x"}, "not both"},
+		"missing file":    {nil, map[string]string{"INBOX_TOKEN_FILE": "/nonexistent/token"}, "token file"},
+		"unknown flag":    {[]string{"-nope"}, nil, "nope"},
+		"stray argument":  {[]string{"extra"}, nil, "unexpected arguments"},
+		"flag over env":   {[]string{"-lease-min", "never"}, nil, "lease-min"},
+		"shutdown length": {nil, map[string]string{"INBOX_SHUTDOWN_TIMEOUT": "0s"}, "shutdown timeout"},
+	} {
+		_, err := parse(c.args, env(c.vars))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one naming %q", name, err, c.want)
+		}
+	}
+	s, err := parse([]string{"-listen", "127.0.0.1:9", "-lease-policy", "reject"}, env(map[string]string{"INBOX_LISTEN_ADDR": "0.0.0.0:1", "INBOX_LEASE_MAX": "60s"}))
+	if err != nil || s.listen != "127.0.0.1:9" || s.policy != "reject" || s.leaseMax != time.Minute || s.storeURL != "memory://" {
+		t.Fatalf("flags over env and defaults: %+v, %v", s, err)
+	}
+	ctx := context.Background()
+	for vars, want := range map[string]string{
+		"INBOX_STORE_URL=nosuch://":  "unknown URL scheme",
+		"INBOX_LEASE_POLICY=maybe":   "LeasePolicy",
+		"INBOX_LOG_LEVEL=loud":       "log level",
+		"INBOX_LISTEN_ADDR=bad:addr": "listen",
+	} {
+		k, v, _ := strings.Cut(vars, "=")
+		err := run(ctx, nil, env(map[string]string{k: v}), io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run with %s: %v, want an error naming %q", vars, err, want)
+		}
+	}
+}
+
+// inboxd over the shared Redis, opened by URL through stores/all.
+func TestRun_over_redis(t *testing.T) {
+	t.Parallel()
+	raw := testenv.Redis.URL(t)
+	prefix := "inboxtest:inboxd:" + inbox.NewLeaseID() + ":"
+	addr, _, _, _ := startRun(t, map[string]string{
+		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": raw + "?prefix=" + url.QueryEscape(prefix) + "&retention=1h",
+	})
+	ctx := context.Background()
+	s, err := stores.Open(ctx, "http://"+addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin through inboxd over Redis: %+v, %v", c, err)
+	}
+	if err := s.Complete(ctx, "k", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(mustRedisOptions(t, raw))
+	defer rc.Close()
+	n, err := rc.Exists(ctx, prefix+"k").Result()
+	if err != nil || n != 1 {
+		t.Fatalf("Redis key %q: exists=%d, %v; want the record there", prefix+"k", n, err)
+	}
+	_ = rc.Del(ctx, prefix+"k")
+}
+
+func mustRedisOptions(t *testing.T, raw string) *redis.Options {
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}

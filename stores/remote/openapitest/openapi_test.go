@@ -1,0 +1,303 @@
+package openapitest_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/memory"
+	"github.com/watermill-inbox/inbox/stores/remote"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+	"github.com/watermill-inbox/inbox/stores/storetest"
+)
+
+func loadSpec(t testing.TB) *openapi3.T {
+	t.Helper()
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromFile("../openapi.yaml")
+	if err != nil {
+		t.Fatalf("loading openapi.yaml: %v", err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		t.Fatalf("openapi.yaml is not a valid OpenAPI 3 document: %v", err)
+	}
+	return doc
+}
+
+// route finds the operation of a request by its escaped path, as the server
+// dispatches (a router would unescape the key and lose %2F).
+func route(doc *openapi3.T, r *http.Request) (*routers.Route, map[string]string) {
+	p := r.URL.EscapedPath()
+	tmpl, params := p, map[string]string{}
+	if strings.HasPrefix(p, "/v1/inbox/") && (r.Method != http.MethodPost || doc.Paths.Value(p) == nil) {
+		tmpl = "/v1/inbox/{key}"
+		params["key"] = strings.TrimPrefix(p, "/v1/inbox/")
+	}
+	item := doc.Paths.Value(tmpl)
+	if item == nil {
+		return nil, nil
+	}
+	op := item.GetOperation(r.Method)
+	if op == nil {
+		return nil, nil
+	}
+	return &routers.Route{Spec: doc, Path: tmpl, PathItem: item, Method: r.Method, Operation: op}, params
+}
+
+var filterOpts = &openapi3filter.Options{
+	AuthenticationFunc:    openapi3filter.NoopAuthenticationFunc,
+	IncludeResponseStatus: true,
+	MultiError:            true,
+}
+
+// validator checks requests (when checkRequests) and every answer against
+// the document, and counts the statuses seen.
+type validator struct {
+	t             testing.TB
+	doc           *openapi3.T
+	next          http.Handler
+	checkRequests bool
+
+	mu   sync.Mutex
+	seen map[string]int // "operationId code status"
+}
+
+func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	rt, params := route(v.doc, r)
+	ctx := context.Background()
+	var in *openapi3filter.RequestValidationInput
+	if rt != nil {
+		in = &openapi3filter.RequestValidationInput{Request: r.Clone(ctx), PathParams: params, Route: rt, Options: filterOpts}
+		in.Request.Body = io.NopCloser(bytes.NewReader(body))
+		if v.checkRequests {
+			if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
+				v.t.Errorf("%s %s %s: request does not follow openapi.yaml: %v", r.Method, r.URL.EscapedPath(), body, err)
+			}
+		}
+	}
+	rec := httptest.NewRecorder()
+	v.next.ServeHTTP(rec, r)
+	res := rec.Result()
+	answer := rec.Body.Bytes()
+	if in != nil {
+		err := openapi3filter.ValidateResponse(ctx, &openapi3filter.ResponseValidationInput{
+			RequestValidationInput: in, Status: res.StatusCode, Header: res.Header,
+			Body: io.NopCloser(bytes.NewReader(answer)), Options: filterOpts,
+		})
+		if err != nil {
+			v.t.Errorf("%s %s: answer %d %s does not follow openapi.yaml: %v", r.Method, r.URL.EscapedPath(), res.StatusCode, answer, err)
+		}
+		var st struct{ Status, Error string }
+		_ = json.Unmarshal(answer, &st)
+		v.mu.Lock()
+		v.seen[fmt.Sprintf("%s %d %s%s", rt.Operation.OperationID, res.StatusCode, st.Status, st.Error)]++
+		v.mu.Unlock()
+	} else if err := v.doc.Components.Schemas["Error"].Value.VisitJSON(decode(answer)); err != nil || res.StatusCode < 400 {
+		// A path or method the document has no operation for: an Error.
+		v.t.Errorf("%s %s (no operation): answer %d %s is not an Error: %v", r.Method, r.URL.EscapedPath(), res.StatusCode, answer, err)
+	}
+	for k, vs := range res.Header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(res.StatusCode)
+	_, _ = w.Write(answer)
+}
+
+func decode(b []byte) any {
+	var v any
+	_ = json.Unmarshal(b, &v)
+	return v
+}
+
+func newValidator(t *testing.T, cfg server.Config, checkRequests bool) (*validator, string) {
+	t.Helper()
+	if cfg.Store == nil {
+		m, err := memory.New(memory.Options{Retention: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		cfg.Store = m
+	}
+	if cfg.LeaseMin == 0 {
+		cfg.LeaseMin = time.Second
+	}
+	h, err := server.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &validator{t: t, doc: loadSpec(t), next: h, checkRequests: checkRequests, seen: map[string]int{}}
+	srv := httptest.NewServer(v)
+	t.Cleanup(srv.Close)
+	return v, srv.URL
+}
+
+// The whole conformance suite through the client, every request and answer
+// checked against the document.
+func TestServerAndClient_follow_openapi_during_storetest(t *testing.T) {
+	var mu sync.Mutex
+	var all []*validator
+	t.Cleanup(func() {
+		seen := map[string]int{}
+		for _, v := range all {
+			for k, n := range v.seen {
+				seen[k] += n
+			}
+		}
+		for _, want := range []string{
+			"tryBegin 200 Acquired", "tryBegin 200 Busy", "tryBegin 200 Processed", "markProcessed 200 Processed",
+			"markProcessed 200 LeaseLost", "release 200 Released", "release 200 LeaseLost", "extend 200 Extended",
+			"extend 200 LeaseLost", "getRecord 200 NotFound", "getRecord 200 Available", "getRecord 200 InProgress",
+			"getRecord 200 Processed", "discovery 200 ",
+		} {
+			if seen[want] == 0 {
+				t.Errorf("the suite never produced %q, so it was never checked; seen: %v", want, seen)
+			}
+		}
+	})
+	storetest.Run(t, storetest.Harness{
+		New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
+			m, err := memory.New(memory.Options{Retention: cfg.Retention})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			v, base := newValidator(t, server.Config{Store: m}, true)
+			mu.Lock()
+			all = append(all, v)
+			mu.Unlock()
+			s, err := remote.New(remote.Options{URL: base})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		},
+		Lease:     time.Second,
+		Retention: time.Second,
+	})
+}
+
+// failing is a store whose TryBegin, Get and Extend fail with err.
+type failing struct {
+	inbox.LeaseStore
+	err error
+}
+
+func (f failing) TryBegin(context.Context, string, inbox.BeginOptions) (inbox.Claim, error) {
+	return inbox.Claim{}, f.err
+}
+func (f failing) Get(context.Context, string) (inbox.Record, error) { return inbox.Record{}, f.err }
+func (f failing) Extend(context.Context, string, string, time.Duration) (time.Time, error) {
+	return time.Time{}, f.err
+}
+
+// Error answers, sent raw (the requests are bad on purpose: only the
+// answers are checked).
+func TestServer_error_answers_follow_openapi(t *testing.T) {
+	t.Parallel()
+	v, base := newValidator(t, server.Config{Token: "tok", LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048}, false)
+	send := func(method, path, body string, auth bool) int {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if auth {
+			req.Header.Set("Authorization", "Bearer tok")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		method, path, body string
+		auth               bool
+		code               int
+	}{
+		{"POST", "/v1/inbox/try-begin", `{"key":"k"}`, false, 401},
+		{"GET", "/v1/inbox/k", ``, false, 401},
+		{"POST", "/v1/inbox/try-begin", `{`, true, 400},
+		{"POST", "/v1/inbox/try-begin", `{"key":""}`, true, 400},
+		{"POST", "/v1/inbox/try-begin", `{"key":"k","leaseSeconds":500}`, true, 400},
+		{"POST", "/v1/inbox/release", `{"key":"k"}`, true, 400},
+		{"POST", "/v1/inbox/extend", `{"key":"k","leaseId":"x","leaseSeconds":0}`, true, 400},
+		{"POST", "/v1/inbox/mark-processed", `{"key":"` + strings.Repeat("k", 4096) + `"}`, true, 413},
+		{"GET", "/v1/inbox/%FF", ``, true, 400},
+		{"DELETE", "/v1/inbox/k", ``, true, 405},
+		{"POST", "/v1/inbox", `{}`, true, 405},
+		{"GET", "/v2/nothing", ``, true, 404},
+		{"GET", "/healthz", ``, false, 200},
+		{"GET", "/readyz", ``, false, 200},
+		{"GET", "/metrics", ``, false, 200},
+		{"GET", "/v1/inbox", ``, false, 200},
+	} {
+		if got := send(c.method, c.path, c.body, c.auth); got != c.code {
+			t.Errorf("%s %s %s = %d, want %d", c.method, c.path, c.body, got, c.code)
+		}
+	}
+	for _, f := range []struct {
+		err  error
+		code int
+	}{
+		{inbox.ErrStoreUnavailable, 503}, {errors.New("boom"), 500}, {inbox.ErrNotSupported, 501},
+	} {
+		m, _ := memory.New(memory.Options{})
+		t.Cleanup(func() { _ = m.Close() })
+		_, fbase := newValidator(t, server.Config{Store: failing{m, f.err}}, true)
+		base = fbase
+		if got := send("POST", "/v1/inbox/extend", `{"key":"k","leaseId":"x","leaseSeconds":5}`, false); got != f.code {
+			t.Errorf("extend over a store failing with %v = %d, want %d", f.err, got, f.code)
+		}
+		if f.code != 501 {
+			if got := send("POST", "/v1/inbox/try-begin", `{"key":"k"}`, false); got != f.code {
+				t.Errorf("try-begin over a store failing with %v = %d", f.err, got)
+			}
+			if got := send("GET", "/readyz", ``, false); got != 503 {
+				t.Errorf("readyz over a failing store = %d", got)
+			}
+		}
+	}
+	_ = v
+}
+
+// Keys that need escaping round-trip through the documented path form.
+func TestKeyPath_follows_openapi(t *testing.T) {
+	t.Parallel()
+	_, base := newValidator(t, server.Config{}, true)
+	s, err := remote.New(remote.Options{URL: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, k := range []string{"..", "a/b", "%", "?#", "é", url.PathEscape("x y")} {
+		c, err := s.TryBegin(ctx, k, inbox.BeginOptions{})
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%q): %+v, %v", k, c, err)
+		}
+		if r, err := s.Get(ctx, k); err != nil || r.State != inbox.StateInProgress {
+			t.Fatalf("Get(%q): %+v, %v", k, r, err)
+		}
+	}
+}
