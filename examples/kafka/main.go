@@ -51,9 +51,7 @@ import (
 	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
-	_ "github.com/watermill-inbox/inbox/stores/memory"
-	_ "github.com/watermill-inbox/inbox/stores/redis"
-	_ "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
 )
 
 // DefaultStoreURL is the store used when INBOX_STORE_URL is unset.

@@ -44,9 +44,7 @@ import (
 	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
-	_ "github.com/watermill-inbox/inbox/stores/memory"
-	_ "github.com/watermill-inbox/inbox/stores/redis"
-	_ "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
 )
 
 // Defaults of the environment variables.
