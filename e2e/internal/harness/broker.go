@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/keying/amqpkey"
 )
 
 // Broker kinds.
@@ -160,12 +161,12 @@ func (b BrokerSpec) saramaConfig() *sarama.Config {
 
 func (b BrokerSpec) amqpConfig() wamqp.Config {
 	cfg := wamqp.NewDurableQueueConfig(b.AMQPURL)
-	cfg.Marshaler = AMQPMarshaler
+	// Publishers set the AMQP message-id (from IdempotencyKey); subscribers
+	// turn every header into a string instead of requeueing the delivery
+	// forever, and copy the message-id into the metadata.
+	cfg.Marshaler = amqpkey.Marshaler{}
 	return cfg
 }
-
-// AMQPMarshaler is the marshaler of RabbitMQ publishers and subscribers.
-var AMQPMarshaler wamqp.Marshaler = wamqp.DefaultMarshaler{}
 
 // Publisher returns a publisher to the broker. A Kafka message carrying
 // the metadata field e2e_partition goes to that partition (else to 0).

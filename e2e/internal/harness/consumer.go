@@ -18,6 +18,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 )
@@ -70,19 +71,15 @@ type ConsumerSpec struct {
 }
 
 // IDSources are the id sources of every consumer: the IdempotencyKey
-// metadata field, on RabbitMQ the AMQP message-id property (when
-// [AMQPMessageID] is set), then the Watermill UUID.
+// metadata field, on RabbitMQ the AMQP message-id property, then the
+// Watermill UUID.
 func (s ConsumerSpec) IDSources() []keying.IDSource {
 	src := []keying.IDSource{keying.FromMetadata(keying.DefaultIDMetadataKey)}
-	if s.Broker.Kind == Rabbit && AMQPMessageID != nil {
-		src = append(src, AMQPMessageID)
+	if s.Broker.Kind == Rabbit {
+		src = append(src, amqpkey.FromMessageID())
 	}
 	return append(src, keying.FromUUID())
 }
-
-// AMQPMessageID is the id source of the AMQP message-id property, when
-// available.
-var AMQPMessageID keying.IDSource
 
 // Key returns the inbox key of a message with the given IdempotencyKey, as
 // the consumers compute it (hashed when too long or not valid).
