@@ -19,17 +19,31 @@ BENCHCOUNT  ?= 6
 ## test: all tests of all modules, with -race. Tests whose service is down
 ## skip, and one line at the end names them; INBOX_REQUIRE_SERVICES=1 makes a
 ## missing service a failure.
-test:
+# run_tests runs go test in each module of $(1), then prints one line naming
+# the tests that skipped and how to enable them (a missing service, or a
+# capability the server at hand lacks).
+define run_tests
 	@[ -n "$(RACE)" ] || echo "note: no C compiler (cgo is off), so tests run without -race; install gcc for the race detector"
 	@skipfile=$$(mktemp); rc=0; \
-	for m in $(MODULES); do \
+	for m in $(1); do \
 		echo "== go test $$m"; \
 		(cd $$m && INBOX_SKIP_FILE=$$skipfile $(GO) test $(TEST_FLAGS) ./...) || rc=1; \
 	done; \
 	if [ -s $$skipfile ]; then \
-		echo "skipped, service not available: $$(sort -u $$skipfile | paste -sd ';' - | sed 's/;/; /g')"; \
+		echo "skipped (service missing or capability absent): $$(sort -u $$skipfile | paste -sd ';' - | sed 's/;/; /g')"; \
 	fi; \
 	rm -f $$skipfile; exit $$rc
+endef
+
+test:
+	$(call run_tests,$(MODULES))
+
+## e2e: the end-to-end suite only (the modules under e2e/: brokers, stores,
+## crashes, outages), with -race. Needs the services of `make test`; Kafka
+## runs in-process (kfake), plus a real broker when KAFKA_BROKERS is set.
+E2E_MODULES := $(filter ./e2e ./e2e/%,$(MODULES))
+e2e:
+	$(call run_tests,$(E2E_MODULES))
 
 ## lint: gofmt, go vet and staticcheck on every module.
 lint: fmt vet staticcheck

@@ -141,18 +141,25 @@ func (c *Config) setDefaults() {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.Owner == "" {
-		host, _ := os.Hostname()
-		c.Owner = host + "/" + strconv.Itoa(os.Getpid())
-		if len(c.Owner) > inbox.MaxOwnerLen {
-			c.Owner = c.Owner[:inbox.MaxOwnerLen]
-		}
+		c.Owner = DefaultOwner()
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 	if c.Metrics == nil {
-		c.Metrics = nopMetrics{}
+		c.Metrics = NopMetrics{}
 	}
+}
+
+// DefaultOwner is the owner recorded with claims when none is configured:
+// "hostname/pid", cut to [inbox.MaxOwnerLen] bytes.
+func DefaultOwner() string {
+	host, _ := os.Hostname()
+	owner := host + "/" + strconv.Itoa(os.Getpid())
+	if len(owner) > inbox.MaxOwnerLen {
+		owner = owner[:inbox.MaxOwnerLen]
+	}
+	return owner
 }
 
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].

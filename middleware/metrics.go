@@ -60,7 +60,11 @@ type Metrics interface {
 	StoreCall(op string, d time.Duration, err error)
 }
 
-type nopMetrics struct{}
+// NopMetrics is a [Metrics] that counts nothing: the default.
+type NopMetrics struct{}
 
-func (nopMetrics) Outcome(string, Outcome)                {}
-func (nopMetrics) StoreCall(string, time.Duration, error) {}
+// Outcome implements [Metrics].
+func (NopMetrics) Outcome(string, Outcome) {}
+
+// StoreCall implements [Metrics].
+func (NopMetrics) StoreCall(string, time.Duration, error) {}

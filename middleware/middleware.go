@@ -61,7 +61,7 @@ func New(cfg Config) (*Inbox, error) {
 		abandon: make(chan struct{}),
 		drained: make(chan struct{}),
 	}
-	_, nop := cfg.Metrics.(nopMetrics)
+	_, nop := cfg.Metrics.(NopMetrics)
 	ib.timed = !nop
 	ib.timeouts = true
 	if b, ok := cfg.Store.(inbox.BoundedCalls); ok && b.CallTimeout() <= cfg.StoreTimeout {

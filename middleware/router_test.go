@@ -464,3 +464,42 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 	}
 	eventually(t, 10*time.Second, "the message delayed by the outage processed", func() bool { return led.count("good") == 1 })
 }
+
+// The lease-lost case through a real router: the first delivery's lease is
+// taken away mid-handler, its context is canceled with ErrLeaseLost, it
+// returns the error, the router nacks, and the redelivery applies the effect
+// once.
+func TestInbox_router_lease_lost_mid_handler_cancels_context(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newFaulty(t)
+	store.setExtendErr(inbox.ErrLeaseLost, true) // only the first lease is "stolen"
+	rec := newRecorder()
+	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	led := newLedger()
+	causes := make(chan error, 4)
+	var calls atomic.Int32
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			<-m.Context().Done() // a long handler that honours its context
+			causes <- context.Cause(m.Context())
+			return nil, m.Context().Err()
+		}
+		led.apply(m.Metadata.Get("IdempotencyKey"))
+		return nil, nil
+	})
+	publish(t, ps, order("lost-1"))
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, inbox.ErrLeaseLost) {
+			t.Fatalf("handler context canceled with %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context was never canceled")
+	}
+	eventually(t, 10*time.Second, "the redelivery applied once", func() bool { return led.count("lost-1") == 1 })
+	eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "lost-1").State == inbox.StateProcessed })
+	if rec.get(middleware.OutcomeLeaseLost) != 1 {
+		t.Fatalf("lease_lost counted %d times, want 1", rec.get(middleware.OutcomeLeaseLost))
+	}
+}

@@ -119,7 +119,12 @@ func (m *URLMux) Schemes() []string {
 func (m *URLMux) Open(ctx context.Context, rawURL string) (Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		// url.Error quotes the whole URL, password included: report only why.
+		// url.Error quotes the whole URL, password included, and its inner
+		// error can quote a part of it (a password holding '#' or '/' ends up
+		// in "invalid port"): with credentials in the URL, say only where.
+		if strings.Contains(rawURL, "@") {
+			return nil, fmt.Errorf("%w: cannot parse the URL (details withheld: it holds credentials; percent-escape special characters in the user and password)", ErrInvalidURL)
+		}
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err

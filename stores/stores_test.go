@@ -25,8 +25,16 @@ func TestURLMux_unknown_scheme_lists_known_ones(t *testing.T) {
 	if _, err := m.Open(context.Background(), "no-scheme-here"); !errors.Is(err, stores.ErrInvalidURL) {
 		t.Fatalf("URL without scheme: %v", err)
 	}
-	if _, err := m.Open(context.Background(), "mem://u:p%zz@host"); !errors.Is(err, stores.ErrInvalidURL) || strings.Contains(err.Error(), "p%zz") {
-		t.Fatalf("unparsable URL: %v (must not quote it)", err)
+	for _, raw := range []string{"mem://u:p%zz@host", "mongodb://u:Xq7#Zk9@host:27017/db", "redis://u:Xq7/Zk9@host"} {
+		_, err := m.Open(context.Background(), raw)
+		if !errors.Is(err, stores.ErrInvalidURL) {
+			t.Fatalf("unparsable URL %q: %v", raw, err)
+		}
+		for _, secret := range []string{"p%zz", "Xq7", "Zk9"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Fatalf("error for an unparsable URL quotes %q: %v", secret, err)
+			}
+		}
 	}
 }
 

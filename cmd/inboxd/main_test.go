@@ -319,9 +319,12 @@ func TestRun_bearer_token_from_file_never_logged(t *testing.T) {
 func TestRun_endpoints_health_ready_metrics(t *testing.T) {
 	t.Parallel()
 	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": "memory://?retention=1h"})
-	for path, want := range map[string]string{
-		"/healthz": `"ok"`, "/readyz": `"ok"`, "/v1/inbox": `"version":"v1"`, "/metrics": "inbox_server_requests_total",
+	// In this order: /metrics lists the request counter once requests were
+	// counted.
+	for _, c := range []struct{ path, want string }{
+		{"/healthz", `"ok"`}, {"/readyz", `"ok"`}, {"/v1/inbox", `"version":"v1"`}, {"/metrics", "inbox_server_requests_total"},
 	} {
+		path, want := c.path, c.want
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			t.Fatal(err)

@@ -30,11 +30,12 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	mode  Mode
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-	done  chan struct{}
+	mu      sync.Mutex
+	mode    Mode
+	conns   map[net.Conn]struct{}
+	stalled map[net.Conn]struct{} // accepted while stalled: never forwarded
+	wg      sync.WaitGroup
+	done    chan struct{}
 }
 
 // New starts a proxy to target ("host:port") on a free loopback port and stops
@@ -45,7 +46,7 @@ func New(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("faultproxy: listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
+	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}), stalled: make(map[net.Conn]struct{}), done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(p.Close)
@@ -56,7 +57,9 @@ func New(t testing.TB, target string) *Proxy {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // SetMode switches the proxy. Entering Refuse or Stall closes the open
-// connections, so clients notice at once.
+// connections, so clients notice at once; leaving Stall closes the
+// connections accepted while stalled (they were never forwarded), so clients
+// reconnect instead of waiting for their own timeouts.
 func (p *Proxy) SetMode(m Mode) {
 	p.mu.Lock()
 	p.mode = m
@@ -66,10 +69,23 @@ func (p *Proxy) SetMode(m Mode) {
 			toClose = append(toClose, c)
 		}
 	}
+	if m != Stall {
+		for c := range p.stalled {
+			toClose = append(toClose, c)
+			delete(p.stalled, c)
+		}
+	}
 	p.mu.Unlock()
 	for _, c := range toClose {
 		_ = c.Close()
 	}
+}
+
+// Stalled returns how many connections the proxy holds unanswered in Stall.
+func (p *Proxy) Stalled() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.stalled)
 }
 
 // Cut is SetMode(Refuse); Restore is SetMode(Pass); Stall is SetMode(Stall).
@@ -127,8 +143,14 @@ func (p *Proxy) serve() {
 			_ = c.Close()
 			continue
 		case Stall:
-			if !p.track(c) {
-				_ = c.Close()
+			p.mu.Lock()
+			if p.mode == Stall {
+				p.stalled[c] = struct{}{}
+				c = nil
+			}
+			p.mu.Unlock()
+			if c != nil {
+				_ = c.Close() // the mode changed meanwhile: let the client reconnect
 			}
 			continue // held open until the mode changes or the proxy closes
 		}

@@ -72,3 +72,38 @@ func TestProxy_cut_stall_restore(t *testing.T) {
 		t.Fatalf("restored: %v", err)
 	}
 }
+
+// A connection accepted while stalled is closed on Restore, so the client
+// notices at once instead of waiting for its own timeout.
+func TestProxy_restore_closes_stalled_connections(t *testing.T) {
+	t.Parallel()
+	p := faultproxy.New(t, echoServer(t))
+	p.Stall()
+	c, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); p.Stalled() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy never accepted the connection")
+		}
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	p.Restore()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	_, err = bufio.NewReader(c).ReadString('\n')
+	if err == nil {
+		t.Fatal("a stalled connection was answered after Restore; want it closed")
+	}
+	if time.Since(start) > 4*time.Second {
+		t.Fatalf("the stalled connection was not closed on Restore (read waited %s)", time.Since(start))
+	}
+	if err := roundTrip(p.Addr()); err != nil {
+		t.Fatalf("new connection after Restore: %v", err)
+	}
+}

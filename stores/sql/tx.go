@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -141,24 +140,15 @@ func (c *TxConfig) setDefaults() {
 		c.IDSources = keying.DefaultIDSources()
 	}
 	if c.Owner == "" {
-		host, _ := os.Hostname()
-		c.Owner = host + "/" + strconv.Itoa(os.Getpid())
-		if len(c.Owner) > inbox.MaxOwnerLen {
-			c.Owner = c.Owner[:inbox.MaxOwnerLen]
-		}
+		c.Owner = middleware.DefaultOwner()
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 	if c.Metrics == nil {
-		c.Metrics = nopMetrics{}
+		c.Metrics = middleware.NopMetrics{}
 	}
 }
-
-type nopMetrics struct{}
-
-func (nopMetrics) Outcome(string, middleware.Outcome)     {}
-func (nopMetrics) StoreCall(string, time.Duration, error) {}
 
 // Validate reports whether c is usable after defaults. Errors wrap
 // [inbox.ErrInvalidArgument].

@@ -286,14 +286,31 @@ func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store,
 	return openDB(ctx, db, u, o)
 }
 
-// redactErr removes u's password from a driver's parse error.
+// redactErr removes u's secrets from a driver's parse error: the password of
+// the user info and the values of query parameters such as password and
+// sslpassword (pgx quotes the whole connection string when it cannot parse
+// it, and hides only the password).
 func redactErr(err error, u *url.URL) string {
 	msg := err.Error()
+	var secrets []string
 	if u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-			msg = strings.ReplaceAll(msg, url.QueryEscape(pw), "xxxxx")
+		if pw, ok := u.User.Password(); ok {
+			secrets = append(secrets, pw)
 		}
+	}
+	for name, vs := range u.Query() {
+		ln := strings.ToLower(name)
+		if strings.Contains(ln, "password") || strings.Contains(ln, "secret") || strings.Contains(ln, "token") {
+			secrets = append(secrets, vs...)
+		}
+	}
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+		msg = strings.ReplaceAll(msg, url.QueryEscape(s), "xxxxx")
+		msg = strings.ReplaceAll(msg, url.PathEscape(s), "xxxxx")
 	}
 	return msg
 }

@@ -1,0 +1,455 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/keying/amqpkey"
+	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores"
+)
+
+// Crash points of a consumer's handler.
+const (
+	CrashBeforeEffect = "before-effect"
+	CrashAfterEffect  = "after-effect"
+)
+
+// StoreSpec says which inbox a consumer uses: the leased middleware over the
+// store at URL (Mode ""), or a mode registered with [RegisterMode] (the SQL
+// transactional middleware, "tx").
+type StoreSpec struct {
+	URL  string `json:"url"`
+	Mode string `json:"mode,omitempty"`
+}
+
+// ConsumerSpec is everything a consumer process needs; it travels to child
+// processes as JSON.
+type ConsumerSpec struct {
+	Broker  BrokerSpec `json:"broker"`
+	Dest    string     `json:"dest"`
+	Group   string     `json:"group"`
+	Handler string     `json:"handler"`
+	Store   StoreSpec  `json:"store"`
+	// Ledger is the path of the file ledger; empty when the mode writes the
+	// effect elsewhere (the transactional mode's ledger table).
+	Ledger string `json:"ledger,omitempty"`
+
+	Lease        time.Duration `json:"lease,omitempty"`
+	MaxBusyWait  time.Duration `json:"max_busy_wait,omitempty"`
+	StoreTimeout time.Duration `json:"store_timeout,omitempty"`
+
+	// FailRate is the share of handler calls that fail before the effect.
+	FailRate float64 `json:"fail_rate,omitempty"`
+	// Work bounds a random pause in the handler before the effect (the
+	// handler's own work), so that deliveries overlap.
+	Work time.Duration `json:"work,omitempty"`
+
+	// CrashID names the message (payload) at which the process kills itself
+	// with SIGKILL, at CrashAt.
+	CrashID string `json:"crash_id,omitempty"`
+	CrashAt string `json:"crash_at,omitempty"`
+
+	// RejectMissing selects middleware.MissingKeyReject; Poison is then the
+	// destination of the poison queue for errors that are not transient.
+	RejectMissing bool   `json:"reject_missing,omitempty"`
+	Poison        string `json:"poison,omitempty"`
+}
+
+// IDSources are the id sources of every consumer: the IdempotencyKey
+// metadata field, on RabbitMQ the AMQP message-id property, then the
+// Watermill UUID.
+func (s ConsumerSpec) IDSources() []keying.IDSource {
+	src := []keying.IDSource{keying.FromMetadata(keying.DefaultIDMetadataKey)}
+	if s.Broker.Kind == Rabbit {
+		src = append(src, amqpkey.FromMessageID())
+	}
+	return append(src, keying.FromUUID())
+}
+
+// Key returns the inbox key of a message with the given IdempotencyKey, as
+// the consumers compute it (hashed when too long or not valid).
+func (s ConsumerSpec) Key(idempotencyKey string) string {
+	msg := message.NewMessage("", nil)
+	msg.Metadata.Set(keying.DefaultIDMetadataKey, idempotencyKey)
+	b := keying.Builder{Bus: s.Broker.Bus(), Group: s.Group, Alias: keying.StaticAlias(s.Handler), IDSources: s.IDSources()}
+	k, _, err := b.KeyString(msg)
+	if err != nil {
+		panic(fmt.Sprintf("key of %q: %v", idempotencyKey, err))
+	}
+	return k
+}
+
+// Inbox is a consumer's idempotency layer, as a mode builds it.
+type Inbox struct {
+	// Middleware is the inbox middleware.
+	Middleware message.HandlerMiddleware
+	// Effect applies a message's effect once (one ledger line or row).
+	Effect func(msg *message.Message, id string) error
+	// Store reads records (may be nil).
+	Store inbox.LeaseStore
+	// Outcomes counts the middleware's outcomes (nil when it has no metrics).
+	Outcomes *Outcomes
+	// Close drains and closes, after the router stopped.
+	Close func(ctx context.Context) error
+}
+
+// ModeFunc builds the inbox of a mode from the spec.
+type ModeFunc func(ctx context.Context, spec ConsumerSpec) (*Inbox, error)
+
+var modes = map[string]ModeFunc{}
+
+// RegisterMode makes StoreSpec.Mode name select f. Call it from TestMain or
+// init, before any consumer starts.
+func RegisterMode(name string, f ModeFunc) { modes[name] = f }
+
+// leaseInbox builds the leased middleware over a store opened from the URL
+// (or over shared, the instance in-process consumers share).
+func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*Inbox, error) {
+	store := shared
+	owned := false
+	if store == nil {
+		var err error
+		store, err = stores.Open(ctx, spec.Store.URL)
+		if err != nil {
+			return nil, err
+		}
+		owned = true
+	}
+	led := &FileLedger{Path: spec.Ledger}
+	outcomes := &Outcomes{}
+	policy := middleware.MissingKeyProcess
+	if spec.RejectMissing {
+		policy = middleware.MissingKeyReject
+	}
+	ib, err := middleware.New(middleware.Config{
+		Store:        store,
+		Bus:          spec.Broker.Bus(),
+		Group:        spec.Group,
+		IDSources:    spec.IDSources(),
+		Lease:        spec.Lease,
+		MaxBusyWait:  spec.MaxBusyWait,
+		StoreTimeout: spec.StoreTimeout,
+		MissingKey:   policy,
+		Metrics:      outcomes,
+	})
+	if err != nil {
+		if owned {
+			_ = store.Close()
+		}
+		return nil, err
+	}
+	return &Inbox{
+		Middleware: ib.Middleware,
+		Effect:     func(_ *message.Message, id string) error { return led.Apply(id) },
+		Store:      store,
+		Outcomes:   outcomes,
+		Close: func(ctx context.Context) error {
+			err := ib.Close(ctx)
+			if owned {
+				err = errors.Join(err, store.Close())
+			}
+			return errors.Join(err, led.Close())
+		},
+	}, nil
+}
+
+// Outcomes counts the middleware's outcomes: a middleware.Metrics.
+type Outcomes struct {
+	mu sync.Mutex
+	n  map[middleware.Outcome]int
+}
+
+// Outcome implements middleware.Metrics.
+func (o *Outcomes) Outcome(_ string, oc middleware.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[middleware.Outcome]int{}
+	}
+	o.n[oc]++
+}
+
+// StoreCall implements middleware.Metrics.
+func (o *Outcomes) StoreCall(string, time.Duration, error) {}
+
+// Get returns the count of oc.
+func (o *Outcomes) Get(oc middleware.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[oc]
+}
+
+// String lists the counts.
+func (o *Outcomes) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return fmt.Sprint(o.n)
+}
+
+// Probe is the outermost middleware of a consumer: it sees every delivery's
+// result as the router does.
+type Probe struct {
+	acked, failed, storeFailed, injected, violations atomic.Int64
+}
+
+type ranKey struct{}
+
+// Acked is the number of deliveries the router acked (the handler chain
+// returned no error).
+func (p *Probe) Acked() int64 { return p.acked.Load() }
+
+// Failed is the number of deliveries that returned an error (nacked).
+func (p *Probe) Failed() int64 { return p.failed.Load() }
+
+// StoreFailed is the number of deliveries nacked with an error wrapping
+// inbox.ErrStoreUnavailable.
+func (p *Probe) StoreFailed() int64 { return p.storeFailed.Load() }
+
+// Injected is the number of handler calls that failed on purpose.
+func (p *Probe) Injected() int64 { return p.injected.Load() }
+
+// Violations is the number of deliveries nacked for a store failure whose
+// handler ran anyway.
+func (p *Probe) Violations() int64 { return p.violations.Load() }
+
+func (p *Probe) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ran := new(atomic.Bool)
+		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		out, err := h(msg)
+		switch {
+		case err == nil:
+			p.acked.Add(1)
+		case errors.Is(err, inbox.ErrStoreUnavailable):
+			p.failed.Add(1)
+			p.storeFailed.Add(1)
+			if ran.Load() {
+				p.violations.Add(1)
+			}
+		default:
+			p.failed.Add(1)
+		}
+		return out, err
+	}
+}
+
+var errInjected = errors.New("e2e: injected handler failure (before the effect)")
+
+// Consumer is a router consuming one destination through an inbox.
+type Consumer struct {
+	Spec  ConsumerSpec
+	Probe *Probe
+	Inbox *Inbox
+
+	router   *message.Router
+	closers  []func() error
+	done     chan error
+	stopOnce sync.Once
+	stopped  atomic.Bool
+	stopErr  error
+}
+
+// NewConsumer builds (does not start) a consumer. shared, when not nil, is
+// the store instance to use instead of opening spec.Store.URL (the memory
+// store, which cannot be reached from elsewhere).
+func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*Consumer, error) {
+	var (
+		ib  *Inbox
+		err error
+	)
+	if spec.Store.Mode == "" {
+		ib, err = leaseInbox(ctx, spec, shared)
+	} else if f, ok := modes[spec.Store.Mode]; ok {
+		ib, err = f(ctx, spec)
+	} else {
+		err = fmt.Errorf("unknown store mode %q", spec.Store.Mode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("building the inbox: %w", err)
+	}
+	c := &Consumer{Spec: spec, Probe: &Probe{}, Inbox: ib, done: make(chan error, 1)}
+	fail := func(err error) (*Consumer, error) {
+		_ = ib.Close(context.Background())
+		for _, f := range c.closers {
+			_ = f()
+		}
+		return nil, err
+	}
+	sub, err := spec.Broker.Subscriber(spec.Group)
+	if err != nil {
+		return fail(fmt.Errorf("subscriber: %w", err))
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return fail(err)
+	}
+	router.AddMiddleware(c.Probe.middleware)
+	if spec.Poison != "" {
+		pub, err := spec.Broker.Publisher()
+		if err != nil {
+			return fail(fmt.Errorf("poison publisher: %w", err))
+		}
+		c.closers = append(c.closers, pub.Close)
+		poison, err := wmw.PoisonQueueWithFilter(pub, spec.Poison, func(err error) bool { return !middleware.IsTransient(err) })
+		if err != nil {
+			_ = pub.Close()
+			return fail(err)
+		}
+		router.AddMiddleware(poison)
+	}
+	router.AddMiddleware(ib.Middleware)
+	router.AddConsumerHandler(spec.Handler, spec.Dest, sub, (&handler{c: c, ib: ib}).handle)
+	c.router = router
+	return c, nil
+}
+
+// handler is a consumer's handler: it applies the message's effect, with
+// injected failures and crashes.
+type handler struct {
+	c  *Consumer
+	ib *Inbox
+
+	mu       sync.Mutex
+	calls    int
+	injected int
+	done     []string // keys of the messages this process applied, in order
+}
+
+func (h *handler) handle(msg *message.Message) error {
+	spec := h.c.Spec
+	id := string(msg.Payload)
+	if ran, ok := msg.Context().Value(ranKey{}).(*atomic.Bool); ok {
+		ran.Store(true)
+	}
+	if spec.Work > 0 {
+		time.Sleep(rand.N(spec.Work)) // the handler's own work
+	}
+	if spec.FailRate > 0 {
+		h.mu.Lock()
+		h.calls++
+		// Random failures at FailRate, and at least one in any consumer that
+		// handles four messages, so the path is always taken.
+		fail := rand.Float64() < spec.FailRate || (h.calls == 4 && h.injected == 0)
+		if fail {
+			h.injected++
+		}
+		h.mu.Unlock()
+		if fail {
+			h.c.Probe.injected.Add(1)
+			return errInjected
+		}
+	}
+	if id == spec.CrashID && spec.CrashAt == CrashBeforeEffect {
+		h.crash()
+	}
+	if err := h.ib.Effect(msg, id); err != nil {
+		return err
+	}
+	if id == spec.CrashID && spec.CrashAt == CrashAfterEffect {
+		h.crash()
+	}
+	if spec.CrashID != "" {
+		h.mu.Lock()
+		h.done = append(h.done, spec.Key(msg.Metadata.Get(keying.DefaultIDMetadataKey)))
+		h.mu.Unlock()
+	}
+	return nil
+}
+
+// crash kills the process with SIGKILL, once the marks of the messages it
+// applied before have landed (they were acked; a mark follows its ack
+// asynchronously): the crash then hits exactly this message's handler.
+func (h *handler) crash() {
+	h.mu.Lock()
+	keys := append([]string(nil), h.done...)
+	h.mu.Unlock()
+	if h.ib.Store != nil && h.c.Spec.Store.Mode == "" {
+		deadline := time.Now().Add(20 * time.Second)
+		for _, k := range keys {
+			for {
+				rec, err := h.ib.Store.Get(context.Background(), k)
+				if err == nil && rec.State == inbox.StateProcessed {
+					break
+				}
+				if time.Now().After(deadline) {
+					fmt.Fprintf(os.Stderr, "e2e child: key %q still not processed before the crash: %v %v\n", k, rec.State, err)
+					os.Exit(4)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
+
+// Run runs the router until Stop; it returns when the router is running.
+func (c *Consumer) Run() error {
+	go func() { c.done <- c.router.Run(context.Background()) }()
+	select {
+	case <-c.router.Running():
+		return nil
+	case err := <-c.done:
+		return fmt.Errorf("router stopped at start: %v", err)
+	case <-time.After(60 * time.Second):
+		return errors.New("router not running after 60s")
+	}
+}
+
+// Stop closes the router, then the inbox (draining pending marks).
+func (c *Consumer) Stop() error {
+	c.stopOnce.Do(func() {
+		defer c.stopped.Store(true)
+		err := c.router.Close()
+		if rerr := <-c.done; rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		err = errors.Join(err, c.Inbox.Close(ctx))
+		for _, f := range c.closers {
+			err = errors.Join(err, f())
+		}
+		c.stopErr = err
+	})
+	return c.stopErr
+}
+
+// StartConsumer builds and runs an in-process consumer, stopped when the
+// test ends (if not before).
+func StartConsumer(t testing.TB, spec ConsumerSpec, shared stores.Store) *Consumer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := NewConsumer(ctx, spec, shared)
+	if err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	if err := c.Run(); err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	t.Cleanup(func() {
+		if c.stopped.Load() {
+			return // stopped by the test, which reported the error
+		}
+		if err := c.Stop(); err != nil {
+			t.Errorf("stopping the consumer: %v", err)
+		}
+	})
+	return c
+}

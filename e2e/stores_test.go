@@ -1,0 +1,334 @@
+package e2e_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox/e2e/internal/harness"
+	"github.com/watermill-inbox/inbox/internal/faultproxy"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores"
+	_ "github.com/watermill-inbox/inbox/stores/all"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+)
+
+const (
+	noNetwork  = "no network link to cut: the store is in-process or embedded"
+	oneProcess = "the memory store lives in one process: no other process can share it"
+)
+
+// storeKinds are the rows of the matrix in this module (MongoDB is in the
+// e2e/mongo module).
+func storeKinds() []harness.StoreKind {
+	return []harness.StoreKind{
+		{Name: "memory", New: newMemory, NoCrossProcess: oneProcess, NoOutage: noNetwork},
+		{Name: "redis", New: newRedis},
+		{Name: "postgres", New: sqlKind(testenv.Postgres, false)},
+		{Name: "mariadb", New: sqlKind(testenv.MySQL, false)},
+		{Name: "sqlite", New: newSQLite(false), NoOutage: noNetwork},
+		{Name: "remote", New: newRemote},
+		{Name: "postgres-tx", New: sqlKind(testenv.Postgres, true), Tx: true},
+		{Name: "mariadb-tx", New: sqlKind(testenv.MySQL, true), Tx: true},
+		{Name: "sqlite-tx", New: newSQLite(true), Tx: true, NoOutage: noNetwork},
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func open(t *testing.T, rawURL string) stores.Store {
+	t.Helper()
+	s, err := stores.Open(ctx(t), rawURL)
+	if err != nil {
+		t.Fatalf("opening %s: %v", stores.Redact(mustParse(t, rawURL)), err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func mustParse(t *testing.T, raw string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// withParams returns raw with the query parameters set.
+func withParams(t *testing.T, raw string, kv ...string) string {
+	u := mustParse(t, raw)
+	q := u.Query()
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// proxy puts a fault proxy in front of raw's host and returns the URL through
+// it.
+func proxy(t *testing.T, raw string) (string, *faultproxy.Proxy) {
+	u := mustParse(t, raw)
+	p := faultproxy.New(t, u.Host)
+	u.Host = p.Addr()
+	return u.String(), p
+}
+
+func unique() string { return strings.ToLower(watermill.NewShortUUID()[:10]) }
+
+func newMemory(t *testing.T, _ bool) harness.StoreCase {
+	s := open(t, "memory://")
+	return harness.StoreCase{Spec: harness.StoreSpec{URL: "memory://"}, Shared: s, Inspect: s}
+}
+
+// newRemote serves the remote inbox protocol (package server, as inboxd
+// does) over a memory store, on a loopback port, and returns the http://
+// URL of the remote store. Consumers in other processes reach it too.
+func newRemote(t *testing.T, proxied bool) harness.StoreCase {
+	backing := open(t, "memory://")
+	srv, err := server.New(server.Config{Store: backing, LeaseMin: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	direct := "http://" + ln.Addr().String() + "/"
+	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: backing}
+	if proxied {
+		sc.Spec.URL, sc.Proxy = proxy(t, direct)
+	}
+	return sc
+}
+
+func newRedis(t *testing.T, proxied bool) harness.StoreCase {
+	prefix := "e2e:" + unique() + ":"
+	direct := withParams(t, testenv.Redis.URL(t), "prefix", prefix, "retention", "1h")
+	opts, err := redis.ParseURL(testenv.Redis.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c := redis.NewClient(opts)
+		defer c.Close()
+		ctx := context.Background()
+		iter := c.Scan(ctx, 0, prefix+"*", 500).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("deleting the keys under %s: %v", prefix, err)
+		}
+	})
+	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: open(t, direct)}
+	if proxied {
+		sc.Spec.URL, sc.Proxy = proxy(t, direct)
+	}
+	return sc
+}
+
+// sqlKind is PostgreSQL or MariaDB, with the leased store or the
+// transactional mode, in a new table per case.
+func sqlKind(svc testenv.Service, tx bool) func(t *testing.T, proxied bool) harness.StoreCase {
+	return func(t *testing.T, proxied bool) harness.StoreCase {
+		base := svc.URL(t)
+		table := "e2e_" + unique()
+		direct := withParams(t, base, "table", table, "migrate", "true", "retention", "1h")
+		inspect := open(t, direct)
+		db := openDB(t, base)
+		t.Cleanup(func() {
+			for _, tb := range []string{table, table + "_ledger"} {
+				if _, err := db.Exec("DROP TABLE IF EXISTS " + tb); err != nil {
+					t.Errorf("dropping %s: %v", tb, err)
+				}
+			}
+		})
+		sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: inspect}
+		if tx {
+			sc.Spec.Mode = "tx"
+			sc.Ledger = newTableLedger(t, db, dialectOf(t, base), table+"_ledger")
+		}
+		if proxied {
+			sc.Spec.URL, sc.Proxy = proxy(t, sc.Spec.URL)
+		}
+		return sc
+	}
+}
+
+func newSQLite(tx bool) func(t *testing.T, proxied bool) harness.StoreCase {
+	return func(t *testing.T, _ bool) harness.StoreCase {
+		path := filepath.Join(t.TempDir(), "inbox.db")
+		direct := "sqlite://" + path + "?table=inbox&migrate=true&retention=1h"
+		sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: open(t, direct)}
+		if tx {
+			sc.Spec.Mode = "tx"
+			db := openDB(t, direct)
+			sc.Ledger = newTableLedger(t, db, sqlstore.SQLite, "inbox_ledger")
+		}
+		return sc
+	}
+}
+
+func dialectOf(t *testing.T, raw string) sqlstore.Dialect {
+	switch s := mustParse(t, raw).Scheme; s {
+	case "postgres", "postgresql":
+		return sqlstore.Postgres
+	case "mysql":
+		return sqlstore.MySQL
+	case "sqlite":
+		return sqlstore.SQLite
+	default:
+		t.Fatalf("no SQL dialect for scheme %q", s)
+		return ""
+	}
+}
+
+// sqlDB opens the database a store URL names, without the store's own
+// parameters.
+func sqlDB(raw string) (*sql.DB, sqlstore.Dialect, string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, "", "", err
+	}
+	q := u.Query()
+	table := q.Get("table")
+	if table == "" {
+		table = sqlstore.DefaultTable
+	}
+	for _, p := range []string{"table", "migrate", "retention", "lease"} {
+		q.Del(p)
+	}
+	u.RawQuery = q.Encode()
+	switch u.Scheme {
+	case "postgres", "postgresql":
+		db, err := sql.Open("pgx", u.String())
+		return db, sqlstore.Postgres, table, err
+	case "mysql":
+		cfg := mysql.NewConfig()
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+		cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+		cfg.ParseTime = true
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		return db, sqlstore.MySQL, table, err
+	case "sqlite":
+		db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(u.Path, 10*time.Second))
+		if err == nil {
+			db.SetMaxOpenConns(1) // SQLite has one writer: the transaction's connection
+		}
+		return db, sqlstore.SQLite, table, err
+	}
+	return nil, "", "", fmt.Errorf("no SQL database for scheme %q", u.Scheme)
+}
+
+func openDB(t *testing.T, raw string) *sql.DB {
+	t.Helper()
+	db, _, _, err := sqlDB(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// tableLedger is the transactional mode's ledger: a table in the inbox's
+// database, written by the handler through the message's transaction.
+type tableLedger struct {
+	db    *sql.DB
+	table string
+}
+
+func newTableLedger(t *testing.T, db *sql.DB, d sqlstore.Dialect, table string) *tableLedger {
+	t.Helper()
+	if _, err := db.Exec(fmt.Sprintf("CREATE TABLE %s (id VARCHAR(255) NOT NULL)", table)); err != nil {
+		t.Fatalf("creating the ledger table: %v", err)
+	}
+	return &tableLedger{db: db, table: table}
+}
+
+func (l *tableLedger) Counts(t testing.TB) map[string]int {
+	t.Helper()
+	rows, err := l.db.Query("SELECT id, COUNT(*) FROM " + l.table + " GROUP BY id")
+	if err != nil {
+		t.Fatalf("reading the ledger table: %v", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// txMode builds the SQL transactional middleware for a consumer: its effect
+// is a row in the ledger table, inserted through the message's transaction.
+func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error) {
+	db, d, table, err := sqlDB(spec.Store.URL)
+	if err != nil {
+		return nil, err
+	}
+	policy := middleware.MissingKeyProcess
+	if spec.RejectMissing {
+		policy = middleware.MissingKeyReject
+	}
+	outcomes := &harness.Outcomes{}
+	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
+		DB: db, Dialect: d, Table: table,
+		Bus: spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
+		LockTimeout: 5 * time.Second,
+		MissingKey:  policy,
+		Metrics:     outcomes,
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	insert := "INSERT INTO " + table + "_ledger (id) VALUES (?)"
+	if d == sqlstore.Postgres {
+		insert = "INSERT INTO " + table + "_ledger (id) VALUES ($1)"
+	}
+	return &harness.Inbox{
+		Middleware: mw.Middleware,
+		Effect: func(msg *message.Message, id string) error {
+			tx, ok := sqlstore.TxFromContext(msg.Context())
+			if !ok {
+				return fmt.Errorf("no transaction in the message context")
+			}
+			_, err := tx.ExecContext(msg.Context(), insert, id)
+			return err
+		},
+		Outcomes: outcomes,
+		Close:    func(context.Context) error { return db.Close() },
+	}, nil
+}

@@ -1,0 +1,373 @@
+// Kafka: a Watermill router consuming orders from a Kafka topic in a consumer
+// group, with the inbox middleware so that each order is charged once, however
+// often it is delivered. The publisher sends some orders twice (a producer
+// retry, with the same IdempotencyKey) and one charge fails once
+// (watermill-kafka resends it).
+//
+//	go run ./examples/kafka
+//
+// Environment:
+//
+//	KAFKA_BROKERS    comma-separated brokers (host:9092,...); when unset, the
+//	                 example starts an in-process kfake cluster, so it needs no
+//	                 setup
+//	INBOX_STORE_URL  the inbox store, any URL of package stores
+//	                 (default sqlite://./inbox-example.db?migrate=true)
+//
+// Each run uses a new topic (inbox-example-orders-<run id>, 3 partitions,
+// replication factor 1) and consumer group (inbox-example-billing-<run id>),
+// and on a real cluster deletes both at the end, so runs never see each
+// other's messages. The consumer group is also the inbox group, so a store
+// kept between runs (the SQLite file) keeps each run's keys apart.
+//
+// Messages are partitioned by their IdempotencyKey, so the copies of one order
+// land in one partition and reach the consumer one after the other. The ids
+// are the IdempotencyKey header, else the Watermill UUID, else (for records
+// from producers that set neither) the record's topic/partition/offset
+// ([kafkakey.FromOffset]), which deduplicates redeliveries but not producer
+// retries.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/keying/kafkakey"
+	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores"
+	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
+)
+
+// DefaultStoreURL is the store used when INBOX_STORE_URL is unset.
+const DefaultStoreURL = "sqlite://./inbox-example.db?migrate=true"
+
+func main() {
+	cfg := Config{
+		StoreURL: DefaultStoreURL,
+		Timeout:  time.Minute,
+	}
+	if v := os.Getenv("INBOX_STORE_URL"); v != "" {
+		cfg.StoreURL = v
+	}
+	if v := os.Getenv("KAFKA_BROKERS"); v != "" {
+		cfg.Brokers = strings.Split(v, ",")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Config is what the example needs.
+type Config struct {
+	// Brokers of a real cluster; empty starts an in-process kfake cluster.
+	Brokers  []string
+	StoreURL string
+	// Timeout bounds the wait for every order to be accounted for.
+	Timeout time.Duration
+}
+
+// Summary is what happened to the deliveries.
+type Summary struct {
+	Published  int // messages sent
+	Orders     int // distinct orders among them
+	Received   int // deliveries that reached the router, resends included
+	Processed  int // orders charged (handler succeeded, key marked)
+	Duplicates int // deliveries skipped as duplicates
+	Retried    int // handler failures, resent by watermill-kafka
+}
+
+func (s Summary) String() string {
+	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d",
+		s.Received, s.Processed, s.Duplicates, s.Retried)
+}
+
+// kafkaVersion is the protocol version the clients speak. watermill-kafka's
+// default (1.0) is older than Kafka 4 accepts (KIP-896 removed the request
+// versions before 2.1); 2.1, sarama's own default, works with Kafka 2.1 and
+// newer, and with kfake.
+var kafkaVersion = sarama.V2_1_0_0
+
+// deliveries are the orders the publisher sends, by IdempotencyKey: order-2
+// is a producer retry, order-4 is sent three times.
+var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4"}
+
+// failOnce is the order whose first charge fails (a payment gateway timeout).
+const failOnce = "order-3"
+
+// Run publishes the orders, consumes them until each is accounted for, prints
+// what happens to out and returns the summary.
+func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
+	var sum Summary
+	logger := watermill.NopLogger{}
+
+	// 1. The inbox store, chosen by URL. The URL is printed without its
+	//    password.
+	store, err := stores.Open(ctx, cfg.StoreURL)
+	if err != nil {
+		return sum, err
+	}
+	defer store.Close()
+	if su, err := url.Parse(cfg.StoreURL); err == nil {
+		fmt.Fprintf(out, "inbox store: %s\n", stores.Redact(su))
+	}
+
+	// 2. The brokers: a real cluster, or an in-process one.
+	brokers := cfg.Brokers
+	if len(brokers) == 0 {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			return sum, fmt.Errorf("start kfake: %w", err)
+		}
+		defer cluster.Close()
+		brokers = cluster.ListenAddrs()
+		fmt.Fprintf(out, "KAFKA_BROKERS is not set: started an in-process kfake cluster at %s\n", strings.Join(brokers, ","))
+	} else {
+		fmt.Fprintf(out, "Kafka brokers: %s\n", strings.Join(brokers, ","))
+	}
+	run := watermill.NewShortUUID()
+	topic := "inbox-example-orders-" + run
+	group := "inbox-example-billing-" + run
+	fmt.Fprintf(out, "topic %s, consumer group %s\n", topic, group)
+
+	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
+	//    Watermill UUID, else the record's position.
+	counts := &counter{}
+	ib, err := middleware.New(middleware.Config{
+		Store:     store,
+		Bus:       "kafka",
+		Group:     group,
+		IDSources: append(keying.DefaultIDSources(), kafkakey.FromOffset()),
+		Metrics:   counts,
+		Logger:    logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+
+	// 4. A consumer-group subscriber reading from the oldest offset, so that
+	//    nothing published before the group has joined is skipped.
+	saramaCfg := kafka.DefaultSaramaSubscriberConfig()
+	saramaCfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	saramaCfg.Version = kafkaVersion
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:                brokers,
+		Unmarshaler:            kafka.DefaultMarshaler{},
+		ConsumerGroup:          group,
+		OverwriteSaramaConfig:  saramaCfg,
+		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 3, ReplicationFactor: 1},
+	}, logger)
+	if err != nil {
+		return sum, fmt.Errorf("kafka subscriber: %w", err)
+	}
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		return sum, fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	if len(cfg.Brokers) > 0 {
+		defer cleanUp(brokers, topic, group, out)
+	}
+
+	// 5. The consumer router: report (outside) sees every delivery, the inbox
+	//    decides whether the handler runs.
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer router.Close()
+	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
+	router.AddMiddleware(b.report, ib.Middleware)
+	router.AddConsumerHandler("charge-card", topic, sub, b.chargeCard)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(runCtx) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return sum, fmt.Errorf("router: %w", err)
+	}
+
+	// 6. The publisher sends the orders, duplicates included, keyed by order
+	//    so that the copies of one order share a partition.
+	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
+	pubCfg.Version = kafkaVersion
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               brokers,
+		OverwriteSaramaConfig: pubCfg,
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get(keying.DefaultIDMetadataKey), nil
+		}),
+	}, logger)
+	if err != nil {
+		return sum, fmt.Errorf("kafka publisher: %w", err)
+	}
+	orders := map[string]bool{}
+	for _, id := range deliveries {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
+		msg.Metadata.Set(keying.DefaultIDMetadataKey, id)
+		if err := pub.Publish(topic, msg); err != nil {
+			_ = pub.Close()
+			return sum, fmt.Errorf("publish %s: %w", id, err)
+		}
+		orders[id] = true
+	}
+	if err := pub.Close(); err != nil {
+		return sum, err
+	}
+	sum.Published, sum.Orders = len(deliveries), len(orders)
+
+	// 7. Wait until every order is charged and every extra delivery skipped.
+	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
+		return counts.get(middleware.OutcomeProcessed) == sum.Orders &&
+			counts.get(middleware.OutcomeDuplicate) == sum.Published-sum.Orders
+	})
+
+	// 8. Stop the router, then let the inbox finish its pending marks.
+	closeErr := router.Close()
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelClose()
+	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
+
+	sum.Received = b.received()
+	sum.Processed = counts.get(middleware.OutcomeProcessed)
+	sum.Duplicates = counts.get(middleware.OutcomeDuplicate)
+	sum.Retried = counts.get(middleware.OutcomeReleased)
+	fmt.Fprintf(out, "\npublished %d messages for %d orders\n%s\n", sum.Published, sum.Orders, sum)
+	return sum, errors.Join(waitErr, closeErr)
+}
+
+// waitUntil polls cond until it holds, the timeout passes, ctx ends or the
+// router stops.
+func waitUntil(ctx context.Context, timeout time.Duration, routerDone <-chan error, cond func() bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return fmt.Errorf("not every order was accounted for within %s", timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-routerDone:
+			return fmt.Errorf("router stopped early: %v", err)
+		}
+	}
+	return nil
+}
+
+// cleanUp deletes the run's topic and consumer group from a real cluster; a
+// failure is reported, not fatal.
+func cleanUp(brokers []string, topic, group string, out io.Writer) {
+	cfg := sarama.NewConfig()
+	cfg.Version = kafkaVersion
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err == nil {
+		defer admin.Close()
+		err = errors.Join(admin.DeleteConsumerGroup(group), admin.DeleteTopic(topic))
+	}
+	if err != nil {
+		fmt.Fprintf(out, "could not delete topic %s or group %s: %v\n", topic, group, err)
+	}
+}
+
+// billing is the consumer. chargeCard is the handler whose side effect must
+// happen once per order; report is a middleware outside the inbox that sees
+// every delivery.
+type billing struct {
+	out io.Writer
+
+	mu         sync.Mutex
+	deliveries int
+	charged    map[string]int
+	failures   map[string]bool // orders whose next charge fails
+}
+
+type ranKey struct{}
+
+func (b *billing) chargeCard(msg *message.Message) error {
+	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failures[id] {
+		delete(b.failures, id) // the gateway recovers for the resend
+		return errors.New("payment gateway timeout")
+	}
+	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
+		*ran = true
+	}
+	if b.charged == nil {
+		b.charged = map[string]int{}
+	}
+	b.charged[id]++
+	fmt.Fprintf(b.out, "%s  charged (times charged: %d)\n", id, b.charged[id])
+	return nil
+}
+
+func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		b.mu.Lock()
+		b.deliveries++
+		b.mu.Unlock()
+		ran := new(bool)
+		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		res, err := h(msg)
+		id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		switch {
+		case err != nil:
+			fmt.Fprintf(b.out, "%s  failed: %v; lease released, watermill-kafka resends it\n", id, err)
+		case !*ran:
+			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
+		}
+		return res, err
+	}
+}
+
+func (b *billing) received() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.deliveries
+}
+
+// counter is a middleware.Metrics that counts outcomes.
+type counter struct {
+	mu sync.Mutex
+	n  map[middleware.Outcome]int
+}
+
+func (c *counter) Outcome(_ string, o middleware.Outcome) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[middleware.Outcome]int{}
+	}
+	c.n[o]++
+}
+
+func (c *counter) StoreCall(string, time.Duration, error) {}
+
+func (c *counter) get(o middleware.Outcome) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[o]
+}

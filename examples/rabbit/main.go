@@ -1,0 +1,331 @@
+// Rabbit: a Watermill router consuming orders from a durable RabbitMQ queue,
+// with the inbox middleware so that each order is charged once, however often
+// it is delivered. The publisher sends some orders twice (a producer retry,
+// with the same IdempotencyKey) and one charge fails once (RabbitMQ
+// redelivers it).
+//
+//	go run ./examples/rabbit
+//
+// Environment:
+//
+//	AMQP_URL         the broker (default amqp://guest:guest@127.0.0.1:5672/)
+//	INBOX_STORE_URL  the inbox store, any URL of package stores
+//	                 (default sqlite://./inbox-example.db?migrate=true)
+//
+// Each run uses a new durable queue, inbox-example-orders-<run id>, which it
+// deletes at the end, so runs never see each other's messages. The queue name
+// is also the inbox group, so a store kept between runs (the SQLite file)
+// keeps each run's keys apart.
+//
+// The consumer uses [amqpkey.Marshaler]: it accepts headers that are not
+// strings (other AMQP clients send ints, booleans, tables) instead of
+// requeueing such deliveries in a loop, and it keys messages without an
+// IdempotencyKey by their AMQP message-id.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/url"
+	"os"
+	"os/signal"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/keying/amqpkey"
+	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores"
+	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
+)
+
+// Defaults of the environment variables.
+const (
+	DefaultAMQPURL  = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultStoreURL = "sqlite://./inbox-example.db?migrate=true"
+)
+
+func main() {
+	cfg := Config{
+		AMQPURL:  envOr("AMQP_URL", DefaultAMQPURL),
+		StoreURL: envOr("INBOX_STORE_URL", DefaultStoreURL),
+		Timeout:  time.Minute,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Config is what the example needs.
+type Config struct {
+	AMQPURL  string
+	StoreURL string
+	// Timeout bounds the wait for every order to be accounted for.
+	Timeout time.Duration
+}
+
+// Summary is what happened to the deliveries.
+type Summary struct {
+	Published  int // messages sent
+	Orders     int // distinct orders among them
+	Received   int // deliveries that reached the router, redeliveries included
+	Processed  int // orders charged (handler succeeded, key marked)
+	Duplicates int // deliveries skipped as duplicates
+	Retried    int // handler failures, redelivered by RabbitMQ
+}
+
+func (s Summary) String() string {
+	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d",
+		s.Received, s.Processed, s.Duplicates, s.Retried)
+}
+
+// deliveries are the orders the publisher sends, by IdempotencyKey: order-2
+// is a producer retry, order-4 is sent three times.
+var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4"}
+
+// failOnce is the order whose first charge fails (a payment gateway timeout).
+const failOnce = "order-3"
+
+// Run publishes the orders, consumes them until each is accounted for, prints
+// what happens to out and returns the summary.
+func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
+	var sum Summary
+	logger := watermill.NopLogger{}
+
+	// 1. The inbox store, chosen by URL. The URL is printed without its
+	//    password.
+	store, err := stores.Open(ctx, cfg.StoreURL)
+	if err != nil {
+		return sum, err
+	}
+	defer store.Close()
+	if su, err := url.Parse(cfg.StoreURL); err == nil {
+		fmt.Fprintf(out, "inbox store: %s\n", stores.Redact(su))
+	}
+
+	// 2. A durable queue of this run's own, and watermill-amqp with the
+	//    amqpkey marshaler on both sides.
+	queue := "inbox-example-orders-" + watermill.NewShortUUID()
+	fmt.Fprintf(out, "queue %s\n", queue)
+	amqpCfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
+	amqpCfg.Marshaler = amqpkey.Marshaler{}
+	defer deleteQueue(cfg.AMQPURL, queue, out)
+
+	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
+	//    AMQP message-id, else the Watermill UUID.
+	counts := &counter{}
+	ib, err := middleware.New(middleware.Config{
+		Store: store,
+		Bus:   "rabbit",
+		Group: queue,
+		IDSources: []keying.IDSource{
+			keying.FromMetadata(keying.DefaultIDMetadataKey),
+			amqpkey.FromMessageID(),
+			keying.FromUUID(),
+		},
+		Metrics: counts,
+		Logger:  logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+
+	// 4. The consumer router: report (outside) sees every delivery, the inbox
+	//    decides whether the handler runs.
+	sub, err := amqp.NewSubscriber(amqpCfg, logger)
+	if err != nil {
+		return sum, fmt.Errorf("rabbitmq subscriber: %w", err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer router.Close()
+	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
+	router.AddMiddleware(b.report, ib.Middleware)
+	router.AddConsumerHandler("charge-card", queue, sub, b.chargeCard)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(runCtx) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return sum, fmt.Errorf("router: %w", err)
+	}
+
+	// 5. The publisher sends the orders, duplicates included.
+	pub, err := amqp.NewPublisher(amqpCfg, logger)
+	if err != nil {
+		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
+	}
+	orders := map[string]bool{}
+	for _, id := range deliveries {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
+		msg.Metadata.Set(keying.DefaultIDMetadataKey, id)
+		if err := pub.Publish(queue, msg); err != nil {
+			_ = pub.Close()
+			return sum, fmt.Errorf("publish %s: %w", id, err)
+		}
+		orders[id] = true
+	}
+	if err := pub.Close(); err != nil {
+		return sum, err
+	}
+	sum.Published, sum.Orders = len(deliveries), len(orders)
+
+	// 6. Wait until every order is charged and every extra delivery skipped.
+	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
+		return counts.get(middleware.OutcomeProcessed) == sum.Orders &&
+			counts.get(middleware.OutcomeDuplicate) == sum.Published-sum.Orders
+	})
+
+	// 7. Stop the router, then let the inbox finish its pending marks.
+	closeErr := router.Close()
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelClose()
+	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
+
+	sum.Received = b.received()
+	sum.Processed = counts.get(middleware.OutcomeProcessed)
+	sum.Duplicates = counts.get(middleware.OutcomeDuplicate)
+	sum.Retried = counts.get(middleware.OutcomeReleased)
+	fmt.Fprintf(out, "\npublished %d messages for %d orders\n%s\n", sum.Published, sum.Orders, sum)
+	return sum, errors.Join(waitErr, closeErr)
+}
+
+// waitUntil polls cond until it holds, the timeout passes, ctx ends or the
+// router stops.
+func waitUntil(ctx context.Context, timeout time.Duration, routerDone <-chan error, cond func() bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return fmt.Errorf("not every order was accounted for within %s", timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-routerDone:
+			return fmt.Errorf("router stopped early: %v", err)
+		}
+	}
+	return nil
+}
+
+// deleteQueue removes the run's queue; a failure is reported, not fatal.
+func deleteQueue(amqpURL, queue string, out io.Writer) {
+	conn, err := amqp091.Dial(amqpURL)
+	if err == nil {
+		defer conn.Close()
+		var ch *amqp091.Channel
+		if ch, err = conn.Channel(); err == nil {
+			_, err = ch.QueueDelete(queue, false, false, false)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(out, "could not delete queue %s: %v\n", queue, err)
+	}
+}
+
+// billing is the consumer. chargeCard is the handler whose side effect must
+// happen once per order; report is a middleware outside the inbox that sees
+// every delivery.
+type billing struct {
+	out io.Writer
+
+	mu         sync.Mutex
+	deliveries int
+	charged    map[string]int
+	failures   map[string]bool // orders whose next charge fails
+}
+
+type ranKey struct{}
+
+func (b *billing) chargeCard(msg *message.Message) error {
+	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failures[id] {
+		delete(b.failures, id) // the gateway recovers for the redelivery
+		return errors.New("payment gateway timeout")
+	}
+	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
+		*ran = true
+	}
+	if b.charged == nil {
+		b.charged = map[string]int{}
+	}
+	b.charged[id]++
+	fmt.Fprintf(b.out, "%s  charged (times charged: %d)\n", id, b.charged[id])
+	return nil
+}
+
+func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		b.mu.Lock()
+		b.deliveries++
+		b.mu.Unlock()
+		ran := new(bool)
+		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		res, err := h(msg)
+		id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		switch {
+		case err != nil:
+			fmt.Fprintf(b.out, "%s  failed: %v; lease released, RabbitMQ redelivers it\n", id, err)
+		case !*ran:
+			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
+		}
+		return res, err
+	}
+}
+
+func (b *billing) received() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.deliveries
+}
+
+// counter is a middleware.Metrics that counts outcomes.
+type counter struct {
+	mu sync.Mutex
+	n  map[middleware.Outcome]int
+}
+
+func (c *counter) Outcome(_ string, o middleware.Outcome) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[middleware.Outcome]int{}
+	}
+	c.n[o]++
+}
+
+func (c *counter) StoreCall(string, time.Duration, error) {}
+
+func (c *counter) get(o middleware.Outcome) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[o]
+}

@@ -1,0 +1,80 @@
+package amqpkey_test
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/keying/amqpkey"
+)
+
+// A delivery from a producer that is not Watermill: headers of other types
+// than string, and the id in the message-id property.
+func ExampleMarshaler_Unmarshal() {
+	d := amqp091.Delivery{
+		MessageId: "order-42",
+		Headers: amqp091.Table{
+			"retries": int32(3),
+			"urgent":  true,
+			"trace":   amqp091.Table{"span": int64(7)},
+			"sig":     []byte{0xde, 0xad},
+		},
+		Body: []byte(`{"order":42}`),
+	}
+
+	if _, err := (amqp.DefaultMarshaler{}).Unmarshal(d); err != nil {
+		fmt.Println("DefaultMarshaler fails: the subscriber would requeue it in a loop")
+	}
+
+	msg, err := amqpkey.Marshaler{}.Unmarshal(d)
+	if err != nil {
+		panic(err)
+	}
+	keys := make([]string, 0, len(msg.Metadata))
+	for k := range msg.Metadata {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Printf("%s=%s\n", k, msg.Metadata[k])
+	}
+
+	b := keying.Builder{
+		Bus: "rabbit", Group: "orders", Alias: keying.StaticAlias("charge"),
+		IDSources: []keying.IDSource{keying.FromMetadata(keying.DefaultIDMetadataKey), amqpkey.FromMessageID(), keying.FromUUID()},
+	}
+	k, source, err := b.Key(msg)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("key %s (id from %s)\n", k, source)
+	// Output:
+	// DefaultMarshaler fails: the subscriber would requeue it in a loop
+	// amqp_message_id=order-42
+	// retries=3
+	// sig=3q0=
+	// trace={"span":7}
+	// urgent=true
+	// key rabbit:orders:charge:order-42 (id from amqp-message-id)
+}
+
+// On the publishing side the marshaler puts the IdempotencyKey (else the
+// UUID) in the message-id property, for consumers that are not Watermill.
+func ExampleMarshaler_Marshal() {
+	cfg := amqp.NewDurableQueueConfig("amqp://guest:guest@localhost:5672/")
+	cfg.Marshaler = amqpkey.Marshaler{} // used by amqp.NewPublisher and amqp.NewSubscriber
+
+	msg := message.NewMessage("0b6c3a8e-uuid", []byte(`{"order":42}`))
+	msg.Metadata.Set("IdempotencyKey", "order-42")
+	p, err := cfg.Marshaler.Marshal(msg)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(p.MessageId, p.Headers["IdempotencyKey"], p.Headers["_watermill_message_uuid"])
+	// Output:
+	// order-42 order-42 0b6c3a8e-uuid
+}

@@ -1,0 +1,133 @@
+// Package mongostore is an [inbox.LeaseStore] on MongoDB, through the
+// official driver go.mongodb.org/mongo-driver/v2.
+//
+//	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://db1:27017"))
+//	...
+//	store, err := mongostore.New(ctx, client, mongostore.Options{Database: "app"})
+//	...
+//	err = store.EnsureIndexes(ctx) // optional: let the server delete expired records
+//
+// # Documents
+//
+// One document per key, in Options.Database and Options.Collection (default
+// "inbox"), with the key as _id (a string, compared byte for byte):
+//
+//	{
+//	  _id:         <key>,
+//	  leaseId:     <id of the current or last lease; "" once released or marked by MarkProcessed>,
+//	  leaseUntil:  <date: the lease's deadline; the epoch when there is no lease>,
+//	  processed:   <bool>,
+//	  attempts:    <int64: leases acquired>,
+//	  firstSeen:   <date>, lastSeen: <date>,
+//	  expiresAt:   <date: the record is gone after this: lease deadline + retention while
+//	                leased, completion + retention once processed, release + retention>,
+//	  owner:       <string>, payloadHash: <string: the first non-empty hash seen>
+//	}
+//
+// Expiry is logical: every query compares expiresAt (and leaseUntil) with the
+// current time itself, so a record past its retention is NotFound at once,
+// whether or not the server has deleted it. [Store.EnsureIndexes] adds a TTL
+// index on expiresAt so that mongod deletes such records (its TTL monitor runs
+// about once a minute); without it, or on a server that refuses TTL indexes,
+// they only take space until a job of yours deletes them.
+//
+// # Claims
+//
+// Every write is a single-document operation whose filter states the
+// condition under which it applies, so on mongod (where single-document
+// writes are atomic) concurrent callers cannot both succeed. No pipeline
+// update, $$NOW or transaction is used, because FerretDB runs none of them.
+// TryBegin is:
+//
+//  1. FindOneAndUpdate with upsert on {_id: key, processed: false,
+//     leaseUntil <= now, expiresAt > now}: it takes a live record whose lease
+//     ended or was released ($inc attempts, new leaseId and leaseUntil), or,
+//     when no document has the key, inserts a new one. One round trip for a
+//     new key.
+//  2. When a document with the key exists but does not match (processed,
+//     leased, or past its retention), the upsert's insert fails with a
+//     duplicate key error on _id (E11000): that is how races between
+//     inserts, and between an insert and an update, are resolved. The store
+//     then reads the document and answers Processed or Busy (with the
+//     holder's deadline and the time it has left); a retry by the holder
+//     (same BeginOptions.LeaseID) renews its lease with a conditional update
+//     on {leaseId, leaseUntil > now} without counting an attempt; a record
+//     past its retention is replaced by a fresh one with a conditional
+//     replace on {expiresAt <= now}.
+//  3. When the record changed between those steps, TryBegin starts over, at
+//     most 4 times, then fails with inbox.ErrStoreUnavailable.
+//
+// Complete, Release and Extend are one conditional update on {_id: key,
+// leaseId, processed: false, expiresAt > now} (fencing by lease id); a
+// Complete that matches nothing reads the record to tell a repeated Complete
+// by the completing lease (success) from a lost lease ([inbox.ErrLeaseLost]).
+// MarkProcessed is an upsert on {_id, expiresAt > now}, with the same
+// duplicate key fallback for records past their retention.
+//
+// # Clock
+//
+// Lease deadlines and expiry times are on the server's clock, estimated by
+// the client, because the form FerretDB runs has no server-side "now" ($$NOW
+// needs a pipeline update). New reads the server's clock three times with the
+// hello command (its localTime field) and keeps the reading with the
+// shortest round trip; between readings the store advances it with the local
+// monotonic clock, and it reads the server's clock again once a minute.
+// Consumers on hosts whose clocks disagree by any amount therefore agree on
+// deadlines to within the error of their estimates: half the round trip of
+// the kept reading plus 0.5 ms (localTime has millisecond precision), plus
+// the drift since that reading (at most 500 ppm, 30 ms a minute, between the
+// local monotonic clock and a slewing server clock). On a LAN that is a few
+// milliseconds; keep leases far longer than that (seconds, as the default 30
+// s is). A step of the server's clock is picked up within a minute. Times are
+// kept in milliseconds, as BSON dates are.
+//
+// # Guarantees, and where they were verified
+//
+// The conformance suite [github.com/watermill-inbox/inbox/stores/storetest]
+// was run against these servers:
+//
+//	guarantee                                   FerretDB v1.24.2 (SQLite)   mongod
+//	functional cases (claims, leases, fencing,  verified                    not verified here
+//	  retention, Get, keys, bad input, ctx)
+//	concurrent TryBegin: exactly one acquires   NOT held: FerretDB's        not verified here
+//	  (fresh key, expired lease, released key)    updates are not atomic      (expected: atomic
+//	                                              under concurrency; the      single-document
+//	                                              suite skips these cases     writes)
+//	TTL index (EnsureIndexes)                   refused: warning logged,    not verified here
+//	                                              nil returned
+//	server clock via hello localTime            verified                    not verified here
+//
+// No mongod was available where this package was written. The suite runs
+// against one when INBOX_TEST_MONGO_URL is set (mongod 4.2 or newer), and a
+// run there is what verifies the mongod column.
+//
+// FerretDB 1.24 on SQLite is for functional tests only. Besides the lack of
+// atomicity, it pushes a filter down to SQLite only when the filter is
+// exactly {_id: value}; every other filter, so every conditional write of
+// this store, scans the whole collection: TryBegin plus Complete took about
+// 20 ms with up to 100 records and 250 ms with 1000 in this package's
+// benchmarks (a raw InsertOne: about 1 ms). mongod finds the document
+// through the _id index whatever else the filter says.
+//
+// Errors: server and network faults, and the per-call Options.Timeout, wrap
+// [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled;
+// driver errors are kept as text only, so mongo.ErrNoDocuments and the other
+// driver types never reach the caller.
+//
+// # URL
+//
+// With [github.com/watermill-inbox/inbox/stores], MongoDB connection strings
+// open a store that owns its client (Close disconnects it):
+//
+//	mongodb://user:pass@db1:27017,db2:27017/app?replicaSet=rs0&authSource=admin&collection=inbox&retention=168h
+//	mongodb+srv://user:pass@cluster.example.net/app?collection=inbox&ensure_indexes=true
+//
+// The path names the database (required); as in any MongoDB connection
+// string it is also the authentication database unless authSource says
+// otherwise. The store reads collection, timeout (a Go duration: the store's
+// per-call Options.Timeout, not the driver's timeoutMS), ensure_indexes (true
+// runs [Store.EnsureIndexes] at open) and the shared retention and lease.
+// Every other parameter is passed to the driver when the driver knows its
+// name (authSource, replicaSet, tls, maxPoolSize, ...); a name neither knows
+// is refused, naming it. Errors never quote the password.
+package mongostore

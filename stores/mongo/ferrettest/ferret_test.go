@@ -1,0 +1,50 @@
+package ferrettest_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/FerretDB/FerretDB/ferretdb"
+
+	"github.com/watermill-inbox/inbox/stores/mongo/internal/mongotest"
+)
+
+// notAtomic is the reason the conformance suite's concurrency cases skip.
+const notAtomic = "FerretDB is not atomic under concurrent updates (it reads, then writes, without a lock), " +
+	"so concurrent claims can both acquire; run the suite against a mongod with INBOX_TEST_MONGO_URL for these cases"
+
+// startFerretDB runs FerretDB with the SQLite handler in a temporary
+// directory until the test ends, and returns its connection string.
+func startFerretDB(tb testing.TB) string {
+	tb.Helper()
+	f, err := ferretdb.New(&ferretdb.Config{
+		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
+		Handler:   "sqlite",
+		SQLiteURL: "file:" + tb.TempDir() + "/",
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		tb.Fatalf("starting FerretDB: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = f.Run(ctx)
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return f.MongoDBURI()
+}
+
+func TestFerretDB(t *testing.T) {
+	mongotest.Run(t, mongotest.Server{URI: startFerretDB(t), NotAtomic: notAtomic, TTL: false})
+}
+
+func BenchmarkFerretDB(b *testing.B) {
+	mongotest.Bench(b, startFerretDB(b))
+}

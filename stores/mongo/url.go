@@ -1,0 +1,156 @@
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores"
+)
+
+// The URL schemes this package registers with
+// [github.com/watermill-inbox/inbox/stores]: MongoDB's own connection string
+// schemes.
+const (
+	Scheme    = "mongodb"
+	SchemeSRV = "mongodb+srv"
+)
+
+// The parameters of a store URL that the store reads; every other parameter
+// must be a MongoDB connection string option.
+var urlParams = []string{"collection", "timeout", "ensure_indexes"}
+
+func init() {
+	stores.Register(Scheme, stores.OpenerFunc(openURL))
+	stores.Register(SchemeSRV, stores.OpenerFunc(openURL))
+}
+
+func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+	scheme := strings.ToLower(u.Scheme)
+	if u.Fragment != "" || u.Opaque != "" {
+		// Not quoted: a fragment is most often the tail of a password holding
+		// an unescaped '#'.
+		return nil, fmt.Errorf("%w: %s:// URL is malformed (a '#' or a missing '//'); escape '#' in passwords as %%23", stores.ErrInvalidURL, scheme)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return nil, fmt.Errorf("%w: %s://%s%s names no database: write %s://host/DATABASE",
+			stores.ErrInvalidURL, scheme, u.Host, u.Path, scheme)
+	}
+	q := u.Query()
+	opts := Options{Database: db, Retention: p.Retention, Lease: p.Lease}
+	var err error
+	if opts.Collection, _, err = stores.PopString(q, "collection"); err != nil {
+		return nil, err
+	}
+	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
+		return nil, err
+	}
+	ensure := false
+	if v, ok, err := stores.PopString(q, "ensure_indexes"); err != nil {
+		return nil, err
+	} else if ok {
+		if ensure, err = strconv.ParseBool(v); err != nil {
+			return nil, fmt.Errorf("%w: parameter ensure_indexes=%q is not true or false", stores.ErrInvalidURL, v)
+		}
+	}
+	if err := checkDriverOptions(scheme, q); err != nil {
+		return nil, err
+	}
+	if err := opts.Validate(); err != nil { // before connecting: no client to clean up
+		return nil, fmt.Errorf("%w: %w", stores.ErrInvalidURL, err)
+	}
+
+	du := *u
+	du.RawQuery = q.Encode()
+	client, err := mongo.Connect(options.Client().ApplyURI(du.String()))
+	if err != nil {
+		var dnsErr *net.DNSError
+		if errors.As(err, &dnsErr) {
+			return nil, fmt.Errorf("mongo store: %w: resolving %s: %s", inbox.ErrStoreUnavailable, u.Host, scrub(err.Error(), u))
+		}
+		return nil, fmt.Errorf("%w: %s", stores.ErrInvalidURL, scrub(err.Error(), u))
+	}
+	s, err := New(ctx, client, opts)
+	if err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, err // the driver's messages quote hosts, never the password
+	}
+	s.owned = true
+	if ensure {
+		if err := s.EnsureIndexes(ctx); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// checkDriverOptions rejects, by name, the parameters left in q that the
+// MongoDB driver does not know either. The driver parses option values
+// itself later; parsing them here against a placeholder host only finds the
+// names it does not know, without any DNS lookup.
+func checkDriverOptions(scheme string, q url.Values) error {
+	if len(q) == 0 {
+		return nil
+	}
+	cs, err := connstring.Parse("mongodb://localhost/?" + q.Encode())
+	if err != nil {
+		return fmt.Errorf("%w: %s", stores.ErrInvalidURL, scrubValues(err.Error(), q))
+	}
+	var unknown []string
+	for name := range q {
+		if _, bad := cs.UnknownOptions[strings.ToLower(name)]; bad {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	return fmt.Errorf("%w: unknown parameter(s) %s for %s:// (known: retention, lease, %s, and MongoDB's connection string options such as authSource, replicaSet, tls)",
+		stores.ErrInvalidURL, strings.Join(unknown, ", "), scheme, strings.Join(urlParams, ", "))
+}
+
+// scrub removes the URL's password and secret parameter values from a
+// message that may quote them (a driver error).
+func scrub(msg string, u *url.URL) string {
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			for _, form := range []string{pw, url.QueryEscape(pw), url.PathEscape(pw)} {
+				msg = strings.ReplaceAll(msg, form, "xxxxx")
+			}
+		}
+	}
+	return scrubValues(msg, u.Query())
+}
+
+// scrubValues masks the values of parameters that carry secrets.
+func scrubValues(msg string, q url.Values) string {
+	for name, vs := range q {
+		ln := strings.ToLower(name)
+		secret := strings.Contains(ln, "authmechanismproperties")
+		for _, s := range []string{"token", "password", "secret", "key"} {
+			secret = secret || strings.Contains(ln, s)
+		}
+		if !secret {
+			continue
+		}
+		for _, v := range vs {
+			if v != "" {
+				msg = strings.ReplaceAll(msg, v, "xxxxx")
+			}
+		}
+	}
+	return msg
+}
