@@ -79,7 +79,7 @@ cover:
 ## raw clients. Interleaved repetitions, medians, ratios within each
 ## repetition. Writes docs/bench-results.md and docs/throughput.svg. Needs the
 ## services of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in
-## process (kfake). About 8 minutes; BENCH_FLAGS passes more flags
+## process (kfake). 5 to 9 minutes; BENCH_FLAGS passes more flags
 ## (go run ./cmd/inboxbench -h in that directory lists them).
 bench:
 	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg $(BENCH_FLAGS)

@@ -98,7 +98,7 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
 	sections := fs.String("sections", "micro,router,roundtrip", "sections to run: micro, router (with scaling), roundtrip")
-	fs.IntVar(&o.reps, "reps", 5, "repetitions; medians are taken over them")
+	fs.IntVar(&o.reps, "reps", 7, "repetitions; medians are taken over them")
 	fs.IntVar(&o.n, "n", 2000, "messages per RabbitMQ trial with one consumer")
 	fs.IntVar(&o.scaleN, "scale-n", 4000, "messages per RabbitMQ trial with more than one consumer")
 	fs.IntVar(&o.kafkaN, "kafka-n", 10000, "messages per Kafka trial with one consumer")
