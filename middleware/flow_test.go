@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/middleware"
 )
@@ -120,7 +121,7 @@ func TestInbox_busy_key_released_during_wait_is_acquired(t *testing.T) {
 	if !ran.Load() {
 		t.Fatal("the handler did not run after the holder released")
 	}
-	eventually(t, 5*time.Second, "marked", func() bool {
+	testenv.Eventually(t, 5*time.Second, "marked", func() bool {
 		r, _ := store.Get(ctx, testKeyPrefix+"b-3")
 		return r.State == inbox.StateProcessed
 	})
@@ -240,7 +241,7 @@ func TestInbox_complete_lands_when_subscriber_cancels_context_at_ack(t *testing.
 	// What subscribers do: ack, then cancel the message context.
 	m.Ack()
 	cancel()
-	eventually(t, 5*time.Second, "Complete landed", func() bool {
+	testenv.Eventually(t, 5*time.Second, "Complete landed", func() bool {
 		r, _ := store.Get(context.Background(), testKeyPrefix+"a-1")
 		return r.State == inbox.StateProcessed
 	})
@@ -259,7 +260,7 @@ func TestInbox_nack_after_success_releases(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Nack()
-	eventually(t, 5*time.Second, "released", func() bool {
+	testenv.Eventually(t, 5*time.Second, "released", func() bool {
 		r, _ := store.Get(context.Background(), testKeyPrefix+"k-1")
 		return r.State == inbox.StateAvailable
 	})
@@ -310,7 +311,7 @@ func TestInbox_close_drains_pending_marks(t *testing.T) {
 	if s := get("d-1"); s != inbox.StateProcessed {
 		t.Fatalf("acked message state %v after Close, want Processed", s)
 	}
-	eventually(t, 5*time.Second, "the abandoned lease released", func() bool { return get("d-2") == inbox.StateAvailable })
+	testenv.Eventually(t, 5*time.Second, "the abandoned lease released", func() bool { return get("d-2") == inbox.StateAvailable })
 	if _, err := call(ib, ok, msgFor("d-3")); !errors.Is(err, inbox.ErrClosed) {
 		t.Fatalf("message after Close: %v, want ErrClosed", err)
 	}
@@ -392,7 +393,7 @@ func TestInbox_payload_hash_policies(t *testing.T) {
 				t.Fatal(err)
 			}
 			first.Ack()
-			eventually(t, 5*time.Second, "marked", func() bool { return rec.get(middleware.OutcomeProcessed) == 1 })
+			testenv.Eventually(t, 5*time.Second, "marked", func() bool { return rec.get(middleware.OutcomeProcessed) == 1 })
 			var ran atomic.Bool
 			_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, withPayload("h-1", "amount=99"))
 			if ran.Load() {
@@ -477,7 +478,7 @@ func TestInbox_plain_store_flow(t *testing.T) {
 		t.Fatal("marked before the ack")
 	}
 	m.Ack()
-	eventually(t, 5*time.Second, "marked after ack", func() bool { return processed("p-1") })
+	testenv.Eventually(t, 5*time.Second, "marked after ack", func() bool { return processed("p-1") })
 	if _, err := call(ib, h, msgFor("p-1")); err != nil {
 		t.Fatal(err)
 	}

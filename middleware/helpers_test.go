@@ -275,18 +275,6 @@ func publish(t *testing.T, pub message.Publisher, msgs ...*message.Message) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %s waiting for: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval; the condition decides
-	}
-}
-
 // getRecord reads the store record of the key the middleware builds for
 // order id under handler "orders-handler".
 func getRecord(t *testing.T, s inbox.LeaseStore, id string) inbox.Record {

@@ -14,6 +14,7 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
 )
 
@@ -38,7 +39,7 @@ func TestInbox_message_delivered_twice_runs_once(t *testing.T) {
 		// The second is a producer retry: same IdempotencyKey, new UUID.
 		publish(t, ps, order(id), order(id))
 	}
-	eventually(t, 10*time.Second, "every message processed or skipped", func() bool {
+	testenv.Eventually(t, 10*time.Second, "every message processed or skipped", func() bool {
 		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2*n
 	})
 	for i := range n {
@@ -63,7 +64,7 @@ func TestInbox_same_uuid_redelivered_runs_once(t *testing.T) {
 	})
 	m := message.NewMessage("uuid-1", []byte("x")) // no IdempotencyKey: keyed by UUID
 	publish(t, ps, m, m.Copy(), m.Copy())
-	eventually(t, 10*time.Second, "three deliveries handled", func() bool {
+	testenv.Eventually(t, 10*time.Second, "three deliveries handled", func() bool {
 		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 3
 	})
 	if c := led.count("uuid-1"); c != 1 {
@@ -96,10 +97,10 @@ func TestInbox_handler_failing_twice_is_redelivered_and_applied_once(t *testing.
 	startRouter(t, ps, nil, "", ib, failTwice(led, &deliveries))
 
 	publish(t, ps, order("o-1"))
-	eventually(t, 10*time.Second, "o-1 applied", func() bool { return led.count("o-1") == 1 })
-	eventually(t, 5*time.Second, "o-1 marked", func() bool { return getRecord(t, store, "o-1").State == inbox.StateProcessed })
+	testenv.Eventually(t, 10*time.Second, "o-1 applied", func() bool { return led.count("o-1") == 1 })
+	testenv.Eventually(t, 5*time.Second, "o-1 marked", func() bool { return getRecord(t, store, "o-1").State == inbox.StateProcessed })
 	publish(t, ps, order("o-1")) // a later duplicate is skipped
-	eventually(t, 5*time.Second, "duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
+	testenv.Eventually(t, 5*time.Second, "duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
 
 	if c := led.count("o-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
@@ -141,7 +142,7 @@ func TestWatermillDeduplicator_loses_message_whose_handler_failed(t *testing.T) 
 		return n.(*atomic.Int32).Load()
 	}
 	// First delivery fails; the redelivery is acked as a "duplicate".
-	eventually(t, 10*time.Second, "the redelivery acked", func() bool { return count(true) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the redelivery acked", func() bool { return count(true) >= 1 })
 	if f := count(false); f != 1 {
 		t.Fatalf("failed deliveries %d, want 1", f)
 	}
@@ -187,7 +188,7 @@ func TestInbox_two_routers_on_the_same_stream_apply_each_effect_once(t *testing.
 	for i := range n {
 		publish(t, ps, order(fmt.Sprintf("o-%d", i)))
 	}
-	eventually(t, 20*time.Second, "both routers handled every message", func() bool {
+	testenv.Eventually(t, 20*time.Second, "both routers handled every message", func() bool {
 		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2*n
 	})
 	snap := led.snapshot()
@@ -218,12 +219,12 @@ func TestInbox_store_error_nacks_then_processes_after_recovery(t *testing.T) {
 
 	store.down.Store(true)
 	publish(t, ps, order("o-1"))
-	eventually(t, 10*time.Second, "several failed claims", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
+	testenv.Eventually(t, 10*time.Second, "several failed claims", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
 	if r := runs.Load(); r != 0 {
 		t.Fatalf("handler ran %d times while the store was down; fail closed must not run it", r)
 	}
 	store.down.Store(false)
-	eventually(t, 10*time.Second, "o-1 processed after recovery", func() bool {
+	testenv.Eventually(t, 10*time.Second, "o-1 processed after recovery", func() bool {
 		return rec.get(middleware.OutcomeProcessed) == 1
 	})
 	if c := led.count("o-1"); c != 1 {
@@ -258,11 +259,11 @@ func TestInbox_handler_longer_than_lease_keeps_it_through_heartbeats(t *testing.
 	publish(t, ps, order("long"))
 	// Hold the handler for many lease lengths while the other router keeps
 	// trying the key.
-	eventually(t, 20*time.Second, "the lease renewed many times and the other router turned away", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the lease renewed many times and the other router turned away", func() bool {
 		return time.Since(begin) > 3*lease && rec.callCount(middleware.OpExtend) >= 6 && store.busyAnswers.Load() >= 2
 	})
 	close(release)
-	eventually(t, 10*time.Second, "both copies handled", func() bool {
+	testenv.Eventually(t, 10*time.Second, "both copies handled", func() bool {
 		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2
 	})
 	t.Logf("outcomes %v, extends %d, busy answers %d", rec, rec.callCount(middleware.OpExtend), store.busyAnswers.Load())
@@ -311,8 +312,8 @@ func TestInbox_panic_releases_the_lease(t *testing.T) {
 			t.Cleanup(func() { _ = r.Close() })
 
 			publish(t, ps, order("p-1"))
-			eventually(t, 10*time.Second, "applied after the panic", func() bool { return led.count("p-1") == 1 })
-			eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "p-1").State == inbox.StateProcessed })
+			testenv.Eventually(t, 10*time.Second, "applied after the panic", func() bool { return led.count("p-1") == 1 })
+			testenv.Eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "p-1").State == inbox.StateProcessed })
 			if got := store.releases.Load(); got != 1 {
 				t.Fatalf("Release called %d times, want 1", got)
 			}
@@ -366,7 +367,7 @@ func TestInbox_router_publish_failure_does_not_lose_produced_messages(t *testing
 	case <-time.After(10 * time.Second):
 		t.Fatal("the produced message never arrived: lost after the publish failures")
 	}
-	eventually(t, 5*time.Second, "the key marked once the publish succeeded", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the key marked once the publish succeeded", func() bool {
 		return getRecord(t, store, "o-1").State == inbox.StateProcessed
 	})
 	if r := runs.Load(); r != 3 {
@@ -390,14 +391,14 @@ func TestInbox_complete_failing_once_does_not_run_handler_again(t *testing.T) {
 		return nil, nil
 	})
 	publish(t, ps, order("c-1"))
-	eventually(t, 10*time.Second, "the mark landed on retry", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the mark landed on retry", func() bool {
 		return getRecord(t, store, "c-1").State == inbox.StateProcessed
 	})
 	if r := rec.get(middleware.OutcomeCompleteRetry); r != 1 {
 		t.Fatalf("complete retries %d, want 1", r)
 	}
 	publish(t, ps, order("c-1"))
-	eventually(t, 5*time.Second, "the duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
+	testenv.Eventually(t, 5*time.Second, "the duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
 	if c := led.count("c-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
 	}
@@ -418,7 +419,7 @@ func TestInbox_instant_ack_completes_right_away(t *testing.T) {
 		return nil, nil
 	}, wmw.InstantAck)
 	publish(t, ps, order("i-1"), order("i-1"))
-	eventually(t, 10*time.Second, "both handled", func() bool {
+	testenv.Eventually(t, 10*time.Second, "both handled", func() bool {
 		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2
 	})
 	if c := led.count("i-1"); c != 1 {
@@ -450,7 +451,7 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 		return nil, nil
 	}, pq)
 	publish(t, ps, order("good"))
-	eventually(t, 10*time.Second, "store errors while the store is down", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
+	testenv.Eventually(t, 10*time.Second, "store errors while the store is down", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
 	store.down.Store(false)
 	publish(t, ps, order("bad"))
 	select {
@@ -462,7 +463,7 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 	case <-time.After(10 * time.Second):
 		t.Fatal("the malformed message never reached the poison queue")
 	}
-	eventually(t, 10*time.Second, "the message delayed by the outage processed", func() bool { return led.count("good") == 1 })
+	testenv.Eventually(t, 10*time.Second, "the message delayed by the outage processed", func() bool { return led.count("good") == 1 })
 }
 
 // The lease-lost case through a real router: the first delivery's lease is
@@ -497,8 +498,8 @@ func TestInbox_router_lease_lost_mid_handler_cancels_context(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler's context was never canceled")
 	}
-	eventually(t, 10*time.Second, "the redelivery applied once", func() bool { return led.count("lost-1") == 1 })
-	eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "lost-1").State == inbox.StateProcessed })
+	testenv.Eventually(t, 10*time.Second, "the redelivery applied once", func() bool { return led.count("lost-1") == 1 })
+	testenv.Eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "lost-1").State == inbox.StateProcessed })
 	if rec.get(middleware.OutcomeLeaseLost) != 1 {
 		t.Fatalf("lease_lost counted %d times, want 1", rec.get(middleware.OutcomeLeaseLost))
 	}

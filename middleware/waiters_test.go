@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
@@ -25,18 +26,6 @@ func newWaitersInbox(t *testing.T) (*Inbox, *memory.Store) {
 		t.Fatal(err)
 	}
 	return ib, s
-}
-
-// pollUntil fails the test when cond does not hold within ten seconds.
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func processed(t *testing.T, s *memory.Store, id string) bool {
@@ -61,7 +50,7 @@ func TestAckWaiters_reused_then_stopped_by_Close(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.Ack()
-		pollUntil(t, "message "+id+" is marked and its waiter idle", func() bool {
+		testenv.Eventually(t, 10*time.Second, "message "+id+" is marked and its waiter idle", func() bool {
 			return processed(t, s, id) && ib.waiters.idle.Load() == 1
 		})
 	}
@@ -71,7 +60,7 @@ func TestAckWaiters_reused_then_stopped_by_Close(t *testing.T) {
 	if err := ib.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	pollUntil(t, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
+	testenv.Eventually(t, 10*time.Second, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
 }
 
 // TestAckWaiters_idle_bounded checks that a burst of concurrent marks starts
@@ -98,7 +87,7 @@ func TestAckWaiters_idle_bounded(t *testing.T) {
 		go func() { defer wg.Done(); m.Ack() }()
 	}
 	wg.Wait()
-	pollUntil(t, "every message is marked", func() bool {
+	testenv.Eventually(t, 10*time.Second, "every message is marked", func() bool {
 		for i := range n {
 			if !processed(t, s, strconv.Itoa(i)) {
 				return false
@@ -106,7 +95,7 @@ func TestAckWaiters_idle_bounded(t *testing.T) {
 		}
 		return true
 	})
-	pollUntil(t, "the extra waiters have exited", func() bool { return ib.waiters.idle.Load() == maxIdleWaiters })
+	testenv.Eventually(t, 10*time.Second, "the extra waiters have exited", func() bool { return ib.waiters.idle.Load() == maxIdleWaiters })
 }
 
 // TestAckWaiters_close_races_parking closes waiter sets while their waiters
@@ -127,6 +116,6 @@ func TestAckWaiters_close_races_parking(t *testing.T) {
 		if err := ib.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		pollUntil(t, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
+		testenv.Eventually(t, 10*time.Second, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
 	}
 }

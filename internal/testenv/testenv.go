@@ -172,3 +172,17 @@ func RecordSkip(name, how string) {
 	defer f.Close()
 	fmt.Fprintf(f, "%s (%s)\n", name, how)
 }
+
+// Eventually polls cond until it holds, and fails the test, naming what it
+// waited for, when it still does not after within. The polling interval
+// only sets how soon a true condition is seen: cond decides.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %s waiting for: %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

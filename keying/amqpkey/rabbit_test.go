@@ -153,7 +153,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 	go func() { done <- router.Run(context.Background()) }()
 	t.Cleanup(func() { _ = router.Close() })
 
-	waitFor(t, "2 processed and 1 duplicate", func() bool {
+	testenv.Eventually(t, 60*time.Second, "2 processed and 1 duplicate", func() bool {
 		return counts.get(middleware.OutcomeProcessed) == 2 && counts.get(middleware.OutcomeDuplicate) == 1
 	})
 	if err := router.Close(); err != nil {
@@ -237,7 +237,7 @@ func TestDefaultMarshaler_requeues_non_string_headers_in_a_loop(t *testing.T) {
 	}
 	// Still there, after at least five deliveries: it is never consumed. (The
 	// subscriber is closed; RabbitMQ puts the unacked delivery back.)
-	waitFor(t, "the looping message back in the queue", func() bool { return r.ready(t) == 1 })
+	testenv.Eventually(t, 60*time.Second, "the looping message back in the queue", func() bool { return r.ready(t) == 1 })
 	t.Logf("the subscriber nacked and RabbitMQ redelivered the message %d times before the test stopped it", logger.count())
 }
 
@@ -297,15 +297,4 @@ func (c *counts) get(o middleware.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
@@ -101,7 +102,7 @@ func TestFromOffset_keys_by_topic_partition_offset_in_a_router(t *testing.T) {
 	}
 
 	first := runRouter(t, brokers, topic, "group-1", store, handler)
-	waitFor(t, "3 processed by group-1", func() bool { return first.get(middleware.OutcomeProcessed) == 3 })
+	testenv.Eventually(t, 60*time.Second, "3 processed by group-1", func() bool { return first.get(middleware.OutcomeProcessed) == 3 })
 	first.stop(t)
 
 	mu.Lock()
@@ -122,7 +123,7 @@ func TestFromOffset_keys_by_topic_partition_offset_in_a_router(t *testing.T) {
 	}
 
 	second := runRouter(t, brokers, topic, "group-2", store, handler)
-	waitFor(t, "3 duplicates in group-2", func() bool { return second.get(middleware.OutcomeDuplicate) == 3 })
+	testenv.Eventually(t, 60*time.Second, "3 duplicates in group-2", func() bool { return second.get(middleware.OutcomeDuplicate) == 3 })
 	second.stop(t)
 	mu.Lock()
 	defer mu.Unlock()
@@ -220,15 +221,4 @@ func (c *counts) get(o middleware.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

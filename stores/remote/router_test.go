@@ -15,6 +15,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/faultproxy"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/remote"
 )
@@ -113,17 +114,6 @@ func (f *flow) record(t *testing.T, id string) inbox.Record {
 	return r
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %s waiting for: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval; the condition decides
-	}
-}
-
 // Each fault on the way to the store: the middleware nacks, the handler
 // never runs, nothing reaches the backing store; once the fault is gone the
 // message is processed once and marked.
@@ -193,7 +183,7 @@ func TestRouter_store_faults_nack_and_mark_nothing(t *testing.T) {
 			}
 			f := startFlow(t, client, r.backing)
 			f.publish(t, "o-1")
-			eventually(t, 20*time.Second, "the message nacked twice", func() bool { return f.nacks.Load() >= 2 })
+			testenv.Eventually(t, 20*time.Second, "the message nacked twice", func() bool { return f.nacks.Load() >= 2 })
 			if n := f.runs.Load(); n != 0 {
 				t.Fatalf("handler ran %d times while the store was unreachable", n)
 			}
@@ -204,7 +194,7 @@ func TestRouter_store_faults_nack_and_mark_nothing(t *testing.T) {
 				return
 			}
 			fl.heal()
-			eventually(t, 20*time.Second, "the key marked after healing", func() bool {
+			testenv.Eventually(t, 20*time.Second, "the key marked after healing", func() bool {
 				return f.record(t, "o-1").State == inbox.StateProcessed
 			})
 			if n := f.runs.Load(); n != 1 {
@@ -223,13 +213,13 @@ func TestRouter_failed_handler_with_failing_release_is_not_marked(t *testing.T) 
 	f := startFlow(t, r.client, r.backing)
 	f.fail.Store(true)
 	f.publish(t, "o-2")
-	eventually(t, 10*time.Second, "the release attempted", func() bool { return r.in.count("/v1/inbox/release") >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the release attempted", func() bool { return r.in.count("/v1/inbox/release") >= 1 })
 	if rec := f.record(t, "o-2"); rec.State == inbox.StateProcessed {
 		t.Fatalf("a failed handler's key was marked: %+v", rec)
 	}
 	f.fail.Store(false)
 	r.in.on("", nil)
-	eventually(t, 20*time.Second, "processed once the lease ran out", func() bool {
+	testenv.Eventually(t, 20*time.Second, "processed once the lease ran out", func() bool {
 		return f.record(t, "o-2").State == inbox.StateProcessed
 	})
 }
@@ -249,7 +239,7 @@ func TestRouter_failing_mark_is_retried_without_rerun(t *testing.T) {
 	})
 	f := startFlow(t, r.client, r.backing)
 	f.publish(t, "o-3")
-	eventually(t, 20*time.Second, "marked after two failed marks", func() bool {
+	testenv.Eventually(t, 20*time.Second, "marked after two failed marks", func() bool {
 		return f.record(t, "o-3").State == inbox.StateProcessed
 	})
 	if n := f.runs.Load(); n != 1 {
@@ -269,8 +259,8 @@ func TestRouter_server_without_extend_turns_heartbeats_off(t *testing.T) {
 		f.work = 400 * time.Millisecond // several heartbeat intervals
 	})
 	f.publish(t, "o-4")
-	eventually(t, 10*time.Second, "processed", func() bool { return f.record(t, "o-4").State == inbox.StateProcessed })
-	eventually(t, 10*time.Second, "the heartbeats-off log line", func() bool {
+	testenv.Eventually(t, 10*time.Second, "processed", func() bool { return f.record(t, "o-4").State == inbox.StateProcessed })
+	testenv.Eventually(t, 10*time.Second, "the heartbeats-off log line", func() bool {
 		for _, l := range f.logs.Captured()[watermill.InfoLogLevel] {
 			if strings.Contains(l.Msg, "cannot extend leases: heartbeats off") {
 				return true
