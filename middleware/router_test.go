@@ -373,6 +373,12 @@ func TestInbox_router_publish_failure_does_not_lose_produced_messages(t *testing
 	if r := runs.Load(); r != 3 {
 		t.Fatalf("handler ran %d times, want 3 (two nacked publishes, one success)", r)
 	}
+	// The released outcome is counted after Release returns, on the ack
+	// waiter's goroutine: the next delivery can claim, run and be marked
+	// before that count lands. Wait for it, then check it is exact.
+	testenv.Eventually(t, 5*time.Second, "both nacks released", func() bool {
+		return rec.get(middleware.OutcomeReleased) >= 2
+	})
 	if rel := rec.get(middleware.OutcomeReleased); rel != 2 {
 		t.Fatalf("released %d times on nack, want 2", rel)
 	}
