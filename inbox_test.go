@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/watermill-inbox/inbox"
 )
@@ -115,5 +116,48 @@ func TestBusyError(t *testing.T) {
 	err := error(&inbox.BusyError{Key: "k", RetryAfter: time.Second})
 	if !errors.Is(err, inbox.ErrBusy) || !strings.Contains(err.Error(), `"k"`) {
 		t.Fatalf("BusyError %v does not match ErrBusy or name the key", err)
+	}
+}
+
+// The validators check ASCII eight bytes at a time: every position of a
+// NUL or a non-ASCII byte, in strings of every length around the word size,
+// must give the verdict of utf8.ValidString and strings.IndexByte.
+func TestValidateKey_word_boundaries(t *testing.T) {
+	t.Parallel()
+	for n := 1; n <= 40; n++ {
+		for pos := 0; pos < n; pos++ {
+			for _, ins := range []string{"\x00", "\x7f", "\x80", "\xff", "é", "€", "\xe2\x82", "\x01"} {
+				b := []byte(strings.Repeat("k", n))
+				s := string(b[:pos]) + ins + string(b[pos+1:])
+				want := utf8.ValidString(s) && !strings.Contains(s, "\x00")
+				if got := inbox.ValidateKey(s) == nil; got != want {
+					t.Errorf("ValidateKey(%q) valid = %v, want %v", s, got, want)
+				}
+				if len(s) <= inbox.MaxLeaseIDLen {
+					if got := inbox.ValidateLeaseID(s) == nil; got != want {
+						t.Errorf("ValidateLeaseID(%q) valid = %v, want %v", s, got, want)
+					}
+				}
+				if got := (inbox.BeginOptions{Owner: s}).Validate() == nil; got != want {
+					t.Errorf("Owner %q valid = %v, want %v", s, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestValidateHolder(t *testing.T) {
+	t.Parallel()
+	if err := inbox.ValidateHolder("bus:group:alias:id", "lease-1"); err != nil {
+		t.Fatalf("valid arguments: %v", err)
+	}
+	if err := inbox.ValidateHolder("", "lease-1"); !errors.Is(err, inbox.ErrInvalidKey) {
+		t.Fatalf("empty key: %v, want ErrInvalidKey", err)
+	}
+	if err := inbox.ValidateHolder("k", ""); !errors.Is(err, inbox.ErrInvalidLeaseID) {
+		t.Fatalf("empty lease id: %v, want ErrInvalidLeaseID", err)
+	}
+	if err := inbox.ValidateHolder("bad\x00key", "bad\x00id"); !errors.Is(err, inbox.ErrInvalidKey) {
+		t.Fatalf("both bad: %v, want the key's error first", err)
 	}
 }

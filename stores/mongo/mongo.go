@@ -388,13 +388,6 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	return inbox.Claim{}, fmt.Errorf("mongo store: %s: %w: the record changed under each of %d attempts to claim it", what, inbox.ErrStoreUnavailable, claimRounds)
 }
 
-func validateHolderArgs(key, leaseID string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	return inbox.ValidateLeaseID(leaseID)
-}
-
 // held is the filter of a live, unprocessed record held by leaseID.
 func held(key, leaseID string, now time.Time) bson.D {
 	return bson.D{
@@ -412,7 +405,7 @@ func lost(key, leaseID string) error {
 // Complete implements [inbox.LeaseStore]. A holder whose lease ran out may
 // still complete while nobody else took the key.
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	ctx, cancel, err := s.call(ctx)
@@ -450,7 +443,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 
 // Release implements [inbox.LeaseStore].
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	ctx, cancel, err := s.call(ctx)
@@ -476,7 +469,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 
 // Extend implements [inbox.LeaseStore].
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return time.Time{}, err
 	}
 	if err := inbox.ValidateLease(lease); err != nil {

@@ -146,20 +146,13 @@ func (s *Store) holderCall(ctx context.Context, ep endpoint, req wire.LeaseReque
 	return w, uncertain, nil
 }
 
-func validateHolder(key, leaseID string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	return inbox.ValidateLeaseID(leaseID)
-}
-
 func lost(ep endpoint, key, leaseID string) error {
 	return opError(ep, "%w: key %q is not held by lease %q", inbox.ErrLeaseLost, key, leaseID)
 }
 
 // Complete implements [inbox.LeaseStore] with mark-processed.
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := validateHolder(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -179,7 +172,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 // an attempt whose answer was lost returns nil: see the package
 // documentation.
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := validateHolder(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -198,7 +191,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 // Extend implements [inbox.LeaseStore]. It fails with [inbox.ErrNotSupported]
 // when the service's discovery document does not list the extend extension.
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := validateHolder(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return time.Time{}, err
 	}
 	if err := inbox.ValidateLease(lease); err != nil {

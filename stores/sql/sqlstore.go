@@ -354,13 +354,6 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
-func validateHolderArgs(key, leaseID string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	return inbox.ValidateLeaseID(leaseID)
-}
-
 // exec runs an UPDATE and returns the rows it matched.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	var n int64
@@ -377,7 +370,7 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 
 // Complete implements [inbox.LeaseStore].
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	if err := s.enter(ctx, "Complete"); err != nil {
@@ -417,7 +410,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 
 // Release implements [inbox.LeaseStore].
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	if err := s.enter(ctx, "Release"); err != nil {
@@ -439,7 +432,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 
 // Extend implements [inbox.LeaseStore].
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return time.Time{}, err
 	}
 	if err := inbox.ValidateLease(lease); err != nil {
