@@ -14,6 +14,11 @@
 // [inbox.ErrStoreUnavailable]: the middleware then nacks and the broker
 // redelivers later.
 //
+// Records are kept in chunks of slots that hold no pointers, so the garbage
+// collector does not walk them. The slot of a removed record is reused for the
+// next new key; the chunks are not given back before Close, so the store's
+// memory stays at its high-water mark.
+//
 // The state is lost when the process exits: two processes, or a restarted one,
 // do not share it. Use a server-backed store for that.
 //
@@ -93,29 +98,56 @@ type Stats struct {
 	Evicted uint64
 }
 
-// entry is one key's record. Entries form a list ordered by last write, the
-// oldest at the front, so sweeping and eviction start there.
+// entry is one key's record. Records live in fixed-size chunks (Store.recs)
+// and hold no pointers, so the garbage collector never scans them: the store
+// holds up to a million records, and the collector would otherwise walk every
+// one of them again on every cycle. Their strings are in Store.text, at the
+// same index. Chunks, rather than one growing slice, so that growing never
+// copies the records (nor makes garbage the size of the store). The records form a list ordered by last write, the oldest at the
+// front, so sweeping and eviction start there; prev and next are indexes
+// (none: -1), and next also chains the free slots.
 //
-// Times are int64 nanoseconds, not time.Time: deadlines on the store's
-// monotonic clock (since Store.epoch), reported times as wall-clock Unix
-// nanoseconds. A time.Time carries a *Location, so five of them made every
-// record five pointers the garbage collector scans again on every cycle, and
-// 80 bytes larger; the store holds up to a million records.
+// Times are int64 nanoseconds, not time.Time (which carries a *Location):
+// deadlines on the store's monotonic clock (since Store.epoch), reported
+// times as wall-clock Unix nanoseconds.
 type entry struct {
-	key         string
-	leaseID     string // live or expired lease; after Complete, the completing lease; "" after Release
-	owner       string
-	payloadHash string
-	prev, next  *entry
-	leaseUntil  int64         // monotonic; 0 when released or processed
-	leaseWall   int64         // leaseUntil on the wall clock, as reported
-	expiresAt   int64         // monotonic: the record is gone at this time
-	firstSeen   int64         // wall clock
-	lastSeen    int64         // wall clock
-	lease       time.Duration // length of the current lease
-	attempts    int
-	processed   bool
+	leaseUntil int64         // monotonic; 0 when released or processed
+	leaseWall  int64         // leaseUntil on the wall clock, as reported
+	expiresAt  int64         // monotonic: the record is gone at this time
+	firstSeen  int64         // wall clock
+	lastSeen   int64         // wall clock
+	lease      time.Duration // length of the current lease
+	attempts   int
+	prev, next int32
+	processed  bool
+	// The lease id, when it is at most 32 bytes (inbox.NewLeaseID's and the
+	// middleware's are 32): kept here rather than as a string the collector
+	// would have to mark. Longer ids are in text, with idLen longID.
+	idLen   uint8
+	leaseID [32]byte
+	// owner is 1 + the index of the owner in Store.owners, or 0 when the
+	// owner is text.owner.
+	owner uint8
 }
+
+const longID = 0xff
+
+// text is a record's strings.
+type text struct {
+	key         string
+	leaseID     string // live or expired lease (unless kept in entry); after Complete, the completing lease; "" after Release
+	owner       string // when not in Store.owners
+	payloadHash string
+}
+
+const none = int32(-1)
+
+// Records are allocated chunkLen at a time; a slot is recs[i>>chunkBits][i&chunkMask].
+const (
+	chunkBits = 10
+	chunkLen  = 1 << chunkBits
+	chunkMask = chunkLen - 1
+)
 
 // clock is one reading of the store's clocks.
 type clock struct {
@@ -140,10 +172,19 @@ type Store struct {
 	epoch time.Time // origin of the monotonic times of entries
 
 	mu         sync.Mutex
-	m          map[string]*entry
-	head, tail *entry // oldest and newest write
-	evicted    uint64
-	closed     bool
+	m          map[string]int32 // key to index in recs and text
+	recs       []*[chunkLen]entry
+	text       []*[chunkLen]text
+	slots      int32 // slots ever used: recs and text hold at least this many
+	head, tail int32 // oldest and newest write
+	free       int32 // first free slot of recs, chained by next
+	// owners are the first maxOwners owners seen: a record refers to its
+	// owner by index, so that the collector has no owner string to visit
+	// per record (consumers are few, and each names itself the same way on
+	// every claim). Later owners are kept as strings in the records.
+	owners  []string
+	evicted uint64
+	closed  bool
 }
 
 var (
@@ -157,7 +198,7 @@ func New(opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, epoch: time.Now(), m: make(map[string]*entry)}, nil
+	return &Store{opts: opts, epoch: time.Now(), m: make(map[string]int32), head: none, tail: none, free: none}, nil
 }
 
 // Close makes every later call fail with [inbox.ErrClosed] and drops the
@@ -166,8 +207,8 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.m = nil
-	s.head, s.tail = nil, nil
+	s.m, s.recs, s.text, s.slots, s.owners = nil, nil, nil, 0, nil
+	s.head, s.tail, s.free = none, none, none
 	return nil
 }
 
@@ -192,83 +233,123 @@ func (s *Store) now() clock {
 	return clock{mono: int64(t.Sub(s.epoch)), wall: t.UnixNano()}
 }
 
+// rec returns record i.
+func (s *Store) rec(i int32) *entry { return &s.recs[i>>chunkBits][i&chunkMask] }
+
+// txt returns the strings of record i.
+func (s *Store) txt(i int32) *text { return &s.text[i>>chunkBits][i&chunkMask] }
+
 // lock checks the context, locks the store and returns the current time and
-// the live entry of key (nil when absent or expired). Callers must unlock.
-func (s *Store) lock(ctx context.Context, key string) (clock, *entry, error) {
+// the index of key's live record (none when absent or expired). Callers must
+// unlock.
+func (s *Store) lock(ctx context.Context, key string) (clock, int32, error) {
 	if err := ctx.Err(); err != nil {
-		return clock{}, nil, fmt.Errorf("memory store: %w", err)
+		return clock{}, none, fmt.Errorf("memory store: %w", err)
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return clock{}, nil, fmt.Errorf("memory store: %w", inbox.ErrClosed)
+		return clock{}, none, fmt.Errorf("memory store: %w", inbox.ErrClosed)
 	}
 	now := s.now()
-	e := s.m[key]
-	if e != nil && now.mono >= e.expiresAt {
-		s.remove(e)
-		e = nil
+	i, ok := s.m[key]
+	if !ok {
+		return now, none, nil
 	}
-	return now, e, nil
+	if now.mono >= s.rec(i).expiresAt {
+		s.remove(i)
+		return now, none, nil
+	}
+	return now, i, nil
 }
 
-// touch records a write to e at now: it moves e to the back of the list and
-// sweeps a few expired records from the front.
-func (s *Store) touch(e *entry, now clock) {
-	e.lastSeen = now.wall
-	if s.tail != e {
-		s.unlink(e)
-		s.pushBack(e)
+// insert adds a record for key, first seen at now, at the back of the list.
+// Call makeRoom first.
+func (s *Store) insert(key string, now clock) int32 {
+	i := s.free
+	if i != none {
+		s.free = s.rec(i).next
+	} else {
+		i = s.slots
+		s.slots++
+		if int(i>>chunkBits) == len(s.recs) {
+			s.recs = append(s.recs, new([chunkLen]entry))
+			s.text = append(s.text, new([chunkLen]text))
+		}
 	}
-	for i := 0; i < 4 && s.head != nil && s.head != e && now.mono >= s.head.expiresAt; i++ {
+	*s.rec(i) = entry{firstSeen: now.wall, prev: none, next: none}
+	s.txt(i).key = key
+	s.m[key] = i
+	s.pushBack(i)
+	return i
+}
+
+// touch records a write to record i at now: it moves i to the back of the
+// list and sweeps a few expired records from the front.
+func (s *Store) touch(i int32, now clock) {
+	s.rec(i).lastSeen = now.wall
+	if s.tail != i {
+		s.unlink(i)
+		s.pushBack(i)
+	}
+	for n := 0; n < 4 && s.head != none && s.head != i && now.mono >= s.rec(s.head).expiresAt; n++ {
 		s.remove(s.head)
 	}
 }
 
-func (s *Store) pushBack(e *entry) {
-	e.prev, e.next = s.tail, nil
-	if s.tail != nil {
-		s.tail.next = e
+func (s *Store) pushBack(i int32) {
+	e := s.rec(i)
+	e.prev, e.next = s.tail, none
+	if s.tail != none {
+		s.rec(s.tail).next = i
 	} else {
-		s.head = e
+		s.head = i
 	}
-	s.tail = e
+	s.tail = i
 }
 
-func (s *Store) unlink(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else if s.head == e {
+func (s *Store) unlink(i int32) {
+	e := s.rec(i)
+	if e.prev != none {
+		s.rec(e.prev).next = e.next
+	} else if s.head == i {
 		s.head = e.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else if s.tail == e {
+	if e.next != none {
+		s.rec(e.next).prev = e.prev
+	} else if s.tail == i {
 		s.tail = e.prev
 	}
-	e.prev, e.next = nil, nil
+	e.prev, e.next = none, none
 }
 
-func (s *Store) remove(e *entry) {
-	s.unlink(e)
-	delete(s.m, e.key)
+// remove deletes record i and frees its slot.
+func (s *Store) remove(i int32) {
+	s.unlink(i)
+	delete(s.m, s.txt(i).key)
+	*s.txt(i) = text{}
+	*s.rec(i) = entry{prev: none, next: s.free}
+	s.free = i
 }
 
 // makeRoom keeps len(m) < MaxEntries before an insert.
 func (s *Store) makeRoom(now clock) error {
+	if s.free == none && s.slots == math.MaxInt32 {
+		return fmt.Errorf("%w: memory store full: %d records", inbox.ErrStoreUnavailable, len(s.m))
+	}
 	if s.opts.MaxEntries < 0 || len(s.m) < s.opts.MaxEntries {
 		return nil
 	}
-	for s.head != nil && now.mono >= s.head.expiresAt {
+	for s.head != none && now.mono >= s.rec(s.head).expiresAt {
 		s.remove(s.head)
 	}
-	for e := s.head; e != nil && len(s.m) >= s.opts.MaxEntries; {
-		next := e.next
-		if e.state(now) != inbox.StateInProgress {
-			s.remove(e)
+	for i := s.head; i != none && len(s.m) >= s.opts.MaxEntries; {
+		next := s.rec(i).next
+		if s.rec(i).state(now) != inbox.StateInProgress {
+			s.remove(i)
 			s.evicted++
 		}
-		e = next
+		i = next
 	}
 	if len(s.m) >= s.opts.MaxEntries {
 		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, len(s.m))
@@ -283,22 +364,24 @@ func (s *Store) leaseFor(d time.Duration) time.Duration {
 	return d
 }
 
-// acquire gives e a new lease.
-func (s *Store) acquire(e *entry, now clock, opts inbox.BeginOptions) inbox.Claim {
+// acquire gives record i a new lease.
+func (s *Store) acquire(i int32, now clock, opts inbox.BeginOptions) inbox.Claim {
+	e, t := s.rec(i), s.txt(i)
 	lease := s.leaseFor(opts.Lease)
-	e.leaseID = opts.LeaseID
-	if e.leaseID == "" {
-		e.leaseID = inbox.NewLeaseID()
+	id := opts.LeaseID
+	if id == "" {
+		id = inbox.NewLeaseID()
 	}
+	s.setLeaseID(i, id)
 	e.lease = lease
 	s.setLease(e, now, lease)
 	e.attempts++
-	e.owner = opts.Owner
-	if e.payloadHash == "" {
-		e.payloadHash = opts.PayloadHash
+	s.setOwner(i, opts.Owner)
+	if t.payloadHash == "" {
+		t.payloadHash = opts.PayloadHash
 	}
-	s.touch(e, now)
-	return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wallTime(e.leaseWall), Lease: lease}
+	s.touch(i, now)
+	return inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: wallTime(e.leaseWall), Lease: lease}
 }
 
 // setLease makes e's lease end lease after now, and the record retention
@@ -332,126 +415,170 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err := opts.Validate(); err != nil {
 		return inbox.Claim{}, err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
 	defer s.mu.Unlock()
 
-	if e == nil {
+	if i == none {
 		if err := s.makeRoom(now); err != nil {
 			return inbox.Claim{}, err
 		}
-		e = &entry{key: key, firstSeen: now.wall}
-		s.m[key] = e
-		s.pushBack(e)
-		return s.acquire(e, now, opts), nil
+		return s.acquire(s.insert(key, now), now, opts), nil
 	}
-	mismatch := opts.PayloadHash != "" && e.payloadHash != "" && opts.PayloadHash != e.payloadHash
+	e, t := s.rec(i), s.txt(i)
+	mismatch := opts.PayloadHash != "" && t.payloadHash != "" && opts.PayloadHash != t.payloadHash
 	switch e.state(now) {
 	case inbox.StateProcessed:
 		return inbox.Claim{Status: inbox.Processed, PayloadMismatch: mismatch}, nil
 	case inbox.StateInProgress:
-		if opts.LeaseID != "" && opts.LeaseID == e.leaseID {
+		if opts.LeaseID != "" && s.heldBy(i, opts.LeaseID) {
 			// A retry by the holder: renew from now, so the caller's own
 			// reckoning of the deadline (from its retry) holds.
 			s.setLease(e, now, e.lease)
-			s.touch(e, now)
-			return inbox.Claim{Status: inbox.Acquired, LeaseID: e.leaseID, ExpiresAt: wallTime(e.leaseWall), Lease: e.lease, PayloadMismatch: mismatch}, nil
+			s.touch(i, now)
+			return inbox.Claim{Status: inbox.Acquired, LeaseID: opts.LeaseID, ExpiresAt: wallTime(e.leaseWall), Lease: e.lease, PayloadMismatch: mismatch}, nil
 		}
 		return inbox.Claim{Status: inbox.Busy, ExpiresAt: wallTime(e.leaseWall), RetryAfter: time.Duration(e.leaseUntil - now.mono), PayloadMismatch: mismatch}, nil
 	default:
-		c := s.acquire(e, now, opts)
+		c := s.acquire(i, now, opts)
 		c.PayloadMismatch = mismatch
 		return c, nil
 	}
 }
 
-// holder returns e when leaseID holds it (live, or expired and not taken
-// over), else an ErrLeaseLost error.
-func holder(e *entry, key, leaseID string) error {
+const maxOwners = 16
+
+// setOwner records owner as record i's owner.
+func (s *Store) setOwner(i int32, owner string) {
+	e, t := s.rec(i), s.txt(i)
+	t.owner = ""
+	for n, o := range s.owners {
+		if o == owner {
+			e.owner = uint8(n + 1)
+			return
+		}
+	}
+	if len(s.owners) < maxOwners {
+		s.owners = append(s.owners, owner)
+		e.owner = uint8(len(s.owners))
+		return
+	}
+	e.owner = 0
+	t.owner = owner
+}
+
+// ownerOf returns record i's owner.
+func (s *Store) ownerOf(i int32) string {
+	if n := s.rec(i).owner; n != 0 {
+		return s.owners[n-1]
+	}
+	return s.txt(i).owner
+}
+
+// setLeaseID records id as record i's lease id ("": none).
+func (s *Store) setLeaseID(i int32, id string) {
+	e, t := s.rec(i), s.txt(i)
+	if len(id) <= len(e.leaseID) {
+		e.idLen = uint8(len(id))
+		copy(e.leaseID[:], id)
+		t.leaseID = ""
+	} else {
+		e.idLen = longID
+		t.leaseID = id
+	}
+}
+
+// heldBy reports whether id is record i's lease id.
+func (s *Store) heldBy(i int32, id string) bool {
+	if e := s.rec(i); e.idLen != longID {
+		return int(e.idLen) == len(id) && string(e.leaseID[:e.idLen]) == id
+	}
+	return s.txt(i).leaseID == id
+}
+
+// holder returns nil when leaseID holds record i (live, or expired and not
+// taken over), else an ErrLeaseLost error.
+func (s *Store) holder(i int32, key, leaseID string) error {
 	switch {
-	case e == nil:
+	case i == none:
 		return fmt.Errorf("%w: key %q has no record", inbox.ErrLeaseLost, key)
-	case e.leaseID != leaseID:
+	case !s.heldBy(i, leaseID):
 		return fmt.Errorf("%w: key %q is not held by lease %q", inbox.ErrLeaseLost, key, leaseID)
 	}
 	return nil
 }
 
-func validateHolderArgs(key, leaseID string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	return inbox.ValidateLeaseID(leaseID)
-}
-
 // Complete implements [inbox.LeaseStore].
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	if err := holder(e, key, leaseID); err != nil {
+	if err := s.holder(i, key, leaseID); err != nil {
 		return err
 	}
+	e := s.rec(i)
 	if e.processed {
 		return nil // repeated by the completing lease
 	}
 	e.processed = true
 	s.endLease(e, now)
-	s.touch(e, now)
+	s.touch(i, now)
 	return nil
 }
 
 // Release implements [inbox.LeaseStore].
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	if err := holder(e, key, leaseID); err != nil {
+	if err := s.holder(i, key, leaseID); err != nil {
 		return err
 	}
+	e := s.rec(i)
 	if e.processed {
 		return fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
 	}
-	e.leaseID = ""
+	s.setLeaseID(i, "")
 	s.endLease(e, now)
-	s.touch(e, now)
+	s.touch(i, now)
 	return nil
 }
 
 // Extend implements [inbox.LeaseStore].
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return time.Time{}, err
 	}
 	if err := inbox.ValidateLease(lease); err != nil {
 		return time.Time{}, err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return time.Time{}, err
 	}
 	defer s.mu.Unlock()
-	if err := holder(e, key, leaseID); err != nil {
+	if err := s.holder(i, key, leaseID); err != nil {
 		return time.Time{}, err
 	}
+	e := s.rec(i)
 	if e.processed {
 		return time.Time{}, fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
 	}
 	e.lease = lease
 	s.setLease(e, now, lease)
-	s.touch(e, now)
+	s.touch(i, now)
 	return wallTime(e.leaseWall), nil
 }
 
@@ -460,21 +587,22 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if err := inbox.ValidateKey(key); err != nil {
 		return inbox.Record{}, err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return inbox.Record{}, err
 	}
 	defer s.mu.Unlock()
-	if e == nil {
+	if i == none {
 		return inbox.Record{}, nil
 	}
+	e, t := s.rec(i), s.txt(i)
 	r := inbox.Record{
 		State:       e.state(now),
 		Attempts:    e.attempts,
 		FirstSeen:   wallTime(e.firstSeen),
 		LastSeen:    wallTime(e.lastSeen),
-		Owner:       e.owner,
-		PayloadHash: e.payloadHash,
+		Owner:       s.ownerOf(i),
+		PayloadHash: t.payloadHash,
 	}
 	if r.State == inbox.StateInProgress {
 		r.LeaseUntil = wallTime(e.leaseWall)
@@ -487,12 +615,12 @@ func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
 	if err := inbox.ValidateKey(key); err != nil {
 		return false, err
 	}
-	_, e, err := s.lock(ctx, key)
+	_, i, err := s.lock(ctx, key)
 	if err != nil {
 		return false, err
 	}
 	defer s.mu.Unlock()
-	return e != nil && e.processed, nil
+	return i != none && s.rec(i).processed, nil
 }
 
 // MarkProcessed implements [inbox.Store]. It marks key processed whatever
@@ -501,23 +629,22 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 	if err := inbox.ValidateKey(key); err != nil {
 		return err
 	}
-	now, e, err := s.lock(ctx, key)
+	now, i, err := s.lock(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	if e == nil {
+	if i == none {
 		if err := s.makeRoom(now); err != nil {
 			return err
 		}
-		e = &entry{key: key, firstSeen: now.wall}
-		s.m[key] = e
-		s.pushBack(e)
+		i = s.insert(key, now)
 	}
+	e := s.rec(i)
 	e.processed = true
-	e.leaseID = ""
+	s.setLeaseID(i, "")
 	s.endLease(e, now)
-	s.touch(e, now)
+	s.touch(i, now)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +119,153 @@ func TestMaxEntries_expired_records_make_room_first(t *testing.T) {
 	}
 	if st := s.Stats(); st.Evicted != 0 {
 		t.Fatalf("expired records should be swept, not evicted: %+v", st)
+	}
+}
+
+// Records removed by eviction or expiry free their slot for the next key:
+// nothing of the old record (owner, payload hash, attempts, lease) may show
+// through in the new one, and the list must stay consistent through many
+// reuses.
+func TestSlotReuse_starts_clean(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{MaxEntries: 2, Lease: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := range 50 {
+		key := fmt.Sprintf("k%d", n)
+		opts := inbox.BeginOptions{}
+		if n%2 == 0 {
+			opts = inbox.BeginOptions{Owner: "o" + key, PayloadHash: "h" + key, LeaseID: "lease-" + key}
+		}
+		c, err := s.TryBegin(ctx, key, opts)
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%s) = %+v, %v", key, c, err)
+		}
+		r, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State != inbox.StateInProgress || r.Attempts != 1 || r.Owner != opts.Owner || r.PayloadHash != opts.PayloadHash {
+			t.Fatalf("new record %s = %+v, want a fresh one with %+v", key, r, opts)
+		}
+		if n > 0 {
+			prev := fmt.Sprintf("k%d", n-1)
+			if err := s.Complete(ctx, prev, "lease-"+prev); n%2 == 0 && !errors.Is(err, inbox.ErrLeaseLost) {
+				t.Fatalf("Complete(%s) with a lease it never had: %v", prev, err)
+			}
+		}
+		if n%2 == 0 {
+			if err := s.Complete(ctx, key, c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := s.Release(ctx, key, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		if n >= 2 {
+			if r, _ := s.Get(ctx, fmt.Sprintf("k%d", n-2)); r.State != inbox.StateNotFound {
+				t.Fatalf("k%d should have been evicted: %+v", n-2, r)
+			}
+		}
+		if st := s.Stats(); st.Entries != min(n+1, 2) {
+			t.Fatalf("after %s: %+v", key, st)
+		}
+	}
+}
+
+// Records are kept in chunks of slots: a store larger than a chunk, that
+// evicts and reuses slots across chunks, keeps every key it should.
+func TestManyRecords_across_chunks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const max, total = 2500, 6000
+	s, err := memory.New(memory.Options{MaxEntries: max})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := range total {
+		key := fmt.Sprintf("key-%d", n)
+		c, err := s.TryBegin(ctx, key, inbox.BeginOptions{Owner: key})
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%s) = %+v, %v", key, c, err)
+		}
+		if err := s.Complete(ctx, key, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Entries != max || st.Evicted != total-max {
+		t.Fatalf("stats %+v, want %d entries and %d evictions", st, max, total-max)
+	}
+	for n := range total {
+		key := fmt.Sprintf("key-%d", n)
+		r, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept := n >= total-max; kept != (r.State == inbox.StateProcessed) || kept && (r.Owner != key || r.Attempts != 1) {
+			t.Fatalf("%s: %+v (kept: %v)", key, r, kept)
+		}
+	}
+}
+
+// Lease ids of up to 32 bytes are kept in the record, longer ones as strings:
+// ids of either kind, and near misses across the boundary, must be compared
+// byte for byte.
+func TestLeaseIDs_compared_byte_for_byte(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	hex := "0123456789abcdef0123456789abcdef"
+	ids := []string{hex, strings.ToUpper(hex), hex[:31], hex + "0", hex[:31] + "g", "lease-1", "é" + hex[2:], inbox.NewLeaseID()}
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, held := range ids {
+		key := fmt.Sprintf("k%d", n)
+		c, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: held})
+		if err != nil || c.Status != inbox.Acquired || c.LeaseID != held {
+			t.Fatalf("TryBegin(%s, %q) = %+v, %v", key, held, c, err)
+		}
+		if c, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: held}); err != nil || c.Status != inbox.Acquired || c.LeaseID != held {
+			t.Fatalf("retry of TryBegin(%s, %q) = %+v, %v", key, held, c, err)
+		}
+		for _, other := range ids {
+			if other == held {
+				continue
+			}
+			if c, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: other}); err != nil || c.Status != inbox.Busy {
+				t.Fatalf("TryBegin(%s, %q) while %q holds it = %+v, %v", key, other, held, c, err)
+			}
+			if err := s.Complete(ctx, key, other); !errors.Is(err, inbox.ErrLeaseLost) {
+				t.Fatalf("Complete(%s, %q) while %q holds it: %v", key, other, held, err)
+			}
+			if _, err := s.Extend(ctx, key, other, time.Minute); !errors.Is(err, inbox.ErrLeaseLost) {
+				t.Fatalf("Extend(%s, %q) while %q holds it: %v", key, other, held, err)
+			}
+		}
+		if err := s.Complete(ctx, key, held); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, key, held); err != nil {
+			t.Fatalf("repeated Complete(%s, %q): %v", key, held, err)
+		}
+		if err := s.Release(ctx, key, held); !errors.Is(err, inbox.ErrLeaseLost) {
+			t.Fatalf("Release(%s, %q) after Complete: %v", key, held, err)
+		}
+	}
+	// A released lease holds nothing any more, whatever its form.
+	for _, held := range ids[:2] {
+		c, err := s.TryBegin(ctx, "r", inbox.BeginOptions{LeaseID: held})
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(r, %q) = %+v, %v", held, c, err)
+		}
+		if err := s.Release(ctx, "r", held); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, "r", held); !errors.Is(err, inbox.ErrLeaseLost) {
+			t.Fatalf("Complete(r, %q) after Release: %v", held, err)
+		}
 	}
 }
 
