@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 
@@ -24,7 +25,7 @@ func init() {
 }
 
 // openURL reads the driver's own parameters (prefix, timeout,
-// complete_delay, cluster; the
+// complete_delay, conn_check, cluster; the
 // mux has taken retention and lease) and passes every other one to go-redis,
 // which rejects those it does not know by name.
 func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
@@ -40,6 +41,16 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 	if opts.CompleteDelay, err = stores.PopDuration(q, "complete_delay"); err != nil {
 		return nil, err
 	}
+	connCheck, connCheckSet := false, false
+	if v, ok, err := stores.PopString(q, "conn_check"); err != nil {
+		return nil, err
+	} else if ok {
+		if connCheck, err = strconv.ParseBool(v); err != nil {
+			return nil, fmt.Errorf("%w: parameter conn_check=%q is not true or false", stores.ErrInvalidURL, v)
+		}
+		connCheckSet = true
+	}
+	protocol := q.Has("protocol")
 	cluster := len(q["addr"]) > 0
 	if v, ok, err := stores.PopString(q, "cluster"); err != nil {
 		return nil, err
@@ -70,6 +81,12 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 			return nil, err
 		}
 		co.ContextTimeoutEnabled = true
+		if !protocol {
+			co.Protocol = 2
+		}
+		if !connCheck && (connCheckSet || co.MaxRetries >= 0) {
+			co.Dialer = withoutConnCheck(redis.NewDialer(&redis.Options{DialTimeout: co.DialTimeout, TLSConfig: co.TLSConfig}))
+		}
 		client = redis.NewClusterClient(co)
 	} else {
 		o, err := redis.ParseURL(rest.String())
@@ -80,6 +97,12 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 			return nil, err
 		}
 		o.ContextTimeoutEnabled = true
+		if !protocol {
+			o.Protocol = 2
+		}
+		if !connCheck && (connCheckSet || o.MaxRetries >= 0) {
+			o.Dialer = withoutConnCheck(redis.NewDialer(o))
+		}
 		client = redis.NewClient(o)
 	}
 	s, err := New(client, opts)
@@ -94,7 +117,7 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, conn_check, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 
@@ -112,4 +135,22 @@ func checkPool(u *url.URL, sizes ...int) error {
 		}
 	}
 	return nil
+}
+
+// opaqueConn hides the connection under it (a *net.TCPConn) from go-redis's
+// pool, which checks every connection it hands out with a recvfrom
+// (MSG_PEEK) system call, but only a connection that exposes its file
+// descriptor (syscall.Conn); TLS connections already skip it. See "Clients
+// made from a URL" in the package documentation.
+type opaqueConn struct{ net.Conn }
+
+// withoutConnCheck wraps the connections of dial in opaqueConn.
+func withoutConnCheck(dial func(context.Context, string, string) (net.Conn, error)) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return opaqueConn{c}, nil
+	}
 }

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -94,6 +95,7 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 		"redis://127.0.0.1:6379/15?complete_delay=2s",     // over MaxCompleteDelay
 		"redis://127.0.0.1:6379/15?complete_delay=-1ms",   // not positive
 		"redis://127.0.0.1:6379/15?cluster=maybe",
+		"redis://127.0.0.1:6379/15?conn_check=sometimes",
 		"redis://127.0.0.1:6379/3?cluster=true", // Cluster has only db 0
 		"redis://127.0.0.1:6379/notanumber",
 		"redis://127.0.0.1:6379/15?prefix=" + strings.Repeat("p", redisstore.MaxPrefixLen+1),
@@ -254,4 +256,37 @@ func FuzzOpenURL(f *testing.F) {
 			t.Fatalf("Open(%q): error quotes the password: %v", raw, err)
 		}
 	})
+}
+
+// A store opened from a URL skips go-redis's check of every pooled
+// connection (conn_check=false, the default): a connection the server
+// closed is found dead when used, and go-redis's retry takes a new one, so
+// callers see no error once the server is back. conn_check=true restores
+// the check, and so does turning go-redis's retries off (max_retries=-1),
+// or the first call on each dead connection would fail.
+func TestOpenURL_server_restart_with_and_without_conn_check(t *testing.T) {
+	t.Parallel()
+	for _, q := range []string{"", "conn_check=false", "conn_check=true", "max_retries=-1"} {
+		t.Run("query="+q, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t, redistest.Config{})
+			ctx := context.Background()
+			s, err := stores.Open(ctx, "redis://"+srv.Addr()+"/0?timeout=5s&"+q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			if _, err := s.TryBegin(ctx, "before", inbox.BeginOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			srv.Shutdown()
+			srv.Restart()
+			for i := range 5 {
+				cl, err := s.TryBegin(ctx, fmt.Sprint("after-", i), inbox.BeginOptions{})
+				if err != nil || cl.Status != inbox.Acquired {
+					t.Fatalf("TryBegin %d after the restart: %+v, %v", i, cl, err)
+				}
+			}
+		})
+	}
 }
