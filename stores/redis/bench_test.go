@@ -134,6 +134,9 @@ func benchImpls(b *testing.B, timeout time.Duration) []benchImpl {
 	st := newStore(b, c, redisstore.Options{Prefix: prefix + "ours:", Retention: retention, Timeout: timeout})
 	leaseUS := strconv.FormatInt(lease.Microseconds(), 10)
 	retUS := strconv.FormatInt(retention.Microseconds(), 10)
+	// Physical TTLs in milliseconds, as the store passes them.
+	leaseTTL := strconv.FormatInt((lease+retention).Milliseconds()+1, 10)
+	retTTL := strconv.FormatInt(retention.Milliseconds()+1, 10)
 
 	return []benchImpl{
 		{"ours", func(ctx context.Context, key string) error {
@@ -148,14 +151,14 @@ func benchImpls(b *testing.B, timeout time.Duration) []benchImpl {
 		}},
 		{"raw-lua", func(ctx context.Context, key string) error {
 			k := []string{prefix + "lua:" + key}
-			r, err := redisstore.TryBeginScript.Run(ctx, c, k, "lease-id", leaseUS, retUS, "", "").Slice()
+			r, err := redisstore.TryBeginScript.Run(ctx, c, k, "lease-id", leaseUS, retUS, "", "", leaseTTL).Int64()
 			if err != nil {
 				return err
 			}
-			if r[0] != int64(1) {
+			if r <= 0 {
 				b.Fatalf("raw TryBegin(%q) = %v", key, r)
 			}
-			n, err := redisstore.CompleteScript.Run(ctx, c, k, "lease-id", retUS).Int64()
+			n, err := redisstore.CompleteScript.Run(ctx, c, k, "lease-id", retUS, retTTL).Int64()
 			if err == nil && n != 1 {
 				b.Fatalf("raw Complete(%q) = %d", key, n)
 			}

@@ -122,7 +122,7 @@ func (s *Store) pipeline(ctx context.Context, batch []*pendingMark, key string, 
 	cmds := make([]*redis.Cmd, 0, len(batch)+1)
 	_, _ = s.client.Pipelined(pctx, func(p redis.Pipeliner) error {
 		for _, m := range batch {
-			cmds = append(cmds, completeScript.EvalSha(pctx, p, []string{s.opts.Prefix + m.key}, m.leaseID, s.retention))
+			cmds = append(cmds, completeScript.EvalSha(pctx, p, []string{s.opts.Prefix + m.key}, m.leaseID, s.retention, s.retTTL))
 		}
 		if args != nil {
 			cmds = append(cmds, tryBeginScript.EvalSha(pctx, p, []string{s.opts.Prefix + key}, args...))
@@ -136,7 +136,7 @@ func (s *Store) pipeline(ctx context.Context, batch []*pendingMark, key string, 
 			continue
 		}
 		if i < len(batch) {
-			cmds[i] = completeScript.Run(pctx, s.client, []string{s.opts.Prefix + batch[i].key}, batch[i].leaseID, s.retention)
+			cmds[i] = completeScript.Run(pctx, s.client, []string{s.opts.Prefix + batch[i].key}, batch[i].leaseID, s.retention, s.retTTL)
 		} else {
 			cmds[i] = tryBeginScript.Run(pctx, s.client, []string{s.opts.Prefix + key}, args...)
 		}

@@ -120,8 +120,11 @@ func (o Options) Validate() error {
 type Store struct {
 	client    redis.UniversalClient
 	opts      Options
-	retention any  // Options.Retention in microseconds, boxed once as a script argument
-	lease     any  // Options.Lease likewise
+	retention any // Options.Retention in microseconds, boxed once as a script argument
+	lease     any // Options.Lease likewise
+	leaseUS   int64
+	leaseTTL  any  // ttlMillis(Options.Lease + Options.Retention), boxed once
+	retTTL    any  // ttlMillis(Options.Retention), boxed once
 	owns      bool // Close closes client
 	closed    atomic.Bool
 	marks     *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
@@ -160,6 +163,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		opts:      opts,
 		retention: strconv.FormatInt(micros(opts.Retention), 10),
 		lease:     strconv.FormatInt(micros(opts.Lease), 10),
+		leaseUS:   micros(opts.Lease),
+		leaseTTL:  ttlMillis(micros(opts.Lease) + micros(opts.Retention)),
+		retTTL:    ttlMillis(micros(opts.Retention)),
 	}
 	if opts.CompleteDelay > 0 {
 		s.marks = &marks{timer: time.AfterFunc(time.Hour, s.flushMarks)}
@@ -190,6 +196,15 @@ func micros(d time.Duration) int64 {
 }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
+
+// ttlMillis is the physical TTL, as a PEXPIRE argument, of a record whose
+// logical expiry is us microseconds away: rounded up to the next
+// millisecond, plus one, so that Redis never drops a record before the
+// scripts stop seeing it. (The scripts compute it themselves where the
+// duration comes from the record.)
+func ttlMillis(us int64) string {
+	return strconv.FormatInt((us+999)/1000+1, 10)
+}
 
 // begin checks that the store is open and the context live, and returns the
 // context for one call with the store's timeout.
@@ -292,17 +307,18 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err := opts.Validate(); err != nil {
 		return inbox.Claim{}, err
 	}
-	lease := s.lease
+	leaseUS, lease, ttl := s.leaseUS, s.lease, s.leaseTTL
 	if opts.Lease > MaxDuration {
 		return inbox.Claim{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, opts.Lease, MaxDuration)
-	} else if opts.Lease > 0 {
-		lease = micros(opts.Lease)
+	} else if opts.Lease > 0 && micros(opts.Lease) != leaseUS {
+		leaseUS = micros(opts.Lease)
+		lease, ttl = strconv.FormatInt(leaseUS, 10), ttlMillis(leaseUS+micros(s.opts.Retention))
 	}
 	id := opts.LeaseID
 	if id == "" {
 		id = inbox.NewLeaseID()
 	}
-	args := []any{id, lease, s.retention, opts.Owner, opts.PayloadHash}
+	args := []any{id, lease, s.retention, opts.Owner, opts.PayloadHash, ttl}
 	var v any
 	var err error
 	if batch := s.takeMarks(); len(batch) > 0 {
@@ -312,6 +328,13 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	}
 	if err != nil {
 		return inbox.Claim{}, err
+	}
+	if until, ok := v.(int64); ok {
+		// The short reply: acquired with the lease asked for, no mismatch.
+		if until <= 0 {
+			return inbox.Claim{}, badReply(op, key, v)
+		}
+		return inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: fromMicros(until), Lease: time.Duration(leaseUS) * time.Microsecond}, nil
 	}
 	var r [5]int64
 	if err := ints(op, key, v, r[:]); err != nil {
@@ -335,13 +358,6 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	return c, nil
 }
 
-func validateHolderArgs(key, leaseID string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	return inbox.ValidateLeaseID(leaseID)
-}
-
 // holderError maps the negative codes of Complete, Release and Extend.
 func holderError(op, key, leaseID string, code int64, v any) error {
 	switch code {
@@ -358,13 +374,13 @@ func holderError(op, key, leaseID string, code int64, v any) error {
 // Complete implements [inbox.LeaseStore].
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 	const op = "Complete"
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	if s.marks != nil {
 		return s.completeLater(ctx, key, leaseID)
 	}
-	v, err := s.run(ctx, op, key, completeScript, leaseID, s.retention)
+	v, err := s.run(ctx, op, key, completeScript, leaseID, s.retention, s.retTTL)
 	if err != nil {
 		return err
 	}
@@ -376,7 +392,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 // [inbox.ErrLeaseLost] although the lease was released.
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 	const op = "Release"
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
 	v, err := s.run(ctx, op, key, releaseScript, leaseID, s.retention)
@@ -392,7 +408,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 // Extend implements [inbox.LeaseStore].
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
 	const op = "Extend"
-	if err := validateHolderArgs(key, leaseID); err != nil {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return time.Time{}, err
 	}
 	if err := inbox.ValidateLease(lease); err != nil {

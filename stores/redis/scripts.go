@@ -14,21 +14,29 @@ import "github.com/redis/go-redis/v9"
 //	fs  first seen
 //	ls  last seen
 //	ow  owner of the latest acquisition
-//	ph  first non-empty payload hash
+//	ph  first non-empty payload hash; absent while there is none (records of
+//	    the first release hold "" instead: the scripts read both alike)
 //	ex  logical expiry of the whole record
 //
-// Times and durations are integers of microseconds on the Redis clock (TIME).
+// Times and durations are integers of microseconds on the Redis clock (TIME),
+// written as decimal strings that the scripts format themselves
+// (string.format's %d): a Lua number handed to redis.call is formatted with
+// %.17g, which cost Redis more than the rest of an HSET field. Every other
+// field is always written, so the scripts of the first release, which a
+// rolling upgrade runs next to these on the same keys, read these records
+// too (layout_test.go checks both ways).
 // The scripts compare ex with the clock, so a record past its logical expiry
 // is absent whatever the physical TTL (PEXPIRE, set one millisecond past ex
 // so Redis never drops a record before the scripts stop seeing it). Redis 7
 // replicates scripts by their effects, so TIME is allowed before writes.
 
-// clock is the common prelude: now in microseconds and the record's
-// liveness.
+// clock is the common prelude: now in microseconds (Lua converts TIME's
+// strings itself, cheaper than calls of tonumber), the key, and fmt.
 const clock = `
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
+local fmt = string.format
 `
 
 // expireAfter sets the physical TTL: d microseconds from now, rounded up to
@@ -39,57 +47,74 @@ local function expireAfter(d)
 end
 `
 
-// TryBegin: ARGV = lease id, lease (µs), retention (µs), owner, payload hash.
-// Reply: {status, lease until, lease, now, mismatch} with status 1 Acquired,
-// 2 Processed, 3 Busy.
+// TryBegin: ARGV = lease id, lease (µs), retention (µs), owner, payload
+// hash, physical TTL of a new record in milliseconds (lease + retention,
+// rounded up, plus one: the client computes it, see ttlMillis). Reply: the
+// lease deadline, an integer, when it acquired the key with the lease asked
+// for and no payload mismatch (always so for a new key: the hot path, kept
+// small); otherwise {status, lease until, lease, now, mismatch} with status
+// 1 Acquired, 2 Processed, 3 Busy.
+//
+// A key without a live record, the common case, costs one HGET of ex, not
+// an HMGET of the whole record, and the fields it writes are strings (a
+// number passed to redis.call is formatted with %.17g, which costs Redis
+// more than the whole HSET of a string field).
 var tryBeginScript = redis.NewScript(clock + expireAfter + `
-local id, lease, ret, owner, hash = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local r = redis.call('HMGET', k, 'ex', 'pr', 'id', 'lu', 'ln', 'ph', 'at')
-local ex = tonumber(r[1])
+local id, owner, hash = ARGV[1], ARGV[4], ARGV[5]
+local ex = tonumber(redis.call('HGET', k, 'ex'))
 if ex == nil or ex <= now then
   if ex ~= nil then redis.call('DEL', k) end
-  local lu = now + lease
-  redis.call('HSET', k, 'id', id, 'lu', lu, 'ln', lease, 'at', 1, 'pr', 0, 'fs', now, 'ls', now, 'ow', owner, 'ph', hash, 'ex', lu + ret)
-  expireAfter(lease + ret)
-  return {1, lu, lease, now, 0}
+  local lu = now + ARGV[2]
+  local nows = fmt('%d', now)
+  if hash == '' then
+    redis.call('HSET', k, 'id', id, 'lu', fmt('%d', lu), 'ln', ARGV[2], 'at', '1', 'pr', '0', 'fs', nows, 'ls', nows, 'ow', owner, 'ex', fmt('%d', lu + ARGV[3]))
+  else
+    redis.call('HSET', k, 'id', id, 'lu', fmt('%d', lu), 'ln', ARGV[2], 'at', '1', 'pr', '0', 'fs', nows, 'ls', nows, 'ow', owner, 'ph', hash, 'ex', fmt('%d', lu + ARGV[3]))
+  end
+  redis.call('PEXPIRE', k, ARGV[6])
+  return lu
 end
-local ph = r[6] or ''
+local lease, ret = tonumber(ARGV[2]), tonumber(ARGV[3])
+local r = redis.call('HMGET', k, 'pr', 'id', 'lu', 'ln', 'ph', 'at')
+local ph = r[5] or ''
 local mm = 0
 if hash ~= '' and ph ~= '' and ph ~= hash then mm = 1 end
-if r[2] == '1' then
+if r[1] == '1' then
   return {2, 0, 0, now, mm}
 end
-local lu = tonumber(r[4])
+local lu = tonumber(r[3])
 if lu > now then
-  if r[3] ~= id then
+  if r[2] ~= id then
     return {3, lu, 0, now, mm}
   end
   -- A retry by the holder: renew from now with the lease's own length.
-  lease = tonumber(r[5])
+  lease = tonumber(r[4])
   lu = now + lease
-  redis.call('HSET', k, 'lu', lu, 'ls', now, 'ex', lu + ret)
+  redis.call('HSET', k, 'lu', fmt('%d', lu), 'ls', fmt('%d', now), 'ex', fmt('%d', lu + ret))
   expireAfter(lease + ret)
   return {1, lu, lease, now, mm}
 end
 lu = now + lease
-local at = tonumber(r[7]) or 0
+local at = tonumber(r[6]) or 0
 if ph == '' then ph = hash end
-redis.call('HSET', k, 'id', id, 'lu', lu, 'ln', lease, 'at', at + 1, 'ls', now, 'ow', owner, 'ph', ph, 'ex', lu + ret)
+redis.call('HSET', k, 'id', id, 'lu', fmt('%d', lu), 'ln', ARGV[2], 'at', fmt('%d', at + 1), 'ls', fmt('%d', now), 'ow', owner, 'ph', ph, 'ex', fmt('%d', lu + ret))
 expireAfter(lease + ret)
+if mm == 0 then return lu end
 return {1, lu, lease, now, mm}
 `)
 
-// Complete: ARGV = lease id, retention (µs). Reply: 1 completed (now or
-// before, by this lease), -1 no record, -2 another lease holds the key.
-var completeScript = redis.NewScript(clock + expireAfter + `
+// Complete: ARGV = lease id, retention (µs), physical TTL of a processed
+// record in milliseconds (the retention, rounded up, plus one). Reply: 1
+// completed (now or before, by this lease), -1 no record, -2 another lease
+// holds the key.
+var completeScript = redis.NewScript(clock + `
 local r = redis.call('HMGET', k, 'ex', 'id', 'pr')
 local ex = tonumber(r[1])
 if ex == nil or ex <= now then return -1 end
 if r[2] ~= ARGV[1] then return -2 end
 if r[3] == '1' then return 1 end
-local ret = tonumber(ARGV[2])
-redis.call('HSET', k, 'pr', 1, 'lu', 0, 'ls', now, 'ex', now + ret)
-expireAfter(ret)
+redis.call('HSET', k, 'pr', '1', 'lu', '0', 'ls', fmt('%d', now), 'ex', fmt('%d', now + ARGV[2]))
+redis.call('PEXPIRE', k, ARGV[3])
 return 1
 `)
 
