@@ -117,7 +117,7 @@ func (l *lease) finish(why string) {
 // succeeded: Complete on ack, Release on nack.
 func (l *lease) awaitAck() {
 	defer l.cancel(errHandlerReturned)
-	if !l.acked {
+	if !l.acked && !isClosedChan(l.msg.Acked()) { // acked already: the common case, without a select of three
 		select {
 		case <-l.msg.Acked():
 		case <-l.msg.Nacked():

@@ -151,17 +151,20 @@ func isClosedChan(c <-chan struct{}) bool {
 	}
 }
 
-// newLeaseID returns 128 random bits in hex. math/rand/v2's global source is
-// ChaCha8 seeded by the runtime: unpredictable, and much cheaper per message
-// than crypto/rand.
+// newLeaseID returns 128 random bits as 32 lowercase hex digits, the form of
+// [inbox.NewLeaseID]. math/rand/v2's global source is ChaCha8 seeded by the
+// runtime: unpredictable, and much cheaper per message than crypto/rand. The
+// digits are written straight into the one allocation, the string.
 func newLeaseID() string {
-	var b [16]byte
+	const digits = "0123456789abcdef"
+	var b [32]byte
 	hi, lo := rand.Uint64(), rand.Uint64()
 	for i := range 8 {
-		b[i] = byte(hi >> (8 * i))
-		b[8+i] = byte(lo >> (8 * i))
+		x, y := byte(hi>>(8*i)), byte(lo>>(8*i))
+		b[2*i], b[2*i+1] = digits[x>>4], digits[x&15]
+		b[16+2*i], b[16+2*i+1] = digits[y>>4], digits[y&15]
 	}
-	return hex.EncodeToString(b[:])
+	return string(b[:])
 }
 
 func payloadHash(p []byte) string {

@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +52,22 @@ func TestScheduler_list_order(t *testing.T) {
 			s.insert(l)
 		}
 		check()
+	}
+}
+
+// TestNewLeaseID_form checks the middleware's lease ids have the form of
+// inbox.NewLeaseID (32 lowercase hex digits: stores may keep that form
+// compactly) and do not repeat.
+func TestNewLeaseID_form(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newLeaseID()
+		if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+			t.Fatalf("lease id %q is not 32 lowercase hex digits", id)
+		}
+		if _, err := hex.DecodeString(id); err != nil || seen[id] {
+			t.Fatalf("lease id %q: repeated %v, %v", id, seen[id], err)
+		}
+		seen[id] = true
 	}
 }
