@@ -242,7 +242,13 @@ func Redact(u *url.URL) string {
 			c.RawQuery = "xxxxx"
 		}
 	}
-	return c.String()
+	s := c.String()
+	// url.URL drops an empty authority ("memory://?x" prints "memory:?x"); keep
+	// it, so that the URL reads as the user wrote it.
+	if c.Opaque == "" && c.Host == "" && c.User == nil && c.Scheme != "" && !strings.HasPrefix(c.Path, "/") {
+		s = c.Scheme + "://" + strings.TrimPrefix(s, c.Scheme+":")
+	}
+	return s
 }
 
 var defaultMux URLMux

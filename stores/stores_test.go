@@ -100,3 +100,22 @@ func TestRedact(t *testing.T) {
 		t.Errorf("Redact dropped harmless parts: %s", s)
 	}
 }
+
+func TestRedact_keepsTheURLForm(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"memory://",
+		"memory://?retention=1h",
+		"sqlite:///tmp/inbox.db?table=t",
+		"postgres://host:5432/db",
+		"redis://host/0",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := stores.Redact(u); got != raw {
+			t.Errorf("Redact(%s) = %s", raw, got)
+		}
+	}
+}
