@@ -9,6 +9,8 @@
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
 //	INBOX_TOKEN            (no flag)        bearer token; turns auth on (flags show in process lists)
 //	INBOX_TOKEN_FILE       -token-file      file holding the bearer token (whitespace trimmed)
+//	INBOX_TLS_CERT_FILE    -tls-cert        PEM certificate (chain) to serve HTTPS with; needs the key
+//	INBOX_TLS_KEY_FILE     -tls-key         PEM private key of that certificate
 //	INBOX_LEASE_MIN        -lease-min       shortest lease granted; default 30s
 //	INBOX_LEASE_MAX        -lease-max       longest lease granted; default 120s
 //	INBOX_LEASE_DEFAULT    -lease-default   lease when a call names none; default 30s
@@ -21,7 +23,11 @@
 //
 // Retention is the store's: a URL parameter of INBOX_STORE_URL
 // (memory://?retention=168h). Without a token, auth is none: keep the listen
-// address on loopback or a private network then.
+// address on loopback or a private network then. Without a certificate,
+// inboxd serves plain HTTP, and a bearer token crosses the network in clear:
+// give it INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE, or put it behind a
+// proxy that terminates TLS, when clients reach it over a network. The files
+// are read at start; restart inboxd to take a renewed certificate.
 //
 // Endpoints: protocol v1 under /v1/inbox, /healthz (the process is up),
 // /readyz (the store answers; 503 while shutting down), /metrics
@@ -34,6 +40,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -66,11 +73,13 @@ func main() {
 // settings are inboxd's configuration after env and flags.
 type settings struct {
 	storeURL, listen, tokenFile, policy, logLevel string
+	tlsCert, tlsKey                               string
 	token                                         string
 	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
 	storeTimeout                                  time.Duration
 	maxBody                                       int64
 	maxKey                                        int
+	cert                                          *tls.Certificate // loaded from tlsCert and tlsKey
 }
 
 // parse reads the environment, then the flags over it.
@@ -103,6 +112,8 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		listen:       env("INBOX_LISTEN_ADDR", "127.0.0.1:8080"),
 		tokenFile:    env("INBOX_TOKEN_FILE", ""),
 		token:        getenv("INBOX_TOKEN"),
+		tlsCert:      env("INBOX_TLS_CERT_FILE", ""),
+		tlsKey:       env("INBOX_TLS_KEY_FILE", ""),
 		policy:       env("INBOX_LEASE_POLICY", string(server.PolicyClamp)),
 		logLevel:     env("INBOX_LOG_LEVEL", "info"),
 		leaseMin:     dur("INBOX_LEASE_MIN", server.DefaultLeaseMin.String()),
@@ -121,6 +132,8 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
 	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
 	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file holding the bearer token (INBOX_TOKEN_FILE)")
+	fs.StringVar(&s.tlsCert, "tls-cert", s.tlsCert, "PEM certificate to serve HTTPS with (INBOX_TLS_CERT_FILE)")
+	fs.StringVar(&s.tlsKey, "tls-key", s.tlsKey, "PEM private key of the certificate (INBOX_TLS_KEY_FILE)")
 	fs.StringVar(&s.policy, "lease-policy", s.policy, "clamp or reject (INBOX_LEASE_POLICY)")
 	fs.StringVar(&s.logLevel, "log-level", s.logLevel, "debug, info, warn or error (INBOX_LOG_LEVEL)")
 	fs.DurationVar(&s.leaseMin, "lease-min", s.leaseMin, "shortest lease (INBOX_LEASE_MIN)")
@@ -148,6 +161,16 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		if s.token == "" {
 			return s, fmt.Errorf("token file %q is empty", s.tokenFile)
 		}
+	}
+	if (s.tlsCert == "") != (s.tlsKey == "") {
+		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
+	}
+	if s.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.tlsCert, s.tlsKey)
+		if err != nil {
+			return s, fmt.Errorf("TLS certificate %q with key %q: %w", s.tlsCert, s.tlsKey, err)
+		}
+		s.cert = &cert
 	}
 	if s.shutdown <= 0 {
 		return s, fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
@@ -193,6 +216,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if err != nil {
 		return err
 	}
+	scheme := "http"
+	if s.cert != nil {
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*s.cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}})
+		scheme = "https"
+	}
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -206,7 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if s.token != "" {
 		auth = "bearer"
 	}
-	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("store", redacted),
+	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("scheme", scheme), slog.String("store", redacted),
 		slog.String("auth", auth), slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
 		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy))
 	if ready != nil {

@@ -4,10 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -352,6 +360,8 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 		"stray argument":  {[]string{"extra"}, nil, "unexpected arguments"},
 		"flag over env":   {[]string{"-lease-min", "never"}, nil, "lease-min"},
 		"shutdown length": {nil, map[string]string{"INBOX_SHUTDOWN_TIMEOUT": "0s"}, "shutdown timeout"},
+		"cert only":       {nil, map[string]string{"INBOX_TLS_CERT_FILE": "/x.pem"}, "INBOX_TLS_KEY_FILE"},
+		"missing cert":    {[]string{"-tls-cert", "/nonexistent/c.pem", "-tls-key", "/nonexistent/k.pem"}, nil, "/nonexistent/c.pem"},
 	} {
 		_, err := parse(c.args, env(c.vars))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -413,4 +423,94 @@ func mustRedisOptions(t *testing.T, raw string) *redis.Options {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key as PEM files
+// and returns their paths and a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "inboxd test"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestRun_tls_serves_https_to_the_remote_client(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, pool := selfSigned(t)
+	const token = "tls-test-token"
+	addr, logs, _, _ := startRun(t, map[string]string{
+		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TLS_CERT_FILE": certFile, "INBOX_TLS_KEY_FILE": keyFile,
+		"INBOX_TOKEN": token,
+	})
+	ctx := context.Background()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	s, err := remote.New(remote.Options{URL: "https://" + addr, Token: token, HTTPClient: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.TryBegin(ctx, "tls:k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin over https: %+v, %v", c, err)
+	}
+	if err := s.Complete(ctx, "tls:k", c.LeaseID); err != nil {
+		t.Fatalf("Complete over https: %v", err)
+	}
+	if done, err := s.IsProcessed(ctx, "tls:k"); err != nil || !done {
+		t.Fatalf("IsProcessed over https: %v, %v", done, err)
+	}
+
+	// Plain HTTP to the TLS port gets no inbox answer.
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatalf("plain HTTP to the TLS port answered 200: %s", b)
+		}
+	}
+	// A client that does not trust the certificate is refused.
+	untrusting, err := remote.New(remote.Options{URL: "https://" + addr, Token: token, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untrusting.Close()
+	if _, err := untrusting.TryBegin(ctx, "tls:k2", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("TryBegin with an untrusted certificate: %v, want ErrStoreUnavailable", err)
+	}
+	if !strings.Contains(logs.String(), `"scheme":"https"`) {
+		t.Fatalf("the start line does not say https:\n%s", logs)
+	}
 }
