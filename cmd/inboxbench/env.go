@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,6 +15,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-inbox/inbox/stores"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
@@ -54,6 +56,27 @@ type env struct {
 	remoteStore   *remote.Store
 }
 
+// openRedis opens a Redis store by URL: base with the harness's retention,
+// a pool as large as e.redis's, and params.
+func openRedis(ctx context.Context, base string, params map[string]string) (*redisstore.Store, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("redis URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("retention", retention.String())
+	q.Set("pool_size", "64")
+	for k, v := range params {
+		q.Set(k, v)
+	}
+	u.RawQuery = q.Encode()
+	s, err := stores.Open(ctx, u.String())
+	if err != nil {
+		return nil, err
+	}
+	return s.(*redisstore.Store), nil
+}
+
 func (e *env) prefix() string { return "inboxbench:" + e.run + ":" }
 
 // newEnv connects what the variants need; a variant whose service is missing
@@ -76,16 +99,19 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		if err := e.redis.Ping(ctx).Err(); err != nil {
 			return e, fmt.Errorf("redis %s: %w", ro.Addr, err)
 		}
-		e.redisStore, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "inbox:", Retention: retention})
+		// The inbox's stores are opened by URL, as an application configures
+		// them, so they get the client settings of a URL-opened store (see
+		// "Clients made from a URL" in stores/redis); the Deduplicator's
+		// repository uses e.redis, a go-redis client with its defaults.
+		e.redisStore, err = openRedis(ctx, o.redisURL, map[string]string{"prefix": e.prefix() + "inbox:"})
 		if err != nil {
 			return e, err
 		}
 		// The opt-in pipelined marks. Timeout + CompleteDelay stays within
 		// the middleware's StoreTimeout (5 s), so that, as with the default
 		// store, the middleware adds no timer of its own to each call.
-		e.redisPipelined, err = redisstore.New(e.redis, redisstore.Options{
-			Prefix: e.prefix() + "pipelined:", Retention: retention,
-			Timeout: 4 * time.Second, CompleteDelay: pipelineDelay,
+		e.redisPipelined, err = openRedis(ctx, o.redisURL, map[string]string{
+			"prefix": e.prefix() + "pipelined:", "timeout": "4s", "complete_delay": pipelineDelay.String(),
 		})
 		if err != nil {
 			return e, err
@@ -158,6 +184,9 @@ func (e *env) close(ctx context.Context) error {
 	}
 	if e.redisPipelined != nil {
 		errs = append(errs, e.redisPipelined.Close()) // sends marks still waiting
+	}
+	if e.redisStore != nil {
+		errs = append(errs, e.redisStore.Close())
 	}
 	if e.redis != nil {
 		errs = append(errs, deletePrefix(ctx, e.redis, e.prefix()))
