@@ -59,7 +59,8 @@ func run() error {
 		return err
 	}
 	router.AddMiddleware(report, inbox.Middleware)
-	router.AddConsumerHandler("charge-card", "orders", pubSub, chargeCard)
+	b := &billing{charged: map[string]int{}, gatewayDown: map[string]bool{"order-3": true}}
+	router.AddConsumerHandler("charge-card", "orders", pubSub, b.chargeCard)
 	go func() {
 		if err := router.Run(ctx); err != nil {
 			log.Fatal(err)
@@ -87,33 +88,41 @@ func run() error {
 	if err := inbox.Close(closeCtx); err != nil {
 		return err
 	}
-	fmt.Printf("\npublished %d messages for %d orders\n", len(deliveries), len(charged))
+	fmt.Printf("\npublished %d messages for %d orders\n", len(deliveries), b.orders())
 	fmt.Printf("processed %d, duplicates skipped %d, handler failures retried %d\n",
 		counts.get(middleware.OutcomeProcessed), counts.get(middleware.OutcomeDuplicate), counts.get(middleware.OutcomeReleased))
 	return nil
 }
 
-var (
+// billing charges cards: the side effect that must happen once per order.
+type billing struct {
 	mu          sync.Mutex
-	charged     = map[string]int{}
-	gatewayDown = map[string]bool{"order-3": true}
-)
+	charged     map[string]int  // times each order was charged
+	gatewayDown map[string]bool // orders whose next charge fails
+}
 
-// chargeCard is the handler: its side effect must happen once per order.
-func chargeCard(msg *message.Message) error {
+// chargeCard is the handler.
+func (b *billing) chargeCard(msg *message.Message) error {
 	id := msg.Metadata.Get("IdempotencyKey")
-	mu.Lock()
-	defer mu.Unlock()
-	if gatewayDown[id] {
-		delete(gatewayDown, id) // recovers for the redelivery
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gatewayDown[id] {
+		delete(b.gatewayDown, id) // recovers for the redelivery
 		return errors.New("payment gateway timeout")
 	}
 	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
 		*ran = true
 	}
-	charged[id]++
-	fmt.Printf("%s  charged (times charged: %d)\n", id, charged[id])
+	b.charged[id]++
+	fmt.Printf("%s  charged (times charged: %d)\n", id, b.charged[id])
 	return nil
+}
+
+// orders returns how many orders were charged.
+func (b *billing) orders() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.charged)
 }
 
 type ranKey struct{}
