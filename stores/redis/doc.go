@@ -108,13 +108,19 @@
 //	redis://[user:password@]host:6379/0?prefix=inbox:&retention=168h&lease=30s&timeout=5s
 //	redis://host1:6379?addr=host2:6379&addr=host3:6379&timeout=5s     (Cluster)
 //	redis://host1:6379?cluster=true                                  (Cluster, one seed)
+//	redis://[:sentinel-password@]sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379&password=master-password (Sentinel)
 //
 // The store's parameters are retention and lease (shared by every store),
 // prefix, timeout (per call, a Go duration), complete_delay
 // ([Options.CompleteDelay], a Go duration), conn_check (true or false, see
-// below) and cluster (true or false; an addr parameter implies true). A Cluster URL names no database, or 0. Every
-// other parameter goes to go-redis's [redis.ParseURL] or
-// [redis.ParseClusterURL], so its options (dial_timeout, read_timeout,
+// below) and cluster (true or false; an addr parameter implies true). A Cluster URL names no database, or 0.
+// master_name makes a Sentinel client ([redis.NewFailoverClient]): the
+// URL's host and every addr are then Sentinels, the user info is the
+// Sentinels' and the username and password parameters the master's.
+// route_by_latency, route_randomly and replica_only are refused with it:
+// the store writes on every call, so it talks to the master only. Every
+// other parameter goes to go-redis's [redis.ParseURL],
+// [redis.ParseClusterURL] or [redis.ParseFailoverURL], so its options (dial_timeout, read_timeout,
 // pool_size, max_retries, ...) can be set too, and an unknown parameter is an
 // error naming it. Pool sizes (pool_size, min_idle_conns, max_idle_conns,
 // max_active_conns, max_concurrent_dials) must be within [0, 100000]:
@@ -142,8 +148,13 @@
 //
 // A client passed to [New] is used as it is; the same settings can be made
 // there (Options.Protocol, and a Dialer whose connections do not implement
-// syscall.Conn). Sentinel has no URL form here: build a
-// [redis.NewFailoverClient] and pass it to [New].
+// syscall.Conn).
+//
+// Sentinel is tested with a private master, replica and Sentinel: the
+// conformance suite through a failover client, and a failover
+// (SENTINEL FAILOVER) under a store opened by URL, which reaches the
+// promoted replica without being reopened and finds there the marks and
+// leases that were replicated before it.
 //
 // # Watermill's Deduplicator
 //

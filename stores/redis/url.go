@@ -27,7 +27,9 @@ func init() {
 // openURL reads the driver's own parameters (prefix, timeout,
 // complete_delay, conn_check, cluster; the
 // mux has taken retention and lease) and passes every other one to go-redis,
-// which rejects those it does not know by name.
+// which rejects those it does not know by name. master_name makes a
+// Sentinel client (the URL's host and any addr are Sentinels), addr or
+// cluster=true a Cluster client, and a standalone client otherwise.
 func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	q := u.Query()
 	opts := Options{Retention: p.Retention, Lease: p.Lease}
@@ -51,7 +53,8 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		connCheckSet = true
 	}
 	protocol := q.Has("protocol")
-	cluster := len(q["addr"]) > 0
+	sentinel := q.Has("master_name")
+	cluster := len(q["addr"]) > 0 && !sentinel // with master_name, addr names more Sentinels
 	if v, ok, err := stores.PopString(q, "cluster"); err != nil {
 		return nil, err
 	} else if ok {
@@ -61,6 +64,21 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		}
 		cluster = cluster || b
 	}
+	if sentinel {
+		if cluster {
+			return nil, fmt.Errorf("%w: %s: master_name (Sentinel) and cluster=true exclude each other", stores.ErrInvalidURL, stores.Redact(u))
+		}
+		if v := q.Get("master_name"); v == "" || len(q["master_name"]) > 1 {
+			return nil, fmt.Errorf("%w: %s: parameter master_name must be given once, not empty", stores.ErrInvalidURL, stores.Redact(u))
+		}
+		// go-redis panics on the first two (they need a cluster-style
+		// client), and the third would send the store's writes to replicas.
+		for _, n := range []string{"route_by_latency", "route_randomly", "replica_only"} {
+			if q.Has(n) {
+				return nil, fmt.Errorf("%w: %s: parameter %s is not taken with master_name: the store writes, so it talks to the master only", stores.ErrInvalidURL, stores.Redact(u), n)
+			}
+		}
+	}
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", stores.ErrInvalidURL, stores.Redact(u), err)
 	}
@@ -68,7 +86,24 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 	rest := *u
 	rest.RawQuery = q.Encode()
 	var client redis.UniversalClient
-	if cluster {
+	switch {
+	case sentinel:
+		fo, err := redis.ParseFailoverURL(rest.String())
+		if err != nil {
+			return nil, badURL(u, err)
+		}
+		if err := checkPool(u, fo.PoolSize, fo.MinIdleConns, fo.MaxIdleConns, fo.MaxActiveConns, fo.MaxConcurrentDials); err != nil {
+			return nil, err
+		}
+		fo.ContextTimeoutEnabled = true
+		if !protocol {
+			fo.Protocol = 2
+		}
+		if !connCheck && (connCheckSet || fo.MaxRetries >= 0) {
+			fo.Dialer = withoutConnCheck(redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout, TLSConfig: fo.TLSConfig}))
+		}
+		client = redis.NewFailoverClient(fo)
+	case cluster:
 		if rest.Path != "" && rest.Path != "/" && rest.Path != "/0" {
 			return nil, fmt.Errorf("%w: %s: Redis Cluster has only database 0, the URL path names %q", stores.ErrInvalidURL, stores.Redact(u), rest.Path)
 		}
@@ -88,7 +123,7 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 			co.Dialer = withoutConnCheck(redis.NewDialer(&redis.Options{DialTimeout: co.DialTimeout, TLSConfig: co.TLSConfig}))
 		}
 		client = redis.NewClusterClient(co)
-	} else {
+	default:
 		o, err := redis.ParseURL(rest.String())
 		if err != nil {
 			return nil, badURL(u, err)
@@ -117,7 +152,7 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, conn_check, cluster; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 

@@ -102,6 +102,14 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 		"redis://127.0.0.1:6379/15?retention=100us",
 		"redis://127.0.0.1:6379/15?pool_size=-1", // go-redis panics on it
 		"redis://127.0.0.1:6379?addr=127.0.0.1:6380&max_idle_conns=1000000000",
+		"redis://127.0.0.1:26379/0?master_name=m&cluster=true", // Sentinel or Cluster
+		"redis://127.0.0.1:26379/0?master_name=",
+		"redis://127.0.0.1:26379/0?master_name=m&master_name=n",
+		"redis://127.0.0.1:26379/0?master_name=m&route_by_latency=true", // go-redis panics on it
+		"redis://127.0.0.1:26379/0?master_name=m&route_randomly=true",
+		"redis://127.0.0.1:26379/0?master_name=m&replica_only=true", // writes would go to replicas
+		"redis://127.0.0.1:26379/0?master_name=m&addr=nocolon",
+		"redis://127.0.0.1:26379/0?master_name=m&pool_size=-1",
 	} {
 		if _, err := stores.Open(ctx, raw); !errors.Is(err, stores.ErrInvalidURL) {
 			t.Errorf("Open(%q): %v, want ErrInvalidURL", raw, err)
@@ -115,6 +123,8 @@ func TestOpenURL_never_shows_password(t *testing.T) {
 		"redis://user:s3cr3t-pw@127.0.0.1:6379/15?bogus=1",
 		"rediss://:s3cr3t-pw@127.0.0.1:6379/15?timeout=forever",
 		"redis://user:s3cr3t-pw@127.0.0.1:6379/7?cluster=true",
+		"redis://:s3cr3t-pw@127.0.0.1:26379/0?master_name=m&password=s3cr3t-pw&bogus=1",
+		"redis://127.0.0.1:26379/0?master_name=m&password=s3cr3t-pw&replica_only=true",
 	} {
 		_, err := stores.Open(context.Background(), raw)
 		if err == nil {
@@ -236,7 +246,8 @@ func TestStore_foreign_data_under_prefix(t *testing.T) {
 // quotes the password.
 func FuzzOpenURL(f *testing.F) {
 	for _, q := range []string{"", "prefix=a:&timeout=1s", "cluster=true", "addr=127.0.0.1:2", "dial_timeout=x",
-		"retention=1h&lease=2s", "prefix=%zz", "timeout=0", "pool_size=-1", "cluster=1&addr=:1"} {
+		"retention=1h&lease=2s", "prefix=%zz", "timeout=0", "pool_size=-1", "cluster=1&addr=:1",
+		"master_name=m", "master_name=m&addr=127.0.0.1:3&pool_size=3", "master_name=m&route_randomly=1"} {
 		f.Add("/0", q)
 	}
 	f.Fuzz(func(t *testing.T, path, query string) {

@@ -55,6 +55,12 @@ type Config struct {
 	// Cluster starts the server with cluster-enabled (its bus port, port +
 	// 10000, must be free too).
 	Cluster bool
+	// ReplicaOf, "host:port", starts the server as a replica of that one.
+	ReplicaOf string
+	// Monitor, with MasterName, starts a Sentinel (redis-server
+	// --sentinel) instead of a data server, watching the master at this
+	// address ("host:port") under that name, with a quorum of 1.
+	Monitor, MasterName string
 }
 
 // Server is a redis-server process that a test started.
@@ -120,10 +126,20 @@ func freePort(bus bool) (int, error) {
 	return 0, errors.New("no free loopback port found")
 }
 
-func (s *Server) args() []string {
+func (s *Server) args() ([]string, error) {
+	if s.cfg.Monitor != "" {
+		return s.sentinelArgs()
+	}
 	a := []string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
 		"--daemonize", "no", "--save", "", "--logfile", filepath.Join(s.Dir, "redis.log"),
+	}
+	if s.cfg.ReplicaOf != "" {
+		host, port, err := net.SplitHostPort(s.cfg.ReplicaOf)
+		if err != nil {
+			return nil, fmt.Errorf("redistest: Config.ReplicaOf %q: %w", s.cfg.ReplicaOf, err)
+		}
+		a = append(a, "--replicaof", host, port)
 	}
 	if s.cfg.AppendOnly {
 		a = append(a, "--appendonly", "yes", "--appendfsync", "always")
@@ -133,12 +149,40 @@ func (s *Server) args() []string {
 	if s.cfg.Cluster {
 		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.Dir, "nodes.conf"))
 	}
-	return a
+	return a, nil
+}
+
+// sentinelArgs writes a Sentinel's configuration file, which Sentinel
+// rewrites as it learns (so it must be writable), and returns the arguments
+// that run it. A restart keeps the file Sentinel left.
+func (s *Server) sentinelArgs() ([]string, error) {
+	host, port, err := net.SplitHostPort(s.cfg.Monitor)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: Config.Monitor %q: %w", s.cfg.Monitor, err)
+	}
+	conf := filepath.Join(s.Dir, "sentinel.conf")
+	if _, err := os.Stat(conf); errors.Is(err, os.ErrNotExist) {
+		n := s.cfg.MasterName
+		text := fmt.Sprintf("sentinel monitor %s %s %s 1\n"+
+			"sentinel down-after-milliseconds %s 1000\n"+
+			"sentinel failover-timeout %s 5000\n", n, host, port, n, n)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return []string{
+		conf, "--sentinel", "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
+		"--daemonize", "no", "--logfile", filepath.Join(s.Dir, "redis.log"),
+	}, nil
 }
 
 // launch starts the process on s.Port and waits for PING.
 func (s *Server) launch() error {
-	cmd := exec.Command(s.bin, s.args()...)
+	args, err := s.args()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
 		return err
@@ -264,4 +308,44 @@ func StartCluster(t testing.TB, n int) []string {
 		_ = c.Close()
 	}
 	return addrs
+}
+
+// StartSentinel starts a Sentinel that watches master under name and waits
+// until it reports that master and as many replicas as the master has
+// online (start the replicas first: Sentinel learns of them from the
+// master's INFO). The Sentinel is killed when the test ends.
+func StartSentinel(t testing.TB, master *Server, name string) *Server {
+	t.Helper()
+	ctx := context.Background()
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
+	defer mc.Close()
+	info, err := mc.Info(ctx, "replication").Result()
+	if err != nil {
+		t.Fatalf("redistest: INFO replication of %s: %v", master.Addr(), err)
+	}
+	replicas := strings.Count(info, "state=online")
+
+	s := Start(t, Config{Monitor: master.Addr(), MasterName: name})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+	defer sc.Close()
+	testenv.Eventually(t, 60*time.Second, "Sentinel "+s.Addr()+" reports master "+master.Addr()+" and its replicas", func() bool {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		if err != nil || len(addr) != 2 || net.JoinHostPort(addr[0], addr[1]) != master.Addr() {
+			return false
+		}
+		rs, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(rs) == replicas
+	})
+	return s
+}
+
+// WaitReplicaOnline waits until master reports n replicas online.
+func WaitReplicaOnline(t testing.TB, master *Server, n int) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: master.Addr()})
+	defer c.Close()
+	testenv.Eventually(t, 60*time.Second, fmt.Sprintf("%d replicas online at %s", n, master.Addr()), func() bool {
+		info, err := c.Info(context.Background(), "replication").Result()
+		return err == nil && strings.Count(info, "state=online") == n
+	})
 }
