@@ -48,6 +48,12 @@ type Config struct {
 	// The token is never logged.
 	Token string
 
+	// Tokens are more accepted bearer tokens, beside Token: for a rotation
+	// without downtime, accept the old and the new one, move the clients,
+	// then drop the old one ([Server.SetTokens] changes the set while
+	// serving). Any token turns auth on. Optional; none may be empty.
+	Tokens []string
+
 	// LeaseMin and LeaseMax bound the leases the server grants, in whole
 	// seconds. Optional; defaults 30 s and 120 s (the inbox ADR's range).
 	// Tests may set LeaseMin to 1 s.
@@ -139,7 +145,7 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports every problem of c (after defaults), joined, each wrapping
-// [ErrInvalidConfig]. It never quotes Token.
+// [ErrInvalidConfig]. It never quotes Token or Tokens.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -147,6 +153,11 @@ func (c Config) Validate() error {
 	}
 	if c.Store == nil {
 		bad("Store is required")
+	}
+	for i, t := range c.Tokens {
+		if t == "" {
+			bad("Tokens[%d] is empty", i)
+		}
 	}
 	for _, d := range []struct {
 		name string

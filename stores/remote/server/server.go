@@ -94,8 +94,9 @@ const readyKey = "inboxd:readyz"
 type Server struct {
 	cfg       Config
 	log       *slog.Logger
-	tokenHash [32]byte
-	discovery []byte // the discovery document, encoded once
+	bearer    bool                       // auth is bearer (fixed: the discovery document says so)
+	tokens    atomic.Pointer[[][32]byte] // SHA-256 of each accepted token
+	discovery []byte                     // the discovery document, encoded once
 	metrics   http.Handler
 	draining  atomic.Bool
 
@@ -112,12 +113,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
+	tokens := cfg.Tokens
 	if cfg.Token != "" {
-		s.tokenHash = sha256.Sum256([]byte(cfg.Token))
+		tokens = append([]string{cfg.Token}, tokens...)
 	}
 	auth := wire.AuthNone
-	if cfg.Token != "" {
+	if len(tokens) > 0 {
 		auth = wire.AuthBearer
+		s.bearer = true
+		s.storeTokens(tokens)
 	}
 	doc, err := json.Marshal(wire.DiscoveryResponse{
 		Version: wire.Version,
@@ -255,13 +259,17 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 // or wrong. Comparison is in constant time over hashes, so neither the token
 // nor its length leaks through timing.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request, rep *reply) bool {
-	if s.cfg.Token == "" {
+	if !s.bearer {
 		return true
 	}
 	h := r.Header.Get("Authorization")
 	scheme, tok, _ := strings.Cut(h, " ")
 	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	if strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare(got[:], s.tokenHash[:]) == 1 {
+	match := 0
+	for _, want := range *s.tokens.Load() {
+		match |= subtle.ConstantTimeCompare(got[:], want[:])
+	}
+	if strings.EqualFold(scheme, "Bearer") && match == 1 {
 		return true
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="inbox"`)
@@ -271,6 +279,36 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request, rep *reply) 
 	}
 	*rep = errReply(http.StatusUnauthorized, wire.CodeUnauthorized, msg)
 	return false
+}
+
+// SetTokens replaces the accepted bearer tokens, while serving: requests
+// that start after it returns are checked against tokens only. It fails,
+// changing nothing, with an error wrapping [ErrInvalidConfig] when tokens is
+// empty or holds an empty token, or when the server was made without a
+// token (its discovery document says auth none; make a new server to turn
+// auth on). It never quotes a token.
+func (s *Server) SetTokens(tokens ...string) error {
+	if !s.bearer {
+		return fmt.Errorf("%w: SetTokens on a server made without a token (auth none)", ErrInvalidConfig)
+	}
+	if len(tokens) == 0 {
+		return fmt.Errorf("%w: SetTokens with no token would refuse every client", ErrInvalidConfig)
+	}
+	for i, t := range tokens {
+		if t == "" {
+			return fmt.Errorf("%w: SetTokens: token %d is empty", ErrInvalidConfig, i)
+		}
+	}
+	s.storeTokens(tokens)
+	return nil
+}
+
+func (s *Server) storeTokens(tokens []string) {
+	hashes := make([][32]byte, len(tokens))
+	for i, t := range tokens {
+		hashes[i] = sha256.Sum256([]byte(t))
+	}
+	s.tokens.Store(&hashes)
 }
 
 // post reads the body of a POST endpoint and calls f with it.

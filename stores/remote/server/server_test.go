@@ -250,6 +250,44 @@ func TestServer_bearer_auth(t *testing.T) {
 	}
 }
 
+// A token rotation without downtime: the old and the new token both
+// accepted, then only the new one; SetTokens refuses what would lock every
+// client out or turn auth on behind the discovery document's back.
+func TestServer_token_rotation(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{Token: "old-token", Tokens: []string{"new-token"}})
+	accepted := func(tok string) bool {
+		code, _, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rot"}`, "Authorization", "Bearer "+tok)
+		return code == 200
+	}
+	if !accepted("old-token") || !accepted("new-token") || accepted("other") {
+		t.Fatal("Token and Tokens: want old and new accepted, any other refused")
+	}
+	if err := h.SetTokens("new-token"); err != nil {
+		t.Fatal(err)
+	}
+	if accepted("old-token") || !accepted("new-token") {
+		t.Fatal("after SetTokens(new): want only the new token accepted")
+	}
+	for _, bad := range [][]string{nil, {"a", ""}} {
+		if err := h.SetTokens(bad...); !errors.Is(err, server.ErrInvalidConfig) {
+			t.Errorf("SetTokens(%q): %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+	if !accepted("new-token") {
+		t.Fatal("a refused SetTokens changed the tokens")
+	}
+	open := newServer(t, server.Config{})
+	if err := open.SetTokens("x"); !errors.Is(err, server.ErrInvalidConfig) {
+		t.Errorf("SetTokens on a server without auth: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := server.New(server.Config{Store: newMemory(t), Tokens: []string{"ok", ""}}); !errors.Is(err, server.ErrInvalidConfig) {
+		t.Errorf("an empty entry in Tokens: %v, want ErrInvalidConfig", err)
+	}
+	code, b, _ := call(t, newServer(t, server.Config{Tokens: []string{"only"}}), "GET", "/v1/inbox", "")
+	want(t, "Tokens alone turn auth on", code, b, 200, "auth", "bearer")
+}
+
 // rawGet sends a request line exactly as given over TCP and returns the
 // status line and body.
 func rawGet(t *testing.T, addr, target string) (string, string) {
