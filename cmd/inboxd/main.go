@@ -8,7 +8,7 @@
 //	INBOX_STORE_URL        -store           store URL (memory://, redis://..., postgres://...); default memory://
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
 //	INBOX_TOKEN            (no flag)        bearer token; turns auth on (flags show in process lists)
-//	INBOX_TOKEN_FILE       -token-file      file holding the bearer token (whitespace trimmed)
+//	INBOX_TOKEN_FILE       -token-file      file of bearer tokens, one a line (any is accepted; blank lines ignored)
 //	INBOX_TLS_CERT_FILE    -tls-cert        PEM certificate (chain) to serve HTTPS with; needs the key
 //	INBOX_TLS_KEY_FILE     -tls-key         PEM private key of that certificate
 //	INBOX_LEASE_MIN        -lease-min       shortest lease granted; default 30s
@@ -26,8 +26,17 @@
 // address on loopback or a private network then. Without a certificate,
 // inboxd serves plain HTTP, and a bearer token crosses the network in clear:
 // give it INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE, or put it behind a
-// proxy that terminates TLS, when clients reach it over a network. The files
-// are read at start; restart inboxd to take a renewed certificate.
+// proxy that terminates TLS, when clients reach it over a network.
+//
+// On SIGHUP, inboxd reads the token file and the certificate and key again,
+// without dropping a connection: a renewed certificate serves the next TLS
+// handshakes, and the file's tokens are the accepted ones for the next
+// requests. To rotate a token without refused requests, add the new token
+// as a second line, send SIGHUP, move the clients to it, remove the old line
+// and send SIGHUP again. A file that cannot be read, holds no token, or a
+// certificate that does not load is logged as an error and the previous one
+// kept. Auth cannot be turned on or off by a reload (clients read it from
+// the discovery document): restart inboxd for that.
 //
 // Endpoints: protocol v1 under /v1/inbox, /healthz (the process is up),
 // /readyz (the store answers; 503 while shutting down), /metrics
@@ -53,6 +62,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,7 +74,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil, hup); err != nil {
 		fmt.Fprintln(os.Stderr, "inboxd:", err)
 		os.Exit(1)
 	}
@@ -74,7 +86,7 @@ func main() {
 type settings struct {
 	storeURL, listen, tokenFile, policy, logLevel string
 	tlsCert, tlsKey                               string
-	token                                         string
+	tokens                                        []string // from INBOX_TOKEN or the token file
 	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
 	storeTimeout                                  time.Duration
 	maxBody                                       int64
@@ -111,7 +123,6 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		storeURL:     env("INBOX_STORE_URL", "memory://"),
 		listen:       env("INBOX_LISTEN_ADDR", "127.0.0.1:8080"),
 		tokenFile:    env("INBOX_TOKEN_FILE", ""),
-		token:        getenv("INBOX_TOKEN"),
 		tlsCert:      env("INBOX_TLS_CERT_FILE", ""),
 		tlsKey:       env("INBOX_TLS_KEY_FILE", ""),
 		policy:       env("INBOX_LEASE_POLICY", string(server.PolicyClamp)),
@@ -131,7 +142,7 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
 	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
-	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file holding the bearer token (INBOX_TOKEN_FILE)")
+	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file of bearer tokens, one a line (INBOX_TOKEN_FILE)")
 	fs.StringVar(&s.tlsCert, "tls-cert", s.tlsCert, "PEM certificate to serve HTTPS with (INBOX_TLS_CERT_FILE)")
 	fs.StringVar(&s.tlsKey, "tls-key", s.tlsKey, "PEM private key of the certificate (INBOX_TLS_KEY_FILE)")
 	fs.StringVar(&s.policy, "lease-policy", s.policy, "clamp or reject (INBOX_LEASE_POLICY)")
@@ -149,28 +160,27 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	if fs.NArg() > 0 {
 		return s, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if s.token != "" && s.tokenFile != "" {
+	token := getenv("INBOX_TOKEN")
+	if token != "" && s.tokenFile != "" {
 		return s, errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
 	}
+	if token != "" {
+		s.tokens = []string{token}
+	}
 	if s.tokenFile != "" {
-		b, err := os.ReadFile(s.tokenFile)
-		if err != nil {
-			return s, fmt.Errorf("token file: %w", err)
-		}
-		s.token = strings.TrimSpace(string(b))
-		if s.token == "" {
-			return s, fmt.Errorf("token file %q is empty", s.tokenFile)
+		var err error
+		if s.tokens, err = readTokens(s.tokenFile); err != nil {
+			return s, err
 		}
 	}
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
 	}
 	if s.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(s.tlsCert, s.tlsKey)
-		if err != nil {
-			return s, fmt.Errorf("TLS certificate %q with key %q: %w", s.tlsCert, s.tlsKey, err)
+		var err error
+		if s.cert, err = loadCert(s.tlsCert, s.tlsKey); err != nil {
+			return s, err
 		}
-		s.cert = &cert
 	}
 	if s.shutdown <= 0 {
 		return s, fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
@@ -179,8 +189,9 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 }
 
 // run serves until ctx ends, then shuts down gracefully. ready, when not
-// nil, receives the listening address.
-func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer, ready chan<- string) error {
+// nil, receives the listening address; each value on reload (SIGHUP in main)
+// reads the token file and the certificate again.
+func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer, ready chan<- string, reload <-chan os.Signal) error {
 	s, err := parse(args, getenv)
 	if err != nil {
 		return err
@@ -205,7 +216,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		}
 	}()
 	h, err := server.New(server.Config{
-		Store: store, Token: s.token, Logger: log,
+		Store: store, Tokens: s.tokens, Logger: log,
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
 		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout,
 	})
@@ -217,8 +228,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		return err
 	}
 	scheme := "http"
+	var cert atomic.Pointer[tls.Certificate]
 	if s.cert != nil {
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*s.cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}})
+		cert.Store(s.cert)
+		ln = tls.NewListener(ln, &tls.Config{
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil },
+			MinVersion:     tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"},
+		})
 		scheme = "https"
 	}
 	srv := &http.Server{
@@ -231,7 +247,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	auth := "none"
-	if s.token != "" {
+	if len(s.tokens) > 0 {
 		auth = "bearer"
 	}
 	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("scheme", scheme), slog.String("store", redacted),
@@ -243,10 +259,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case err := <-served:
+			return fmt.Errorf("serving: %w", err)
+		case <-reload:
+			reloadFiles(s, h, &cert, log)
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	log.Info("inboxd shutting down: finishing requests in flight", slog.Duration("timeout", s.shutdown))
 	h.Drain()
@@ -260,4 +282,64 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 	log.Info("inboxd stopped")
 	return nil
+}
+
+// readTokens reads a token file: one token a line, surrounding whitespace
+// and blank lines ignored. It never quotes the file's contents.
+func readTokens(file string) ([]string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	var tokens []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if t := strings.TrimSpace(line); t != "" {
+			tokens = append(tokens, t)
+		}
+	}
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("token file %q holds no token", file)
+	}
+	return tokens, nil
+}
+
+func loadCert(certFile, keyFile string) (*tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate %q with key %q: %w", certFile, keyFile, err)
+	}
+	return &cert, nil
+}
+
+// reloadFiles reads the token file and the certificate again (SIGHUP). What
+// fails to load is logged and the previous one kept.
+func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certificate], log *slog.Logger) {
+	attrs := []any{}
+	failed := false
+	if s.tokenFile != "" {
+		tokens, err := readTokens(s.tokenFile)
+		if err == nil {
+			err = h.SetTokens(tokens...)
+		}
+		if err != nil {
+			failed = true
+			log.Error("inboxd reload: tokens kept as they were", slog.String("error", err.Error()))
+		} else {
+			attrs = append(attrs, slog.Int("tokens", len(tokens)))
+		}
+	}
+	if s.tlsCert != "" {
+		c, err := loadCert(s.tlsCert, s.tlsKey)
+		if err != nil {
+			failed = true
+			log.Error("inboxd reload: certificate kept as it was", slog.String("error", err.Error()))
+		} else {
+			cert.Store(c)
+			if c.Leaf != nil {
+				attrs = append(attrs, slog.Time("cert_not_after", c.Leaf.NotAfter))
+			}
+		}
+	}
+	attrs = append(attrs, slog.Bool("complete", !failed))
+	log.Info("inboxd reloaded", attrs...)
 }

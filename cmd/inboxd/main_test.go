@@ -107,6 +107,13 @@ func env(m map[string]string) func(string) string { return func(k string) string
 // the function that stops it (as SIGTERM would) and its result.
 func startRun(t *testing.T, vars map[string]string) (addr string, logs *syncBuffer, stop func(), result <-chan error) {
 	t.Helper()
+	return startRunReloadable(t, vars, nil)
+}
+
+// startRunReloadable is startRun with reload as run's reload channel (what
+// SIGHUP feeds in main).
+func startRunReloadable(t *testing.T, vars map[string]string, reload <-chan os.Signal) (addr string, logs *syncBuffer, stop func(), result <-chan error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs = &syncBuffer{}
 	ready := make(chan string, 1)
@@ -114,7 +121,7 @@ func startRun(t *testing.T, vars map[string]string) (addr string, logs *syncBuff
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		res <- run(ctx, nil, env(vars), logs, ready)
+		res <- run(ctx, nil, env(vars), logs, ready, reload)
 	}()
 	select {
 	case addr = <-ready:
@@ -255,6 +262,22 @@ func TestMain_SIGTERM_finishes_requests_in_flight(t *testing.T) {
 			t.Fatal("inboxd did not log its address")
 		}
 	}
+	// SIGHUP reloads (nothing to reload here) and does not stop inboxd.
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for reloaded := false; !reloaded; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("inboxd exited on SIGHUP")
+			}
+			var rec struct{ Msg string }
+			reloaded = json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "inboxd reloaded"
+		case <-time.After(20 * time.Second):
+			t.Fatal("inboxd did not log a reload after SIGHUP")
+		}
+	}
 	answer := slowTryBegin(addr)
 	waitFile(t, filepath.Join(dir, "entered"))
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -380,7 +403,7 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 		"INBOX_LISTEN_ADDR=bad:addr": "listen",
 	} {
 		k, v, _ := strings.Cut(vars, "=")
-		err := run(ctx, nil, env(map[string]string{k: v}), io.Discard, nil)
+		err := run(ctx, nil, env(map[string]string{k: v}), io.Discard, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with %s: %v, want an error naming %q", vars, err, want)
 		}
@@ -512,5 +535,99 @@ func TestRun_tls_serves_https_to_the_remote_client(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"scheme":"https"`) {
 		t.Fatalf("the start line does not say https:\n%s", logs)
+	}
+}
+
+// TestRun_reload_rotates_tokens_and_certificate rotates a token without a
+// refused request and renews the certificate, through reloads (SIGHUP in
+// main), and checks that a reload that cannot load keeps what was there.
+func TestRun_reload_rotates_tokens_and_certificate(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, poolA := selfSigned(t)
+	tokenFile := filepath.Join(t.TempDir(), "tokens")
+	write := func(file, text string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(tokenFile, "old-secret-token\n")
+	reload := make(chan os.Signal, 1)
+	addr, logs, _, _ := startRunReloadable(t, map[string]string{
+		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TLS_CERT_FILE": certFile, "INBOX_TLS_KEY_FILE": keyFile,
+		"INBOX_TOKEN_FILE": tokenFile,
+	}, reload)
+	reloads := 0
+	doReload := func(wantLine string) {
+		t.Helper()
+		reloads++
+		reload <- syscall.SIGHUP
+		testenv.Eventually(t, 10*time.Second, "reload logged", func() bool {
+			return strings.Count(logs.String(), `"msg":"inboxd reloaded"`) == reloads
+		})
+		if !strings.Contains(logs.String(), wantLine) {
+			t.Fatalf("reload %d: logs lack %s:\n%s", reloads, wantLine, logs)
+		}
+	}
+	ctx := context.Background()
+	works := func(pool *x509.CertPool, token string) error {
+		client := &http.Client{Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true,
+		}}
+		s, err := remote.New(remote.Options{URL: "https://" + addr, Token: token, HTTPClient: client, Timeout: 5 * time.Second, Retries: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		_, err = s.IsProcessed(ctx, "reload:k")
+		return err
+	}
+	if err := works(poolA, "old-secret-token"); err != nil {
+		t.Fatalf("before any reload: %v", err)
+	}
+
+	// Rotation: old and new accepted, then only new.
+	write(tokenFile, "old-secret-token\n  new-secret-token  \n\n")
+	doReload(`"tokens":2`)
+	for _, tok := range []string{"old-secret-token", "new-secret-token"} {
+		if err := works(poolA, tok); err != nil {
+			t.Fatalf("with both tokens in the file, %s refused: %v", tok, err)
+		}
+	}
+	write(tokenFile, "new-secret-token\n")
+	doReload(`"tokens":1`)
+	if err := works(poolA, "old-secret-token"); !errors.Is(err, remote.ErrUnauthorized) {
+		t.Fatalf("old token after it left the file: %v, want ErrUnauthorized", err)
+	}
+
+	// A renewed certificate serves the next handshakes.
+	newCert, newKey, poolB := selfSigned(t)
+	for src, dst := range map[string]string{newCert: certFile, newKey: keyFile} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(dst, string(b))
+	}
+	doReload(`"cert_not_after"`)
+	if err := works(poolB, "new-secret-token"); err != nil {
+		t.Fatalf("after the certificate reload, a client trusting the new one: %v", err)
+	}
+	if err := works(poolA, "new-secret-token"); err == nil {
+		t.Fatal("after the certificate reload, the old certificate is still served")
+	}
+
+	// What does not load is kept as it was.
+	write(tokenFile, "\n \n")
+	write(certFile, "not a certificate")
+	doReload(`"complete":false`)
+	if err := works(poolB, "new-secret-token"); err != nil {
+		t.Fatalf("after a failed reload, the previous token and certificate: %v", err)
+	}
+	if !strings.Contains(logs.String(), "tokens kept as they were") || !strings.Contains(logs.String(), "certificate kept as it was") {
+		t.Fatalf("failed reload not logged as errors:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "secret-token") {
+		t.Fatalf("logs hold a token:\n%s", logs)
 	}
 }
