@@ -150,6 +150,11 @@
 // there (Options.Protocol, and a Dialer whose connections do not implement
 // syscall.Conn).
 //
+// TLS (rediss://) is tested against a private redis-server that serves TLS
+// only: the conformance suite with a verifying client, and by URL, where a
+// certificate the system does not trust is refused unless the URL says
+// skip_verify=true (go-redis's parameter).
+//
 // Sentinel is tested with a private master, replica and Sentinel: the
 // conformance suite through a failover client, and a failover
 // (SENTINEL FAILOVER) under a store opened by URL, which reaches the

@@ -12,8 +12,16 @@ package redistest
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -61,6 +69,10 @@ type Config struct {
 	// --sentinel) instead of a data server, watching the master at this
 	// address ("host:port") under that name, with a quorum of 1.
 	Monitor, MasterName string
+	// TLS serves TLS only, with a self-signed certificate for 127.0.0.1
+	// made for the server (Server.CertPool trusts it); clients need no
+	// certificate of their own.
+	TLS bool
 }
 
 // Server is a redis-server process that a test started.
@@ -70,6 +82,8 @@ type Server struct {
 	cfg  Config
 	Port int
 	Dir  string
+	// CertPool trusts the server's certificate (Config.TLS).
+	CertPool *x509.CertPool
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
@@ -84,6 +98,11 @@ func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: binary(t, "redis-server"), cfg: cfg, Dir: t.TempDir()}
 	t.Cleanup(s.Kill)
+	if cfg.TLS {
+		if err := s.makeCert(); err != nil {
+			t.Fatalf("redistest: TLS certificate: %v", err)
+		}
+	}
 	var last error
 	for range 10 {
 		port, err := freePort(cfg.Cluster)
@@ -133,6 +152,12 @@ func (s *Server) args() ([]string, error) {
 	a := []string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
 		"--daemonize", "no", "--save", "", "--logfile", filepath.Join(s.Dir, "redis.log"),
+	}
+	if s.cfg.TLS { // TLS on the port, no plain TCP at all
+		a[1] = "0"
+		a = append(a, "--tls-port", strconv.Itoa(s.Port),
+			"--tls-cert-file", filepath.Join(s.Dir, "cert.pem"), "--tls-key-file", filepath.Join(s.Dir, "key.pem"),
+			"--tls-ca-cert-file", filepath.Join(s.Dir, "cert.pem"), "--tls-auth-clients", "no")
 	}
 	if s.cfg.ReplicaOf != "" {
 		host, port, err := net.SplitHostPort(s.cfg.ReplicaOf)
@@ -193,7 +218,7 @@ func (s *Server) launch() error {
 		close(done)
 	}()
 	s.cmd, s.done = cmd, done
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -243,7 +268,7 @@ func (s *Server) Kill() {
 // waits until the process has exited.
 func (s *Server) Shutdown() {
 	s.t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	// SHUTDOWN closes the connection instead of answering.
 	_ = c.Shutdown(context.Background()).Err()
@@ -348,4 +373,53 @@ func WaitReplicaOnline(t testing.TB, master *Server, n int) {
 		info, err := c.Info(context.Background(), "replication").Result()
 		return err == nil && strings.Count(info, "state=online") == n
 	})
+}
+
+// TLSConfig is a client configuration that trusts the server's certificate,
+// or nil when the server does not serve TLS.
+func (s *Server) TLSConfig() *tls.Config {
+	if !s.cfg.TLS {
+		return nil
+	}
+	return &tls.Config{RootCAs: s.CertPool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+}
+
+// makeCert writes a self-signed certificate for 127.0.0.1 and its key to
+// cert.pem and key.pem in the server's directory.
+func (s *Server) makeCert() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "redistest"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IsCA:         true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir, "cert.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir, "key.pem"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return err
+	}
+	s.CertPool = x509.NewCertPool()
+	s.CertPool.AddCert(cert)
+	return nil
 }
