@@ -359,7 +359,17 @@ func StartSentinel(t testing.TB, master *Server, name string) *Server {
 			return false
 		}
 		rs, err := sc.Replicas(ctx, name).Result()
-		return err == nil && len(rs) == replicas
+		if err != nil || len(rs) != replicas {
+			return false
+		}
+		// Sentinel promotes only a replica it is linked to and whose own
+		// INFO says its link to the master is up.
+		for _, r := range rs {
+			if r["flags"] != "slave" || r["master-link-status"] != "ok" {
+				return false
+			}
+		}
+		return true
 	})
 	return s
 }
