@@ -45,3 +45,41 @@ func ExampleNew() {
 	fmt.Print(resp.StatusCode, " ", string(body))
 	// Output: 400 {"error":"invalid_lease","message":"leaseSeconds 5 is outside the server's range [10, 120]"}
 }
+
+// A token rotation without refused requests: the server accepts the old and
+// the new token while clients move, then the new one only.
+func ExampleServer_SetTokens() {
+	store, err := memory.New(memory.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	h, err := server.New(server.Config{Store: store, Token: "old-token"})
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	status := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/inbox/k", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	if err := h.SetTokens("old-token", "new-token"); err != nil { // both while clients move
+		panic(err)
+	}
+	fmt.Println(status("old-token"), status("new-token"))
+	if err := h.SetTokens("new-token"); err != nil { // every client has moved
+		panic(err)
+	}
+	fmt.Println(status("old-token"), status("new-token"))
+	// Output:
+	// 200 200
+	// 401 200
+}
