@@ -61,6 +61,22 @@ func ExampleNew_cluster() {
 	defer store.Close()
 }
 
+// With Sentinel: a failover client follows the master through failovers.
+// By URL: redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379.
+func ExampleNew_sentinel() {
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            "mymaster",
+		SentinelAddrs:         []string{"10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"},
+		ContextTimeoutEnabled: true,
+	})
+	defer client.Close()
+	store, err := redisstore.New(client, redisstore.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+}
+
 // Opening by URL (a blank import of the package registers redis:// and
 // rediss://). The store owns the client it makes and closes it on Close.
 func Example_openURL() {
