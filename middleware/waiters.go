@@ -25,14 +25,31 @@ type ackWaiters struct {
 
 func newAckWaiters() *ackWaiters { return &ackWaiters{work: make(chan *lease)} }
 
-// start has l's ack awaited by an idle waiter, or by a new one.
+// handoffTries bounds the attempts of start to hand a lease to a waiter
+// that has counted itself idle but not yet reached its receive.
+const handoffTries = 3
+
+// start has l's ack awaited by an idle waiter, or by a new one. A waiter
+// that has just finished a mark counts itself idle a moment before it parks
+// on work; start then yields, so that it parks, and tries again, instead of
+// starting a goroutine: with messages coming faster than marks land, about
+// a third of messages started one before (measured in the micro benchmark
+// of cmd/inboxbench). Every attempt is non-blocking, so start never waits
+// for a waiter that is busy or exiting.
 func (w *ackWaiters) start(l *lease) {
-	select {
-	case w.work <- l:
-	default:
-		w.spawned.Add(1)
-		go w.loop(l)
+	for try := 1; ; try++ {
+		select {
+		case w.work <- l:
+			return
+		default:
+		}
+		if try == handoffTries || w.idle.Load() == 0 {
+			break
+		}
+		runtime.Gosched()
 	}
+	w.spawned.Add(1)
+	go w.loop(l)
 }
 
 func (w *ackWaiters) loop(l *lease) {

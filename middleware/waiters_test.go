@@ -63,6 +63,37 @@ func TestAckWaiters_reused_then_stopped_by_Close(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
 }
 
+// TestAckWaiters_back_to_back_messages_all_marked hands messages over one
+// right after another, each acked at once, as a busy consumer does: the
+// waiter that marked the previous message is often still on its way back to
+// idle, and start yields to it or starts another. Every message must be
+// marked, and Close must leave no waiter idle. (How many goroutines start
+// is a matter of speed, measured by cmd/inboxbench's micro benchmark, not
+// asserted here.)
+func TestAckWaiters_back_to_back_messages_all_marked(t *testing.T) {
+	t.Parallel()
+	ib, s := newWaitersInbox(t)
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	const n = 5000
+	for i := range n {
+		m := message.NewMessage(strconv.Itoa(i), nil)
+		if _, err := h(m); err != nil {
+			t.Fatal(err)
+		}
+		m.Ack()
+	}
+	if err := ib.Close(context.Background()); err != nil { // drains the pending marks
+		t.Fatal(err)
+	}
+	for i := range n {
+		if !processed(t, s, strconv.Itoa(i)) {
+			t.Fatalf("message %d not marked after Close drained the marks", i)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "no waiter is idle after Close", func() bool { return ib.waiters.idle.Load() == 0 })
+	t.Logf("%d waiter goroutines started for %d messages", ib.waiters.spawned.Load(), n)
+}
+
 // TestAckWaiters_idle_bounded checks that a burst of concurrent marks starts
 // a waiter each, and that at most maxIdleWaiters of them stay parked.
 func TestAckWaiters_idle_bounded(t *testing.T) {
