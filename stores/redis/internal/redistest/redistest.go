@@ -12,16 +12,10 @@ package redistest
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -99,9 +93,7 @@ func Start(t testing.TB, cfg Config) *Server {
 	s := &Server{t: t, bin: binary(t, "redis-server"), cfg: cfg, Dir: t.TempDir()}
 	t.Cleanup(s.Kill)
 	if cfg.TLS {
-		if err := s.makeCert(); err != nil {
-			t.Fatalf("redistest: TLS certificate: %v", err)
-		}
+		_, _, s.CertPool = testenv.SelfSignedCert(t, s.Dir)
 	}
 	var last error
 	for range 10 {
@@ -392,44 +384,4 @@ func (s *Server) TLSConfig() *tls.Config {
 		return nil
 	}
 	return &tls.Config{RootCAs: s.CertPool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
-}
-
-// makeCert writes a self-signed certificate for 127.0.0.1 and its key to
-// cert.pem and key.pem in the server's directory.
-func (s *Server) makeCert() error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "redistest"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IsCA:         true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return err
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(s.Dir, "cert.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(s.Dir, "key.pem"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		return err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return err
-	}
-	s.CertPool = x509.NewCertPool()
-	s.CertPool.AddCert(cert)
-	return nil
 }
