@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -154,16 +155,13 @@ func isClosedChan(c <-chan struct{}) bool {
 // newLeaseID returns 128 random bits as 32 lowercase hex digits, the form of
 // [inbox.NewLeaseID]. math/rand/v2's global source is ChaCha8 seeded by the
 // runtime: unpredictable, and much cheaper per message than crypto/rand. The
-// digits are written straight into the one allocation, the string.
+// digits are encoded into an array, so the string is the one allocation.
 func newLeaseID() string {
-	const digits = "0123456789abcdef"
+	var raw [16]byte
+	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
 	var b [32]byte
-	hi, lo := rand.Uint64(), rand.Uint64()
-	for i := range 8 {
-		x, y := byte(hi>>(8*i)), byte(lo>>(8*i))
-		b[2*i], b[2*i+1] = digits[x>>4], digits[x&15]
-		b[16+2*i], b[16+2*i+1] = digits[y>>4], digits[y&15]
-	}
+	hex.Encode(b[:], raw[:])
 	return string(b[:])
 }
 
