@@ -101,7 +101,7 @@ func (s *Store) tryBeginWith(ctx context.Context, batch []*pendingMark, key stri
 }
 
 // flushMarks sends the pending marks on their own: CompleteDelay has passed
-// without a TryBegin to carry them.
+// without a TryBegin to carry them, or the store is closing.
 func (s *Store) flushMarks() {
 	if b := s.takeMarks(); len(b) > 0 {
 		s.pipeline(context.Background(), b, "", nil)

@@ -181,9 +181,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	if b := s.takeMarks(); len(b) > 0 {
-		s.pipeline(context.Background(), b, "", nil)
-	}
+	s.flushMarks()
 	if !s.owns {
 		return nil
 	}
