@@ -85,6 +85,18 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 
 	rest := *u
 	rest.RawQuery = q.Encode()
+	// settings makes the client settings that differ from go-redis's
+	// defaults (see "Clients made from a URL" in the package
+	// documentation), on the fields of whichever options type the URL made.
+	settings := func(ctxTimeout *bool, proto *int, dialer *dialFunc, maxRetries int, dial dialFunc) {
+		*ctxTimeout = true
+		if !protocol {
+			*proto = 2
+		}
+		if !connCheck && (connCheckSet || maxRetries >= 0) {
+			*dialer = withoutConnCheck(dial)
+		}
+	}
 	var client redis.UniversalClient
 	switch {
 	case sentinel:
@@ -95,13 +107,8 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		if err := checkPool(u, fo.PoolSize, fo.MinIdleConns, fo.MaxIdleConns, fo.MaxActiveConns, fo.MaxConcurrentDials); err != nil {
 			return nil, err
 		}
-		fo.ContextTimeoutEnabled = true
-		if !protocol {
-			fo.Protocol = 2
-		}
-		if !connCheck && (connCheckSet || fo.MaxRetries >= 0) {
-			fo.Dialer = withoutConnCheck(redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout, TLSConfig: fo.TLSConfig}))
-		}
+		settings(&fo.ContextTimeoutEnabled, &fo.Protocol, &fo.Dialer, fo.MaxRetries,
+			redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout, TLSConfig: fo.TLSConfig}))
 		client = redis.NewFailoverClient(fo)
 	case cluster:
 		if rest.Path != "" && rest.Path != "/" && rest.Path != "/0" {
@@ -115,13 +122,8 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		if err := checkPool(u, co.PoolSize, co.MinIdleConns, co.MaxIdleConns, co.MaxActiveConns, co.MaxConcurrentDials); err != nil {
 			return nil, err
 		}
-		co.ContextTimeoutEnabled = true
-		if !protocol {
-			co.Protocol = 2
-		}
-		if !connCheck && (connCheckSet || co.MaxRetries >= 0) {
-			co.Dialer = withoutConnCheck(redis.NewDialer(&redis.Options{DialTimeout: co.DialTimeout, TLSConfig: co.TLSConfig}))
-		}
+		settings(&co.ContextTimeoutEnabled, &co.Protocol, &co.Dialer, co.MaxRetries,
+			redis.NewDialer(&redis.Options{DialTimeout: co.DialTimeout, TLSConfig: co.TLSConfig}))
 		client = redis.NewClusterClient(co)
 	default:
 		o, err := redis.ParseURL(rest.String())
@@ -131,13 +133,7 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		if err := checkPool(u, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.MaxConcurrentDials); err != nil {
 			return nil, err
 		}
-		o.ContextTimeoutEnabled = true
-		if !protocol {
-			o.Protocol = 2
-		}
-		if !connCheck && (connCheckSet || o.MaxRetries >= 0) {
-			o.Dialer = withoutConnCheck(redis.NewDialer(o))
-		}
+		settings(&o.ContextTimeoutEnabled, &o.Protocol, &o.Dialer, o.MaxRetries, redis.NewDialer(o))
 		client = redis.NewClient(o)
 	}
 	s, err := New(client, opts)
@@ -179,8 +175,11 @@ func checkPool(u *url.URL, sizes ...int) error {
 // made from a URL" in the package documentation.
 type opaqueConn struct{ net.Conn }
 
+// dialFunc is go-redis's Dialer.
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // withoutConnCheck wraps the connections of dial in opaqueConn.
-func withoutConnCheck(dial func(context.Context, string, string) (net.Conn, error)) func(context.Context, string, string) (net.Conn, error) {
+func withoutConnCheck(dial dialFunc) dialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
