@@ -94,8 +94,7 @@ const readyKey = "inboxd:readyz"
 type Server struct {
 	cfg       Config
 	log       *slog.Logger
-	bearer    bool                       // auth is bearer (fixed: the discovery document says so)
-	tokens    atomic.Pointer[[][32]byte] // SHA-256 of each accepted token
+	tokens    atomic.Pointer[[][32]byte] // SHA-256 of each accepted token; nil: auth none, for good (the discovery document says so)
 	discovery []byte                     // the discovery document, encoded once
 	metrics   http.Handler
 	draining  atomic.Bool
@@ -120,7 +119,6 @@ func New(cfg Config) (*Server, error) {
 	auth := wire.AuthNone
 	if len(tokens) > 0 {
 		auth = wire.AuthBearer
-		s.bearer = true
 		s.storeTokens(tokens)
 	}
 	doc, err := json.Marshal(wire.DiscoveryResponse{
@@ -259,14 +257,15 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 // or wrong. Comparison is in constant time over hashes, so neither the token
 // nor its length leaks through timing.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request, rep *reply) bool {
-	if !s.bearer {
+	accepted := s.tokens.Load()
+	if accepted == nil {
 		return true
 	}
 	h := r.Header.Get("Authorization")
 	scheme, tok, _ := strings.Cut(h, " ")
 	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 	match := 0
-	for _, want := range *s.tokens.Load() {
+	for _, want := range *accepted {
 		match |= subtle.ConstantTimeCompare(got[:], want[:])
 	}
 	if strings.EqualFold(scheme, "Bearer") && match == 1 {
@@ -288,7 +287,7 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request, rep *reply) 
 // token (its discovery document says auth none; make a new server to turn
 // auth on). It never quotes a token.
 func (s *Server) SetTokens(tokens ...string) error {
-	if !s.bearer {
+	if s.tokens.Load() == nil {
 		return fmt.Errorf("%w: SetTokens on a server made without a token (auth none)", ErrInvalidConfig)
 	}
 	if len(tokens) == 0 {
