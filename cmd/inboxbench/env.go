@@ -89,7 +89,7 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 			_ = e.close(context.Background())
 		}
 	}()
-	if need["redis"] {
+	if need["redis"] || need["remote"] { // the remote store is served over Redis
 		ro, err := redis.ParseURL(o.redisURL)
 		if err != nil {
 			return e, fmt.Errorf("redis URL: %w", err)

@@ -35,12 +35,7 @@ func runMicro(ctx context.Context, o options, logf func(string, ...any)) (*micro
 		return nil, err
 	}
 	needs := map[string]bool{}
-	for _, v := range vs {
-		needs[v.needs] = true
-		if v.needs == "remote" {
-			needs["redis"] = true
-		}
-	}
+	needsOf(needs, vs)
 	e, err := newEnv(ctx, o, needs)
 	if err != nil {
 		return nil, err

@@ -27,8 +27,8 @@ type rtBench struct {
 	dir   string // package directory, relative to the repository root
 	bench string // -test.bench pattern
 	iters int    // iterations per run (-roundtrip-scale scales them)
-	// rows turns one benchmark line into table rows.
-	rows func(name string, m map[string]float64) []rtRow
+	// row turns one benchmark line into a table row.
+	row func(name string, m map[string]float64) rtRow
 }
 
 // rtRow is one store's round trip in one repetition: time per message of
@@ -44,26 +44,26 @@ type rtRow struct {
 var rtBenches = []rtBench{
 	{
 		pkg: "redis", dir: "stores/redis", bench: "^BenchmarkTryBeginCompleteInterleaved$", iters: 3000,
-		rows: func(_ string, m map[string]float64) []rtRow {
-			return []rtRow{{
+		row: func(_ string, m map[string]float64) rtRow {
+			return rtRow{
 				store: "redis", ours: m["ours-ns/msg"], same: m["raw-lua-ns/msg"], floor: m["raw-setnx-ns/msg"],
 				sameName: "same Lua scripts", floorName: "SET NX + SET",
 				sameRatio: m["raw-lua/ours"], floorRatio: m["raw-setnx/ours"],
-			}}
+			}
 		},
 	},
 	{
 		pkg: "sql", dir: "stores/sql", bench: "^BenchmarkClaimCompleteInterleaved$", iters: 1000,
-		rows: func(name string, m map[string]float64) []rtRow {
+		row: func(name string, m map[string]float64) rtRow {
 			db := name
 			if i := strings.LastIndex(name, "/"); i >= 0 {
 				db = name[i+1:]
 			}
-			return []rtRow{{
+			return rtRow{
 				store: db, ours: m["store-ns/op"], same: m["same-sql-ns/op"], floor: m["floor-ns/op"],
 				sameName: "same statements", floorName: "INSERT + UPDATE",
 				sameRatio: m["same-sql-ns/op"] / m["store-ns/op"], floorRatio: m["floor-ns/op"] / m["store-ns/op"],
-			}}
+			}
 		},
 	},
 }
@@ -149,15 +149,14 @@ func runRoundTrips(ctx context.Context, o options, logf func(string, ...any)) (*
 				return nil, fmt.Errorf("%s benchmark: %w\n%s", b.dir, err, out)
 			}
 			for _, l := range lines {
-				for _, r := range b.rows(l.name, l.metrics) {
-					if _, ok := res.runs[r.store]; !ok {
-						res.stores = append(res.stores, r.store)
-					}
-					res.iters[r.store] = iters
-					res.runs[r.store] = append(res.runs[r.store], r)
-					logf("rep %d/%d round trip %-8s ours %6.1f µs, %s %6.1f µs (%.2f), %s %6.1f µs (%.2f)", rep+1, o.reps,
-						r.store, r.ours/1e3, r.sameName, r.same/1e3, r.sameRatio, r.floorName, r.floor/1e3, r.floorRatio)
+				r := b.row(l.name, l.metrics)
+				if _, ok := res.runs[r.store]; !ok {
+					res.stores = append(res.stores, r.store)
 				}
+				res.iters[r.store] = iters
+				res.runs[r.store] = append(res.runs[r.store], r)
+				logf("rep %d/%d round trip %-8s ours %6.1f µs, %s %6.1f µs (%.2f), %s %6.1f µs (%.2f)", rep+1, o.reps,
+					r.store, r.ours/1e3, r.sameName, r.same/1e3, r.sameRatio, r.floorName, r.floor/1e3, r.floorRatio)
 			}
 		}
 	}

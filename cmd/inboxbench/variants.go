@@ -85,6 +85,13 @@ func inboxMiddleware(s inbox.LeaseStore, bus, group string, after func(context.C
 }
 
 // pick returns the variants named in names, in that order.
+// needsOf adds to need the environment vs need (variant.needs).
+func needsOf(need map[string]bool, vs []variant) {
+	for _, v := range vs {
+		need[v.needs] = true
+	}
+}
+
 func pick(names []string) ([]variant, error) {
 	all := allVariants()
 	var out []variant
