@@ -41,7 +41,6 @@ func cpuTime() time.Duration {
 // return of the n-th successful handler, after which the router acks.
 type meter struct {
 	n           int64
-	started     atomic.Bool
 	t0, t1      time.Time
 	cpu0, cpu1  time.Duration
 	ok, failed  atomic.Int64
@@ -53,12 +52,7 @@ func newMeter(n int) *meter { return &meter{n: int64(n), done: make(chan struct{
 
 func (m *meter) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if !m.started.Load() {
-			m.startedOnce.Do(func() {
-				m.t0, m.cpu0 = time.Now(), cpuTime()
-				m.started.Store(true)
-			})
-		}
+		m.startedOnce.Do(func() { m.t0, m.cpu0 = time.Now(), cpuTime() })
 		out, err := h(msg)
 		if err != nil {
 			m.failed.Add(1)
