@@ -103,3 +103,10 @@ func TestStats(t *testing.T) {
 		t.Errorf("parseBench = %+v, %v", lines, err)
 	}
 }
+
+func TestRedactArgs_masks_passwords_in_URL_flags(t *testing.T) {
+	got := strings.Join(redactArgs([]string{"-reps", "3", "-redis=redis://:s3cret@h:6379/1", "-postgres", "postgres://u:s3cret@h/db", "-q"}), " ")
+	if strings.Contains(got, "s3cret") || !strings.Contains(got, "-redis=redis://") || !strings.Contains(got, "-reps 3") || !strings.HasSuffix(got, "-q") {
+		t.Fatalf("redactArgs = %q", got)
+	}
+}

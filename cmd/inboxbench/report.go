@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -12,6 +13,8 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox/stores"
 )
 
 type report struct {
@@ -126,7 +129,7 @@ func (r *report) markdown() string {
 	for _, m := range r.machine {
 		p("- %s\n", m)
 	}
-	p("\nCommand: `inboxbench %s`\n\n", strings.Join(os.Args[1:], " "))
+	p("\nCommand: `inboxbench %s`\n\n", strings.Join(redactArgs(os.Args[1:]), " "))
 	p("Every figure is the median over %d repetitions; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", r.opts.reps)
 	if r.router != nil {
 		r.router.markdown(&b)
@@ -255,4 +258,25 @@ func (r *rtResults) markdown(b *strings.Builder) {
 			rows[0].floorName, median(r.col(s, func(x rtRow) float64 { return x.floor }))/1e3, median(floor), rangeOf(floor, "%.2f"))
 	}
 	p("\n")
+}
+
+// redactArgs returns args with the passwords and tokens of the URLs among
+// them (-redis=..., -postgres ..., and so on) masked by [stores.Redact]: the
+// report is committed to the repository.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		flag, raw, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(flag, "-") {
+			flag, raw = "", a
+		}
+		if u, err := url.Parse(raw); err == nil && strings.Contains(raw, "://") {
+			raw = stores.Redact(u)
+		}
+		if flag != "" {
+			raw = flag + "=" + raw
+		}
+		out[i] = raw
+	}
+	return out
 }
