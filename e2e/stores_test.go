@@ -169,7 +169,7 @@ func sqlKind(svc testenv.Service, tx bool) func(t *testing.T, proxied bool) harn
 		sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: inspect}
 		if tx {
 			sc.Spec.Mode = "tx"
-			sc.Ledger = newTableLedger(t, db, dialectOf(t, base), table+"_ledger")
+			sc.Ledger = newTableLedger(t, db, table+"_ledger")
 		}
 		if proxied {
 			sc.Spec.URL, sc.Proxy = proxy(t, sc.Spec.URL)
@@ -186,23 +186,9 @@ func newSQLite(tx bool) func(t *testing.T, proxied bool) harness.StoreCase {
 		if tx {
 			sc.Spec.Mode = "tx"
 			db := openDB(t, direct)
-			sc.Ledger = newTableLedger(t, db, sqlstore.SQLite, "inbox_ledger")
+			sc.Ledger = newTableLedger(t, db, "inbox_ledger")
 		}
 		return sc
-	}
-}
-
-func dialectOf(t *testing.T, raw string) sqlstore.Dialect {
-	switch s := mustParse(t, raw).Scheme; s {
-	case "postgres", "postgresql":
-		return sqlstore.Postgres
-	case "mysql":
-		return sqlstore.MySQL
-	case "sqlite":
-		return sqlstore.SQLite
-	default:
-		t.Fatalf("no SQL dialect for scheme %q", s)
-		return ""
 	}
 }
 
@@ -261,7 +247,7 @@ type tableLedger struct {
 	table string
 }
 
-func newTableLedger(t *testing.T, db *sql.DB, d sqlstore.Dialect, table string) *tableLedger {
+func newTableLedger(t *testing.T, db *sql.DB, table string) *tableLedger {
 	t.Helper()
 	if _, err := db.Exec(fmt.Sprintf("CREATE TABLE %s (id VARCHAR(255) NOT NULL)", table)); err != nil {
 		t.Fatalf("creating the ledger table: %v", err)

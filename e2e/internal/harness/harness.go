@@ -99,7 +99,6 @@ func skip(t *testing.T, store, scenario, why string) {
 type env struct {
 	b      BrokerSpec
 	store  StoreCase
-	kind   StoreKind
 	ledger Ledger
 	spec   ConsumerSpec
 	pub    message.Publisher
@@ -121,7 +120,7 @@ func newEnv(t *testing.T, bk BrokerKind, sk StoreKind, proxied bool, partitions 
 	}
 	b := bk.Start(t)
 	sc := sk.New(t, proxied)
-	e := &env{b: b, store: sc, kind: sk, ledger: sc.Ledger, partitions: partitions}
+	e := &env{b: b, store: sc, ledger: sc.Ledger, partitions: partitions}
 	ledgerPath := ""
 	if e.ledger == nil {
 		fl := NewFileLedger(t)
