@@ -348,11 +348,23 @@ func sanitize(s string) string {
 func (b BrokerSpec) WaitConsumers(t *testing.T, dest, group string, n int) {
 	t.Helper()
 	var state string
-	ready := func() bool {
-		switch b.Kind {
-		case Rabbit:
-			conn, ch := b.amqpChannel(t)
-			defer conn.Close()
+	ready := func() bool { return false }
+	// One connection (or admin client) for all the polls.
+	switch b.Kind {
+	case Rabbit:
+		conn, err := amqp.Dial(b.AMQPURL)
+		if err != nil {
+			t.Fatalf("connecting to RabbitMQ: %v", err)
+		}
+		defer conn.Close()
+		ready = func() bool {
+			// A channel per poll: a failed passive declare closes it.
+			ch, err := conn.Channel()
+			if err != nil {
+				state = err.Error()
+				return false
+			}
+			defer ch.Close()
 			q, err := ch.QueueDeclarePassive(dest, true, false, false, false, nil)
 			if err != nil {
 				state = err.Error()
@@ -360,13 +372,23 @@ func (b BrokerSpec) WaitConsumers(t *testing.T, dest, group string, n int) {
 			}
 			state = fmt.Sprintf("%d consumers", q.Consumers)
 			return q.Consumers >= n
-		case Kafka:
-			admin, err := sarama.NewClusterAdmin(b.Brokers, b.saramaConfig())
-			if err != nil {
-				state = err.Error()
-				return false
+		}
+	case Kafka:
+		var admin sarama.ClusterAdmin
+		defer func() {
+			if admin != nil {
+				_ = admin.Close()
 			}
-			defer admin.Close()
+		}()
+		ready = func() bool {
+			if admin == nil {
+				a, err := sarama.NewClusterAdmin(b.Brokers, b.saramaConfig())
+				if err != nil {
+					state = err.Error()
+					return false
+				}
+				admin = a
+			}
 			gs, err := admin.DescribeConsumerGroups([]string{group})
 			if err != nil || len(gs) != 1 {
 				state = fmt.Sprint(err)
@@ -384,7 +406,6 @@ func (b BrokerSpec) WaitConsumers(t *testing.T, dest, group string, n int) {
 			state = fmt.Sprintf("group %s with %d members, %d assigned", g.State, len(g.Members), assigned)
 			return g.State == "Stable" && len(g.Members) == n && assigned == n
 		}
-		return false
 	}
 	waitFor(t, 60*time.Second, fmt.Sprintf("%d consumers on %s", n, dest), ready, func() string { return state })
 }
