@@ -18,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox/e2e/internal/harness"
-	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
@@ -84,18 +83,9 @@ func withParams(t *testing.T, raw string, kv ...string) string {
 	return u.String()
 }
 
-// proxy puts a fault proxy in front of raw's host and returns the URL through
-// it.
-func proxy(t *testing.T, raw string) (string, *faultproxy.Proxy) {
-	u := mustParse(t, raw)
-	p := faultproxy.New(t, u.Host)
-	u.Host = p.Addr()
-	return u.String(), p
-}
-
 func unique() string { return strings.ToLower(watermill.NewShortUUID()[:10]) }
 
-func newMemory(t *testing.T, _ bool) harness.StoreCase {
+func newMemory(t *testing.T) harness.StoreCase {
 	s := open(t, "memory://")
 	return harness.StoreCase{Spec: harness.StoreSpec{URL: "memory://"}, Shared: s, Inspect: s}
 }
@@ -103,7 +93,7 @@ func newMemory(t *testing.T, _ bool) harness.StoreCase {
 // newRemote serves the remote inbox protocol (package server, as inboxd
 // does) over a memory store, on a loopback port, and returns the http://
 // URL of the remote store. Consumers in other processes reach it too.
-func newRemote(t *testing.T, proxied bool) harness.StoreCase {
+func newRemote(t *testing.T) harness.StoreCase {
 	backing := open(t, "memory://")
 	srv, err := server.New(server.Config{Store: backing, LeaseMin: time.Second})
 	if err != nil {
@@ -118,13 +108,10 @@ func newRemote(t *testing.T, proxied bool) harness.StoreCase {
 	t.Cleanup(func() { _ = hs.Close() })
 	direct := "http://" + ln.Addr().String() + "/"
 	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: backing}
-	if proxied {
-		sc.Spec.URL, sc.Proxy = proxy(t, direct)
-	}
 	return sc
 }
 
-func newRedis(t *testing.T, proxied bool) harness.StoreCase {
+func newRedis(t *testing.T) harness.StoreCase {
 	prefix := "e2e:" + unique() + ":"
 	direct := withParams(t, testenv.Redis.URL(t), "prefix", prefix, "retention", "1h")
 	opts, err := redis.ParseURL(testenv.Redis.URL(t))
@@ -144,16 +131,13 @@ func newRedis(t *testing.T, proxied bool) harness.StoreCase {
 		}
 	})
 	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: open(t, direct)}
-	if proxied {
-		sc.Spec.URL, sc.Proxy = proxy(t, direct)
-	}
 	return sc
 }
 
 // sqlKind is PostgreSQL or MariaDB, with the leased store or the
 // transactional mode, in a new table per case.
-func sqlKind(svc testenv.Service, tx bool) func(t *testing.T, proxied bool) harness.StoreCase {
-	return func(t *testing.T, proxied bool) harness.StoreCase {
+func sqlKind(svc testenv.Service, tx bool) func(t *testing.T) harness.StoreCase {
+	return func(t *testing.T) harness.StoreCase {
 		base := svc.URL(t)
 		table := "e2e_" + unique()
 		direct := withParams(t, base, "table", table, "migrate", "true", "retention", "1h")
@@ -171,15 +155,12 @@ func sqlKind(svc testenv.Service, tx bool) func(t *testing.T, proxied bool) harn
 			sc.Spec.Mode = "tx"
 			sc.Ledger = newTableLedger(t, db, table+"_ledger")
 		}
-		if proxied {
-			sc.Spec.URL, sc.Proxy = proxy(t, sc.Spec.URL)
-		}
 		return sc
 	}
 }
 
-func newSQLite(tx bool) func(t *testing.T, proxied bool) harness.StoreCase {
-	return func(t *testing.T, _ bool) harness.StoreCase {
+func newSQLite(tx bool) func(t *testing.T) harness.StoreCase {
+	return func(t *testing.T) harness.StoreCase {
 		path := filepath.Join(t.TempDir(), "inbox.db")
 		direct := "sqlite://" + path + "?table=inbox&migrate=true&retention=1h"
 		sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: open(t, direct)}

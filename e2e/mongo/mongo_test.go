@@ -17,7 +17,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/watermill-inbox/inbox/e2e/internal/harness"
-	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/mongo"
@@ -127,8 +126,8 @@ func (s *ferretServer) stop() {
 
 // mongoKind gives each case a new collection on the server that server
 // returns (a connection string without database), dropped when it ends.
-func mongoKind(server func(t *testing.T) string) func(t *testing.T, proxied bool) harness.StoreCase {
-	return func(t *testing.T, proxied bool) harness.StoreCase {
+func mongoKind(server func(t *testing.T) string) func(t *testing.T) harness.StoreCase {
+	return func(t *testing.T) harness.StoreCase {
 		uri := server(t)
 		var b [6]byte
 		_, _ = rand.Read(b[:])
@@ -167,11 +166,6 @@ func mongoKind(server func(t *testing.T) string) func(t *testing.T, proxied bool
 		t.Cleanup(func() { _ = inspect.Close() })
 
 		sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: inspect}
-		if proxied {
-			p := faultproxy.New(t, u.Host)
-			u.Host = p.Addr()
-			sc.Spec.URL, sc.Proxy = u.String(), p
-		}
 		return sc
 	}
 }

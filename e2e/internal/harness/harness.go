@@ -12,6 +12,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,10 +36,11 @@ type StoreKind struct {
 	// Name names the subtests ("redis", "postgres-tx").
 	Name string
 	// New prepares a fresh store for one test case (a new key prefix, table
-	// or collection, or a new server), removed when the test ends. proxied
-	// asks for the store's network link to pass through a fault proxy
-	// (StoreCase.Proxy); it is only asked of kinds whose NoOutage is empty.
-	New func(t *testing.T, proxied bool) StoreCase
+	// or collection, or a new server), removed when the test ends. Its
+	// Spec.URL reaches the store directly; the outage scenario puts a fault
+	// proxy in front of the URL's host itself (kinds whose NoOutage is
+	// empty).
+	New func(t *testing.T) StoreCase
 
 	// Why a scenario cannot run on this store; empty when it can.
 	// NoCrossProcess: the crash scenario needs the store reachable from
@@ -54,13 +56,13 @@ type StoreKind struct {
 // StoreCase is one test case's store.
 type StoreCase struct {
 	// Spec is what consumers use (their URL goes through Proxy when the
-	// case was made proxied).
+	// case is proxied).
 	Spec StoreSpec
 	// Shared, when set, is the store instance every in-process consumer
 	// uses (the memory store cannot be reached otherwise).
 	Shared stores.Store
 	// Proxy is the fault proxy between consumers and the store, when
-	// proxied.
+	// proxied (set by the harness).
 	Proxy *faultproxy.Proxy
 	// Inspect reads records directly (never through Proxy).
 	Inspect inbox.LeaseStore
@@ -119,7 +121,16 @@ func newEnv(t *testing.T, bk BrokerKind, sk StoreKind, proxied bool, partitions 
 		partitions = 1
 	}
 	b := bk.Start(t)
-	sc := sk.New(t, proxied)
+	sc := sk.New(t)
+	if proxied {
+		u, err := url.Parse(sc.Spec.URL)
+		if err != nil {
+			t.Fatalf("store URL: %v", err)
+		}
+		sc.Proxy = faultproxy.New(t, u.Host)
+		u.Host = sc.Proxy.Addr()
+		sc.Spec.URL = u.String()
+	}
 	e := &env{b: b, store: sc, ledger: sc.Ledger, partitions: partitions}
 	ledgerPath := ""
 	if e.ledger == nil {
