@@ -19,7 +19,6 @@ import (
 
 	"github.com/watermill-inbox/inbox/e2e/internal/harness"
 	"github.com/watermill-inbox/inbox/internal/testenv"
-	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
@@ -265,16 +264,12 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 	if err != nil {
 		return nil, err
 	}
-	policy := middleware.MissingKeyProcess
-	if spec.RejectMissing {
-		policy = middleware.MissingKeyReject
-	}
 	outcomes := &harness.Outcomes{}
 	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
 		DB: db, Dialect: d, Table: table,
 		Bus: spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
 		LockTimeout: 5 * time.Second,
-		MissingKey:  policy,
+		MissingKey:  spec.MissingKey(),
 		Metrics:     outcomes,
 	})
 	if err != nil {

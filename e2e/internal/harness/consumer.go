@@ -81,6 +81,14 @@ func (s ConsumerSpec) IDSources() []keying.IDSource {
 	return append(src, keying.FromUUID())
 }
 
+// MissingKey is the middleware's policy for messages without an id.
+func (s ConsumerSpec) MissingKey() middleware.MissingKeyPolicy {
+	if s.RejectMissing {
+		return middleware.MissingKeyReject
+	}
+	return middleware.MissingKeyProcess
+}
+
 // Key returns the inbox key of a message with the given IdempotencyKey, as
 // the consumers compute it (hashed when too long or not valid).
 func (s ConsumerSpec) Key(idempotencyKey string) string {
@@ -132,10 +140,6 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 	}
 	led := &FileLedger{Path: spec.Ledger}
 	outcomes := &Outcomes{}
-	policy := middleware.MissingKeyProcess
-	if spec.RejectMissing {
-		policy = middleware.MissingKeyReject
-	}
 	ib, err := middleware.New(middleware.Config{
 		Store:        store,
 		Bus:          spec.Broker.Bus(),
@@ -144,7 +148,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		Lease:        spec.Lease,
 		MaxBusyWait:  spec.MaxBusyWait,
 		StoreTimeout: spec.StoreTimeout,
-		MissingKey:   policy,
+		MissingKey:   spec.MissingKey(),
 		Metrics:      outcomes,
 	})
 	if err != nil {
