@@ -103,9 +103,10 @@ type Stats struct {
 // holds up to a million records, and the collector would otherwise walk every
 // one of them again on every cycle. Their strings are in Store.text, at the
 // same index. Chunks, rather than one growing slice, so that growing never
-// copies the records (nor makes garbage the size of the store). The records form a list ordered by last write, the oldest at the
-// front, so sweeping and eviction start there; prev and next are indexes
-// (none: -1), and next also chains the free slots.
+// copies the records (nor makes garbage the size of the store). The records
+// form a list ordered by last write, the oldest at the front, so sweeping and
+// eviction start there; prev and next are indexes (none: -1), and next also
+// chains the free slots.
 //
 // Times are int64 nanoseconds, not time.Time (which carries a *Location):
 // deadlines on the store's monotonic clock (since Store.epoch), reported
