@@ -40,7 +40,10 @@
 //     publish), so produced messages are never lost. These store calls use a
 //     context detached from the message's, since subscribers cancel it at ack.
 //     A message acked before the handler ran ([wmw.InstantAck]) is completed
-//     right away.
+//     right away. On a store whose calls never block (the memory store; see
+//     [inbox.BoundedCalls]) the mark is made on the goroutine of the next
+//     message the middleware handles, or by a timer within a millisecond
+//     when none comes, rather than by a goroutine waiting for each ack.
 //     - A Complete that fails after a successful handler never nacks the
 //     message (that would run the handler again): it is retried in the
 //     background until the lease ends, then logged and counted

@@ -20,7 +20,9 @@ import (
 // by the Inbox's scheduler, one goroutine for all leases: a handler that ends
 // before its first heartbeat costs no timer and no goroutine of its own.
 // After a successful handler, an ack waiter (see ackWaiters: goroutines
-// reused from one message to the next) waits for the router's ack.
+// reused from one message to the next) waits for the router's ack, or, on a
+// store whose calls never block, the lease waits in inlineMarks to be settled
+// by the next message.
 type lease struct {
 	ib       *Inbox
 	msg      *message.Message
@@ -96,6 +98,14 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 	// The handler's context stays live until the router acks or nacks: the
 	// messages it returned may be published with it.
 	l.acked = instantAcked
+	if ib.marks != nil {
+		if instantAcked {
+			l.settle(ackedV, false)
+		} else {
+			ib.marks.add(l)
+		}
+		return out, nil
+	}
 	ib.waiters.start(l)
 	return out, nil
 }
@@ -113,20 +123,59 @@ func (l *lease) finish(why string) {
 	l.ib.beats.unschedule(l)
 }
 
+// verdict is the router's answer on a message whose handler succeeded.
+type verdict uint8
+
+const (
+	undecided  verdict = iota
+	ackedV             // acked: Complete
+	nackedV            // nacked: Release
+	abandonedV         // Close gave up waiting: Release
+)
+
+// verdict reads the router's verdict on l's message without waiting.
+func (l *lease) verdict() verdict {
+	switch {
+	case l.acked || isClosedChan(l.msg.Acked()):
+		return ackedV
+	case isClosedChan(l.msg.Nacked()):
+		return nackedV
+	case isClosedChan(l.ib.abandon):
+		return abandonedV
+	}
+	return undecided
+}
+
 // awaitAck waits for the router's verdict on a message whose handler
-// succeeded: Complete on ack, Release on nack.
+// succeeded, then settles the lease. It runs on an ack waiter.
 func (l *lease) awaitAck() {
-	defer l.cancel(errHandlerReturned)
-	if !l.acked && !isClosedChan(l.msg.Acked()) { // acked already: the common case, without a select of three
+	v := l.verdict() // acked already: the common case, without a select of three
+	if v == undecided {
 		select {
 		case <-l.msg.Acked():
+			v = ackedV
 		case <-l.msg.Nacked():
-			l.finish("message nacked")
-			return
+			v = nackedV
 		case <-l.ib.abandon:
-			l.finish("middleware closed before the mark")
-			return
+			v = abandonedV
 		}
+	}
+	l.settle(v, true)
+}
+
+// settle acts on the router's verdict v: Complete on ack, Release on nack or
+// when Close gave up. A failed Complete is retried in the background: on the
+// caller's goroutine when mayBlock (an ack waiter), else on a goroutine of
+// its own, so that a handler's goroutine settling inline marks never waits.
+func (l *lease) settle(v verdict, mayBlock bool) {
+	defer l.cancel(errHandlerReturned)
+	switch v {
+	case nackedV:
+		l.finish("message nacked")
+		return
+	case abandonedV:
+		l.finish("middleware closed before the mark")
+		return
 	}
 	l.mu.Lock()
 	next := l.complete()
@@ -139,7 +188,11 @@ func (l *lease) awaitAck() {
 		l.ib.untrack()
 		return
 	}
-	l.retryComplete(next)
+	if mayBlock {
+		l.retryComplete(next)
+		return
+	}
+	go l.retryComplete(next)
 }
 
 // retryComplete retries a failed Complete in the background until it lands,

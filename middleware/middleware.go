@@ -40,11 +40,12 @@ type Inbox struct {
 	abandon     chan struct{} // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
-	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
-	beats     *scheduler  // heartbeats of every lease; nil for a plain Store
-	waiters   *ackWaiters // wait for the router's ack after a successful handler
-	timeouts  bool        // wrap store calls in StoreTimeout (the store does not bound them itself)
-	timed     bool        // Metrics were configured: time the store calls
+	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
+	beats     *scheduler   // heartbeats of every lease; nil for a plain Store
+	waiters   *ackWaiters  // wait for the router's ack after a successful handler
+	marks     *inlineMarks // instead of waiters, when the store's calls never block; else nil
+	timeouts  bool         // wrap store calls in StoreTimeout (the store does not bound them itself)
+	timed     bool         // Metrics were configured: time the store calls
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -65,13 +66,18 @@ func New(cfg Config) (*Inbox, error) {
 	_, nop := cfg.Metrics.(NopMetrics)
 	ib.timed = !nop
 	ib.timeouts = true
+	nonBlocking := false
 	if b, ok := cfg.Store.(inbox.BoundedCalls); ok && b.CallTimeout() <= cfg.StoreTimeout {
 		ib.timeouts = false
+		nonBlocking = b.CallTimeout() == 0
 	}
 	if ls, ok := cfg.Store.(inbox.LeaseStore); ok {
 		ib.leases = ls
 		ib.beats = newScheduler()
 		ib.waiters = newAckWaiters()
+		if nonBlocking {
+			ib.marks = newInlineMarks(ib)
+		}
 	} else {
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
@@ -95,7 +101,11 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // ctx.Err() without waiting for those releases (each is bounded by
 // StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
 func (ib *Inbox) Close(ctx context.Context) error {
-	if v := ib.state.Or(closedBit) | closedBit; v == closedBit {
+	v := ib.state.Or(closedBit) | closedBit
+	if ib.marks != nil {
+		ib.marks.close()
+	}
+	if v == closedBit {
 		ib.markDrained()
 	}
 	select {
@@ -219,6 +229,9 @@ func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler s
 
 // handle is the leased flow.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	if ib.marks != nil && ib.marks.n.Load() != 0 {
+		ib.marks.settleDecided()
+	}
 	ctx := msg.Context()
 	handler := message.HandlerNameFromCtx(ctx)
 	key, _, err := ib.keys.KeyString(msg)

@@ -15,15 +15,23 @@ import (
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
+// blockingStore hides the memory store's inbox.BoundedCalls, as a store
+// reached over the network would: its marks go to ack waiters, not to
+// inlineMarks.
+type blockingStore struct{ inbox.LeaseStore }
+
 func newWaitersInbox(t *testing.T) (*Inbox, *memory.Store) {
 	t.Helper()
 	s, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := New(Config{Store: s, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
+	ib, err := New(Config{Store: blockingStore{s}, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ib.marks != nil {
+		t.Fatal("a store without BoundedCalls got inline marks")
 	}
 	return ib, s
 }

@@ -1,0 +1,186 @@
+package middleware
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/stores/memory"
+)
+
+func newInlineInbox(t *testing.T) (*Inbox, *memory.Store) {
+	t.Helper()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := New(Config{Store: s, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ib.marks == nil {
+		t.Fatal("the memory store (BoundedCalls 0) did not get inline marks")
+	}
+	return ib, s
+}
+
+func record(t *testing.T, s *memory.Store, id string) inbox.Record {
+	t.Helper()
+	r, err := s.Get(context.Background(), "b:g:h:"+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestInlineMarks_next_message_settles_the_previous checks that the message
+// after an acked one marks it before its own claim, on its own goroutine.
+func TestInlineMarks_next_message_settles_the_previous(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	defer func() { _ = ib.Close(context.Background()) }()
+	ib.marks.delay = time.Hour // only the next message may settle it
+	var seen []inbox.State
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) {
+		seen = append(seen, record(t, s, "1").State)
+		return nil, nil
+	})
+	m1 := message.NewMessage("1", nil)
+	if _, err := h(m1); err != nil {
+		t.Fatal(err)
+	}
+	m1.Ack()
+	if got := record(t, s, "1").State; got != inbox.StateInProgress {
+		t.Fatalf("acked message before the next one: %v, want in progress (not settled yet)", got)
+	}
+	m2 := message.NewMessage("2", nil)
+	if _, err := h(m2); err != nil {
+		t.Fatal(err)
+	}
+	m2.Ack()
+	if seen[1] != inbox.StateProcessed {
+		t.Errorf("message 1 seen %v from message 2's handler, want processed", seen[1])
+	}
+	if n := ib.waiters.spawned.Load(); n != 0 {
+		t.Errorf("%d ack waiters started, want 0", n)
+	}
+}
+
+// TestInlineMarks_lone_message_marked_by_timer checks that a message with no
+// successor is marked anyway.
+func TestInlineMarks_lone_message_marked_by_timer(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	defer func() { _ = ib.Close(context.Background()) }()
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	m := message.NewMessage("1", nil)
+	if _, err := h(m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+	testenv.Eventually(t, 10*time.Second, "the lone message is marked", func() bool {
+		return record(t, s, "1").State == inbox.StateProcessed
+	})
+}
+
+// TestInlineMarks_nack_releases_before_the_redelivery checks that a nacked
+// message's lease is released by its redelivery's own call, which then
+// acquires the key at once instead of waiting on it as busy.
+func TestInlineMarks_nack_releases_before_the_redelivery(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	defer func() { _ = ib.Close(context.Background()) }()
+	ib.marks.delay = time.Hour
+	runs := 0
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+	m := message.NewMessage("1", nil)
+	if _, err := h(m); err != nil {
+		t.Fatal(err)
+	}
+	m.Nack() // e.g. the router failed to publish what the handler returned
+	again := message.NewMessage("1", nil)
+	start := time.Now()
+	if _, err := h(again); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("redelivery took %s: it waited on its own released lease", d)
+	}
+	again.Ack()
+	if runs != 2 {
+		t.Errorf("handler ran %d times, want 2 (the nacked run, then the redelivery)", runs)
+	}
+	if err := ib.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := record(t, s, "1"); r.State != inbox.StateProcessed || r.Attempts != 2 {
+		t.Errorf("after the redelivery: %v with %d attempts, want processed with 2", r.State, r.Attempts)
+	}
+}
+
+// TestInlineMarks_undecided_lease_goes_to_a_waiter checks that a message the
+// router has not acked when the timer fires (a slow publish) is handed to an
+// ack waiter, which marks it when the ack comes.
+func TestInlineMarks_undecided_lease_goes_to_a_waiter(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	defer func() { _ = ib.Close(context.Background()) }()
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	m := message.NewMessage("1", nil)
+	if _, err := h(m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the undecided lease is handed to an ack waiter", func() bool {
+		return ib.waiters.spawned.Load() == 1 && ib.marks.n.Load() == 0
+	})
+	if got := record(t, s, "1").State; got != inbox.StateInProgress {
+		t.Fatalf("before the ack: %v, want in progress", got)
+	}
+	m.Ack()
+	testenv.Eventually(t, 10*time.Second, "the waiter marks it at the ack", func() bool {
+		return record(t, s, "1").State == inbox.StateProcessed
+	})
+}
+
+// TestInlineMarks_Close_drains checks that Close returns only once every
+// acked message is marked, and releases what it abandons.
+func TestInlineMarks_Close_drains(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	ib.marks.delay = time.Hour
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	const n = 100
+	for i := range n {
+		m := message.NewMessage(strconv.Itoa(i), nil)
+		if _, err := h(m); err != nil {
+			t.Fatal(err)
+		}
+		m.Ack()
+	}
+	stuck := message.NewMessage("stuck", nil) // never acked nor nacked
+	if _, err := h(stuck); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := ib.Close(ctx); err == nil {
+		t.Fatal("Close returned nil with a mark still pending at its deadline")
+	}
+	for i := range n {
+		if r := record(t, s, strconv.Itoa(i)); r.State != inbox.StateProcessed {
+			t.Fatalf("message %d: %v after Close, want processed", i, r.State)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the abandoned lease is released", func() bool {
+		return record(t, s, "stuck").State == inbox.StateAvailable
+	})
+	if _, err := h(message.NewMessage("late", nil)); err == nil {
+		t.Error("a message after Close was handled")
+	}
+}
