@@ -1,10 +1,13 @@
 // Package memory is an in-process [inbox.LeaseStore]: for tests, for a single
 // consumer process, and as the default that needs no server.
 //
-// Records live in a map guarded by one mutex, so every operation is atomic.
-// Expiry is logical: every call compares deadlines on the process's monotonic
-// clock, so a processed key is processed for exactly its retention. Expired
-// records are swept as writes go by, oldest first.
+// Records live in a table guarded by one mutex, so every operation is
+// atomic. Expiry is logical: every call compares deadlines on the process's
+// monotonic clock, so a processed key is processed for exactly its retention.
+// Expired records are swept as writes go by, oldest first. The times the
+// store reports (first and last seen, lease deadlines) are the wall clock at
+// [New] plus the monotonic time since, so one clock reading serves both; a
+// later step of the system clock does not move them.
 //
 // The store keeps at most [Options.MaxEntries] records. When a new key arrives
 // at the bound, expired records go first; then the least recently written
@@ -14,10 +17,13 @@
 // [inbox.ErrStoreUnavailable]: the middleware then nacks and the broker
 // redelivers later.
 //
-// Records are kept in chunks of slots that hold no pointers, so the garbage
-// collector does not walk them. The slot of a removed record is reused for the
-// next new key; the chunks are not given back before Close, so the store's
-// memory stays at its high-water mark.
+// Records, their keys (up to 104 bytes) and lease ids (up to 32 bytes)
+// included, are kept in chunks of slots that hold no pointers, indexed by a
+// map from a seeded hash of the key to a slot, which holds none either: the
+// garbage collector does not walk the store, however many records it holds.
+// The slot of a removed record is reused for the next new key; the chunks are
+// not given back before Close, so the store's memory stays at its high-water
+// mark (about 230 bytes a record).
 //
 // The state is lost when the process exits: two processes, or a restarted one,
 // do not share it. Use a server-backed store for that.
@@ -32,6 +38,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"net/url"
 	"strconv"
@@ -101,12 +108,14 @@ type Stats struct {
 // entry is one key's record. Records live in fixed-size chunks (Store.recs)
 // and hold no pointers, so the garbage collector never scans them: the store
 // holds up to a million records, and the collector would otherwise walk every
-// one of them again on every cycle. Their strings are in Store.text, at the
-// same index. Chunks, rather than one growing slice, so that growing never
-// copies the records (nor makes garbage the size of the store). The records
-// form a list ordered by last write, the oldest at the front, so sweeping and
-// eviction start there; prev and next are indexes (none: -1), and next also
-// chains the free slots.
+// one of them again on every cycle. The strings that do not fit in the record
+// (long keys and lease ids, owners beyond the first maxOwners, payload
+// hashes) are in Store.text, at the same index. Chunks, rather than one
+// growing slice, so that growing never copies the records (nor makes garbage
+// the size of the store). The records form a list ordered by last write, the
+// oldest at the front, so sweeping and eviction start there; prev and next
+// are indexes (none: -1), and next also chains the free slots. Records whose
+// keys hash alike are chained by hnext from Store.index.
 //
 // Times are int64 nanoseconds, not time.Time (which carries a *Location):
 // deadlines on the store's monotonic clock (since Store.epoch), reported
@@ -118,28 +127,42 @@ type entry struct {
 	firstSeen  int64         // wall clock
 	lastSeen   int64         // wall clock
 	lease      time.Duration // length of the current lease
+	hash       uint64        // Store.hash of the key
 	attempts   int
 	prev, next int32
+	hnext      int32 // next record whose key has the same hash
 	processed  bool
 	// The lease id, when it is at most 32 bytes (inbox.NewLeaseID's and the
 	// middleware's are 32): kept here rather than as a string the collector
 	// would have to mark. Longer ids are in text, with idLen longID.
-	idLen   uint8
-	leaseID [32]byte
+	idLen uint8
 	// owner is 1 + the index of the owner in Store.owners, or 0 when the
 	// owner is text.owner.
 	owner uint8
+	// The key, when it is at most inlineKey bytes; longer keys are in text,
+	// with keyLen longKey.
+	keyLen  uint16
+	leaseID [32]byte
+	key     [inlineKey]byte
 }
 
-const longID = 0xff
+const (
+	longID    = 0xff
+	longKey   = 0xffff
+	inlineKey = 104 // the record is 224 bytes
+)
 
-// text is a record's strings.
+// text is a record's strings that do not fit in its entry. A chunk of them
+// is allocated only once a record of that chunk needs one.
 type text struct {
-	key         string
-	leaseID     string // live or expired lease (unless kept in entry); after Complete, the completing lease; "" after Release
+	key         string // when longer than inlineKey
+	leaseID     string // live or expired lease longer than the entry holds; after Complete, the completing lease; "" after Release
 	owner       string // when not in Store.owners
 	payloadHash string
 }
+
+// noText is what txt returns for a record whose chunk has no text: read only.
+var noText text
 
 const none = int32(-1)
 
@@ -150,10 +173,10 @@ const (
 	chunkMask = chunkLen - 1
 )
 
-// clock is one reading of the store's clocks.
+// clock is one reading of the store's clock.
 type clock struct {
 	mono int64 // nanoseconds since Store.epoch, monotonic
-	wall int64 // Unix nanoseconds
+	wall int64 // Unix nanoseconds: Store.epoch's wall clock plus mono
 }
 
 func (e *entry) state(now clock) inbox.State {
@@ -169,16 +192,19 @@ func (e *entry) state(now clock) inbox.State {
 
 // Store is the in-memory [inbox.LeaseStore]. It is safe for concurrent use.
 type Store struct {
-	opts  Options
-	epoch time.Time // origin of the monotonic times of entries
+	opts      Options
+	epoch     time.Time // origin of the monotonic times of entries
+	epochWall int64     // epoch as Unix nanoseconds
+	seed      maphash.Seed
 
 	mu         sync.Mutex
-	m          map[string]int32 // key to index in recs and text
+	index      map[uint64]int32 // hash of a key to the first of its records in recs
+	n          int              // records held
 	recs       []*[chunkLen]entry
-	text       []*[chunkLen]text
-	slots      int32 // slots ever used: recs and text hold at least this many
-	head, tail int32 // oldest and newest write
-	free       int32 // first free slot of recs, chained by next
+	text       []*[chunkLen]text // nil chunks where no record needs text
+	slots      int32             // slots ever used: recs and text hold at least this many
+	head, tail int32             // oldest and newest write
+	free       int32             // first free slot of recs, chained by next
 	// owners are the first maxOwners owners seen: a record refers to its
 	// owner by index, so that the collector has no owner string to visit
 	// per record (consumers are few, and each names itself the same way on
@@ -186,6 +212,8 @@ type Store struct {
 	owners  []string
 	evicted uint64
 	closed  bool
+
+	testHash func(string) uint64 // replaces the seeded hash in tests, to make keys collide
 }
 
 var (
@@ -199,7 +227,11 @@ func New(opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, epoch: time.Now(), m: make(map[string]int32), head: none, tail: none, free: none}, nil
+	epoch := time.Now()
+	return &Store{
+		opts: opts, epoch: epoch, epochWall: epoch.UnixNano(), seed: maphash.MakeSeed(),
+		index: make(map[uint64]int32), head: none, tail: none, free: none,
+	}, nil
 }
 
 // Close makes every later call fail with [inbox.ErrClosed] and drops the
@@ -208,7 +240,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.m, s.recs, s.text, s.slots, s.owners = nil, nil, nil, 0, nil
+	s.index, s.recs, s.text, s.slots, s.owners, s.n = nil, nil, nil, 0, nil, 0
 	s.head, s.tail, s.free = none, none, none
 	return nil
 }
@@ -221,24 +253,72 @@ func (s *Store) CallTimeout() time.Duration { return 0 }
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Entries: len(s.m), Evicted: s.evicted}
+	return Stats{Entries: s.n, Evicted: s.evicted}
 }
 
 // wallTime turns Unix nanoseconds into a time.Time without a monotonic
 // reading, as the store reports times.
 func wallTime(ns int64) time.Time { return time.Unix(0, ns) }
 
-// now reads the store's clocks.
+// now reads the store's clock: the monotonic one only (time.Since reads no
+// wall clock), the wall time derived from it.
 func (s *Store) now() clock {
-	t := time.Now()
-	return clock{mono: int64(t.Sub(s.epoch)), wall: t.UnixNano()}
+	mono := int64(time.Since(s.epoch))
+	return clock{mono: mono, wall: s.epochWall + mono}
 }
 
 // rec returns record i.
 func (s *Store) rec(i int32) *entry { return &s.recs[i>>chunkBits][i&chunkMask] }
 
-// txt returns the strings of record i.
-func (s *Store) txt(i int32) *text { return &s.text[i>>chunkBits][i&chunkMask] }
+// txt returns the strings of record i, for reading: noText when its chunk
+// has none.
+func (s *Store) txt(i int32) *text {
+	if c := s.text[i>>chunkBits]; c != nil {
+		return &c[i&chunkMask]
+	}
+	return &noText
+}
+
+// txtw returns the strings of record i, for writing.
+func (s *Store) txtw(i int32) *text {
+	c := s.text[i>>chunkBits]
+	if c == nil {
+		c = new([chunkLen]text)
+		s.text[i>>chunkBits] = c
+	}
+	return &c[i&chunkMask]
+}
+
+// hash returns the index hash of key.
+func (s *Store) hash(key string) uint64 {
+	if s.testHash != nil {
+		return s.testHash(key)
+	}
+	return maphash.String(s.seed, key)
+}
+
+// find returns the index of key's record (none when absent), given its hash.
+func (s *Store) find(key string, h uint64) int32 {
+	i, ok := s.index[h]
+	if !ok {
+		return none
+	}
+	for ; i != none; i = s.rec(i).hnext {
+		if s.keyIs(i, key) {
+			return i
+		}
+	}
+	return none
+}
+
+// keyIs reports whether record i is key's.
+func (s *Store) keyIs(i int32, key string) bool {
+	e := s.rec(i)
+	if e.keyLen != longKey {
+		return int(e.keyLen) == len(key) && string(e.key[:e.keyLen]) == key
+	}
+	return s.txt(i).key == key
+}
 
 // lock checks the context, locks the store and returns the current time and
 // the index of key's live record (none when absent or expired). Callers must
@@ -253,8 +333,8 @@ func (s *Store) lock(ctx context.Context, key string) (clock, int32, error) {
 		return clock{}, none, fmt.Errorf("memory store: %w", inbox.ErrClosed)
 	}
 	now := s.now()
-	i, ok := s.m[key]
-	if !ok {
+	i := s.find(key, s.hash(key))
+	if i == none {
 		return now, none, nil
 	}
 	if now.mono >= s.rec(i).expiresAt {
@@ -275,12 +355,23 @@ func (s *Store) insert(key string, now clock) int32 {
 		s.slots++
 		if int(i>>chunkBits) == len(s.recs) {
 			s.recs = append(s.recs, new([chunkLen]entry))
-			s.text = append(s.text, new([chunkLen]text))
+			s.text = append(s.text, nil)
 		}
 	}
-	*s.rec(i) = entry{firstSeen: now.wall, prev: none, next: none}
-	s.txt(i).key = key
-	s.m[key] = i
+	e := s.rec(i)
+	h := s.hash(key)
+	*e = entry{firstSeen: now.wall, prev: none, next: none, hnext: none, hash: h}
+	if len(key) <= inlineKey {
+		e.keyLen = uint16(copy(e.key[:], key))
+	} else {
+		e.keyLen = longKey
+		s.txtw(i).key = key
+	}
+	if first, ok := s.index[h]; ok {
+		e.hnext = first // another key with this hash (rare)
+	}
+	s.index[h] = i
+	s.n++
 	s.pushBack(i)
 	return i
 }
@@ -327,24 +418,40 @@ func (s *Store) unlink(i int32) {
 // remove deletes record i and frees its slot.
 func (s *Store) remove(i int32) {
 	s.unlink(i)
-	delete(s.m, s.txt(i).key)
-	*s.txt(i) = text{}
-	*s.rec(i) = entry{prev: none, next: s.free}
+	e := s.rec(i)
+	if first := s.index[e.hash]; first == i {
+		if e.hnext == none {
+			delete(s.index, e.hash)
+		} else {
+			s.index[e.hash] = e.hnext
+		}
+	} else {
+		j := first
+		for s.rec(j).hnext != i {
+			j = s.rec(j).hnext
+		}
+		s.rec(j).hnext = e.hnext
+	}
+	if c := s.text[i>>chunkBits]; c != nil {
+		c[i&chunkMask] = text{}
+	}
+	*e = entry{prev: none, next: s.free}
 	s.free = i
+	s.n--
 }
 
 // makeRoom keeps len(m) < MaxEntries before an insert.
 func (s *Store) makeRoom(now clock) error {
 	if s.free == none && s.slots == math.MaxInt32 {
-		return fmt.Errorf("%w: memory store full: %d records", inbox.ErrStoreUnavailable, len(s.m))
+		return fmt.Errorf("%w: memory store full: %d records", inbox.ErrStoreUnavailable, s.n)
 	}
-	if s.opts.MaxEntries < 0 || len(s.m) < s.opts.MaxEntries {
+	if s.opts.MaxEntries < 0 || s.n < s.opts.MaxEntries {
 		return nil
 	}
 	for s.head != none && now.mono >= s.rec(s.head).expiresAt {
 		s.remove(s.head)
 	}
-	for i := s.head; i != none && len(s.m) >= s.opts.MaxEntries; {
+	for i := s.head; i != none && s.n >= s.opts.MaxEntries; {
 		next := s.rec(i).next
 		if s.rec(i).state(now) != inbox.StateInProgress {
 			s.remove(i)
@@ -352,8 +459,8 @@ func (s *Store) makeRoom(now clock) error {
 		}
 		i = next
 	}
-	if len(s.m) >= s.opts.MaxEntries {
-		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, len(s.m))
+	if s.n >= s.opts.MaxEntries {
+		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, s.n)
 	}
 	return nil
 }
@@ -367,7 +474,7 @@ func (s *Store) leaseFor(d time.Duration) time.Duration {
 
 // acquire gives record i a new lease.
 func (s *Store) acquire(i int32, now clock, opts inbox.BeginOptions) inbox.Claim {
-	e, t := s.rec(i), s.txt(i)
+	e := s.rec(i)
 	lease := s.leaseFor(opts.Lease)
 	id := opts.LeaseID
 	if id == "" {
@@ -378,8 +485,8 @@ func (s *Store) acquire(i int32, now clock, opts inbox.BeginOptions) inbox.Claim
 	s.setLease(e, now, lease)
 	e.attempts++
 	s.setOwner(i, opts.Owner)
-	if t.payloadHash == "" {
-		t.payloadHash = opts.PayloadHash
+	if opts.PayloadHash != "" && s.txt(i).payloadHash == "" {
+		s.txtw(i).payloadHash = opts.PayloadHash
 	}
 	s.touch(i, now)
 	return inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: wallTime(e.leaseWall), Lease: lease}
@@ -453,8 +560,10 @@ const maxOwners = 16
 
 // setOwner records owner as record i's owner.
 func (s *Store) setOwner(i int32, owner string) {
-	e, t := s.rec(i), s.txt(i)
-	t.owner = ""
+	e := s.rec(i)
+	if t := s.txt(i); t.owner != "" {
+		t.owner = ""
+	}
 	for n, o := range s.owners {
 		if o == owner {
 			e.owner = uint8(n + 1)
@@ -467,7 +576,7 @@ func (s *Store) setOwner(i int32, owner string) {
 		return
 	}
 	e.owner = 0
-	t.owner = owner
+	s.txtw(i).owner = owner
 }
 
 // ownerOf returns record i's owner.
@@ -480,14 +589,16 @@ func (s *Store) ownerOf(i int32) string {
 
 // setLeaseID records id as record i's lease id ("": none).
 func (s *Store) setLeaseID(i int32, id string) {
-	e, t := s.rec(i), s.txt(i)
+	e := s.rec(i)
 	if len(id) <= len(e.leaseID) {
 		e.idLen = uint8(len(id))
 		copy(e.leaseID[:], id)
-		t.leaseID = ""
+		if t := s.txt(i); t.leaseID != "" {
+			t.leaseID = ""
+		}
 	} else {
 		e.idLen = longID
-		t.leaseID = id
+		s.txtw(i).leaseID = id
 	}
 }
 
