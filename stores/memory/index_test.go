@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -130,5 +131,87 @@ func TestRecords_hold_no_strings(t *testing.T) {
 		if chunk != nil {
 			t.Errorf("text chunk %d allocated for records that fit their entries", c)
 		}
+	}
+}
+
+// TestRecent_stale_hints checks that Store.recent, which finds the record of
+// a fresh claim by its lease id, is only a hint: a slot reused by another
+// key under the same lease id, a lease taken over, a freed slot and bad
+// arguments all get the answer the index would give.
+func TestRecent_stale_hints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := New(Options{MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "0123456789abcdef0123456789abcdef"
+	begin := func(key, leaseID string) {
+		t.Helper()
+		c, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: leaseID, Lease: time.Hour})
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%s) = %+v, %v", key, c, err)
+		}
+	}
+	begin("a", id)
+	if err := s.Release(ctx, "a", id); err != nil {
+		t.Fatal(err)
+	}
+	begin("b", id) // evicts a (MaxEntries 1): b reuses its slot, under the same lease id
+	if err := s.Complete(ctx, "a", id); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Complete of the evicted key through a reused slot: %v, want ErrLeaseLost", err)
+	}
+	if err := s.Complete(ctx, "b", id); err != nil {
+		t.Fatalf("Complete(b): %v", err)
+	}
+	if r, _ := s.Get(ctx, "b"); r.State != inbox.StateProcessed {
+		t.Fatalf("b: %v, want processed", r.State)
+	}
+	if err := s.Release(ctx, "b", "other"); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Release with another lease id: %v, want ErrLeaseLost", err)
+	}
+
+	// A lease taken over after expiry: the old holder is fenced off.
+	s2, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := s2.TryBegin(ctx, "k", inbox.BeginOptions{Lease: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var c2 inbox.Claim
+	for c2.Status != inbox.Acquired && time.Now().Before(deadline) {
+		if c2, err = s2.TryBegin(ctx, "k", inbox.BeginOptions{Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c2.Status != inbox.Acquired {
+		t.Fatal("the expired lease was not taken over")
+	}
+	if err := s2.Complete(ctx, "k", c1.LeaseID); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Complete by the expired holder: %v, want ErrLeaseLost", err)
+	}
+
+	// Bad arguments are refused as such, whatever slot a hint names.
+	s3, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s3.Complete(ctx, "", ""); !errors.Is(err, inbox.ErrInvalidKey) {
+		t.Fatalf("Complete with an empty key: %v, want ErrInvalidKey", err)
+	}
+	if err := s3.Release(ctx, "k", ""); !errors.Is(err, inbox.ErrInvalidLeaseID) {
+		t.Fatalf("Release with an empty lease id: %v, want ErrInvalidLeaseID", err)
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	begin3, err := s3.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s3.Complete(canceled, "k", begin3.LeaseID); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Complete with a canceled context: %v, want context.Canceled", err)
 	}
 }

@@ -166,6 +166,8 @@ var noText text
 
 const none = int32(-1)
 
+const recentLen = 256 // a power of two
+
 // Records are allocated chunkLen at a time; a slot is recs[i>>chunkBits][i&chunkMask].
 const (
 	chunkBits = 10
@@ -212,6 +214,11 @@ type Store struct {
 	owners  []string
 	evicted uint64
 	closed  bool
+	// recent holds 1 + the slot of records recently acquired, at a hash of
+	// their lease id (0: none), so that the Complete or Release of a fresh
+	// claim finds its record without a lookup in index. Entries are hints,
+	// checked against the record.
+	recent [recentLen]int32
 
 	testHash func(string) uint64 // replaces the seeded hash in tests, to make keys collide
 }
@@ -481,6 +488,7 @@ func (s *Store) acquire(i int32, now clock, opts inbox.BeginOptions) inbox.Claim
 		id = inbox.NewLeaseID()
 	}
 	s.setLeaseID(i, id)
+	s.recent[s.recentAt(id)] = i + 1
 	e.lease = lease
 	s.setLease(e, now, lease)
 	e.attempts++
@@ -610,6 +618,43 @@ func (s *Store) heldBy(i int32, id string) bool {
 	return s.txt(i).leaseID == id
 }
 
+// recentAt returns the index in Store.recent of lease id.
+func (s *Store) recentAt(id string) int {
+	return int(maphash.String(s.seed, id) & (recentLen - 1))
+}
+
+// lockHolder validates key and leaseID, locks the store and returns the
+// current time and the index of key's live record, which leaseID holds. On
+// error the store is unlocked. A pair that a TryBegin recently acquired is
+// found through Store.recent, without hashing the key, looking it up or
+// validating the arguments: equal to the key and lease id of a record, they
+// are as valid as when they were stored.
+func (s *Store) lockHolder(ctx context.Context, key, leaseID string) (clock, int32, error) {
+	if key != "" && leaseID != "" && ctx.Err() == nil {
+		s.mu.Lock()
+		if r := s.recent[s.recentAt(leaseID)]; r != 0 && !s.closed {
+			if i := r - 1; s.heldBy(i, leaseID) && s.keyIs(i, key) {
+				if now := s.now(); now.mono < s.rec(i).expiresAt {
+					return now, i, nil
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return clock{}, none, err
+	}
+	now, i, err := s.lock(ctx, key)
+	if err != nil {
+		return clock{}, none, err
+	}
+	if err := s.holder(i, key, leaseID); err != nil {
+		s.mu.Unlock()
+		return clock{}, none, err
+	}
+	return now, i, nil
+}
+
 // holder returns nil when leaseID holds record i (live, or expired and not
 // taken over), else an ErrLeaseLost error.
 func (s *Store) holder(i int32, key, leaseID string) error {
@@ -624,17 +669,11 @@ func (s *Store) holder(i int32, key, leaseID string) error {
 
 // Complete implements [inbox.LeaseStore].
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	now, i, err := s.lock(ctx, key)
+	now, i, err := s.lockHolder(ctx, key, leaseID)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	if err := s.holder(i, key, leaseID); err != nil {
-		return err
-	}
 	e := s.rec(i)
 	if e.processed {
 		return nil // repeated by the completing lease
@@ -647,17 +686,11 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 
 // Release implements [inbox.LeaseStore].
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	now, i, err := s.lock(ctx, key)
+	now, i, err := s.lockHolder(ctx, key, leaseID)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	if err := s.holder(i, key, leaseID); err != nil {
-		return err
-	}
 	e := s.rec(i)
 	if e.processed {
 		return fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
