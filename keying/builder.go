@@ -2,6 +2,7 @@ package keying
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -125,6 +126,25 @@ func (b *Builder) KeyString(msg *message.Message) (key string, source string, er
 	sb.WriteByte(':')
 	sb.WriteString(k.ID)
 	return sb.String(), source, nil
+}
+
+// AppendKey is [Builder.KeyString] appending the key to dst instead of
+// allocating a string for it, for callers that keep keys in buffers of their
+// own (the middleware keeps a message's key and lease id in one allocation
+// with the rest of its state). On error dst is returned unchanged.
+func (b *Builder) AppendKey(dst []byte, msg *message.Message) (key []byte, source string, err error) {
+	k, l, source, err := b.resolve(msg)
+	if err != nil {
+		return dst, source, err
+	}
+	dst = slices.Grow(dst, l.bus+l.group+l.alias+3+len(k.ID))
+	dst = appendSegment(dst, k.Bus, l.busEsc)
+	dst = append(dst, ':')
+	dst = appendSegment(dst, k.Group, l.groupEsc)
+	dst = append(dst, ':')
+	dst = appendSegment(dst, k.Alias, l.aliasEsc)
+	dst = append(dst, ':')
+	return append(dst, k.ID...), source, nil
 }
 
 // lengths are the escaped lengths of a key's first three segments.

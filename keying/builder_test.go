@@ -40,6 +40,10 @@ func mustKey(t *testing.T, b *keying.Builder, msg *message.Message) (keying.Key,
 	if s != k.String() || source2 != source {
 		t.Fatalf("KeyString = %q, %q; Key gave %q, %q", s, source2, k.String(), source)
 	}
+	dst, source3, err := b.AppendKey([]byte("prefix|"), msg)
+	if err != nil || string(dst) != "prefix|"+s || source3 != source {
+		t.Fatalf("AppendKey = %q, %q, %v; want %q, %q", dst, source3, err, "prefix|"+s, source)
+	}
 	if p, err := keying.Parse(s); err != nil || p != k {
 		t.Fatalf("Parse(%q) = %#v, %v; want %#v", s, p, err, k)
 	}
@@ -94,6 +98,11 @@ func TestBuilder_Key_no_id(t *testing.T) {
 	}
 	_, _, err = b.KeyString(msgWith(""))
 	wantErr(t, err, noKey)
+	dst, _, err := b.AppendKey([]byte("kept"), msgWith(""))
+	wantErr(t, err, noKey)
+	if string(dst) != "kept" {
+		t.Errorf("AppendKey changed dst to %q on error", dst)
+	}
 
 	b.IDSources = []keying.IDSource{keying.FromMetadata("A", "B"), keying.IDSourceFunc("custom", func(*message.Message) (string, error) { return "", nil })}
 	_, _, err = b.Key(msgWith("u-1"))
@@ -471,5 +480,22 @@ func TestBuilder_Validate_leaves_room(t *testing.T) {
 	k, _ := mustKey(t, b, msgWith("u", "IdempotencyKey", strings.Repeat("i", 5000)))
 	if n := len(k.String()); n != keying.MaxLen {
 		t.Errorf("key is %d bytes, want exactly %d", n, keying.MaxLen)
+	}
+}
+
+// TestBuilder_AppendKey_allocates_nothing_with_room checks the point of
+// AppendKey: with room in dst, the key costs no allocation.
+func TestBuilder_AppendKey_allocates_nothing_with_room(t *testing.T) {
+	b := &keying.Builder{Bus: "rabbit:eu", Group: "orders", Alias: keying.StaticAlias("placed%v2")}
+	msg := msgWith("0b5d1c3e-6a1f-4f0e-9b7d-2c6f1e0a9d3b")
+	buf := make([]byte, 0, 128)
+	allocs := testing.AllocsPerRun(100, func() {
+		out, _, err := b.AppendKey(buf[:0], msg)
+		if err != nil || string(out) != "rabbit%3Aeu:orders:placed%25v2:0b5d1c3e-6a1f-4f0e-9b7d-2c6f1e0a9d3b" {
+			t.Fatalf("AppendKey = %q, %v", out, err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("AppendKey with room in dst: %v allocations, want 0", allocs)
 	}
 }

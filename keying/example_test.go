@@ -66,6 +66,22 @@ func ExampleBuilder_Key() {
 	// true keying: message "" has no id: none of the id sources gave one (tried metadata:IdempotencyKey, uuid)
 }
 
+func ExampleBuilder_AppendKey() {
+	b := &keying.Builder{Bus: "rabbit", Group: "orders-service", Alias: keying.StaticAlias("OrderPlaced")}
+	var buf [128]byte // keys of most messages fit: no allocation
+	for _, id := range []string{"order-41", "order-42"} {
+		msg := message.NewMessage(id, nil)
+		key, _, err := b.AppendKey(buf[:0], msg)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(string(key))
+	}
+	// Output:
+	// rabbit:orders-service:OrderPlaced:order-41
+	// rabbit:orders-service:OrderPlaced:order-42
+}
+
 func ExampleHashID() {
 	fmt.Println(keying.HashID("abc"))
 	// Output:

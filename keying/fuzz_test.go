@@ -167,6 +167,9 @@ func FuzzBuilderKey(f *testing.F) {
 		if err != nil || s != k.String() {
 			t.Fatalf("KeyString = %q, %v; Key gave %q", s, err, k.String())
 		}
+		if a, _, err := b.AppendKey([]byte{':'}, msg); err != nil || string(a) != ":"+s {
+			t.Fatalf("AppendKey = %q, %v; KeyString gave %q", a, err, s)
+		}
 		if p, err := keying.Parse(s); err != nil || p != k {
 			t.Fatalf("Parse(%q) = %#v, %v", s, p, err)
 		}

@@ -71,7 +71,7 @@
 //
 // [Builder.Key] allocates nothing in the common case (id from metadata or the
 // UUID, no hashing); [Key.String] and [Builder.KeyString] allocate the key
-// string once. Each segment is measured in one table-driven pass (escaped
+// string once, and [Builder.AppendKey] not at all when dst has room. Each segment is measured in one table-driven pass (escaped
 // length, NUL, non-ASCII); segments without '%' or ':' are copied without
 // escaping work, and only segments with non-ASCII bytes get a UTF-8 check.
 package keying
@@ -232,6 +232,25 @@ func writeSegment(b *strings.Builder, s string, esc bool) {
 		}
 	}
 	b.WriteString(s[start:])
+}
+
+// appendSegment is writeSegment appending to dst.
+func appendSegment(dst []byte, s string, esc bool) []byte {
+	if !esc {
+		return append(dst, s...)
+	}
+	start := 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '%':
+			dst = append(append(dst, s[start:i]...), "%25"...)
+			start = i + 1
+		case ':':
+			dst = append(append(dst, s[start:i]...), "%3A"...)
+			start = i + 1
+		}
+	}
+	return append(dst, s[start:]...)
 }
 
 // unescape reverses writeSegment on the raw segment s of a parsed key,
