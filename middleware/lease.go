@@ -44,7 +44,14 @@ type lease struct {
 	next               time.Time
 	prevBeat, nextBeat *lease
 	queued             bool
+
+	// buf holds key and id, when they fit (see Inbox.handle).
+	buf [leaseBuf]byte
 }
+
+// leaseBuf is the room in a lease for its key and lease id: keys of up to 96
+// bytes need no allocation of their own.
+const leaseBuf = 96 + leaseIDLen
 
 // Causes of the handler context's cancellation other than a lost lease.
 var (
@@ -55,7 +62,7 @@ var (
 const stopped = time.Duration(-1)
 
 // run executes the handler under a lease kept alive by heartbeats.
-func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key string, claim inbox.Claim,
+func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 	opts inbox.BeginOptions, sent time.Time, instantAcked bool) (out []*message.Message, err error) {
 	granted := claim.Lease
 	if granted <= 0 {
@@ -65,12 +72,10 @@ func (ib *Inbox) run(h message.HandlerFunc, msg *message.Message, handler, key s
 	if interval >= granted {
 		interval = granted / 3
 	}
+	msg := l.msg
 	orig := msg.Context()
 	hctx, cancel := context.WithCancelCause(orig)
-	l := &lease{
-		ib: ib, msg: msg, base: context.WithoutCancel(orig), handler: handler, key: key, id: claim.LeaseID,
-		length: granted, interval: interval, deadline: sent.Add(granted), cancel: cancel,
-	}
+	l.base, l.id, l.length, l.interval, l.deadline, l.cancel = context.WithoutCancel(orig), claim.LeaseID, granted, interval, sent.Add(granted), cancel
 	ib.beats.schedule(l, sent.Add(interval))
 
 	msg.SetContext(hctx)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -162,17 +163,45 @@ func isClosedChan(c <-chan struct{}) bool {
 	}
 }
 
-// newLeaseID returns 128 random bits as 32 lowercase hex digits, the form of
-// [inbox.NewLeaseID]. math/rand/v2's global source is ChaCha8 seeded by the
-// runtime: unpredictable, and much cheaper per message than crypto/rand. The
-// digits are encoded into an array, so the string is the one allocation.
-func newLeaseID() string {
-	var raw [16]byte
-	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-	var b [32]byte
-	hex.Encode(b[:], raw[:])
-	return string(b[:])
+// leaseIDLen is the length of the middleware's lease ids.
+const leaseIDLen = 32
+
+// appendLeaseID appends 128 random bits as 32 lowercase hex digits, the form
+// of [inbox.NewLeaseID]. math/rand/v2's global source is ChaCha8 seeded by
+// the runtime: unpredictable, and much cheaper per message than crypto/rand.
+func appendLeaseID(dst []byte) []byte {
+	var b [leaseIDLen]byte
+	hexNibbles(b[:16], rand.Uint64())
+	hexNibbles(b[16:], rand.Uint64())
+	return append(dst, b[:]...)
+}
+
+// newLeaseID returns appendLeaseID's digits as a string.
+func newLeaseID() string { return string(appendLeaseID(make([]byte, 0, leaseIDLen))) }
+
+// hexNibbles writes the 16 nibbles of x into b[:16] as lowercase hex digits,
+// eight at a time (SWAR), in an order of its own: every nibble is written
+// once, so for random x the digits are as random as x.
+func hexNibbles(b []byte, x uint64) {
+	binary.LittleEndian.PutUint64(b[:8], hexDigits(spreadNibbles(uint32(x))))
+	binary.LittleEndian.PutUint64(b[8:16], hexDigits(spreadNibbles(uint32(x>>32))))
+}
+
+// spreadNibbles moves each of the 8 nibbles of x into the low half of a byte
+// of its own.
+func spreadNibbles(x uint32) uint64 {
+	v := uint64(x)
+	v = (v | v<<16) & 0x0000ffff0000ffff
+	v = (v | v<<8) & 0x00ff00ff00ff00ff
+	return (v | v<<4) & 0x0f0f0f0f0f0f0f0f
+}
+
+// hexDigits turns 8 bytes of values 0 to 15 into their hex digits: '0' plus
+// the value, plus 'a'-'0'-10 more for values of 10 and up (those whose sum
+// with 6 reaches bit 4).
+func hexDigits(v uint64) uint64 {
+	ten := (v + 0x0606060606060606) >> 4 & 0x0101010101010101
+	return v + 0x3030303030303030 + ten*('a'-'0'-10)
 }
 
 func payloadHash(p []byte) string {
@@ -234,10 +263,19 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	}
 	ctx := msg.Context()
 	handler := message.HandlerNameFromCtx(ctx)
-	key, _, err := ib.keys.KeyString(msg)
+	// The lease, the key and the lease id are one allocation: the key and
+	// the id are strings over the lease's buffer (unless the key is too long
+	// for it), which is never written again.
+	l := &lease{ib: ib, msg: msg, handler: handler}
+	buf, _, err := ib.keys.AppendKey(l.buf[:0], msg)
 	if err != nil {
 		return ib.keyError(h, msg, handler, err)
 	}
+	n := len(buf)
+	buf = appendLeaseID(buf)
+	both := unsafe.String(unsafe.SliceData(buf), len(buf))
+	key := both[:n]
+	l.key = key
 	if !ib.track() {
 		return nil, errClosed
 	}
@@ -248,7 +286,7 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		}
 	}()
 
-	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: newLeaseID()}
+	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: both[n:]}
 	if ib.cfg.PayloadHash != PayloadHashOff {
 		opts.PayloadHash = payloadHash(msg.Payload)
 	}
@@ -296,7 +334,7 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return nil, nil
 	case inbox.Acquired:
 		tracked = false // the lease now owns the pending count
-		return ib.run(h, msg, handler, key, claim, opts, sent, instantAcked)
+		return ib.run(h, l, claim, opts, sent, instantAcked)
 	default:
 		ib.m.Outcome(handler, OutcomeStoreError)
 		err := storeErr(OpTryBegin, key, fmt.Errorf("store answered status %v", claim.Status))
