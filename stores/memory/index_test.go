@@ -38,10 +38,10 @@ func TestConformance_colliding_hashes(t *testing.T) {
 // keyOfLen returns a key of n bytes ending in tag.
 func keyOfLen(n int, tag string) string { return strings.Repeat("k", n-len(tag)) + tag }
 
-// TestIndex_chains_and_key_lengths fills a colliding store with keys of
+// TestIndex_collisions_and_key_lengths fills a colliding store with keys of
 // every length around the inline limit, evicts and reinserts through the
-// chains, and checks that every key finds its own record, byte for byte.
-func TestIndex_chains_and_key_lengths(t *testing.T) {
+// probe runs, and checks that every key finds its own record, byte for byte.
+func TestIndex_collisions_and_key_lengths(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, colliding := range []bool{false, true} {
@@ -95,13 +95,17 @@ func TestIndex_chains_and_key_lengths(t *testing.T) {
 				}
 			}
 			n := 0
-			for _, chain := range s.index {
-				for i := chain; i != none; i = s.rec(i).hnext {
-					n++
+			for _, x := range s.index.w {
+				if x == 0 {
+					continue
+				}
+				n++
+				if i := int32(uint32(x)) - 1; uint32(s.rec(i).hash) != uint32(x>>32) || s.rec(i).keyLen == 0 {
+					t.Fatalf("index word %#x names slot %d, whose record does not match", x, i)
 				}
 			}
-			if n != s.Stats().Entries {
-				t.Fatalf("index chains hold %d records, Stats %d", n, s.Stats().Entries)
+			if n != s.Stats().Entries || n != s.index.n {
+				t.Fatalf("index holds %d words (counted %d), Stats %d entries", n, s.index.n, s.Stats().Entries)
 			}
 		})
 	}

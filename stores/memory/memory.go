@@ -19,7 +19,7 @@
 //
 // Records, their keys (up to 104 bytes) and lease ids (up to 32 bytes)
 // included, are kept in chunks of slots that hold no pointers, indexed by a
-// map from a seeded hash of the key to a slot, which holds none either: the
+// table from a seeded hash of the key to a slot, which holds none either: the
 // garbage collector does not walk the store, however many records it holds.
 // The slot of a removed record is reused for the next new key; the chunks are
 // not given back before Close, so the store's memory stays at its high-water
@@ -114,8 +114,7 @@ type Stats struct {
 // growing slice, so that growing never copies the records (nor makes garbage
 // the size of the store). The records form a list ordered by last write, the
 // oldest at the front, so sweeping and eviction start there; prev and next
-// are indexes (none: -1), and next also chains the free slots. Records whose
-// keys hash alike are chained by hnext from Store.index.
+// are indexes (none: -1), and next also chains the free slots.
 //
 // Times are int64 nanoseconds, not time.Time (which carries a *Location):
 // deadlines on the store's monotonic clock (since Store.epoch), reported
@@ -130,7 +129,6 @@ type entry struct {
 	hash       uint64        // Store.hash of the key
 	attempts   int
 	prev, next int32
-	hnext      int32 // next record whose key has the same hash
 	processed  bool
 	// The lease id, when it is at most 32 bytes (inbox.NewLeaseID's and the
 	// middleware's are 32): kept here rather than as a string the collector
@@ -200,8 +198,8 @@ type Store struct {
 	seed      maphash.Seed
 
 	mu         sync.Mutex
-	index      map[uint64]int32 // hash of a key to the first of its records in recs
-	n          int              // records held
+	index      table // hash of a key to the slots of its record
+	n          int   // records held
 	recs       []*[chunkLen]entry
 	text       []*[chunkLen]text // nil chunks where no record needs text
 	slots      int32             // slots ever used: recs and text hold at least this many
@@ -237,7 +235,7 @@ func New(opts Options) (*Store, error) {
 	epoch := time.Now()
 	return &Store{
 		opts: opts, epoch: epoch, epochWall: epoch.UnixNano(), seed: maphash.MakeSeed(),
-		index: make(map[uint64]int32), head: none, tail: none, free: none,
+		head: none, tail: none, free: none,
 	}, nil
 }
 
@@ -247,7 +245,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.index, s.recs, s.text, s.slots, s.owners, s.n = nil, nil, nil, 0, nil, 0
+	s.index, s.recs, s.text, s.slots, s.owners, s.n = table{}, nil, nil, 0, nil, 0
 	s.head, s.tail, s.free = none, none, none
 	return nil
 }
@@ -306,13 +304,16 @@ func (s *Store) hash(key string) uint64 {
 
 // find returns the index of key's record (none when absent), given its hash.
 func (s *Store) find(key string, h uint64) int32 {
-	i, ok := s.index[h]
-	if !ok {
+	t := s.index.w
+	if len(t) == 0 {
 		return none
 	}
-	for ; i != none; i = s.rec(i).hnext {
-		if s.keyIs(i, key) {
-			return i
+	m, lo := len(t)-1, uint32(h)
+	for p := int(lo) & m; t[p] != 0; p = (p + 1) & m {
+		if x := t[p]; uint32(x>>32) == lo {
+			if i := int32(uint32(x)) - 1; s.rec(i).hash == h && s.keyIs(i, key) {
+				return i
+			}
 		}
 	}
 	return none
@@ -367,17 +368,14 @@ func (s *Store) insert(key string, now clock) int32 {
 	}
 	e := s.rec(i)
 	h := s.hash(key)
-	*e = entry{firstSeen: now.wall, prev: none, next: none, hnext: none, hash: h}
+	*e = entry{firstSeen: now.wall, prev: none, next: none, hash: h}
 	if len(key) <= inlineKey {
 		e.keyLen = uint16(copy(e.key[:], key))
 	} else {
 		e.keyLen = longKey
 		s.txtw(i).key = key
 	}
-	if first, ok := s.index[h]; ok {
-		e.hnext = first // another key with this hash (rare)
-	}
-	s.index[h] = i
+	s.index.insert(word(h, i))
 	s.n++
 	s.pushBack(i)
 	return i
@@ -426,19 +424,7 @@ func (s *Store) unlink(i int32) {
 func (s *Store) remove(i int32) {
 	s.unlink(i)
 	e := s.rec(i)
-	if first := s.index[e.hash]; first == i {
-		if e.hnext == none {
-			delete(s.index, e.hash)
-		} else {
-			s.index[e.hash] = e.hnext
-		}
-	} else {
-		j := first
-		for s.rec(j).hnext != i {
-			j = s.rec(j).hnext
-		}
-		s.rec(j).hnext = e.hnext
-	}
+	s.index.remove(word(e.hash, i))
 	if c := s.text[i>>chunkBits]; c != nil {
 		c[i&chunkMask] = text{}
 	}
