@@ -23,7 +23,8 @@ type microResults struct {
 }
 
 // runMicro calls each contender's wrapped handler as the router does
-// (handler, then Ack) for o.microN distinct messages per repetition, without
+// (handler, then Ack, each message with a cancelable context of its own, as
+// subscribers give them) for o.microN distinct messages per repetition, without
 // a broker: the middleware's own cost. The inbox's marks land after the ack
 // in a goroutine; its Close, which waits for them, is inside the measurement.
 // Every contender builds its messages, so the overhead of a contender is its
@@ -61,11 +62,16 @@ func runMicro(ctx context.Context, o options, logf func(string, ...any)) (*micro
 				id := strconv.Itoa(i)
 				// Distinct payloads: the Deduplicator keys by a payload hash.
 				m := message.NewMessage(id, []byte(`{"amount_cents":1999,"order":`+id+`}`))
-				m.SetContext(ctx)
+				// Each message gets a context of its own, canceled once it is
+				// acked, as watermill-amqp and watermill-kafka give them.
+				mctx, cancel := context.WithCancel(ctx)
+				m.SetContext(mctx)
 				if _, err := h(m); err != nil {
+					cancel()
 					return nil, err
 				}
 				m.Ack()
+				cancel()
 				if o.microYield {
 					runtime.Gosched()
 				}
