@@ -40,6 +40,9 @@ type lease struct {
 	lost     bool      // the lease is no longer ours
 	done     bool      // finished: no more heartbeats
 
+	parent   parentLink // the parent of the handler's context
+	extendAt time.Time  // when the first heartbeat's Extend is due (under mu)
+
 	// owned by the scheduler, under its lock
 	next               time.Time
 	prevBeat, nextBeat *lease
@@ -74,9 +77,18 @@ func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 	}
 	msg := l.msg
 	orig := msg.Context()
-	hctx, cancel := context.WithCancelCause(orig)
+	var hctx context.Context
+	var cancel context.CancelCauseFunc
+	if orig.Err() != nil {
+		hctx, cancel = context.WithCancelCause(orig) // done already: canceled at once, as the parent's child
+		l.parent.linked = true
+	} else {
+		l.parent.ctx = orig
+		hctx, cancel = context.WithCancelCause(&l.parent)
+	}
 	l.base, l.id, l.length, l.interval, l.deadline, l.cancel = context.WithoutCancel(orig), claim.LeaseID, granted, interval, sent.Add(granted), cancel
-	ib.beats.schedule(l, sent.Add(interval))
+	l.extendAt = sent.Add(interval)
+	ib.beats.schedule(l, sent.Add(min(interval, linkAfter)))
 
 	msg.SetContext(hctx)
 	returned := false
@@ -87,6 +99,10 @@ func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 		}
 		r := recover()
 		cancel(errHandlerPanicked)
+		if r == nil { // runtime.Goexit in the handler: let it go on
+			l.finish("handler exited its goroutine")
+			return
+		}
 		l.finish("handler panicked")
 		panic(r)
 	}()
@@ -120,7 +136,7 @@ func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 func (l *lease) finish(why string) {
 	defer l.ib.untrack()
 	l.mu.Lock()
-	l.done = true
+	l.end()
 	if !l.lost {
 		l.release(why)
 	}
@@ -185,7 +201,7 @@ func (l *lease) settle(v verdict, mayBlock bool) {
 	l.mu.Lock()
 	next := l.complete()
 	if next == stopped {
-		l.done = true
+		l.end()
 	}
 	l.mu.Unlock()
 	if next == stopped {
@@ -218,7 +234,7 @@ func (l *lease) retryComplete(next time.Duration) {
 		l.mu.Lock()
 		next = l.complete()
 		if next == stopped {
-			l.done = true
+			l.end()
 		}
 		l.mu.Unlock()
 		if next == stopped {
@@ -255,11 +271,30 @@ func (l *lease) lose(cause error) {
 	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.logFields())
 }
 
-// beat is one heartbeat, run by the scheduler on a goroutine of its own.
+// end marks l done: no more heartbeats, and the handler's context no longer
+// linked to the message's. Call with mu held.
+func (l *lease) end() {
+	l.done = true
+	l.parent.unlink()
+}
+
+// beat is one heartbeat, run by the scheduler on a goroutine of its own. The
+// first one, linkAfter after the claim, links the handler's context to the
+// message's; the Extends start at extendAt.
 func (l *lease) beat() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.done || l.lost {
+	if l.done {
+		return
+	}
+	if !l.parent.linked {
+		l.parent.link()
+	}
+	if l.lost {
+		return
+	}
+	if wait := time.Until(l.extendAt); wait > 0 {
+		l.ib.beats.schedule(l, time.Now().Add(wait))
 		return
 	}
 	if next := l.extend(); next != stopped {
@@ -358,4 +393,71 @@ func (l *lease) release(why string) {
 	}
 	l.ib.m.Outcome(l.handler, OutcomeReleased)
 	l.ib.log.Debug("Inbox lease released", l.logFields().Add(watermill.LogFields{"reason": why}))
+}
+
+// linkAfter is how long a handler runs before its context is linked to the
+// message's (see parentLink).
+const linkAfter = 2 * time.Millisecond
+
+// parentLink is the parent of a handler's context: the message's context,
+// whose values and deadline it passes on at once and whose cancellation it
+// passes on once linked. A context derived from the message's straight away
+// registers with it (subscribers give each message a context of its own, so
+// a map and a channel made for it) and unregisters when it ends: work on
+// every message, for the sake of the few handlers still running when the
+// message's context is canceled (a subscriber closing, a timeout set
+// outside the middleware). The scheduler links it linkAfter into the
+// handler instead (lease.beat), so a handler that ends before never
+// registers. A message context done before the handler starts is used
+// directly (lease.run), so the handler's context is canceled from the
+// start.
+//
+// [context.WithCancelCause] sees a parent that implements AfterFunc and
+// whose Done channel is not a cancelCtx's: it hands the parent the function
+// that cancels the child as the parent's cancellation would (Err and Cause
+// of the parent), which link passes to [context.AfterFunc] on the message's
+// context.
+type parentLink struct {
+	ctx    context.Context // the message's
+	f      func()          // cancels the handler's context from the parent
+	stop   func() bool     // undoes the link; nil when not linked
+	linked bool
+}
+
+// unlinked is the Done channel of every parentLink: never closed; the
+// cancellation comes through AfterFunc.
+var unlinked = make(chan struct{})
+
+func (p *parentLink) Deadline() (time.Time, bool) { return p.ctx.Deadline() }
+func (p *parentLink) Done() <-chan struct{}       { return unlinked }
+func (p *parentLink) Err() error                  { return p.ctx.Err() }
+func (p *parentLink) Value(key any) any           { return p.ctx.Value(key) }
+func (p *parentLink) String() string              { return "inbox.parentLink" }
+
+// AfterFunc records f, which context.WithCancelCause passes when it makes
+// the handler's context, for link.
+func (p *parentLink) AfterFunc(f func()) (stop func() bool) {
+	p.f = f
+	return noStop
+}
+
+func noStop() bool { return false }
+
+// link makes the message context's cancellation reach the handler's.
+// Call under the lease's mu.
+func (p *parentLink) link() {
+	p.linked = true
+	if p.f != nil {
+		p.stop = context.AfterFunc(p.ctx, p.f)
+	}
+}
+
+// unlink undoes link, so that the message's context does not keep the
+// handler's registered after the lease. Call under the lease's mu.
+func (p *parentLink) unlink() {
+	p.linked = true // never link after the lease
+	if p.stop != nil {
+		p.stop()
+		p.stop = nil
+	}
 }
