@@ -28,7 +28,12 @@
 //     If the lease is lost (another consumer took it over) or cannot be
 //     renewed before its deadline, measured on the local monotonic clock,
 //     the handler's context is canceled with a cause wrapping
-//     [inbox.ErrLeaseLost] (see [context.Cause]).
+//     [inbox.ErrLeaseLost] (see [context.Cause]). It carries the message
+//     context's values and deadline; the message context's cancellation
+//     reaches it with its Err and Cause, within 2 ms of the handler's start
+//     (at once if the message context was done before): a handler context
+//     registers with the message's only once the handler has run that long,
+//     which spares the work for the many that end sooner.
 //  3. After the handler:
 //     - It returned an error or panicked: the lease is released before the
 //     middleware returns (Kafka's subscriber redelivers in-process at
