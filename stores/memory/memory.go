@@ -164,7 +164,10 @@ var noText text
 
 const none = int32(-1)
 
-const recentLen = 256 // a power of two
+const (
+	recentBits = 8
+	recentLen  = 1 << recentBits
+)
 
 // Records are allocated chunkLen at a time; a slot is recs[i>>chunkBits][i&chunkMask].
 const (
@@ -605,8 +608,22 @@ func (s *Store) heldBy(i int32, id string) bool {
 }
 
 // recentAt returns the index in Store.recent of lease id.
+// Lease ids are random (the middleware's and inbox.NewLeaseID's), so
+// their last eight bytes, mixed by a multiplication, spread well enough; ids
+// that are not random only make hints collide, which costs a lookup in
+// index, never a wrong answer.
 func (s *Store) recentAt(id string) int {
-	return int(maphash.String(s.seed, id) & (recentLen - 1))
+	var x uint64
+	if n := len(id); n >= 8 {
+		t := id[n-8:]
+		x = uint64(t[0]) | uint64(t[1])<<8 | uint64(t[2])<<16 | uint64(t[3])<<24 |
+			uint64(t[4])<<32 | uint64(t[5])<<40 | uint64(t[6])<<48 | uint64(t[7])<<56
+	} else {
+		for i := range n {
+			x = x<<8 | uint64(id[i])
+		}
+	}
+	return int((x * 0x9e3779b97f4a7c15) >> (64 - recentBits))
 }
 
 // lockHolder validates key and leaseID, locks the store and returns the
