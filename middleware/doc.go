@@ -30,7 +30,7 @@
 //     the handler's context is canceled with a cause wrapping
 //     [inbox.ErrLeaseLost] (see [context.Cause]). It carries the message
 //     context's values and deadline; the message context's cancellation
-//     reaches it with its Err and Cause, within 2 ms of the handler's start
+//     reaches it with its Err and Cause, within 10 ms of the handler's start
 //     (at once if the message context was done before): a handler context
 //     registers with the message's only once the handler has run that long,
 //     which spares the work for the many that end sooner.
@@ -47,7 +47,7 @@
 //     A message acked before the handler ran ([wmw.InstantAck]) is completed
 //     right away. On a store whose calls never block (the memory store; see
 //     [inbox.BoundedCalls]) the mark is made on the goroutine of the next
-//     message the middleware handles, or by a timer within a millisecond
+//     message the middleware handles, or by a timer within 10 ms
 //     when none comes, rather than by a goroutine waiting for each ack.
 //     - A Complete that fails after a successful handler never nacks the
 //     message (that would run the handler again): it is retried in the

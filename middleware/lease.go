@@ -397,7 +397,7 @@ func (l *lease) release(why string) {
 
 // linkAfter is how long a handler runs before its context is linked to the
 // message's (see parentLink).
-const linkAfter = 2 * time.Millisecond
+const linkAfter = 10 * time.Millisecond
 
 // parentLink is the parent of a handler's context: the message's context,
 // whose values and deadline it passes on at once and whose cancellation it

@@ -9,7 +9,7 @@ import (
 // inlineSweep is how long a lease waits in inlineMarks for the next message
 // before a timer settles it, or hands it to an ack waiter if the router has
 // not decided yet.
-const inlineSweep = time.Millisecond
+const inlineSweep = 10 * time.Millisecond
 
 // inlineMarks holds the leases whose handler succeeded and whose message
 // awaits the router's ack or nack, on a store whose calls never block
