@@ -23,34 +23,60 @@ import (
 // reused from one message to the next) waits for the router's ack, or, on a
 // store whose calls never block, the lease waits in inlineMarks to be settled
 // by the next message.
+//
+// The fields that hold pointers come first, so that the collector's bitmap
+// of a lease (written at every allocation) covers them and not the rest.
 type lease struct {
-	ib       *Inbox
-	msg      *message.Message
-	base     context.Context // the message's values without its cancellation
-	handler  string
-	key      string
-	id       string
-	length   time.Duration // granted lease
-	interval time.Duration // heartbeat period
-	cancel   context.CancelCauseFunc
-	acked    bool // acked before the handler ran (InstantAck)
-
-	mu       sync.Mutex
-	deadline time.Time // local, monotonic: when the lease ends unless renewed
-	lost     bool      // the lease is no longer ours
-	done     bool      // finished: no more heartbeats
-
-	parent   parentLink // the parent of the handler's context
-	extendAt time.Time  // when the first heartbeat's Extend is due (under mu)
+	ib      *Inbox
+	msg     *message.Message
+	base    detached // the message's values without its cancellation
+	handler string
+	key     string
+	id      string
+	cancel  context.CancelCauseFunc
+	parent  parentLink // the parent of the handler's context
 
 	// owned by the scheduler, under its lock
-	next               time.Time
 	prevBeat, nextBeat *lease
+	next               mono
 	queued             bool
+
+	length   time.Duration // granted lease
+	interval time.Duration // heartbeat period
+	acked    bool          // acked before the handler ran (InstantAck)
+
+	mu       sync.Mutex
+	deadline mono // when the lease ends unless renewed
+	extendAt mono // when the first heartbeat's Extend is due
+	lost     bool // the lease is no longer ours
+	done     bool // finished: no more heartbeats
 
 	// buf holds key and id, when they fit (see Inbox.handle).
 	buf [leaseBuf]byte
 }
+
+// mono is a reading of the monotonic clock: nanoseconds since monoEpoch. A
+// time.Time holds a pointer (its location) and three words.
+type mono int64
+
+var monoEpoch = time.Now()
+
+func monoNow() mono                     { return mono(time.Since(monoEpoch)) }
+func monoOf(t time.Time) mono           { return mono(t.Sub(monoEpoch)) }
+func (m mono) add(d time.Duration) mono { return m + mono(d) }
+
+// until is the time from now to m.
+func until(m mono) time.Duration { return time.Duration(m - monoNow()) }
+
+// detached is a context with the values of ctx and never canceled, as
+// context.WithoutCancel's, kept in the lease instead of allocated.
+type detached struct{ ctx context.Context }
+
+func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detached) Done() <-chan struct{}       { return nil }
+func (detached) Err() error                  { return nil }
+func (d *detached) Value(key any) any        { return d.ctx.Value(key) }
+func (d *detached) String() string           { return "inbox.detached" }
 
 // leaseBuf is the room in a lease for its key and lease id: keys of up to 96
 // bytes need no allocation of their own.
@@ -86,9 +112,10 @@ func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 		l.parent.ctx = orig
 		hctx, cancel = context.WithCancelCause(&l.parent)
 	}
-	l.base, l.id, l.length, l.interval, l.deadline, l.cancel = context.WithoutCancel(orig), claim.LeaseID, granted, interval, sent.Add(granted), cancel
-	l.extendAt = sent.Add(interval)
-	ib.beats.schedule(l, sent.Add(min(interval, linkAfter)))
+	at := monoOf(sent)
+	l.base.ctx, l.id, l.length, l.interval, l.deadline, l.cancel = orig, claim.LeaseID, granted, interval, at.add(granted), cancel
+	l.extendAt = at.add(interval)
+	ib.beats.schedule(l, at.add(min(interval, linkAfter)))
 
 	msg.SetContext(hctx)
 	returned := false
@@ -251,9 +278,9 @@ func (l *lease) retryComplete(next time.Duration) {
 // bounds its calls itself.
 func (l *lease) storeCtx(timeout time.Duration) (context.Context, context.CancelFunc) {
 	if !l.ib.timeouts {
-		return l.base, noCancel
+		return &l.base, noCancel
 	}
-	return context.WithTimeout(l.base, timeout)
+	return context.WithTimeout(&l.base, timeout)
 }
 
 func noCancel() {}
@@ -293,21 +320,21 @@ func (l *lease) beat() {
 	if l.lost {
 		return
 	}
-	if wait := time.Until(l.extendAt); wait > 0 {
-		l.ib.beats.schedule(l, time.Now().Add(wait))
+	if until(l.extendAt) > 0 {
+		l.ib.beats.schedule(l, l.extendAt)
 		return
 	}
 	if next := l.extend(); next != stopped {
 		// Under mu, so that finish (which sets done under mu first) can
 		// never be followed by a re-schedule.
-		l.ib.beats.schedule(l, time.Now().Add(next))
+		l.ib.beats.schedule(l, monoNow().add(next))
 	}
 }
 
 // extend renews the lease and returns when to beat next, or stopped. Call
 // with mu held.
 func (l *lease) extend() time.Duration {
-	left := time.Until(l.deadline)
+	left := until(l.deadline)
 	if left <= 0 {
 		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
 		return stopped
@@ -322,7 +349,7 @@ func (l *lease) extend() time.Duration {
 	l.ib.endCall(OpExtend, sent, err)
 	switch {
 	case err == nil:
-		l.deadline = sent.Add(l.length)
+		l.deadline = monoOf(sent).add(l.length)
 		return l.interval
 	case errors.Is(err, inbox.ErrLeaseLost):
 		l.lose(fmt.Errorf("heartbeat of key %q: %w", l.key, err))
@@ -331,11 +358,11 @@ func (l *lease) extend() time.Duration {
 		if l.ib.extendOff.CompareAndSwap(false, true) {
 			l.ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
 		}
-		return max(time.Until(l.deadline), 0)
+		return max(until(l.deadline), 0)
 	default:
 		l.ib.m.Outcome(l.handler, OutcomeStoreError)
 		l.ib.log.Error("Inbox heartbeat failed; retrying until the lease deadline", err, l.logFields())
-		return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0))
+		return min(max(l.interval/4, 10*time.Millisecond), max(until(l.deadline), 0))
 	}
 }
 
@@ -368,7 +395,7 @@ func (l *lease) completeFailed(err error) time.Duration {
 		return stopped
 	}
 	l.ib.m.Outcome(l.handler, OutcomeStoreError)
-	left := time.Until(l.deadline)
+	left := until(l.deadline)
 	if left <= 0 {
 		l.ib.m.Outcome(l.handler, OutcomeCompleteFailed)
 		l.ib.log.Error("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, l.logFields())

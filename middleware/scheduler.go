@@ -14,8 +14,8 @@ import (
 // fixed interval), so inserting from the tail is O(1) in practice.
 type scheduler struct {
 	mu         sync.Mutex
-	head, tail *lease    // earliest and latest beat
-	armed      time.Time // when the loop's timer fires; zero when it waits for a kick
+	head, tail *lease // earliest and latest beat
+	armed      mono   // when the loop's timer fires; zero when it waits for a kick
 	kick       chan struct{}
 	stop       chan struct{}
 	done       chan struct{}
@@ -28,7 +28,7 @@ func newScheduler() *scheduler {
 }
 
 // schedule (re)queues l to beat at at.
-func (s *scheduler) schedule(l *lease, at time.Time) {
+func (s *scheduler) schedule(l *lease, at mono) {
 	s.mu.Lock()
 	if l.queued {
 		s.unlink(l)
@@ -38,7 +38,7 @@ func (s *scheduler) schedule(l *lease, at time.Time) {
 	// Wake the loop only when this beat is due before its timer: in steady
 	// state leases come and go well before their first beat, and the loop
 	// sleeps through them.
-	wake := s.armed.IsZero() || at.Before(s.armed)
+	wake := s.armed == 0 || at < s.armed
 	if wake {
 		s.armed = at
 	}
@@ -76,8 +76,8 @@ func (s *scheduler) loop() {
 	defer t.Stop()
 	for {
 		s.mu.Lock()
-		now := time.Now()
-		for s.head != nil && !s.head.next.After(now) {
+		now := monoNow()
+		for s.head != nil && s.head.next <= now {
 			l := s.head
 			s.unlink(l)
 			go l.beat()
@@ -85,10 +85,10 @@ func (s *scheduler) loop() {
 		var timerC <-chan time.Time
 		if s.head != nil {
 			s.armed = s.head.next
-			t.Reset(s.armed.Sub(now))
+			t.Reset(time.Duration(s.armed - now))
 			timerC = t.C
 		} else {
-			s.armed = time.Time{}
+			s.armed = 0
 			t.Stop()
 		}
 		s.mu.Unlock()
@@ -104,7 +104,7 @@ func (s *scheduler) loop() {
 // insert puts l in time order, searching from the tail.
 func (s *scheduler) insert(l *lease) {
 	after := s.tail
-	for after != nil && after.next.After(l.next) {
+	for after != nil && after.next > l.next {
 		after = after.prevBeat
 	}
 	l.prevBeat = after

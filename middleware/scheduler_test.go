@@ -11,7 +11,7 @@ import (
 // time whatever order leases are scheduled, unscheduled and rescheduled in.
 func TestScheduler_list_order(t *testing.T) {
 	s := &scheduler{}
-	base := time.Now()
+	base := monoNow()
 	ls := make([]*lease, 50)
 	for i := range ls {
 		ls[i] = &lease{}
@@ -21,7 +21,7 @@ func TestScheduler_list_order(t *testing.T) {
 		n := 0
 		var prev *lease
 		for l := s.head; l != nil; l = l.nextBeat {
-			if l.prevBeat != prev || (prev != nil && prev.next.After(l.next)) {
+			if l.prevBeat != prev || (prev != nil && prev.next > l.next) {
 				t.Fatalf("list out of order or badly linked at element %d", n)
 			}
 			prev = l
@@ -32,9 +32,9 @@ func TestScheduler_list_order(t *testing.T) {
 		}
 	}
 	for i, l := range ls { // mostly increasing, some out of order
-		at := base.Add(time.Duration(i) * time.Millisecond)
+		at := base.add(time.Duration(i) * time.Millisecond)
 		if i%7 == 0 {
-			at = base.Add(-time.Duration(i) * time.Millisecond)
+			at = base.add(-time.Duration(i) * time.Millisecond)
 		}
 		s.mu.Lock()
 		l.next = at
@@ -48,7 +48,7 @@ func TestScheduler_list_order(t *testing.T) {
 			s.unlink(l)
 		case 1:
 			s.unlink(l)
-			l.next = base.Add(time.Duration(100-i) * time.Millisecond)
+			l.next = base.add(time.Duration(100-i) * time.Millisecond)
 			s.insert(l)
 		}
 		check()
