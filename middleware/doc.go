@@ -29,11 +29,13 @@
 //     renewed before its deadline, measured on the local monotonic clock,
 //     the handler's context is canceled with a cause wrapping
 //     [inbox.ErrLeaseLost] (see [context.Cause]). It carries the message
-//     context's values and deadline; the message context's cancellation
-//     reaches it with its Err and Cause, within 10 ms of the handler's start
-//     (at once if the message context was done before): a handler context
-//     registers with the message's only once the handler has run that long,
-//     which spares the work for the many that end sooner.
+//     context's values and deadline, and ends with it: a deadline (a timeout
+//     set outside the middleware) at once, with context.DeadlineExceeded; a
+//     cancellation (a subscriber closing) with the message context's cause,
+//     within 10 ms of the handler's start, or at once if the message context
+//     was done before. A handler context registers with the message's only
+//     once the handler has run 10 ms, which spares that work for the many
+//     handlers that end sooner.
 //  3. After the handler:
 //     - It returned an error or panicked: the lease is released before the
 //     middleware returns (Kafka's subscriber redelivers in-process at

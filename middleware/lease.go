@@ -105,8 +105,11 @@ func (ib *Inbox) run(h message.HandlerFunc, l *lease, claim inbox.Claim,
 	orig := msg.Context()
 	var hctx context.Context
 	var cancel context.CancelCauseFunc
-	if orig.Err() != nil {
-		hctx, cancel = context.WithCancelCause(orig) // done already: canceled at once, as the parent's child
+	if _, dl := orig.Deadline(); dl || orig.Err() != nil {
+		// Done already, or due to end at a deadline (a timeout set outside
+		// the middleware): a child of its own, canceled as the stdlib
+		// cancels children, with the parent's Err (DeadlineExceeded).
+		hctx, cancel = context.WithCancelCause(orig)
 		l.parent.linked = true
 	} else {
 		l.parent.ctx = orig
@@ -315,7 +318,7 @@ func (l *lease) beat() {
 		return
 	}
 	if !l.parent.linked {
-		l.parent.link()
+		l.parent.link(l.cancel)
 	}
 	if l.lost {
 		return
@@ -427,56 +430,38 @@ func (l *lease) release(why string) {
 const linkAfter = 10 * time.Millisecond
 
 // parentLink is the parent of a handler's context: the message's context,
-// whose values and deadline it passes on at once and whose cancellation it
-// passes on once linked. A context derived from the message's straight away
-// registers with it (subscribers give each message a context of its own, so
-// a map and a channel made for it) and unregisters when it ends: work on
-// every message, for the sake of the few handlers still running when the
-// message's context is canceled (a subscriber closing, a timeout set
-// outside the middleware). The scheduler links it linkAfter into the
-// handler instead (lease.beat), so a handler that ends before never
-// registers. A message context done before the handler starts is used
-// directly (lease.run), so the handler's context is canceled from the
-// start.
+// whose values it passes on at once and whose cancellation it passes on once
+// linked. A context derived from the message's straight away registers with
+// it (subscribers give each message a context of its own, so a map and a
+// channel made for it) and unregisters when it ends: work on every message,
+// for the sake of the few handlers still running when the message's context
+// is canceled (a subscriber closing). The scheduler links it linkAfter into
+// the handler instead (lease.beat), so a handler that ends before never
+// registers. Message contexts that are done already, or that have a
+// deadline (a timeout set outside the middleware: its handler's context
+// must end with context.DeadlineExceeded, at the deadline), are the handler
+// context's parent directly (lease.run).
 //
-// [context.WithCancelCause] sees a parent that implements AfterFunc and
-// whose Done channel is not a cancelCtx's: it hands the parent the function
-// that cancels the child as the parent's cancellation would (Err and Cause
-// of the parent), which link passes to [context.AfterFunc] on the message's
-// context.
+// To [context.WithCancelCause] it is a context that is never canceled (Done
+// is nil), so the handler's context does not register with it.
 type parentLink struct {
 	ctx    context.Context // the message's
-	f      func()          // cancels the handler's context from the parent
 	stop   func() bool     // undoes the link; nil when not linked
 	linked bool
 }
 
-// unlinked is the Done channel of every parentLink: never closed; the
-// cancellation comes through AfterFunc.
-var unlinked = make(chan struct{})
-
-func (p *parentLink) Deadline() (time.Time, bool) { return p.ctx.Deadline() }
-func (p *parentLink) Done() <-chan struct{}       { return unlinked }
-func (p *parentLink) Err() error                  { return p.ctx.Err() }
+func (p *parentLink) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (p *parentLink) Done() <-chan struct{}       { return nil }
+func (p *parentLink) Err() error                  { return nil }
 func (p *parentLink) Value(key any) any           { return p.ctx.Value(key) }
 func (p *parentLink) String() string              { return "inbox.parentLink" }
 
-// AfterFunc records f, which context.WithCancelCause passes when it makes
-// the handler's context, for link.
-func (p *parentLink) AfterFunc(f func()) (stop func() bool) {
-	p.f = f
-	return noStop
-}
-
-func noStop() bool { return false }
-
-// link makes the message context's cancellation reach the handler's.
-// Call under the lease's mu.
-func (p *parentLink) link() {
+// link makes the message context's cancellation cancel the handler's (with
+// cancel), with the message context's cause. Call under the lease's mu.
+func (p *parentLink) link(cancel context.CancelCauseFunc) {
 	p.linked = true
-	if p.f != nil {
-		p.stop = context.AfterFunc(p.ctx, p.f)
-	}
+	ctx := p.ctx
+	p.stop = context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 }
 
 // unlink undoes link, so that the message's context does not keep the
