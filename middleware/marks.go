@@ -20,15 +20,19 @@ const inlineSweep = 10 * time.Millisecond
 // leases decided meanwhile, on its own goroutine: Complete on ack, Release on
 // nack. When no message follows, a timer does it within inlineSweep, and
 // passes the leases still undecided to ack waiters.
+//
+// One lease at a time (a handler, one message after another) waits in slot,
+// without a lock; more wait in list.
 type inlineMarks struct {
 	ib    *Inbox
+	slot  atomic.Pointer[lease]
 	n     atomic.Int32 // len(list), read without mu
+	armed atomic.Bool  // timer set
+	shut  atomic.Bool  // Close called: leases go to ack waiters
 	mu    sync.Mutex
 	list  []*lease
 	timer *time.Timer
 	delay time.Duration // inlineSweep; tests lengthen it
-	armed bool          // timer set
-	shut  bool          // Close called: leases go to ack waiters
 }
 
 func newInlineMarks(ib *Inbox) *inlineMarks {
@@ -38,27 +42,50 @@ func newInlineMarks(ib *Inbox) *inlineMarks {
 	return p
 }
 
+// pending reports whether leases are queued.
+func (p *inlineMarks) pending() bool { return p.slot.Load() != nil || p.n.Load() != 0 }
+
 // add queues l until the router's verdict.
 func (p *inlineMarks) add(l *lease) {
+	if p.slot.CompareAndSwap(nil, l) {
+		if p.shut.Load() && p.slot.CompareAndSwap(l, nil) {
+			p.ib.waiters.start(l) // Close took the queue before l came
+			return
+		}
+		p.arm()
+		return
+	}
 	p.mu.Lock()
-	if p.shut {
+	if p.shut.Load() {
 		p.mu.Unlock()
 		p.ib.waiters.start(l)
 		return
 	}
 	p.list = append(p.list, l)
 	p.n.Store(int32(len(p.list)))
-	if !p.armed {
-		p.armed = true
+	p.mu.Unlock()
+	p.arm()
+}
+
+// arm sets the timer unless it is set.
+func (p *inlineMarks) arm() {
+	if !p.armed.Load() && p.armed.CompareAndSwap(false, true) {
 		p.timer.Reset(p.delay)
 	}
-	p.mu.Unlock()
 }
 
 // settleDecided settles the queued leases whose message the router has
 // acked or nacked. The middleware calls it before each message when leases
 // are queued.
 func (p *inlineMarks) settleDecided() {
+	if l := p.slot.Load(); l != nil {
+		if v := l.verdict(); v != undecided && p.slot.CompareAndSwap(l, nil) {
+			l.settle(v, false)
+		}
+	}
+	if p.n.Load() == 0 {
+		return
+	}
 	for {
 		var buf [16]*lease
 		var verdicts [16]verdict
@@ -89,30 +116,28 @@ func (p *inlineMarks) settleDecided() {
 // sweep runs on the timer: it settles every queued lease that is decided
 // and hands the others to ack waiters.
 func (p *inlineMarks) sweep() {
-	p.mu.Lock()
-	p.armed = false
-	list := p.take()
-	p.mu.Unlock()
-	p.dispatch(list)
+	p.armed.Store(false)
+	p.dispatch(p.take())
 }
 
 // close stops queueing: the queued leases are settled or handed to ack
 // waiters, and later ones go to ack waiters directly.
 func (p *inlineMarks) close() {
-	p.mu.Lock()
-	p.shut = true
-	p.armed = false
+	p.shut.Store(true)
 	p.timer.Stop()
-	list := p.take()
-	p.mu.Unlock()
-	p.dispatch(list)
+	p.dispatch(p.take())
 }
 
-// take empties the queue. Call with mu held.
+// take empties the queue.
 func (p *inlineMarks) take() []*lease {
+	p.mu.Lock()
 	list := p.list
 	p.list = nil
 	p.n.Store(0)
+	p.mu.Unlock()
+	if l := p.slot.Swap(nil); l != nil {
+		list = append(list, l)
+	}
 	return list
 }
 

@@ -137,7 +137,7 @@ func TestInlineMarks_undecided_lease_goes_to_a_waiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "the undecided lease is handed to an ack waiter", func() bool {
-		return ib.waiters.spawned.Load() == 1 && ib.marks.n.Load() == 0
+		return ib.waiters.spawned.Load() == 1 && !ib.marks.pending()
 	})
 	if got := record(t, s, "1").State; got != inbox.StateInProgress {
 		t.Fatalf("before the ack: %v, want in progress", got)
@@ -182,5 +182,52 @@ func TestInlineMarks_Close_drains(t *testing.T) {
 	})
 	if _, err := h(message.NewMessage("late", nil)); err == nil {
 		t.Error("a message after Close was handled")
+	}
+}
+
+// TestInlineMarks_concurrent_handlers runs handlers on several goroutines,
+// so that leases queue in the slot and in the list at once, acked or
+// nacked at random, while the timer sweeps: after Close every acked message
+// is processed and every nacked one free (run with -race).
+func TestInlineMarks_concurrent_handlers(t *testing.T) {
+	t.Parallel()
+	ib, s := newInlineInbox(t)
+	ib.marks.delay = 50 * time.Microsecond // sweeps race the handlers
+	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	const workers, per = 8, 300
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range per {
+				m := message.NewMessage(strconv.Itoa(w*per+i), nil)
+				if _, err := h(m); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%5 == 0 {
+					m.Nack()
+				} else {
+					m.Ack()
+				}
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	if err := ib.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for w := range workers {
+		for i := range per {
+			want := inbox.StateProcessed
+			if i%5 == 0 {
+				want = inbox.StateAvailable
+			}
+			if got := record(t, s, strconv.Itoa(w*per+i)).State; got != want {
+				t.Fatalf("message %d after Close: %v, want %v", w*per+i, got, want)
+			}
+		}
 	}
 }

@@ -258,7 +258,7 @@ func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler s
 
 // handle is the leased flow.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if ib.marks != nil && ib.marks.n.Load() != 0 {
+	if ib.marks != nil && ib.marks.pending() {
 		ib.marks.settleDecided()
 	}
 	ctx := msg.Context()
