@@ -14,7 +14,7 @@ FUZZTIME    ?= 20s
 BENCH       ?= .
 BENCHCOUNT  ?= 6
 
-.PHONY: test lint fmt vet staticcheck fuzz cover bench bench-go e2e tidy
+.PHONY: test lint fmt vet staticcheck fuzz cover bench bench-go bench-instr e2e tidy
 
 ## test: all tests of all modules, with -race. Tests whose service is down
 ## skip, and one line at the end names them; INBOX_REQUIRE_SERVICES=1 makes a
@@ -89,6 +89,21 @@ bench:
 bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
+
+## bench-instr: instructions per message of BenchmarkMiddleware (none and
+## inbox-memory), counted by callgrind: the growth from 20,000 to 60,000
+## messages over 40,000, with GOMAXPROCS=1, so independent of the machine's
+## load; once with the collector and once without (GOGC=off). Needs valgrind.
+bench-instr:
+	@bin=$$(mktemp); out=$$(mktemp); \
+	$(GO) test -c -o $$bin ./middleware/ || exit 1; \
+	count() { GOGC=$$1 GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=$$out \
+		$$bin -test.run '^$$' -test.bench "^BenchmarkMiddleware/$$2$$" -test.benchtime $${3}x >/dev/null 2>&1 || exit 1; \
+		grep -E '^(summary|totals):' $$out | head -1 | awk '{print $$2}'; }; \
+	for gc in 100 off; do for b in none inbox-memory; do \
+		a=$$(count $$gc $$b 20000); z=$$(count $$gc $$b 60000); \
+		echo "GOGC=$$gc $$b: $$(( (z - a) / 40000 )) instructions per message"; \
+	done; done; rm -f $$bin $$out
 
 tidy:
 	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy) || exit 1; done

@@ -229,7 +229,7 @@ func (r *routerResults) brokers() []string {
 func (m *microResults) markdown(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## Middleware cost per message, memory store, no broker\n\n")
-	p("The wrapped handler called as the router calls it (handler, then ack) for %d distinct messages per repetition; the inbox's marks, which land after the ack, are drained inside the measurement. CPU time is the process's (all goroutines, GC included) per message; overhead is a contender's CPU time minus none's in the same repetition.\n\n", m.n)
+	p("The wrapped handler called as the router calls it (handler, then ack) for %d distinct messages per repetition, each with a cancelable context of its own, canceled after the ack, as subscribers give them; the inbox's marks, which land after the ack, are drained inside the measurement. CPU time is the process's (all goroutines, GC included) per message; overhead is a contender's CPU time minus none's in the same repetition.\n\n", m.n)
 	if m.yield {
 		p("Each message was followed by runtime.Gosched() (-micro-yield).\n\n")
 	}
