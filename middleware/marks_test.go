@@ -10,25 +10,10 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
-	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
-func newInlineInbox(t *testing.T) (*Inbox, *memory.Store) {
-	t.Helper()
-	s, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ib, err := New(Config{Store: s, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ib.marks == nil {
-		t.Fatal("the memory store (BoundedCalls 0) did not get inline marks")
-	}
-	return ib, s
-}
+func newInlineInbox(t *testing.T) (*Inbox, *memory.Store) { return newMemoryInbox(t, false) }
 
 func record(t *testing.T, s *memory.Store, id string) inbox.Record {
 	t.Helper()

@@ -20,28 +20,32 @@ import (
 // inlineMarks.
 type blockingStore struct{ inbox.LeaseStore }
 
-func newWaitersInbox(t *testing.T) (*Inbox, *memory.Store) {
+func newWaitersInbox(t *testing.T) (*Inbox, *memory.Store) { return newMemoryInbox(t, true) }
+
+// newMemoryInbox returns an Inbox over a new memory store: with inline marks
+// or, blocking, behind blockingStore, with ack waiters.
+func newMemoryInbox(t *testing.T, blocking bool) (*Inbox, *memory.Store) {
 	t.Helper()
 	s, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := New(Config{Store: blockingStore{s}, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
+	var store inbox.LeaseStore = s
+	if blocking {
+		store = blockingStore{s}
+	}
+	ib, err := New(Config{Store: store, Bus: "b", Group: "g", Alias: keying.StaticAlias("h")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ib.marks != nil {
-		t.Fatal("a store without BoundedCalls got inline marks")
+	if (ib.marks == nil) != blocking {
+		t.Fatalf("inline marks %v for a store whose calls block: %v", ib.marks != nil, blocking)
 	}
 	return ib, s
 }
 
 func processed(t *testing.T, s *memory.Store, id string) bool {
-	r, err := s.Get(context.Background(), "b:g:h:"+id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.State == inbox.StateProcessed
+	return record(t, s, id).State == inbox.StateProcessed
 }
 
 // TestAckWaiters_reused_then_stopped_by_Close checks that one message after
