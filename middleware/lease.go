@@ -69,7 +69,9 @@ func (m mono) add(d time.Duration) mono { return m + mono(d) }
 func until(m mono) time.Duration { return time.Duration(m - monoNow()) }
 
 // detached is a context with the values of ctx and never canceled, as
-// context.WithoutCancel's, kept in the lease instead of allocated.
+// context.WithoutCancel's, kept in the lease instead of allocated. One
+// difference: context.Cause of it is the cause of ctx's cancellation, if
+// any (WithoutCancel's hides it); the store calls it is made for do not ask.
 type detached struct{ ctx context.Context }
 
 func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
