@@ -2,7 +2,6 @@ package keying
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -116,16 +115,7 @@ func (b *Builder) KeyString(msg *message.Message) (key string, source string, er
 	if err != nil {
 		return "", source, err
 	}
-	var sb strings.Builder
-	sb.Grow(l.bus + l.group + l.alias + 3 + len(k.ID))
-	writeSegment(&sb, k.Bus, l.busEsc)
-	sb.WriteByte(':')
-	writeSegment(&sb, k.Group, l.groupEsc)
-	sb.WriteByte(':')
-	writeSegment(&sb, k.Alias, l.aliasEsc)
-	sb.WriteByte(':')
-	sb.WriteString(k.ID)
-	return sb.String(), source, nil
+	return keyString(k, l), source, nil
 }
 
 // AppendKey is [Builder.KeyString] appending the key to dst instead of
@@ -137,14 +127,7 @@ func (b *Builder) AppendKey(dst []byte, msg *message.Message) (key []byte, sourc
 	if err != nil {
 		return dst, source, err
 	}
-	dst = slices.Grow(dst, l.bus+l.group+l.alias+3+len(k.ID))
-	dst = appendSegment(dst, k.Bus, l.busEsc)
-	dst = append(dst, ':')
-	dst = appendSegment(dst, k.Group, l.groupEsc)
-	dst = append(dst, ':')
-	dst = appendSegment(dst, k.Alias, l.aliasEsc)
-	dst = append(dst, ':')
-	return append(dst, k.ID...), source, nil
+	return appendKey(dst, k, l), source, nil
 }
 
 // lengths are the escaped lengths of a key's first three segments.

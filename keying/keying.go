@@ -71,17 +71,20 @@
 //
 // [Builder.Key] allocates nothing in the common case (id from metadata or the
 // UUID, no hashing); [Key.String] and [Builder.KeyString] allocate the key
-// string once, and [Builder.AppendKey] not at all when dst has room. Each segment is measured in one table-driven pass (escaped
-// length, NUL, non-ASCII); segments without '%' or ':' are copied without
-// escaping work, and only segments with non-ASCII bytes get a UTF-8 check.
+// string once, and [Builder.AppendKey] not at all when dst has room. Each
+// segment is measured in one pass (escaped length, NUL, non-ASCII);
+// segments without '%' or ':' are copied without escaping work, and only
+// segments with non-ASCII bytes get a UTF-8 check.
 package keying
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/watermill-inbox/inbox"
 )
@@ -114,19 +117,32 @@ type Key struct {
 // '%' and ':' escaped in bus, group and alias (see the package
 // documentation). It does not validate k: call [Key.Validate] for that.
 func (k Key) String() string {
-	bl, be := escapedLen(k.Bus)
-	gl, ge := escapedLen(k.Group)
-	al, ae := escapedLen(k.Alias)
-	var b strings.Builder
-	b.Grow(bl + gl + al + 3 + len(k.ID))
-	writeSegment(&b, k.Bus, be)
-	b.WriteByte(':')
-	writeSegment(&b, k.Group, ge)
-	b.WriteByte(':')
-	writeSegment(&b, k.Alias, ae)
-	b.WriteByte(':')
-	b.WriteString(k.ID)
-	return b.String()
+	var l lengths
+	l.bus, l.busEsc = escapedLen(k.Bus)
+	l.group, l.groupEsc = escapedLen(k.Group)
+	l.alias, l.aliasEsc = escapedLen(k.Alias)
+	return keyString(k, l)
+}
+
+// appendKey appends k in the key format to dst, escaping the first three
+// segments as l says.
+func appendKey(dst []byte, k Key, l lengths) []byte {
+	dst = slices.Grow(dst, l.bus+l.group+l.alias+3+len(k.ID))
+	dst = appendSegment(dst, k.Bus, l.busEsc)
+	dst = append(dst, ':')
+	dst = appendSegment(dst, k.Group, l.groupEsc)
+	dst = append(dst, ':')
+	dst = appendSegment(dst, k.Alias, l.aliasEsc)
+	dst = append(dst, ':')
+	return append(dst, k.ID...)
+}
+
+// keyString is appendKey into a buffer of its own, returned as the string
+// over it (the buffer is not written again): one allocation, as
+// strings.Builder makes.
+func keyString(k Key, l lengths) string {
+	b := appendKey(nil, k, l)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // Validate reports whether k is a valid key: every segment non-empty, valid
@@ -212,29 +228,7 @@ func HashID(id string) string {
 
 var segmentNames = [4]string{"bus", "group", "alias", "id"}
 
-// writeSegment writes s to b, escaping '%' and ':' when esc is set.
-func writeSegment(b *strings.Builder, s string, esc bool) {
-	if !esc {
-		b.WriteString(s)
-		return
-	}
-	start := 0
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '%':
-			b.WriteString(s[start:i])
-			b.WriteString("%25")
-			start = i + 1
-		case ':':
-			b.WriteString(s[start:i])
-			b.WriteString("%3A")
-			start = i + 1
-		}
-	}
-	b.WriteString(s[start:])
-}
-
-// appendSegment is writeSegment appending to dst.
+// appendSegment appends s to dst, escaping '%' and ':' when esc is set.
 func appendSegment(dst []byte, s string, esc bool) []byte {
 	if !esc {
 		return append(dst, s...)
@@ -253,7 +247,7 @@ func appendSegment(dst []byte, s string, esc bool) []byte {
 	return append(dst, s[start:]...)
 }
 
-// unescape reverses writeSegment on the raw segment s of a parsed key,
+// unescape reverses appendSegment on the raw segment s of a parsed key,
 // accepting only the canonical escapes "%25" and "%3A". Parse calls it only
 // for segments holding a '%'.
 func unescape(name, s string) (string, error) {
