@@ -335,6 +335,12 @@ func (s *Store) keyIs(i int32, key string) bool {
 // the index of key's live record (none when absent or expired). Callers must
 // unlock.
 func (s *Store) lock(ctx context.Context, key string) (clock, int32, error) {
+	return s.lockHashed(ctx, key, s.hash(key))
+}
+
+// lockHashed is lock for a key whose hash h the caller has, to insert the
+// key if it is absent.
+func (s *Store) lockHashed(ctx context.Context, key string, h uint64) (clock, int32, error) {
 	if err := ctx.Err(); err != nil {
 		return clock{}, none, fmt.Errorf("memory store: %w", err)
 	}
@@ -344,7 +350,7 @@ func (s *Store) lock(ctx context.Context, key string) (clock, int32, error) {
 		return clock{}, none, fmt.Errorf("memory store: %w", inbox.ErrClosed)
 	}
 	now := s.now()
-	i := s.find(key, s.hash(key))
+	i := s.find(key, h)
 	if i == none {
 		return now, none, nil
 	}
@@ -355,9 +361,9 @@ func (s *Store) lock(ctx context.Context, key string) (clock, int32, error) {
 	return now, i, nil
 }
 
-// insert adds a record for key, first seen at now, at the back of the list.
-// Call makeRoom first.
-func (s *Store) insert(key string, now clock) int32 {
+// insert adds a record for key, whose hash is h, first seen at now, at the
+// back of the list. Call makeRoom first.
+func (s *Store) insert(key string, h uint64, now clock) int32 {
 	i := s.free
 	if i != none {
 		s.free = s.rec(i).next
@@ -370,7 +376,6 @@ func (s *Store) insert(key string, now clock) int32 {
 		}
 	}
 	e := s.rec(i)
-	h := s.hash(key)
 	*e = entry{firstSeen: now.wall, prev: none, next: none, hash: h}
 	if len(key) <= inlineKey {
 		e.keyLen = uint16(copy(e.key[:], key))
@@ -520,7 +525,8 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err := opts.Validate(); err != nil {
 		return inbox.Claim{}, err
 	}
-	now, i, err := s.lock(ctx, key)
+	h := s.hash(key)
+	now, i, err := s.lockHashed(ctx, key, h)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
@@ -530,7 +536,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 		if err := s.makeRoom(now); err != nil {
 			return inbox.Claim{}, err
 		}
-		return s.acquire(s.insert(key, now), now, opts), nil
+		return s.acquire(s.insert(key, h, now), now, opts), nil
 	}
 	e, t := s.rec(i), s.txt(i)
 	mismatch := opts.PayloadHash != "" && t.payloadHash != "" && opts.PayloadHash != t.payloadHash
@@ -777,7 +783,8 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 	if err := inbox.ValidateKey(key); err != nil {
 		return err
 	}
-	now, i, err := s.lock(ctx, key)
+	h := s.hash(key)
+	now, i, err := s.lockHashed(ctx, key, h)
 	if err != nil {
 		return err
 	}
@@ -786,7 +793,7 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 		if err := s.makeRoom(now); err != nil {
 			return err
 		}
-		i = s.insert(key, now)
+		i = s.insert(key, h, now)
 	}
 	e := s.rec(i)
 	e.processed = true
