@@ -201,8 +201,7 @@ type Store struct {
 	seed      maphash.Seed
 
 	mu         sync.Mutex
-	index      table // hash of a key to the slots of its record
-	n          int   // records held
+	index      table // hash of a key to the slots of its record; index.n records held
 	recs       []*[chunkLen]entry
 	text       []*[chunkLen]text // nil chunks where no record needs text
 	slots      int32             // slots ever used: recs and text hold at least this many
@@ -248,7 +247,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.index, s.recs, s.text, s.slots, s.owners, s.n = table{}, nil, nil, 0, nil, 0
+	s.index, s.recs, s.text, s.slots, s.owners = table{}, nil, nil, 0, nil
 	s.head, s.tail, s.free = none, none, none
 	return nil
 }
@@ -261,7 +260,7 @@ func (s *Store) CallTimeout() time.Duration { return 0 }
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Entries: s.n, Evicted: s.evicted}
+	return Stats{Entries: s.index.n, Evicted: s.evicted}
 }
 
 // wallTime turns Unix nanoseconds into a time.Time without a monotonic
@@ -384,7 +383,6 @@ func (s *Store) insert(key string, h uint64, now clock) int32 {
 		s.txtw(i).key = key
 	}
 	s.index.insert(word(h, i))
-	s.n++
 	s.pushBack(i)
 	return i
 }
@@ -438,21 +436,20 @@ func (s *Store) remove(i int32) {
 	}
 	*e = entry{prev: none, next: s.free}
 	s.free = i
-	s.n--
 }
 
 // makeRoom keeps len(m) < MaxEntries before an insert.
 func (s *Store) makeRoom(now clock) error {
 	if s.free == none && s.slots == math.MaxInt32 {
-		return fmt.Errorf("%w: memory store full: %d records", inbox.ErrStoreUnavailable, s.n)
+		return fmt.Errorf("%w: memory store full: %d records", inbox.ErrStoreUnavailable, s.index.n)
 	}
-	if s.opts.MaxEntries < 0 || s.n < s.opts.MaxEntries {
+	if s.opts.MaxEntries < 0 || s.index.n < s.opts.MaxEntries {
 		return nil
 	}
 	for s.head != none && now.mono >= s.rec(s.head).expiresAt {
 		s.remove(s.head)
 	}
-	for i := s.head; i != none && s.n >= s.opts.MaxEntries; {
+	for i := s.head; i != none && s.index.n >= s.opts.MaxEntries; {
 		next := s.rec(i).next
 		if s.rec(i).state(now) != inbox.StateInProgress {
 			s.remove(i)
@@ -460,8 +457,8 @@ func (s *Store) makeRoom(now clock) error {
 		}
 		i = next
 	}
-	if s.n >= s.opts.MaxEntries {
-		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, s.n)
+	if s.index.n >= s.opts.MaxEntries {
+		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, s.index.n)
 	}
 	return nil
 }

@@ -17,56 +17,56 @@ type table struct {
 // word is the table word of slot i for a key of hash h.
 func word(h uint64, i int32) uint64 { return uint64(uint32(h))<<32 | uint64(uint32(i+1)) }
 
-func (w *table) mask() int { return len(w.w) - 1 }
+func (t *table) mask() int { return len(t.w) - 1 }
 
 // home is where the probe for a word or hash of low bits lo starts.
-func (w *table) home(lo uint32) int { return int(lo) & w.mask() }
+func (t *table) home(lo uint32) int { return int(lo) & t.mask() }
 
 // insert adds x, which must not be present.
-func (w *table) insert(x uint64) {
-	if (w.n+1)*4 > len(w.w)*3 {
-		w.grow()
+func (t *table) insert(x uint64) {
+	if (t.n+1)*4 > len(t.w)*3 {
+		t.grow()
 	}
-	w.put(x)
-	w.n++
+	t.put(x)
+	t.n++
 }
 
-func (w *table) put(x uint64) {
-	m := w.mask()
-	p := w.home(uint32(x >> 32))
-	for w.w[p] != 0 {
+func (t *table) put(x uint64) {
+	m := t.mask()
+	p := t.home(uint32(x >> 32))
+	for t.w[p] != 0 {
 		p = (p + 1) & m
 	}
-	w.w[p] = x
+	t.w[p] = x
 }
 
-func (w *table) grow() {
-	old := w.w
-	w.w = make([]uint64, max(2*len(old), 64))
+func (t *table) grow() {
+	old := t.w
+	t.w = make([]uint64, max(2*len(old), 64))
 	for _, x := range old {
 		if x != 0 {
-			w.put(x)
+			t.put(x)
 		}
 	}
 }
 
 // remove deletes x, which must be present, and shifts back the words after
 // it that its slot made probe further.
-func (w *table) remove(x uint64) {
-	m := w.mask()
-	p := w.home(uint32(x >> 32))
-	for w.w[p] != x {
+func (t *table) remove(x uint64) {
+	m := t.mask()
+	p := t.home(uint32(x >> 32))
+	for t.w[p] != x {
 		p = (p + 1) & m
 	}
-	w.n--
-	for q := (p + 1) & m; w.w[q] != 0; q = (q + 1) & m {
+	t.n--
+	for q := (p + 1) & m; t.w[q] != 0; q = (q + 1) & m {
 		// The word at q may fill the hole at p unless its home lies
 		// cyclically in (p, q].
-		h := w.home(uint32(w.w[q] >> 32))
+		h := t.home(uint32(t.w[q] >> 32))
 		if q > p && (h <= p || h > q) || q < p && h <= p && h > q {
-			w.w[p] = w.w[q]
+			t.w[p] = t.w[q]
 			p = q
 		}
 	}
-	w.w[p] = 0
+	t.w[p] = 0
 }
