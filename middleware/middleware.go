@@ -176,9 +176,6 @@ func appendLeaseID(dst []byte) []byte {
 	return append(dst, b[:]...)
 }
 
-// newLeaseID returns appendLeaseID's digits as a string.
-func newLeaseID() string { return string(appendLeaseID(make([]byte, 0, leaseIDLen))) }
-
 // hexNibbles writes the 16 nibbles of x into b[:16] as lowercase hex digits,
 // eight at a time (SWAR), in an order of its own: every nibble is written
 // once, so for random x the digits are as random as x.

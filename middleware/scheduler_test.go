@@ -55,6 +55,9 @@ func TestScheduler_list_order(t *testing.T) {
 	}
 }
 
+// newLeaseID returns appendLeaseID's digits as a string.
+func newLeaseID() string { return string(appendLeaseID(nil)) }
+
 // TestNewLeaseID_form checks the middleware's lease ids have the form of
 // inbox.NewLeaseID (32 lowercase hex digits: stores may keep that form
 // compactly) and do not repeat.
