@@ -24,6 +24,17 @@ func record(t *testing.T, s *memory.Store, id string) inbox.Record {
 	return r
 }
 
+// mustHandle runs a new message of id through h and returns it, failing t
+// on an error.
+func mustHandle(t *testing.T, h message.HandlerFunc, id string) *message.Message {
+	t.Helper()
+	m := message.NewMessage(id, nil)
+	if _, err := h(m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // TestInlineMarks_next_message_settles_the_previous checks that the message
 // after an acked one marks it before its own claim, on its own goroutine.
 func TestInlineMarks_next_message_settles_the_previous(t *testing.T) {
@@ -36,18 +47,12 @@ func TestInlineMarks_next_message_settles_the_previous(t *testing.T) {
 		seen = append(seen, record(t, s, "1").State)
 		return nil, nil
 	})
-	m1 := message.NewMessage("1", nil)
-	if _, err := h(m1); err != nil {
-		t.Fatal(err)
-	}
+	m1 := mustHandle(t, h, "1")
 	m1.Ack()
 	if got := record(t, s, "1").State; got != inbox.StateInProgress {
 		t.Fatalf("acked message before the next one: %v, want in progress (not settled yet)", got)
 	}
-	m2 := message.NewMessage("2", nil)
-	if _, err := h(m2); err != nil {
-		t.Fatal(err)
-	}
+	m2 := mustHandle(t, h, "2")
 	m2.Ack()
 	if seen[1] != inbox.StateProcessed {
 		t.Errorf("message 1 seen %v from message 2's handler, want processed", seen[1])
@@ -64,10 +69,7 @@ func TestInlineMarks_lone_message_marked_by_timer(t *testing.T) {
 	ib, s := newInlineInbox(t)
 	defer func() { _ = ib.Close(context.Background()) }()
 	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
-	m := message.NewMessage("1", nil)
-	if _, err := h(m); err != nil {
-		t.Fatal(err)
-	}
+	m := mustHandle(t, h, "1")
 	m.Ack()
 	testenv.Eventually(t, 10*time.Second, "the lone message is marked", func() bool {
 		return record(t, s, "1").State == inbox.StateProcessed
@@ -84,10 +86,7 @@ func TestInlineMarks_nack_releases_before_the_redelivery(t *testing.T) {
 	ib.marks.delay = time.Hour
 	runs := 0
 	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
-	m := message.NewMessage("1", nil)
-	if _, err := h(m); err != nil {
-		t.Fatal(err)
-	}
+	m := mustHandle(t, h, "1")
 	m.Nack() // e.g. the router failed to publish what the handler returned
 	again := message.NewMessage("1", nil)
 	start := time.Now()
@@ -117,10 +116,7 @@ func TestInlineMarks_undecided_lease_goes_to_a_waiter(t *testing.T) {
 	ib, s := newInlineInbox(t)
 	defer func() { _ = ib.Close(context.Background()) }()
 	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
-	m := message.NewMessage("1", nil)
-	if _, err := h(m); err != nil {
-		t.Fatal(err)
-	}
+	m := mustHandle(t, h, "1")
 	testenv.Eventually(t, 10*time.Second, "the undecided lease is handed to an ack waiter", func() bool {
 		return ib.waiters.spawned.Load() == 1 && !ib.marks.pending()
 	})
@@ -142,16 +138,10 @@ func TestInlineMarks_Close_drains(t *testing.T) {
 	h := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	const n = 100
 	for i := range n {
-		m := message.NewMessage(strconv.Itoa(i), nil)
-		if _, err := h(m); err != nil {
-			t.Fatal(err)
-		}
+		m := mustHandle(t, h, strconv.Itoa(i))
 		m.Ack()
 	}
-	stuck := message.NewMessage("stuck", nil) // never acked nor nacked
-	if _, err := h(stuck); err != nil {
-		t.Fatal(err)
-	}
+	mustHandle(t, h, "stuck") // never acked nor nacked
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := ib.Close(ctx); err == nil {
