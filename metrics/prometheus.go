@@ -1,21 +1,21 @@
-// Package metrics implements [middleware.Metrics] with Prometheus, in the
+// Package inboxmetrics (import path .../inbox/metrics) implements [inboxmw.Metrics] with Prometheus, in the
 // style of Watermill's own components/metrics: counters labelled by handler
 // name, histograms of store call durations.
 //
-//	m, err := metrics.NewPrometheus(metrics.PrometheusConfig{Registerer: prometheus.DefaultRegisterer})
+//	m, err := inboxmetrics.NewPrometheus(inboxmetrics.PrometheusConfig{Registerer: prometheus.DefaultRegisterer})
 //	...
-//	ib, err := middleware.New(middleware.Config{..., Metrics: m})
+//	ib, err := inboxmw.New(inboxmw.Config{..., Metrics: m})
 //
 // It exports:
 //
 //   - <namespace>_inbox_messages_total{handler_name, outcome}: one count per
-//     [middleware.Outcome] (processed, duplicate, busy, released, store_error,
+//     [inboxmw.Outcome] (processed, duplicate, busy, released, store_error,
 //     fail_open, no_key, payload_mismatch, lease_lost, complete_retry,
 //     complete_failed).
 //   - <namespace>_inbox_store_call_duration_seconds{op, result}: each store
 //     call, op one of try_begin, complete, release, extend, is_processed,
 //     mark_processed; result "ok" or "error".
-package metrics
+package inboxmetrics
 
 import (
 	"errors"
@@ -40,13 +40,13 @@ type PrometheusConfig struct {
 	Buckets []float64
 }
 
-// Prometheus is a [middleware.Metrics] backed by Prometheus collectors.
+// Prometheus is a [inboxmw.Metrics] backed by Prometheus collectors.
 type Prometheus struct {
 	outcomes *prometheus.CounterVec
 	calls    *prometheus.HistogramVec
 }
 
-var _ middleware.Metrics = (*Prometheus)(nil)
+var _ inboxmw.Metrics = (*Prometheus)(nil)
 
 // NewPrometheus creates and registers the collectors. Registering twice on
 // one registry fails with prometheus.AlreadyRegisteredError.
@@ -82,12 +82,12 @@ func NewPrometheus(cfg PrometheusConfig) (*Prometheus, error) {
 	return p, nil
 }
 
-// Outcome implements [middleware.Metrics].
-func (p *Prometheus) Outcome(handler string, o middleware.Outcome) {
+// Outcome implements [inboxmw.Metrics].
+func (p *Prometheus) Outcome(handler string, o inboxmw.Outcome) {
 	p.outcomes.WithLabelValues(handler, string(o)).Inc()
 }
 
-// StoreCall implements [middleware.Metrics].
+// StoreCall implements [inboxmw.Metrics].
 func (p *Prometheus) StoreCall(op string, d time.Duration, err error) {
 	result := "ok"
 	if err != nil {

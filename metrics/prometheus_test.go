@@ -1,4 +1,4 @@
-package metrics_test
+package inboxmetrics_test
 
 import (
 	"errors"
@@ -17,15 +17,15 @@ import (
 func TestPrometheus_counts_outcomes_and_times_calls(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.NewPrometheus(metrics.PrometheusConfig{Registerer: reg})
+	m, err := inboxmetrics.NewPrometheus(inboxmetrics.PrometheusConfig{Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Outcome("charge", middleware.OutcomeProcessed)
-	m.Outcome("charge", middleware.OutcomeProcessed)
-	m.Outcome("charge", middleware.OutcomeDuplicate)
-	m.StoreCall(middleware.OpTryBegin, 3*time.Millisecond, nil)
-	m.StoreCall(middleware.OpTryBegin, time.Second, errors.New("down"))
+	m.Outcome("charge", inboxmw.OutcomeProcessed)
+	m.Outcome("charge", inboxmw.OutcomeProcessed)
+	m.Outcome("charge", inboxmw.OutcomeDuplicate)
+	m.StoreCall(inboxmw.OpTryBegin, 3*time.Millisecond, nil)
+	m.StoreCall(inboxmw.OpTryBegin, time.Second, errors.New("down"))
 
 	want := `
 # HELP watermill_inbox_messages_total Messages seen by the inbox middleware, by outcome.
@@ -39,10 +39,10 @@ watermill_inbox_messages_total{handler_name="charge",outcome="processed"} 2
 	if n := testutil.CollectAndCount(reg, "watermill_inbox_store_call_duration_seconds"); n != 2 {
 		t.Fatalf("%d store call series, want 2 (ok and error)", n)
 	}
-	if _, err := metrics.NewPrometheus(metrics.PrometheusConfig{Registerer: reg}); err == nil {
+	if _, err := inboxmetrics.NewPrometheus(inboxmetrics.PrometheusConfig{Registerer: reg}); err == nil {
 		t.Fatal("registering twice on one registry succeeded")
 	}
-	if _, err := metrics.NewPrometheus(metrics.PrometheusConfig{}); !errors.Is(err, inbox.ErrInvalidArgument) {
+	if _, err := inboxmetrics.NewPrometheus(inboxmetrics.PrometheusConfig{}); !errors.Is(err, inbox.ErrInvalidArgument) {
 		t.Fatalf("missing registerer: %v", err)
 	}
 }

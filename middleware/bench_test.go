@@ -1,4 +1,4 @@
-package middleware_test
+package inboxmw_test
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func contenders(b *testing.B) map[string]func() (message.HandlerMiddleware, func
 			if err != nil {
 				b.Fatal(err)
 			}
-			ib, err := middleware.New(middleware.Config{Store: s, Bus: "bench", Group: "g", Alias: keying.StaticAlias("h")})
+			ib, err := inboxmw.New(inboxmw.Config{Store: s, Bus: "bench", Group: "g", Alias: keying.StaticAlias("h")})
 			if err != nil {
 				b.Fatal(err)
 			}

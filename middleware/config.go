@@ -1,4 +1,4 @@
-package middleware
+package inboxmw
 
 import (
 	"errors"
@@ -117,7 +117,7 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 
 	// Metrics receives outcome counts and store call timings. Optional;
-	// default none. See package metrics for Prometheus.
+	// default none. See package inboxmetrics (inbox/metrics) for Prometheus.
 	Metrics Metrics
 }
 

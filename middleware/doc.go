@@ -1,8 +1,8 @@
-// Package middleware is the inbox's Watermill router middleware: it makes a
+// Package inboxmw (import path .../inbox/middleware) is the inbox's Watermill router middleware: it makes a
 // handler's effect apply once per message key, however often the broker or
 // the producer delivers the message.
 //
-//	ib, err := middleware.New(middleware.Config{Store: store, Bus: "rabbit", Group: "billing"})
+//	ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "rabbit", Group: "billing"})
 //	if err != nil { ... }
 //	router.AddMiddleware(ib.Middleware)
 //	...
@@ -113,4 +113,4 @@
 //
 // [wmw.InstantAck]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#InstantAck
 // [wmw.PoisonQueueWithFilter]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#PoisonQueueWithFilter
-package middleware
+package inboxmw

@@ -1,4 +1,4 @@
-package middleware_test
+package inboxmw_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // message is delivered.
 func Example() {
 	store, _ := memory.New(memory.Options{})
-	ib, err := middleware.New(middleware.Config{
+	ib, err := inboxmw.New(inboxmw.Config{
 		Store: store,
 		Bus:   "gochannel",
 		Group: "billing",

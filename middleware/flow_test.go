@@ -1,4 +1,4 @@
-package middleware_test
+package inboxmw_test
 
 import (
 	"context"
@@ -24,7 +24,7 @@ const testKeyPrefix = "test:g:h:"
 
 // call runs the middleware-wrapped h on msg as the router would and returns
 // its result; it does not ack.
-func call(ib *middleware.Inbox, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+func call(ib *inboxmw.Inbox, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	return ib.Middleware(h)(msg)
 }
 
@@ -42,7 +42,7 @@ func TestInbox_busy_key_waits_then_returns_ErrBusy(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), MaxBusyWait: 150 * time.Millisecond})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), MaxBusyWait: 150 * time.Millisecond})
 	// Another consumer holds the key for a long time.
 	if _, err := store.TryBegin(context.Background(), testKeyPrefix+"b-1", inbox.BeginOptions{Lease: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -61,10 +61,10 @@ func TestInbox_busy_key_waits_then_returns_ErrBusy(t *testing.T) {
 	if waited < 140*time.Millisecond || waited > 5*time.Second {
 		t.Fatalf("waited %s, want about MaxBusyWait (150ms)", waited)
 	}
-	if rec.callCount(middleware.OpTryBegin) < 2 {
-		t.Fatalf("TryBegin called %d times, want the first call and at least one poll", rec.callCount(middleware.OpTryBegin))
+	if rec.callCount(inboxmw.OpTryBegin) < 2 {
+		t.Fatalf("TryBegin called %d times, want the first call and at least one poll", rec.callCount(inboxmw.OpTryBegin))
 	}
-	if rec.get(middleware.OutcomeBusy) != 1 {
+	if rec.get(inboxmw.OutcomeBusy) != 1 {
 		t.Fatal("busy outcome not counted")
 	}
 }
@@ -73,7 +73,7 @@ func TestInbox_busy_key_completed_during_wait_is_a_duplicate(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
 	ctx := context.Background()
 	c, err := store.TryBegin(ctx, testKeyPrefix+"b-2", inbox.BeginOptions{Lease: time.Minute})
 	if err != nil {
@@ -81,7 +81,7 @@ func TestInbox_busy_key_completed_during_wait_is_a_duplicate(t *testing.T) {
 	}
 	go func() {
 		// Complete once the middleware has polled at least once.
-		for rec.callCount(middleware.OpTryBegin) < 2 {
+		for rec.callCount(inboxmw.OpTryBegin) < 2 {
 			time.Sleep(time.Millisecond)
 		}
 		_ = store.Complete(ctx, testKeyPrefix+"b-2", c.LeaseID)
@@ -91,7 +91,7 @@ func TestInbox_busy_key_completed_during_wait_is_a_duplicate(t *testing.T) {
 	if err != nil || out != nil || ran.Load() {
 		t.Fatalf("got %v, %v, ran=%v; want a skipped duplicate", out, err, ran.Load())
 	}
-	if rec.get(middleware.OutcomeDuplicate) != 1 {
+	if rec.get(inboxmw.OutcomeDuplicate) != 1 {
 		t.Fatal("duplicate not counted")
 	}
 }
@@ -100,14 +100,14 @@ func TestInbox_busy_key_released_during_wait_is_acquired(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
 	ctx := context.Background()
 	c, err := store.TryBegin(ctx, testKeyPrefix+"b-3", inbox.BeginOptions{Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() {
-		for rec.callCount(middleware.OpTryBegin) < 2 {
+		for rec.callCount(inboxmw.OpTryBegin) < 2 {
 			time.Sleep(time.Millisecond)
 		}
 		_ = store.Release(ctx, testKeyPrefix+"b-3", c.LeaseID)
@@ -130,7 +130,7 @@ func TestInbox_busy_key_released_during_wait_is_acquired(t *testing.T) {
 func TestInbox_busy_wait_honours_message_context(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
-	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias(), MaxBusyWait: time.Minute})
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxBusyWait: time.Minute})
 	if _, err := store.TryBegin(context.Background(), testKeyPrefix+"b-4", inbox.BeginOptions{Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestInbox_lease_lost_cancels_handler_context(t *testing.T) {
 	store := newFaulty(t)
 	store.setExtendErr(inbox.ErrLeaseLost, false)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
 	var cause error
 	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) {
 		select {
@@ -167,7 +167,7 @@ func TestInbox_lease_lost_cancels_handler_context(t *testing.T) {
 	if !errors.Is(cause, inbox.ErrLeaseLost) {
 		t.Fatalf("cancellation cause %v, want one wrapping ErrLeaseLost", cause)
 	}
-	if rec.get(middleware.OutcomeLeaseLost) != 1 {
+	if rec.get(inboxmw.OutcomeLeaseLost) != 1 {
 		t.Fatal("lease_lost not counted")
 	}
 	if store.releases.Load() != 0 {
@@ -181,7 +181,7 @@ func TestInbox_lease_not_renewable_before_deadline_cancels_handler(t *testing.T)
 	store.setExtendErr(errDown, false) // renewals fail, though nobody took the key
 	rec := newRecorder()
 	const lease = 300 * time.Millisecond
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
 	start := time.Now()
 	var cause error
 	_, _ = call(ib, func(m *message.Message) ([]*message.Message, error) {
@@ -196,7 +196,7 @@ func TestInbox_lease_not_renewable_before_deadline_cancels_handler(t *testing.T)
 	if took < lease-20*time.Millisecond || took > lease+2*time.Second {
 		t.Fatalf("handler canceled after %s, want at the lease's end (%s)", took, lease)
 	}
-	if n := rec.callCount(middleware.OpExtend); n < 2 {
+	if n := rec.callCount(inboxmw.OpExtend); n < 2 {
 		t.Fatalf("%d renewal attempts, want several before giving up", n)
 	}
 }
@@ -207,7 +207,7 @@ func TestInbox_store_without_extend_turns_heartbeats_off(t *testing.T) {
 	store.setExtendErr(inbox.ErrNotSupported, false)
 	logs := watermill.NewCaptureLogger()
 	const lease = time.Second
-	ib := newInbox(t, middleware.Config{Store: store, Logger: logs, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
+	ib := newInbox(t, inboxmw.Config{Store: store, Logger: logs, Alias: staticAlias(), Lease: lease, HeartbeatInterval: lease / 4})
 	var cause error
 	_, _ = call(ib, func(m *message.Message) ([]*message.Message, error) {
 		<-m.Context().Done()
@@ -231,7 +231,7 @@ func TestInbox_store_without_extend_turns_heartbeats_off(t *testing.T) {
 func TestInbox_complete_lands_when_subscriber_cancels_context_at_ack(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
-	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias()})
 	m := msgFor("a-1")
 	ctx, cancel := context.WithCancel(context.Background())
 	m.SetContext(ctx)
@@ -254,7 +254,7 @@ func TestInbox_nack_after_success_releases(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
 	m := msgFor("k-1")
 	if _, err := call(ib, ok, m); err != nil {
 		t.Fatal(err)
@@ -267,9 +267,9 @@ func TestInbox_nack_after_success_releases(t *testing.T) {
 	// Counted after Release returns, on the ack waiter's goroutine: the
 	// record can show the key free a moment before the count lands.
 	testenv.Eventually(t, 5*time.Second, "release counted", func() bool {
-		return rec.get(middleware.OutcomeReleased) >= 1
+		return rec.get(inboxmw.OutcomeReleased) >= 1
 	})
-	if n := rec.get(middleware.OutcomeReleased); n != 1 {
+	if n := rec.get(inboxmw.OutcomeReleased); n != 1 {
 		t.Fatalf("release counted %d times, want 1", n)
 	}
 }
@@ -277,7 +277,7 @@ func TestInbox_nack_after_success_releases(t *testing.T) {
 func TestInbox_handler_error_releases_before_returning(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
-	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias(), Lease: time.Minute})
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), Lease: time.Minute})
 	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("e-1"))
 	if !errors.Is(err, errBoom) {
 		t.Fatalf("error %v, want the handler's", err)
@@ -292,7 +292,7 @@ func TestInbox_handler_error_releases_before_returning(t *testing.T) {
 func TestInbox_close_drains_pending_marks(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
-	ib, err := middleware.New(middleware.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
+	ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestInbox_close_waits_for_in_flight_marks(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
 	store.failCompletes.Store(3) // the mark needs a few retries
-	ib, err := middleware.New(middleware.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
+	ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,15 +356,15 @@ func TestInbox_missing_key_policy(t *testing.T) {
 		t.Parallel()
 		rec := newRecorder()
 		logs := watermill.NewCaptureLogger()
-		ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec, Logger: logs, Alias: staticAlias()})
+		ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Metrics: rec, Logger: logs, Alias: staticAlias()})
 		var runs atomic.Int32
 		for range 2 {
 			if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }, noID()); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if runs.Load() != 2 || rec.get(middleware.OutcomeNoKey) != 2 {
-			t.Fatalf("runs %d, no_key %d; want 2 and 2", runs.Load(), rec.get(middleware.OutcomeNoKey))
+		if runs.Load() != 2 || rec.get(inboxmw.OutcomeNoKey) != 2 {
+			t.Fatalf("runs %d, no_key %d; want 2 and 2", runs.Load(), rec.get(inboxmw.OutcomeNoKey))
 		}
 		if !logged(logs, watermill.InfoLogLevel, "Message has no idempotency key; processing it without deduplication") {
 			t.Fatal("no log line for the message without id")
@@ -372,7 +372,7 @@ func TestInbox_missing_key_policy(t *testing.T) {
 	})
 	t.Run("reject", func(t *testing.T) {
 		t.Parallel()
-		ib := newInbox(t, middleware.Config{Store: newMemory(t), Alias: staticAlias(), MissingKey: middleware.MissingKeyReject})
+		ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias(), MissingKey: inboxmw.MissingKeyReject})
 		var ran atomic.Bool
 		_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, noID())
 		if !errors.Is(err, inbox.ErrNoKey) || ran.Load() {
@@ -388,36 +388,36 @@ func TestInbox_payload_hash_policies(t *testing.T) {
 		m.Payload = []byte(payload)
 		return m
 	}
-	for _, policy := range []middleware.PayloadHashPolicy{middleware.PayloadHashWarn, middleware.PayloadHashReject} {
-		t.Run(map[middleware.PayloadHashPolicy]string{middleware.PayloadHashWarn: "warn", middleware.PayloadHashReject: "reject"}[policy], func(t *testing.T) {
+	for _, policy := range []inboxmw.PayloadHashPolicy{inboxmw.PayloadHashWarn, inboxmw.PayloadHashReject} {
+		t.Run(map[inboxmw.PayloadHashPolicy]string{inboxmw.PayloadHashWarn: "warn", inboxmw.PayloadHashReject: "reject"}[policy], func(t *testing.T) {
 			t.Parallel()
 			rec := newRecorder()
-			ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec, Alias: staticAlias(), PayloadHash: policy})
+			ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Metrics: rec, Alias: staticAlias(), PayloadHash: policy})
 			first := withPayload("h-1", "amount=10")
 			if _, err := call(ib, ok, first); err != nil {
 				t.Fatal(err)
 			}
 			first.Ack()
-			testenv.Eventually(t, 5*time.Second, "marked", func() bool { return rec.get(middleware.OutcomeProcessed) == 1 })
+			testenv.Eventually(t, 5*time.Second, "marked", func() bool { return rec.get(inboxmw.OutcomeProcessed) == 1 })
 			var ran atomic.Bool
 			_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, withPayload("h-1", "amount=99"))
 			if ran.Load() {
 				t.Fatal("the handler ran for a processed key")
 			}
-			if rec.get(middleware.OutcomePayloadMismatch) != 1 {
+			if rec.get(inboxmw.OutcomePayloadMismatch) != 1 {
 				t.Fatal("mismatch not counted")
 			}
-			if policy == middleware.PayloadHashReject && !errors.Is(err, inbox.ErrPayloadMismatch) {
+			if policy == inboxmw.PayloadHashReject && !errors.Is(err, inbox.ErrPayloadMismatch) {
 				t.Fatalf("reject: error %v, want ErrPayloadMismatch", err)
 			}
-			if policy == middleware.PayloadHashWarn && err != nil {
+			if policy == inboxmw.PayloadHashWarn && err != nil {
 				t.Fatalf("warn: error %v, want the duplicate skipped", err)
 			}
 			// Same content again: a plain duplicate.
 			if _, err := call(ib, ok, withPayload("h-1", "amount=10")); err != nil {
 				t.Fatal(err)
 			}
-			if rec.get(middleware.OutcomePayloadMismatch) != 1 {
+			if rec.get(inboxmw.OutcomePayloadMismatch) != 1 {
 				t.Fatal("same content counted as a mismatch")
 			}
 		})
@@ -429,15 +429,15 @@ func TestInbox_fail_open_processes_without_dedup(t *testing.T) {
 	store := newFaulty(t)
 	store.down.Store(true)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Alias: staticAlias(), FailOpen: true})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), FailOpen: true})
 	var runs atomic.Int32
 	for range 2 {
 		if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }, msgFor("f-1")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if runs.Load() != 2 || rec.get(middleware.OutcomeFailOpen) != 2 {
-		t.Fatalf("runs %d, fail_open %d; want 2, 2", runs.Load(), rec.get(middleware.OutcomeFailOpen))
+	if runs.Load() != 2 || rec.get(inboxmw.OutcomeFailOpen) != 2 {
+		t.Fatalf("runs %d, fail_open %d; want 2, 2", runs.Load(), rec.get(inboxmw.OutcomeFailOpen))
 	}
 }
 
@@ -445,7 +445,7 @@ func TestInbox_fail_closed_returns_ErrStoreUnavailable(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
 	store.down.Store(true)
-	ib := newInbox(t, middleware.Config{Store: store, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias()})
 	var ran atomic.Bool
 	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("f-2"))
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || ran.Load() {
@@ -456,7 +456,7 @@ func TestInbox_fail_closed_returns_ErrStoreUnavailable(t *testing.T) {
 func TestInbox_plain_store_flow(t *testing.T) {
 	t.Parallel()
 	mem := newMemory(t)
-	ib := newInbox(t, middleware.Config{Store: plainStore{mem}, Alias: staticAlias()})
+	ib := newInbox(t, inboxmw.Config{Store: plainStore{mem}, Alias: staticAlias()})
 	var runs atomic.Int32
 	h := func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }
 	processed := func(id string) bool {
@@ -494,8 +494,8 @@ func TestInbox_plain_store_flow(t *testing.T) {
 
 func TestConfig_validate(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.New(middleware.Config{Lease: time.Second, HeartbeatInterval: 2 * time.Second, MissingKey: 7})
-	if !errors.Is(err, middleware.ErrInvalidConfig) || !errors.Is(err, inbox.ErrInvalidArgument) {
+	_, err := inboxmw.New(inboxmw.Config{Lease: time.Second, HeartbeatInterval: 2 * time.Second, MissingKey: 7})
+	if !errors.Is(err, inboxmw.ErrInvalidConfig) || !errors.Is(err, inbox.ErrInvalidArgument) {
 		t.Fatalf("error %v, want ErrInvalidConfig", err)
 	}
 	for _, want := range []string{"Store is required", "bus", "group", "HeartbeatInterval", "MissingKey"} {

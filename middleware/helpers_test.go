@@ -1,4 +1,4 @@
-package middleware_test
+package inboxmw_test
 
 import (
 	"context"
@@ -49,18 +49,18 @@ func (l *ledger) snapshot() map[string]int {
 	return out
 }
 
-// recorder is a middleware.Metrics that counts outcomes and store calls.
+// recorder is a inboxmw.Metrics that counts outcomes and store calls.
 type recorder struct {
 	mu       sync.Mutex
-	outcomes map[middleware.Outcome]int
+	outcomes map[inboxmw.Outcome]int
 	calls    map[string]int
 }
 
 func newRecorder() *recorder {
-	return &recorder{outcomes: make(map[middleware.Outcome]int), calls: make(map[string]int)}
+	return &recorder{outcomes: make(map[inboxmw.Outcome]int), calls: make(map[string]int)}
 }
 
-func (r *recorder) Outcome(_ string, o middleware.Outcome) {
+func (r *recorder) Outcome(_ string, o inboxmw.Outcome) {
 	r.mu.Lock()
 	r.outcomes[o]++
 	r.mu.Unlock()
@@ -78,7 +78,7 @@ func (r *recorder) String() string {
 	return fmt.Sprint(r.outcomes)
 }
 
-func (r *recorder) get(o middleware.Outcome) int {
+func (r *recorder) get(o inboxmw.Outcome) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.outcomes[o]
@@ -185,7 +185,7 @@ func (p plainStore) MarkProcessed(ctx context.Context, key string) error {
 }
 
 // newInbox builds the middleware with test defaults and closes it at the end.
-func newInbox(t *testing.T, cfg middleware.Config) *middleware.Inbox {
+func newInbox(t *testing.T, cfg inboxmw.Config) *inboxmw.Inbox {
 	t.Helper()
 	if cfg.Bus == "" {
 		cfg.Bus = "test"
@@ -193,7 +193,7 @@ func newInbox(t *testing.T, cfg middleware.Config) *middleware.Inbox {
 	if cfg.Group == "" {
 		cfg.Group = "g"
 	}
-	ib, err := middleware.New(cfg)
+	ib, err := inboxmw.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func newPubSub(t *testing.T) *gochannel.GoChannel {
 // sub, the inbox middleware inside any given outer middlewares, and stops it
 // at the end of the test.
 func startRouter(t *testing.T, sub message.Subscriber, pub message.Publisher, outputTopic string,
-	ib *middleware.Inbox, h message.HandlerFunc, outer ...message.HandlerMiddleware) {
+	ib *inboxmw.Inbox, h message.HandlerFunc, outer ...message.HandlerMiddleware) {
 	t.Helper()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {

@@ -1,4 +1,4 @@
-package middleware_test
+package inboxmw_test
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func TestInbox_message_delivered_twice_runs_once(t *testing.T) {
 	t.Parallel()
 	ps := newPubSub(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Metrics: rec})
 	led := newLedger()
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		led.apply(m.Metadata.Get("IdempotencyKey"))
@@ -40,14 +40,14 @@ func TestInbox_message_delivered_twice_runs_once(t *testing.T) {
 		publish(t, ps, order(id), order(id))
 	}
 	testenv.Eventually(t, 10*time.Second, "every message processed or skipped", func() bool {
-		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2*n
+		return rec.get(inboxmw.OutcomeProcessed)+rec.get(inboxmw.OutcomeDuplicate) == 2*n
 	})
 	for i := range n {
 		if c := led.count(fmt.Sprintf("order-%d", i)); c != 1 {
 			t.Errorf("order-%d applied %d times, want 1", i, c)
 		}
 	}
-	if d := rec.get(middleware.OutcomeDuplicate); d != n {
+	if d := rec.get(inboxmw.OutcomeDuplicate); d != n {
 		t.Errorf("duplicates counted %d, want %d", d, n)
 	}
 }
@@ -56,7 +56,7 @@ func TestInbox_same_uuid_redelivered_runs_once(t *testing.T) {
 	t.Parallel()
 	ps := newPubSub(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: newMemory(t), Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Metrics: rec})
 	led := newLedger()
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		led.apply(m.UUID)
@@ -65,7 +65,7 @@ func TestInbox_same_uuid_redelivered_runs_once(t *testing.T) {
 	m := message.NewMessage("uuid-1", []byte("x")) // no IdempotencyKey: keyed by UUID
 	publish(t, ps, m, m.Copy(), m.Copy())
 	testenv.Eventually(t, 10*time.Second, "three deliveries handled", func() bool {
-		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 3
+		return rec.get(inboxmw.OutcomeProcessed)+rec.get(inboxmw.OutcomeDuplicate) == 3
 	})
 	if c := led.count("uuid-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
@@ -91,7 +91,7 @@ func TestInbox_handler_failing_twice_is_redelivered_and_applied_once(t *testing.
 	ps := newPubSub(t)
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
 	led := newLedger()
 	var deliveries sync.Map
 	startRouter(t, ps, nil, "", ib, failTwice(led, &deliveries))
@@ -100,7 +100,7 @@ func TestInbox_handler_failing_twice_is_redelivered_and_applied_once(t *testing.
 	testenv.Eventually(t, 10*time.Second, "o-1 applied", func() bool { return led.count("o-1") == 1 })
 	testenv.Eventually(t, 5*time.Second, "o-1 marked", func() bool { return getRecord(t, store, "o-1").State == inbox.StateProcessed })
 	publish(t, ps, order("o-1")) // a later duplicate is skipped
-	testenv.Eventually(t, 5*time.Second, "duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
+	testenv.Eventually(t, 5*time.Second, "duplicate skipped", func() bool { return rec.get(inboxmw.OutcomeDuplicate) == 1 })
 
 	if c := led.count("o-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
@@ -108,7 +108,7 @@ func TestInbox_handler_failing_twice_is_redelivered_and_applied_once(t *testing.
 	if r := getRecord(t, store, "o-1"); r.Attempts != 3 {
 		t.Fatalf("attempts %d, want 3 (two failures released, the third completed)", r.Attempts)
 	}
-	if got := rec.get(middleware.OutcomeReleased); got != 2 {
+	if got := rec.get(inboxmw.OutcomeReleased); got != 2 {
 		t.Fatalf("released %d times, want 2", got)
 	}
 }
@@ -181,7 +181,7 @@ func TestInbox_two_routers_on_the_same_stream_apply_each_effect_once(t *testing.
 		return nil, nil
 	}
 	for range 2 {
-		ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
+		ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
 		startRouter(t, ps, nil, "", ib, h)
 	}
 	const n = 100
@@ -189,7 +189,7 @@ func TestInbox_two_routers_on_the_same_stream_apply_each_effect_once(t *testing.
 		publish(t, ps, order(fmt.Sprintf("o-%d", i)))
 	}
 	testenv.Eventually(t, 20*time.Second, "both routers handled every message", func() bool {
-		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2*n
+		return rec.get(inboxmw.OutcomeProcessed)+rec.get(inboxmw.OutcomeDuplicate) == 2*n
 	})
 	snap := led.snapshot()
 	if len(snap) != n {
@@ -200,7 +200,7 @@ func TestInbox_two_routers_on_the_same_stream_apply_each_effect_once(t *testing.
 			t.Errorf("%s applied %d times, want 1", id, c)
 		}
 	}
-	t.Logf("max concurrent handlers across the two routers: %d; busy waits: %d", maxConcurrent.Load(), rec.get(middleware.OutcomeBusy))
+	t.Logf("max concurrent handlers across the two routers: %d; busy waits: %d", maxConcurrent.Load(), rec.get(inboxmw.OutcomeBusy))
 }
 
 func TestInbox_store_error_nacks_then_processes_after_recovery(t *testing.T) {
@@ -208,7 +208,7 @@ func TestInbox_store_error_nacks_then_processes_after_recovery(t *testing.T) {
 	ps := newPubSub(t)
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
 	led := newLedger()
 	var runs atomic.Int32
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
@@ -219,13 +219,13 @@ func TestInbox_store_error_nacks_then_processes_after_recovery(t *testing.T) {
 
 	store.down.Store(true)
 	publish(t, ps, order("o-1"))
-	testenv.Eventually(t, 10*time.Second, "several failed claims", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
+	testenv.Eventually(t, 10*time.Second, "several failed claims", func() bool { return rec.get(inboxmw.OutcomeStoreError) >= 3 })
 	if r := runs.Load(); r != 0 {
 		t.Fatalf("handler ran %d times while the store was down; fail closed must not run it", r)
 	}
 	store.down.Store(false)
 	testenv.Eventually(t, 10*time.Second, "o-1 processed after recovery", func() bool {
-		return rec.get(middleware.OutcomeProcessed) == 1
+		return rec.get(inboxmw.OutcomeProcessed) == 1
 	})
 	if c := led.count("o-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
@@ -252,7 +252,7 @@ func TestInbox_handler_longer_than_lease_keeps_it_through_heartbeats(t *testing.
 		return nil, nil
 	}
 	for range 2 { // the second router gets the same message while the first works
-		ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Lease: lease, HeartbeatInterval: lease / 4})
+		ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: lease, HeartbeatInterval: lease / 4})
 		startRouter(t, ps, nil, "", ib, h)
 	}
 	begin := time.Now()
@@ -260,20 +260,20 @@ func TestInbox_handler_longer_than_lease_keeps_it_through_heartbeats(t *testing.
 	// Hold the handler for many lease lengths while the other router keeps
 	// trying the key.
 	testenv.Eventually(t, 20*time.Second, "the lease renewed many times and the other router turned away", func() bool {
-		return time.Since(begin) > 3*lease && rec.callCount(middleware.OpExtend) >= 6 && store.busyAnswers.Load() >= 2
+		return time.Since(begin) > 3*lease && rec.callCount(inboxmw.OpExtend) >= 6 && store.busyAnswers.Load() >= 2
 	})
 	close(release)
 	testenv.Eventually(t, 10*time.Second, "both copies handled", func() bool {
-		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2
+		return rec.get(inboxmw.OutcomeProcessed)+rec.get(inboxmw.OutcomeDuplicate) == 2
 	})
-	t.Logf("outcomes %v, extends %d, busy answers %d", rec, rec.callCount(middleware.OpExtend), store.busyAnswers.Load())
+	t.Logf("outcomes %v, extends %d, busy answers %d", rec, rec.callCount(inboxmw.OpExtend), store.busyAnswers.Load())
 	if s := started.Load(); s != 1 {
 		t.Fatalf("handler started %d times, want 1", s)
 	}
 	if c := led.count("long"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
 	}
-	if l := rec.get(middleware.OutcomeLeaseLost); l != 0 {
+	if l := rec.get(inboxmw.OutcomeLeaseLost); l != 0 {
 		t.Fatalf("lease lost %d times", l)
 	}
 }
@@ -288,7 +288,7 @@ func TestInbox_panic_releases_the_lease(t *testing.T) {
 			rec := newRecorder()
 			// A long lease: if the panic left the key claimed, the redelivery
 			// would wait for it and then fail with ErrBusy, not succeed at once.
-			ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Lease: time.Minute, MaxBusyWait: -1})
+			ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: time.Minute, MaxBusyWait: -1})
 			led := newLedger()
 			var calls atomic.Int32
 			h := func(m *message.Message) ([]*message.Message, error) {
@@ -317,7 +317,7 @@ func TestInbox_panic_releases_the_lease(t *testing.T) {
 			if got := store.releases.Load(); got != 1 {
 				t.Fatalf("Release called %d times, want 1", got)
 			}
-			if rec.get(middleware.OutcomeBusy) != 0 {
+			if rec.get(inboxmw.OutcomeBusy) != 0 {
 				t.Fatal("the redelivery found the key busy: the panic did not release the lease")
 			}
 			if a := getRecord(t, store, "p-1").Attempts; a != 2 {
@@ -349,7 +349,7 @@ func TestInbox_router_publish_failure_does_not_lose_produced_messages(t *testing
 	}
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
 	pub := &failingPublisher{Publisher: ps}
 	pub.fail.Store(2)
 	var runs atomic.Int32
@@ -377,9 +377,9 @@ func TestInbox_router_publish_failure_does_not_lose_produced_messages(t *testing
 	// waiter's goroutine: the next delivery can claim, run and be marked
 	// before that count lands. Wait for it, then check it is exact.
 	testenv.Eventually(t, 5*time.Second, "both nacks released", func() bool {
-		return rec.get(middleware.OutcomeReleased) >= 2
+		return rec.get(inboxmw.OutcomeReleased) >= 2
 	})
-	if rel := rec.get(middleware.OutcomeReleased); rel != 2 {
+	if rel := rec.get(inboxmw.OutcomeReleased); rel != 2 {
 		t.Fatalf("released %d times on nack, want 2", rel)
 	}
 }
@@ -390,7 +390,7 @@ func TestInbox_complete_failing_once_does_not_run_handler_again(t *testing.T) {
 	store := newFaulty(t)
 	store.failCompletes.Store(1)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Lease: 2 * time.Second})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: 2 * time.Second})
 	led := newLedger()
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		led.apply(m.Metadata.Get("IdempotencyKey"))
@@ -400,15 +400,15 @@ func TestInbox_complete_failing_once_does_not_run_handler_again(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the mark landed on retry", func() bool {
 		return getRecord(t, store, "c-1").State == inbox.StateProcessed
 	})
-	if r := rec.get(middleware.OutcomeCompleteRetry); r != 1 {
+	if r := rec.get(inboxmw.OutcomeCompleteRetry); r != 1 {
 		t.Fatalf("complete retries %d, want 1", r)
 	}
 	publish(t, ps, order("c-1"))
-	testenv.Eventually(t, 5*time.Second, "the duplicate skipped", func() bool { return rec.get(middleware.OutcomeDuplicate) == 1 })
+	testenv.Eventually(t, 5*time.Second, "the duplicate skipped", func() bool { return rec.get(inboxmw.OutcomeDuplicate) == 1 })
 	if c := led.count("c-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
 	}
-	if rel := rec.get(middleware.OutcomeReleased); rel != 0 {
+	if rel := rec.get(inboxmw.OutcomeReleased); rel != 0 {
 		t.Fatalf("the failed Complete led to %d releases (a nack?)", rel)
 	}
 }
@@ -418,7 +418,7 @@ func TestInbox_instant_ack_completes_right_away(t *testing.T) {
 	ps := newPubSub(t)
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
 	led := newLedger()
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		led.apply(m.Metadata.Get("IdempotencyKey"))
@@ -426,7 +426,7 @@ func TestInbox_instant_ack_completes_right_away(t *testing.T) {
 	}, wmw.InstantAck)
 	publish(t, ps, order("i-1"), order("i-1"))
 	testenv.Eventually(t, 10*time.Second, "both handled", func() bool {
-		return rec.get(middleware.OutcomeProcessed)+rec.get(middleware.OutcomeDuplicate) == 2
+		return rec.get(inboxmw.OutcomeProcessed)+rec.get(inboxmw.OutcomeDuplicate) == 2
 	})
 	if c := led.count("i-1"); c != 1 {
 		t.Fatalf("applied %d times, want 1", c)
@@ -443,8 +443,8 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 	store := newFaulty(t)
 	store.down.Store(true)
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec})
-	pq, err := wmw.PoisonQueueWithFilter(ps, "poison", func(err error) bool { return !middleware.IsTransient(err) })
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
+	pq, err := wmw.PoisonQueueWithFilter(ps, "poison", func(err error) bool { return !inboxmw.IsTransient(err) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +457,7 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 		return nil, nil
 	}, pq)
 	publish(t, ps, order("good"))
-	testenv.Eventually(t, 10*time.Second, "store errors while the store is down", func() bool { return rec.get(middleware.OutcomeStoreError) >= 3 })
+	testenv.Eventually(t, 10*time.Second, "store errors while the store is down", func() bool { return rec.get(inboxmw.OutcomeStoreError) >= 3 })
 	store.down.Store(false)
 	publish(t, ps, order("bad"))
 	select {
@@ -482,7 +482,7 @@ func TestInbox_router_lease_lost_mid_handler_cancels_context(t *testing.T) {
 	store := newFaulty(t)
 	store.setExtendErr(inbox.ErrLeaseLost, true) // only the first lease is "stolen"
 	rec := newRecorder()
-	ib := newInbox(t, middleware.Config{Store: store, Metrics: rec, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	led := newLedger()
 	causes := make(chan error, 4)
 	var calls atomic.Int32
@@ -506,7 +506,7 @@ func TestInbox_router_lease_lost_mid_handler_cancels_context(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "the redelivery applied once", func() bool { return led.count("lost-1") == 1 })
 	testenv.Eventually(t, 5*time.Second, "marked", func() bool { return getRecord(t, store, "lost-1").State == inbox.StateProcessed })
-	if rec.get(middleware.OutcomeLeaseLost) != 1 {
-		t.Fatalf("lease_lost counted %d times, want 1", rec.get(middleware.OutcomeLeaseLost))
+	if rec.get(inboxmw.OutcomeLeaseLost) != 1 {
+		t.Fatalf("lease_lost counted %d times, want 1", rec.get(inboxmw.OutcomeLeaseLost))
 	}
 }

@@ -35,12 +35,12 @@ func allVariants() []variant {
 			// Watermill's defaults: Adler-32 of the payload, in-memory
 			// repository with a one-minute window. Timeout as the inbox's
 			// (a zero Timeout would mean 5 ms, not the documented minute).
-			d := &wmw.Deduplicator{Timeout: middleware.DefaultStoreTimeout}
+			d := &wmw.Deduplicator{Timeout: inboxmw.DefaultStoreTimeout}
 			return d.Middleware, noClose, nil
 		}},
 		{name: "deduplicator-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			// One SET NX PX per message (stores/redis ExpiringKeyRepository).
-			d := &wmw.Deduplicator{Repository: e.dedupRepo, Timeout: middleware.DefaultStoreTimeout}
+			d := &wmw.Deduplicator{Repository: e.dedupRepo, Timeout: inboxmw.DefaultStoreTimeout}
 			return d.Middleware, noClose, nil
 		}},
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
@@ -70,7 +70,7 @@ func inboxVariant(name, needs string, store func(*env) inbox.LeaseStore) variant
 // the message UUID under a fixed alias (so that competing handlers of one
 // queue share keys, as consumers of one group do).
 func inboxMiddleware(s inbox.LeaseStore, bus, group string, after func(context.Context) error) (message.HandlerMiddleware, func(context.Context) error, error) {
-	ib, err := middleware.New(middleware.Config{Store: s, Bus: bus, Group: group, Alias: keying.StaticAlias("bench")})
+	ib, err := inboxmw.New(inboxmw.Config{Store: s, Bus: bus, Group: group, Alias: keying.StaticAlias("bench")})
 	if err != nil {
 		return nil, nil, err
 	}

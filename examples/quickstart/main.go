@@ -41,7 +41,7 @@ func run() error {
 	// 2. The inbox middleware. Bus and Group scope the keys:
 	//    {bus}:{group}:{handler name}:{IdempotencyKey header or message UUID}.
 	counts := &counter{}
-	inbox, err := middleware.New(middleware.Config{
+	inbox, err := inboxmw.New(inboxmw.Config{
 		Store:   store,
 		Bus:     "gochannel",
 		Group:   "billing",
@@ -90,7 +90,7 @@ func run() error {
 	}
 	fmt.Printf("\npublished %d messages for %d orders\n", len(deliveries), b.orders())
 	fmt.Printf("processed %d, duplicates skipped %d, handler failures retried %d\n",
-		counts.get(middleware.OutcomeProcessed), counts.get(middleware.OutcomeDuplicate), counts.get(middleware.OutcomeReleased))
+		counts.get(inboxmw.OutcomeProcessed), counts.get(inboxmw.OutcomeDuplicate), counts.get(inboxmw.OutcomeReleased))
 	return nil
 }
 
@@ -145,24 +145,24 @@ func report(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// counter is a middleware.Metrics that counts outcomes.
+// counter is a inboxmw.Metrics that counts outcomes.
 type counter struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[inboxmw.Outcome]int
 }
 
-func (c *counter) Outcome(_ string, o middleware.Outcome) {
+func (c *counter) Outcome(_ string, o inboxmw.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[middleware.Outcome]int{}
+		c.n = map[inboxmw.Outcome]int{}
 	}
 	c.n[o]++
 }
 
 func (c *counter) StoreCall(string, time.Duration, error) {}
 
-func (c *counter) get(o middleware.Outcome) int {
+func (c *counter) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]

@@ -131,7 +131,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
 	//    AMQP message-id, else the Watermill UUID.
 	counts := &counter{}
-	ib, err := middleware.New(middleware.Config{
+	ib, err := inboxmw.New(inboxmw.Config{
 		Store: store,
 		Bus:   "rabbit",
 		Group: queue,
@@ -193,8 +193,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 
 	// 6. Wait until every order is charged and every extra delivery skipped.
 	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
-		return counts.get(middleware.OutcomeProcessed) == sum.Orders &&
-			counts.get(middleware.OutcomeDuplicate) == sum.Published-sum.Orders
+		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders &&
+			counts.get(inboxmw.OutcomeDuplicate) == sum.Published-sum.Orders
 	})
 
 	// 7. Stop the router, then let the inbox finish its pending marks.
@@ -204,9 +204,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
 
 	sum.Received = b.received()
-	sum.Processed = counts.get(middleware.OutcomeProcessed)
-	sum.Duplicates = counts.get(middleware.OutcomeDuplicate)
-	sum.Retried = counts.get(middleware.OutcomeReleased)
+	sum.Processed = counts.get(inboxmw.OutcomeProcessed)
+	sum.Duplicates = counts.get(inboxmw.OutcomeDuplicate)
+	sum.Retried = counts.get(inboxmw.OutcomeReleased)
 	fmt.Fprintf(out, "\npublished %d messages for %d orders\n%s\n", sum.Published, sum.Orders, sum)
 	return sum, errors.Join(waitErr, closeErr)
 }
@@ -307,24 +307,24 @@ func (b *billing) received() int {
 	return b.deliveries
 }
 
-// counter is a middleware.Metrics that counts outcomes.
+// counter is a inboxmw.Metrics that counts outcomes.
 type counter struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[inboxmw.Outcome]int
 }
 
-func (c *counter) Outcome(_ string, o middleware.Outcome) {
+func (c *counter) Outcome(_ string, o inboxmw.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[middleware.Outcome]int{}
+		c.n = map[inboxmw.Outcome]int{}
 	}
 	c.n[o]++
 }
 
 func (c *counter) StoreCall(string, time.Duration, error) {}
 
-func (c *counter) get(o middleware.Outcome) int {
+func (c *counter) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]

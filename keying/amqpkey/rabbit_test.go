@@ -108,7 +108,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	counts := &counts{}
-	ib, err := middleware.New(middleware.Config{
+	ib, err := inboxmw.New(inboxmw.Config{
 		Store:     store,
 		Bus:       "rabbit",
 		Group:     r.queue,
@@ -154,7 +154,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 	t.Cleanup(func() { _ = router.Close() })
 
 	testenv.Eventually(t, 60*time.Second, "2 processed and 1 duplicate", func() bool {
-		return counts.get(middleware.OutcomeProcessed) == 2 && counts.get(middleware.OutcomeDuplicate) == 1
+		return counts.get(inboxmw.OutcomeProcessed) == 2 && counts.get(inboxmw.OutcomeDuplicate) == 1
 	})
 	if err := router.Close(); err != nil {
 		t.Fatal(err)
@@ -276,24 +276,24 @@ func (l *nackCounter) firstErr() string {
 	return l.first
 }
 
-// counts is a middleware.Metrics that counts outcomes.
+// counts is a inboxmw.Metrics that counts outcomes.
 type counts struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[inboxmw.Outcome]int
 }
 
-func (c *counts) Outcome(_ string, o middleware.Outcome) {
+func (c *counts) Outcome(_ string, o inboxmw.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[middleware.Outcome]int{}
+		c.n = map[inboxmw.Outcome]int{}
 	}
 	c.n[o]++
 }
 
 func (c *counts) StoreCall(string, time.Duration, error) {}
 
-func (c *counts) get(o middleware.Outcome) int {
+func (c *counts) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]

@@ -19,13 +19,13 @@ func ExampleFromOffset() {
 	}
 	defer store.Close()
 
-	cfg := middleware.Config{
+	cfg := inboxmw.Config{
 		Store:     store,
 		Bus:       "kafka",
 		Group:     "billing", // the consumer group
 		IDSources: append(keying.DefaultIDSources(), kafkakey.FromOffset()),
 	}
-	ib, err := middleware.New(cfg)
+	ib, err := inboxmw.New(cfg)
 	if err != nil {
 		panic(err)
 	}

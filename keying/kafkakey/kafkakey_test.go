@@ -102,7 +102,7 @@ func TestFromOffset_keys_by_topic_partition_offset_in_a_router(t *testing.T) {
 	}
 
 	first := runRouter(t, brokers, topic, "group-1", store, handler)
-	testenv.Eventually(t, 60*time.Second, "3 processed by group-1", func() bool { return first.get(middleware.OutcomeProcessed) == 3 })
+	testenv.Eventually(t, 60*time.Second, "3 processed by group-1", func() bool { return first.get(inboxmw.OutcomeProcessed) == 3 })
 	first.stop(t)
 
 	mu.Lock()
@@ -123,21 +123,21 @@ func TestFromOffset_keys_by_topic_partition_offset_in_a_router(t *testing.T) {
 	}
 
 	second := runRouter(t, brokers, topic, "group-2", store, handler)
-	testenv.Eventually(t, 60*time.Second, "3 duplicates in group-2", func() bool { return second.get(middleware.OutcomeDuplicate) == 3 })
+	testenv.Eventually(t, 60*time.Second, "3 duplicates in group-2", func() bool { return second.get(inboxmw.OutcomeDuplicate) == 3 })
 	second.stop(t)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(ran) != 4 {
 		t.Errorf("the replay ran the handler: it ran for %v", ran)
 	}
-	if n := second.get(middleware.OutcomeProcessed); n != 0 {
+	if n := second.get(inboxmw.OutcomeProcessed); n != 0 {
 		t.Errorf("the replay processed %d records, want 0", n)
 	}
 }
 
 type runningRouter struct {
 	router *message.Router
-	inbox  *middleware.Inbox
+	inbox  *inboxmw.Inbox
 	done   chan error
 	counts
 }
@@ -159,7 +159,7 @@ func runRouter(t *testing.T, brokers []string, topic, group string, store inbox.
 		t.Fatal(err)
 	}
 	rr := &runningRouter{done: make(chan error, 1)}
-	rr.inbox, err = middleware.New(middleware.Config{
+	rr.inbox, err = inboxmw.New(inboxmw.Config{
 		Store:     store,
 		Bus:       "kafka",
 		Group:     "billing",
@@ -200,24 +200,24 @@ func (rr *runningRouter) stop(t *testing.T) {
 	}
 }
 
-// counts is a middleware.Metrics that counts outcomes.
+// counts is a inboxmw.Metrics that counts outcomes.
 type counts struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[inboxmw.Outcome]int
 }
 
-func (c *counts) Outcome(_ string, o middleware.Outcome) {
+func (c *counts) Outcome(_ string, o inboxmw.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[middleware.Outcome]int{}
+		c.n = map[inboxmw.Outcome]int{}
 	}
 	c.n[o]++
 }
 
 func (c *counts) StoreCall(string, time.Duration, error) {}
 
-func (c *counts) get(o middleware.Outcome) int {
+func (c *counts) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[o]

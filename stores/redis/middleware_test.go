@@ -31,7 +31,7 @@ func TestMiddleware_redis_down_nacks_then_processes_once(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	st := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, shared), Timeout: 2 * time.Second})
 
-	ib, err := middleware.New(middleware.Config{Store: st, Bus: "b", Group: "g", Logger: watermill.NopLogger{}})
+	ib, err := inboxmw.New(inboxmw.Config{Store: st, Bus: "b", Group: "g", Logger: watermill.NopLogger{}})
 	if err != nil {
 		t.Fatal(err)
 	}

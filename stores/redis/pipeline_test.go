@@ -343,7 +343,7 @@ func TestCompleteDelay_validation(t *testing.T) {
 func TestMiddleware_completeDelay_processes_each_message_once(t *testing.T) {
 	t.Parallel()
 	s, plain := delayed(t, 5*time.Millisecond)
-	ib, err := middleware.New(middleware.Config{Store: s, Bus: "b", Group: "g"})
+	ib, err := inboxmw.New(inboxmw.Config{Store: s, Bus: "b", Group: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}

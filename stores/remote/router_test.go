@@ -35,16 +35,16 @@ type flow struct {
 	backing inbox.LeaseStore
 }
 
-func startFlow(t *testing.T, store inbox.LeaseStore, backing inbox.LeaseStore, tune ...func(*middleware.Config, *flow)) *flow {
+func startFlow(t *testing.T, store inbox.LeaseStore, backing inbox.LeaseStore, tune ...func(*inboxmw.Config, *flow)) *flow {
 	t.Helper()
 	f := &flow{backing: backing, logs: watermill.NewCaptureLogger()}
 	f.ps = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
-	cfg := middleware.Config{Store: store, Bus: "test", Group: "g", Lease: 3 * time.Second,
+	cfg := inboxmw.Config{Store: store, Bus: "test", Group: "g", Lease: 3 * time.Second,
 		StoreTimeout: 2 * time.Second, MaxBusyWait: -1, Logger: f.logs}
 	for _, fn := range tune {
 		fn(&cfg, f)
 	}
-	ib, err := middleware.New(cfg)
+	ib, err := inboxmw.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestRouter_server_without_extend_turns_heartbeats_off(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, remote.Options{})
 	r.in.on("/v1/inbox", strip())
-	f := startFlow(t, r.client, r.backing, func(c *middleware.Config, f *flow) {
+	f := startFlow(t, r.client, r.backing, func(c *inboxmw.Config, f *flow) {
 		c.HeartbeatInterval = 100 * time.Millisecond
 		f.work = 400 * time.Millisecond // several heartbeat intervals
 	})

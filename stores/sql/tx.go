@@ -77,17 +77,17 @@ type TxConfig struct {
 	IDSources []keying.IDSource
 
 	// MissingKey says what happens to a message without an id, as in the
-	// main middleware. Optional; default [middleware.MissingKeyProcess]: the
+	// main middleware. Optional; default [inboxmw.MissingKeyProcess]: the
 	// handler runs in a transaction of its own (so TxFromContext works) with
 	// no claim and no mark, logged and counted as no_key.
-	// [middleware.MissingKeyReject] returns an error wrapping
+	// [inboxmw.MissingKeyReject] returns an error wrapping
 	// [inbox.ErrNoKey] without running it, for a poison queue.
-	MissingKey middleware.MissingKeyPolicy
+	MissingKey inboxmw.MissingKeyPolicy
 
 	// Metrics counts outcomes (processed, duplicate, busy, released, no_key,
 	// store_error) per handler and times the claims, as the main middleware
 	// does. Optional; default none.
-	Metrics middleware.Metrics
+	Metrics inboxmw.Metrics
 
 	// Retention is how long a processed key stays processed. Optional;
 	// default inbox.DefaultRetention (7 days).
@@ -140,13 +140,13 @@ func (c *TxConfig) setDefaults() {
 		c.IDSources = keying.DefaultIDSources()
 	}
 	if c.Owner == "" {
-		c.Owner = middleware.DefaultOwner()
+		c.Owner = inboxmw.DefaultOwner()
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 	if c.Metrics == nil {
-		c.Metrics = middleware.NopMetrics{}
+		c.Metrics = inboxmw.NopMetrics{}
 	}
 }
 
@@ -187,8 +187,8 @@ func (c TxConfig) Validate() error {
 	if err := (inbox.BeginOptions{Owner: c.Owner}).Validate(); err != nil {
 		bad("Owner: %v", err)
 	}
-	if c.MissingKey != middleware.MissingKeyProcess && c.MissingKey != middleware.MissingKeyReject {
-		bad("MissingKey %d is not a middleware.MissingKeyPolicy", c.MissingKey)
+	if c.MissingKey != inboxmw.MissingKeyProcess && c.MissingKey != inboxmw.MissingKeyReject {
+		bad("MissingKey %d is not a inboxmw.MissingKeyPolicy", c.MissingKey)
 	}
 	return errors.Join(errs...)
 }
@@ -293,19 +293,19 @@ func (m *TxInbox) handle(h message.HandlerFunc, msg *message.Message) (out []*me
 
 	start := time.Now()
 	tx, release, err := m.claim(ctx, key)
-	m.cfg.Metrics.StoreCall(middleware.OpTryBegin, time.Since(start), err)
+	m.cfg.Metrics.StoreCall(inboxmw.OpTryBegin, time.Since(start), err)
 	if err != nil {
 		switch {
 		case errors.Is(err, inbox.ErrBusy):
-			m.cfg.Metrics.Outcome(handler, middleware.OutcomeBusy)
+			m.cfg.Metrics.Outcome(handler, inboxmw.OutcomeBusy)
 		case ctx.Err() == nil:
-			m.cfg.Metrics.Outcome(handler, middleware.OutcomeStoreError)
+			m.cfg.Metrics.Outcome(handler, inboxmw.OutcomeStoreError)
 		}
 		return nil, err
 	}
 	defer release()
 	if tx == nil {
-		m.cfg.Metrics.Outcome(handler, middleware.OutcomeDuplicate)
+		m.cfg.Metrics.Outcome(handler, inboxmw.OutcomeDuplicate)
 		m.cfg.Logger.Debug("inbox sql tx middleware: duplicate, acked without running the handler", fields)
 		return nil, nil
 	}
@@ -320,8 +320,8 @@ func (m *TxInbox) keyError(h message.HandlerFunc, msg *message.Message, handler 
 		m.cfg.Logger.Error("inbox sql tx middleware: cannot build the inbox key; message nacked", err, fields)
 		return nil, err
 	}
-	m.cfg.Metrics.Outcome(handler, middleware.OutcomeNoKey)
-	if m.cfg.MissingKey == middleware.MissingKeyReject {
+	m.cfg.Metrics.Outcome(handler, inboxmw.OutcomeNoKey)
+	if m.cfg.MissingKey == inboxmw.MissingKeyReject {
 		m.cfg.Logger.Error("inbox sql tx middleware: message has no idempotency key; rejected (MissingKeyReject)", err, fields)
 		return nil, err
 	}
@@ -338,8 +338,8 @@ func (m *TxInbox) keyError(h message.HandlerFunc, msg *message.Message, handler 
 // a key): only then are processed and released counted.
 func (m *TxInbox) runInTx(h message.HandlerFunc, msg *message.Message, handler string, tx *sql.Tx, claimed bool, fields watermill.LogFields) (out []*message.Message, err error) {
 	ctx := msg.Context()
-	outcome := func(o middleware.Outcome) {
-		if claimed || o == middleware.OutcomeStoreError {
+	outcome := func(o inboxmw.Outcome) {
+		if claimed || o == inboxmw.OutcomeStoreError {
 			m.cfg.Metrics.Outcome(handler, o)
 		}
 	}
@@ -347,7 +347,7 @@ func (m *TxInbox) runInTx(h message.HandlerFunc, msg *message.Message, handler s
 	defer func() {
 		if !done {
 			_ = tx.Rollback() // a panic: roll back, let it go on
-			outcome(middleware.OutcomeReleased)
+			outcome(inboxmw.OutcomeReleased)
 		}
 	}()
 	msg.SetContext(context.WithValue(ctx, txCtxKey{}, tx))
@@ -356,32 +356,32 @@ func (m *TxInbox) runInTx(h message.HandlerFunc, msg *message.Message, handler s
 	if err != nil {
 		done = true
 		_ = tx.Rollback()
-		outcome(middleware.OutcomeReleased)
+		outcome(inboxmw.OutcomeReleased)
 		return nil, err
 	}
 	if len(out) > 0 {
 		if m.cfg.Outbox == nil {
 			done = true
 			_ = tx.Rollback()
-			outcome(middleware.OutcomeReleased)
+			outcome(inboxmw.OutcomeReleased)
 			return nil, fmt.Errorf("%w: %d message(s) from the handler of message %q; its transaction was rolled back", ErrMessagesReturned, len(out), msg.UUID)
 		}
 		if err := m.cfg.Outbox(ctx, tx, out); err != nil {
 			done = true
 			_ = tx.Rollback()
-			outcome(middleware.OutcomeReleased)
+			outcome(inboxmw.OutcomeReleased)
 			return nil, fmt.Errorf("inbox sql tx middleware: storing %d returned message(s) in the outbox: %w", len(out), err)
 		}
 	}
 	done = true
 	start := time.Now()
 	err = tx.Commit()
-	m.cfg.Metrics.StoreCall(middleware.OpComplete, time.Since(start), err)
+	m.cfg.Metrics.StoreCall(inboxmw.OpComplete, time.Since(start), err)
 	if err != nil {
-		outcome(middleware.OutcomeStoreError)
+		outcome(inboxmw.OutcomeStoreError)
 		return nil, wrapErr(ctx, m.cfg.Dialect, m.cfg.Table, "commit", err)
 	}
-	outcome(middleware.OutcomeProcessed)
+	outcome(inboxmw.OutcomeProcessed)
 	m.cfg.Logger.Trace("inbox sql tx middleware: committed", fields)
 	return nil, nil
 }

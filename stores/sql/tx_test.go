@@ -520,7 +520,7 @@ func TestTx_keys_from_keying_id_sources(t *testing.T) {
 
 		// No id from any source, MissingKeyReject: refused, nothing runs.
 		noID := []keying.IDSource{keying.FromMetadata("absent")}
-		strict := e.middleware(t, sqlstore.TxConfig{IDSources: noID, MissingKey: middleware.MissingKeyReject})
+		strict := e.middleware(t, sqlstore.TxConfig{IDSources: noID, MissingKey: inboxmw.MissingKeyReject})
 		_, err := strict.Middleware(func(m *message.Message) ([]*message.Message, error) {
 			t.Error("handler ran for a message without a key")
 			return nil, nil

@@ -64,7 +64,7 @@ type ConsumerSpec struct {
 	CrashID string `json:"crash_id,omitempty"`
 	CrashAt string `json:"crash_at,omitempty"`
 
-	// RejectMissing selects middleware.MissingKeyReject; Poison is then the
+	// RejectMissing selects inboxmw.MissingKeyReject; Poison is then the
 	// destination of the poison queue for errors that are not transient.
 	RejectMissing bool   `json:"reject_missing,omitempty"`
 	Poison        string `json:"poison,omitempty"`
@@ -82,11 +82,11 @@ func (s ConsumerSpec) IDSources() []keying.IDSource {
 }
 
 // MissingKey is the middleware's policy for messages without an id.
-func (s ConsumerSpec) MissingKey() middleware.MissingKeyPolicy {
+func (s ConsumerSpec) MissingKey() inboxmw.MissingKeyPolicy {
 	if s.RejectMissing {
-		return middleware.MissingKeyReject
+		return inboxmw.MissingKeyReject
 	}
-	return middleware.MissingKeyProcess
+	return inboxmw.MissingKeyProcess
 }
 
 // Key returns the inbox key of a message with the given IdempotencyKey, as
@@ -140,7 +140,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 	}
 	led := &FileLedger{Path: spec.Ledger}
 	outcomes := &Outcomes{}
-	ib, err := middleware.New(middleware.Config{
+	ib, err := inboxmw.New(inboxmw.Config{
 		Store:        store,
 		Bus:          spec.Broker.Bus(),
 		Group:        spec.Group,
@@ -172,27 +172,27 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 	}, nil
 }
 
-// Outcomes counts the middleware's outcomes: a middleware.Metrics.
+// Outcomes counts the middleware's outcomes: a inboxmw.Metrics.
 type Outcomes struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[inboxmw.Outcome]int
 }
 
-// Outcome implements middleware.Metrics.
-func (o *Outcomes) Outcome(_ string, oc middleware.Outcome) {
+// Outcome implements inboxmw.Metrics.
+func (o *Outcomes) Outcome(_ string, oc inboxmw.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		o.n = map[middleware.Outcome]int{}
+		o.n = map[inboxmw.Outcome]int{}
 	}
 	o.n[oc]++
 }
 
-// StoreCall implements middleware.Metrics.
+// StoreCall implements inboxmw.Metrics.
 func (o *Outcomes) StoreCall(string, time.Duration, error) {}
 
 // Get returns the count of oc.
-func (o *Outcomes) Get(oc middleware.Outcome) int {
+func (o *Outcomes) Get(oc inboxmw.Outcome) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.n[oc]
@@ -309,7 +309,7 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 			return fail(fmt.Errorf("poison publisher: %w", err))
 		}
 		c.closers = append(c.closers, pub.Close)
-		poison, err := wmw.PoisonQueueWithFilter(pub, spec.Poison, func(err error) bool { return !middleware.IsTransient(err) })
+		poison, err := wmw.PoisonQueueWithFilter(pub, spec.Poison, func(err error) bool { return !inboxmw.IsTransient(err) })
 		if err != nil {
 			_ = pub.Close()
 			return fail(err)

@@ -212,7 +212,7 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 // with non-string and binary headers. By default (MissingKeyProcess) a
 // message without id is processed without deduplication and counted
 // (no_key); with MissingKeyReject it fails with ErrNoKey and a poison queue
-// (filtered with !middleware.IsTransient) takes it. Nothing is lost and the
+// (filtered with !inboxmw.IsTransient) takes it. Nothing is lost and the
 // router keeps processing the messages that follow.
 func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
 	const partitions = 2
@@ -288,10 +288,10 @@ func BadInput(t *testing.T, bk BrokerKind, sk StoreKind) {
 	if reason := poisoned.Metadata.Get("reason_poisoned"); !strings.Contains(reason, "no id") {
 		t.Errorf("poisoned with reason %q; want ErrNoKey's", reason)
 	}
-	if o := c.Inbox.Outcomes; o != nil && o.Get(middleware.OutcomeNoKey) < 1 {
+	if o := c.Inbox.Outcomes; o != nil && o.Get(inboxmw.OutcomeNoKey) < 1 {
 		t.Errorf("no no_key outcome counted: %s", o)
 	}
-	if o := rc.Inbox.Outcomes; o != nil && o.Get(middleware.OutcomeNoKey) < 1 {
+	if o := rc.Inbox.Outcomes; o != nil && o.Get(inboxmw.OutcomeNoKey) < 1 {
 		t.Errorf("no no_key outcome counted with MissingKeyReject: %s", o)
 	}
 	// The over-long id was hashed into the key, and deduplicated.
