@@ -23,3 +23,6 @@ func PendingMarks(s *Store) int {
 // SetCompleteDelay changes the CompleteDelay of a store made with one,
 // beyond MaxCompleteDelay if need be, so that a test decides when marks go.
 func SetCompleteDelay(s *Store, d time.Duration) { s.opts.CompleteDelay = d }
+
+// OptionsOf is the Options s runs with, defaults applied.
+func OptionsOf(s *Store) Options { return s.opts }

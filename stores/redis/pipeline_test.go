@@ -311,8 +311,9 @@ func TestOpenURL_complete_delay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.(*redisstore.Store).CallTimeout(); got != 2*time.Second+20*time.Millisecond {
-		t.Fatalf("CallTimeout = %s, want timeout + complete_delay", got)
+	rs := s.(*redisstore.Store)
+	if o := redisstore.OptionsOf(rs); o.CompleteDelay != 20*time.Millisecond || o.Timeout != 2*time.Second {
+		t.Fatalf("CompleteDelay, Timeout = %s, %s; want 20ms, 2s", o.CompleteDelay, o.Timeout)
 	}
 	cl := acquire(t, s, "k")
 	if err := s.Complete(ctx, "k", cl.LeaseID); err != nil { // sent when the 20 ms have passed
@@ -331,9 +332,11 @@ func TestCompleteDelay_validation(t *testing.T) {
 			t.Errorf("CompleteDelay %s: %v, want ErrInvalidArgument", d, err)
 		}
 	}
-	s := newStore(t, c, redisstore.Options{Timeout: time.Second, CompleteDelay: 5 * time.Millisecond})
-	if got := s.CallTimeout(); got != time.Second+5*time.Millisecond {
-		t.Errorf("CallTimeout = %s, want Timeout + CompleteDelay", got)
+	for _, d := range []time.Duration{0, time.Nanosecond, redisstore.MaxCompleteDelay} {
+		s := newStore(t, c, redisstore.Options{CompleteDelay: d})
+		if got := redisstore.OptionsOf(s).CompleteDelay; got != d {
+			t.Errorf("CompleteDelay %s: the store has %s", d, got)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -76,7 +75,7 @@ type Options struct {
 	// duplicate runs again once the lease ends, as after a crash between
 	// the ack and the mark, whose window this widens); and a TryBegin that
 	// carries marks waits for Redis to run their scripts first. Each call
-	// can then take up to Timeout + CompleteDelay ([Store.CallTimeout]).
+	// can then take up to Timeout + CompleteDelay.
 	// Optional; default 0: every call is its own round trip; at most
 	// [MaxCompleteDelay]. See "Pipelined marks" in the package documentation.
 	CompleteDelay time.Duration
@@ -130,21 +129,7 @@ type Store struct {
 	marks     *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
 }
 
-var (
-	_ inbox.LeaseStore   = (*Store)(nil)
-	_ inbox.BoundedCalls = (*Store)(nil)
-)
-
-// CallTimeout implements [inbox.BoundedCalls]: Options.Timeout bounds each
-// call, so a caller's own per-call timer would only duplicate it. With no
-// bound of the store's own (negative Timeout) it reports the largest
-// duration, so callers keep theirs.
-func (s *Store) CallTimeout() time.Duration {
-	if s.opts.Timeout < 0 {
-		return math.MaxInt64
-	}
-	return s.opts.Timeout + s.opts.CompleteDelay
-}
+var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns a store over client, which may be a standalone, Sentinel
 // (failover) or Cluster client: every operation touches one key. The store
