@@ -91,7 +91,8 @@ type Config struct {
 	// stall a Kafka rebalance. Negative means no wait.
 	MaxBusyWait time.Duration
 
-	// StoreTimeout bounds each store call. Optional; default 5 s.
+	// StoreTimeout bounds each store call. Optional; default 5 s. (A
+	// TxStore's claim is bounded by the store's own lock timeout instead.)
 	StoreTimeout time.Duration
 
 	// FailOpen makes store errors run the handler without deduplication
@@ -131,7 +132,7 @@ func (c *Config) setDefaults() {
 	if c.Lease == 0 {
 		c.Lease = inbox.DefaultLease
 	}
-	if c.HeartbeatInterval == 0 {
+	if c.HeartbeatInterval == 0 && c.Lease > 0 {
 		c.HeartbeatInterval = c.Lease / 3
 	}
 	if c.MaxBusyWait == 0 {
@@ -190,8 +191,16 @@ func (c Config) Validate() error {
 	if c.Lease < 0 {
 		bad("Lease %s is negative", c.Lease)
 	}
-	if c.HeartbeatInterval < 0 || (c.Lease > 0 && c.HeartbeatInterval >= c.Lease) {
-		bad("HeartbeatInterval %s must be positive and shorter than Lease %s", c.HeartbeatInterval, c.Lease)
+	// Zero means the default (Lease/3); report only what the user wrote.
+	lease := c.Lease
+	if lease == 0 {
+		lease = inbox.DefaultLease
+	}
+	if c.HeartbeatInterval < 0 || (lease > 0 && c.HeartbeatInterval >= lease) {
+		bad("HeartbeatInterval %s must be positive and shorter than Lease %s", c.HeartbeatInterval, lease)
+	}
+	if _, tx := c.Store.(TxStore); tx && c.FailOpen {
+		bad("FailOpen cannot be used with a TxStore: its handler needs the store's transaction")
 	}
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %s is negative", c.StoreTimeout)

@@ -504,3 +504,46 @@ func TestConfig_validate(t *testing.T) {
 		}
 	}
 }
+
+// TestInbox_complete_reply_lost_is_not_a_lost_lease: a Complete that ran on
+// the store but whose reply was lost is retried, and the retry succeeds (a
+// repeated Complete under the completing lease does). Heartbeats due
+// meanwhile must not report the consumer's own completed key as a lost
+// lease (a fault found by a chaos run).
+func TestInbox_complete_reply_lost_is_not_a_lost_lease(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.loseReplies.Store(3) // retries span several heartbeat intervals
+	rec := newRecorder()
+	logs := watermill.NewCaptureLogger()
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Logger: logs, Alias: staticAlias(),
+		Lease: 2 * time.Second, HeartbeatInterval: 20 * time.Millisecond})
+	m := msgFor("reply-lost")
+	if _, err := call(ib, ok, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+	testenv.Eventually(t, 10*time.Second, "the mark counted", func() bool { return rec.get(inboxmw.OutcomeProcessed) == 1 })
+	if n := rec.get(inboxmw.OutcomeCompleteRetry); n != 3 {
+		t.Errorf("complete retries %d, want 3", n)
+	}
+	if n := rec.get(inboxmw.OutcomeLeaseLost); n != 0 {
+		t.Errorf("lease_lost counted %d times for a key completed under its own lease", n)
+	}
+	if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) != 0 {
+		t.Errorf("error logged for a message that was fine: %v", errs)
+	}
+}
+
+// TestConfig_validate_reports_what_the_user_wrote: a negative Lease is one
+// error; the HeartbeatInterval derived from it is not reported.
+func TestConfig_validate_reports_what_the_user_wrote(t *testing.T) {
+	t.Parallel()
+	_, err := inboxmw.New(inboxmw.Config{Store: newMemory(t), Bus: "b", Group: "g", Lease: -time.Second})
+	if err == nil || !strings.Contains(err.Error(), "Lease -1s is negative") {
+		t.Fatalf("error %v, want Lease -1s is negative", err)
+	}
+	if strings.Contains(err.Error(), "HeartbeatInterval") {
+		t.Errorf("error reports a HeartbeatInterval the user never set: %v", err)
+	}
+}

@@ -96,6 +96,7 @@ type faultyStore struct {
 
 	down           atomic.Bool  // every call fails with ErrStoreUnavailable
 	failCompletes  atomic.Int32 // the next N Completes fail
+	loseReplies    atomic.Int32 // the next N Completes land, then fail as if their reply was lost
 	extendErr      atomic.Pointer[error]
 	extendErrOnce  atomic.Bool // extendErr applies to the first lease only
 	firstLease     atomic.Pointer[string]
@@ -146,7 +147,11 @@ func (f *faultyStore) Complete(ctx context.Context, key, leaseID string) error {
 	if f.failCompletes.Add(-1) >= 0 {
 		return errDown
 	}
-	return f.LeaseStore.Complete(ctx, key, leaseID)
+	err := f.LeaseStore.Complete(ctx, key, leaseID)
+	if err == nil && f.loseReplies.Add(-1) >= 0 {
+		return fmt.Errorf("%w: connection reset before the reply", inbox.ErrStoreUnavailable)
+	}
+	return err
 }
 
 func (f *faultyStore) Release(ctx context.Context, key, leaseID string) error {

@@ -3,7 +3,6 @@ package inboxmw
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -20,33 +18,35 @@ import (
 	"github.com/watermill-inbox/inbox/keying"
 )
 
+// This file is the path of one message, top to bottom: its key, the claim,
+// the handler, and the mark. Inbox.handle picks the flow by the kind of
+// store: handleLeased (an inbox.LeaseStore, every store of this project),
+// handleTx (a TxStore, the SQL transactional mode) or handlePlain (a plain
+// inbox.Store). In the leased flow one goroutine per acquired lease,
+// lease.watch, makes every store call after the claim: the heartbeat, then
+// the Complete on ack or the Release on a failure, a nack or Close.
+
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
 // stopped. It is safe for concurrent use by any number of handlers and
 // routers.
 type Inbox struct {
 	cfg    Config
-	leases inbox.LeaseStore // nil when the store is a plain inbox.Store
+	leases inbox.LeaseStore // the store, when it is a LeaseStore
+	txs    TxStore          // the store, when it is a TxStore
 	keys   keying.Builder
 	log    watermill.LoggerAdapter
 	m      Metrics
 
-	// state counts the messages between their claim and their mark, with
-	// closedBit set once Close was called. drained is closed when the count
-	// reaches zero after Close.
-	state       atomic.Int64
-	drained     chan struct{}
-	drainedOnce sync.Once
+	mu      sync.Mutex
+	closed  bool
+	pending int           // messages between their claim and their mark
+	drained chan struct{} // closed when closed and pending is zero
 
 	abandon     chan struct{} // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
-	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
-	beats     *scheduler   // heartbeats of every lease; nil for a plain Store
-	waiters   *ackWaiters  // wait for the router's ack after a successful handler
-	marks     *inlineMarks // instead of waiters, when the store's calls never block; else nil
-	timeouts  bool         // wrap store calls in StoreTimeout (the store does not bound them itself)
-	timed     bool         // Metrics were configured: time the store calls
+	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -61,25 +61,15 @@ func New(cfg Config) (*Inbox, error) {
 		keys:    keying.Builder{Bus: cfg.Bus, Group: cfg.Group, Alias: cfg.Alias, IDSources: cfg.IDSources},
 		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
 		m:       cfg.Metrics,
-		abandon: make(chan struct{}),
 		drained: make(chan struct{}),
+		abandon: make(chan struct{}),
 	}
-	_, nop := cfg.Metrics.(NopMetrics)
-	ib.timed = !nop
-	ib.timeouts = true
-	nonBlocking := false
-	if b, ok := cfg.Store.(inbox.BoundedCalls); ok && b.CallTimeout() <= cfg.StoreTimeout {
-		ib.timeouts = false
-		nonBlocking = b.CallTimeout() == 0
-	}
-	if ls, ok := cfg.Store.(inbox.LeaseStore); ok {
-		ib.leases = ls
-		ib.beats = newScheduler()
-		ib.waiters = newAckWaiters()
-		if nonBlocking {
-			ib.marks = newInlineMarks(ib)
-		}
-	} else {
+	switch s := cfg.Store.(type) {
+	case TxStore:
+		ib.txs = s
+	case inbox.LeaseStore:
+		ib.leases = s
+	default:
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
 	return ib, nil
@@ -88,151 +78,43 @@ func New(cfg Config) (*Inbox, error) {
 // Middleware is the [message.HandlerMiddleware]: router.AddMiddleware(ib.Middleware)
 // or router.AddHandler(...).AddMiddleware(ib.Middleware).
 func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	if ib.leases == nil {
-		return func(msg *message.Message) ([]*message.Message, error) { return ib.handlePlain(h, msg) }
-	}
 	return func(msg *message.Message) ([]*message.Message, error) { return ib.handle(h, msg) }
 }
 
-// Close stops accepting messages and waits until every pending mark has
-// landed: the Complete of each message whose handler succeeded and that the
-// router acked, or its Release when nacked. Call it after the router has
-// stopped. When ctx ends first, Close gives the remaining leases back (those
-// keys are then handled again on redelivery) and returns an error wrapping
-// ctx.Err() without waiting for those releases (each is bounded by
-// StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
-func (ib *Inbox) Close(ctx context.Context) error {
-	v := ib.state.Or(closedBit) | closedBit
-	if ib.marks != nil {
-		ib.marks.close()
+// handle builds the message's key and hands the message to the flow of the
+// store's kind.
+func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	handler := message.HandlerNameFromCtx(msg.Context())
+	key, _, err := ib.keys.KeyString(msg)
+	if err != nil {
+		return ib.keyError(h, msg, handler, err)
 	}
-	if v == closedBit {
-		ib.markDrained()
+	if !ib.track() {
+		return nil, errClosed
 	}
-	select {
-	case <-ib.drained:
-		ib.stopBeats()
-		return nil
-	case <-ctx.Done():
-	}
-	n := ib.state.Load() &^ closedBit
-	ib.abandonOnce.Do(func() { close(ib.abandon) })
-	ib.stopBeats()
-	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), watermill.LogFields{"pending": n})
-	return fmt.Errorf("inbox middleware: closed with %d pending mark(s) abandoned: %w", n, ctx.Err())
-}
-
-func (ib *Inbox) stopBeats() {
-	if ib.beats != nil {
-		ib.beats.close()
-		ib.waiters.close()
-	}
-}
-
-const closedBit = int64(1) << 62
-
-// track counts a message in flight; false once closed.
-func (ib *Inbox) track() bool {
-	for {
-		v := ib.state.Load()
-		if v&closedBit != 0 {
-			return false
-		}
-		if ib.state.CompareAndSwap(v, v+1) {
-			return true
-		}
-	}
-}
-
-func (ib *Inbox) untrack() {
-	if ib.state.Add(-1) == closedBit {
-		ib.markDrained()
-	}
-}
-
-func (ib *Inbox) markDrained() { ib.drainedOnce.Do(func() { close(ib.drained) }) }
-
-var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
-
-func isClosedChan(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
+	defer ib.untrack() // a mark left pending holds its own count (Inbox.hold)
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler, key: key}
+	switch {
+	case ib.leases != nil:
+		return m.handleLeased()
+	case ib.txs != nil:
+		return m.handleTx()
 	default:
-		return false
+		return m.handlePlain()
 	}
 }
 
-// leaseIDLen is the length of the middleware's lease ids.
-const leaseIDLen = 32
-
-// appendLeaseID appends 128 random bits as 32 lowercase hex digits, the form
-// of [inbox.NewLeaseID]. math/rand/v2's global source is ChaCha8 seeded by
-// the runtime: unpredictable, and much cheaper per message than crypto/rand.
-func appendLeaseID(dst []byte) []byte {
-	var b [leaseIDLen]byte
-	hexNibbles(b[:16], rand.Uint64())
-	hexNibbles(b[16:], rand.Uint64())
-	return append(dst, b[:]...)
+// msgCall is one message going through the middleware.
+type msgCall struct {
+	ib      *Inbox
+	h       message.HandlerFunc
+	msg     *message.Message
+	handler string
+	key     string
 }
 
-// hexNibbles writes the 16 nibbles of x into b[:16] as lowercase hex digits,
-// eight at a time (SWAR), in an order of its own: every nibble is written
-// once, so for random x the digits are as random as x.
-func hexNibbles(b []byte, x uint64) {
-	binary.LittleEndian.PutUint64(b[:8], hexDigits(spreadNibbles(uint32(x))))
-	binary.LittleEndian.PutUint64(b[8:16], hexDigits(spreadNibbles(uint32(x>>32))))
-}
-
-// spreadNibbles moves each of the 8 nibbles of x into the low half of a byte
-// of its own.
-func spreadNibbles(x uint32) uint64 {
-	v := uint64(x)
-	v = (v | v<<16) & 0x0000ffff0000ffff
-	v = (v | v<<8) & 0x00ff00ff00ff00ff
-	return (v | v<<4) & 0x0f0f0f0f0f0f0f0f
-}
-
-// hexDigits turns 8 bytes of values 0 to 15 into their hex digits: '0' plus
-// the value, plus 'a'-'0'-10 more for values of 10 and up (those whose sum
-// with 6 reaches bit 4).
-func hexDigits(v uint64) uint64 {
-	ten := (v + 0x0606060606060606) >> 4 & 0x0101010101010101
-	return v + 0x3030303030303030 + ten*('a'-'0'-10)
-}
-
-func payloadHash(p []byte) string {
-	sum := sha256.Sum256(p)
-	return hex.EncodeToString(sum[:])
-}
-
-func (ib *Inbox) fields(msg *message.Message, handler, key string) watermill.LogFields {
-	return watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler, "inbox_key": key}
-}
-
-// bounded returns ctx bounded by StoreTimeout, unless the store bounds its
-// calls itself ([inbox.BoundedCalls]).
-func (ib *Inbox) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	if !ib.timeouts {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, ib.cfg.StoreTimeout)
-}
-
-// detached returns a context for store calls after the handler: the message's
-// values without its cancellation (subscribers cancel the message context at
-// ack), bounded by StoreTimeout.
-func (ib *Inbox) detached(parent context.Context) (context.Context, context.CancelFunc) {
-	return ib.bounded(context.WithoutCancel(parent))
-}
-
-// storeErr wraps a store failure as inbox.ErrStoreUnavailable unless the error
-// says more precisely what happened.
-func storeErr(op, key string, err error) error {
-	if errors.Is(err, inbox.ErrStoreUnavailable) || errors.Is(err, context.Canceled) {
-		return fmt.Errorf("inbox %s %q: %w", op, key, err)
-	}
-	return fmt.Errorf("%w: inbox %s %q: %w", inbox.ErrStoreUnavailable, op, key, err)
+func (m *msgCall) fields() watermill.LogFields {
+	return watermill.LogFields{"message_uuid": m.msg.UUID, "handler_name": m.handler, "inbox_key": m.key}
 }
 
 // keyError handles a message whose key cannot be built.
@@ -250,118 +132,114 @@ func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler s
 		return nil, err
 	}
 	ib.log.Info("Message has no idempotency key; processing it without deduplication", f.Add(watermill.LogFields{"reason": err.Error()}))
-	return h(msg)
+	if ib.txs == nil {
+		return h(msg)
+	}
+	// The handler of a transactional store expects its transaction.
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler}
+	claim, err := ib.txs.BeginTx(msg.Context(), "")
+	if err != nil {
+		return nil, m.storeFailed(OpTryBegin, err)
+	}
+	return m.runTx(claim, false)
 }
 
-// handle is the leased flow.
-func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if ib.marks != nil && ib.marks.pending() {
-		ib.marks.settleDecided()
+// storeFailed counts and logs a failed claim. It returns the error to
+// return, or nil under FailOpen: the caller then runs the handler without
+// deduplication.
+func (m *msgCall) storeFailed(op string, err error) error {
+	ctx := m.msg.Context()
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return err // shutting down: the router does not log cancellations
 	}
-	ctx := msg.Context()
-	handler := message.HandlerNameFromCtx(ctx)
-	// The lease, the key and the lease id are one allocation: the key and
-	// the id are strings over the lease's buffer (unless the key is too long
-	// for it), which is never written again.
-	l := &lease{ib: ib, msg: msg, handler: handler}
-	buf, _, err := ib.keys.AppendKey(l.buf[:0], msg)
-	if err != nil {
-		return ib.keyError(h, msg, handler, err)
+	m.ib.m.Outcome(m.handler, OutcomeStoreError)
+	if !errors.Is(err, inbox.ErrStoreUnavailable) && !errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("%w: inbox %s %q: %w", inbox.ErrStoreUnavailable, op, m.key, err)
+	} else {
+		err = fmt.Errorf("inbox %s %q: %w", op, m.key, err)
 	}
-	n := len(buf)
-	buf = appendLeaseID(buf)
-	both := unsafe.String(unsafe.SliceData(buf), len(buf))
-	key := both[:n]
-	l.key = key
-	if !ib.track() {
-		return nil, errClosed
+	if m.ib.cfg.FailOpen {
+		m.ib.m.Outcome(m.handler, OutcomeFailOpen)
+		m.ib.log.Error("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, m.fields())
+		return nil
 	}
-	tracked := true
-	defer func() {
-		if tracked {
-			ib.untrack()
-		}
-	}()
+	m.ib.log.Error("Inbox store failed; message nacked for redelivery", err, m.fields())
+	return err
+}
 
-	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: both[n:]}
-	if ib.cfg.PayloadHash != PayloadHashOff {
-		opts.PayloadHash = payloadHash(msg.Payload)
-	}
-	instantAcked := isClosedChan(msg.Acked())
+// duplicate acks a message whose key is processed, without the handler.
+func (m *msgCall) duplicate() ([]*message.Message, error) {
+	m.ib.m.Outcome(m.handler, OutcomeDuplicate)
+	m.ib.log.Debug("Duplicate message skipped: key already processed", m.fields())
+	return nil, nil
+}
+
+// busy reports a key that stayed busy for the whole wait.
+func (m *msgCall) busy(retryAfter time.Duration) error {
+	m.ib.m.Outcome(m.handler, OutcomeBusy)
+	m.ib.log.Info("Inbox key busy: another consumer holds its lease; message nacked for redelivery",
+		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String()}))
+	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter}
+}
+
+// call runs one store call bounded by StoreTimeout and times it.
+func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	start := time.Now()
+	err := f(ctx)
+	ib.m.StoreCall(op, time.Since(start), err)
+	cancel()
+	return err
+}
+
+// ---- The leased flow -------------------------------------------------------
+
+// handleLeased claims the key with a lease, runs the handler under it, and
+// leaves the mark to the lease's goroutine.
+func (m *msgCall) handleLeased() ([]*message.Message, error) {
+	ib := m.ib
+	ctx := m.msg.Context()
+	instantAcked := isDone(m.msg.Acked())
 	if instantAcked {
 		// Acked before the handler (InstantAck): subscribers cancel the
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
 	}
-
-	claim, sent, err := ib.claim(ctx, handler, key, opts)
-	if err != nil {
-		switch {
-		case errors.Is(err, inbox.ErrBusy):
-			return nil, err
-		case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-			return nil, err // shutting down: the router does not log cancellations
-		}
-		ib.m.Outcome(handler, OutcomeStoreError)
-		err = storeErr(OpTryBegin, key, err)
-		if ib.cfg.FailOpen {
-			ib.m.Outcome(handler, OutcomeFailOpen)
-			ib.log.Error("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, ib.fields(msg, handler, key))
-			return h(msg)
-		}
-		ib.log.Error("Inbox store failed; message nacked for redelivery", err, ib.fields(msg, handler, key))
-		return nil, err
+	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID()}
+	if ib.cfg.PayloadHash != PayloadHashOff {
+		sum := sha256.Sum256(m.msg.Payload)
+		opts.PayloadHash = hex.EncodeToString(sum[:])
 	}
 
+	claim, sent, err := m.claim(ctx, opts)
+	if err != nil {
+		if errors.Is(err, inbox.ErrBusy) {
+			return nil, err
+		}
+		if err := m.storeFailed(OpTryBegin, err); err != nil {
+			return nil, err
+		}
+		return m.h(m.msg)
+	}
 	if claim.PayloadMismatch {
-		ib.m.Outcome(handler, OutcomePayloadMismatch)
-		ib.log.Error("Known inbox key arrived with a different payload", inbox.ErrPayloadMismatch, ib.fields(msg, handler, key))
+		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
+		ib.log.Error("Known inbox key arrived with a different payload", inbox.ErrPayloadMismatch, m.fields())
 		if ib.cfg.PayloadHash == PayloadHashReject {
 			if claim.Status == inbox.Acquired {
-				ib.releaseNow(ctx, handler, key, claim.LeaseID)
+				l := m.newLease(claim, opts, sent)
+				l.release("payload mismatch")
 			}
-			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, key)
+			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, m.key)
 		}
 	}
-
 	switch claim.Status {
 	case inbox.Processed:
-		ib.m.Outcome(handler, OutcomeDuplicate)
-		ib.log.Debug("Duplicate message skipped: key already processed", ib.fields(msg, handler, key))
-		return nil, nil
+		return m.duplicate()
 	case inbox.Acquired:
-		tracked = false // the lease now owns the pending count
-		return ib.run(h, l, claim, opts, sent, instantAcked)
+		return m.newLease(claim, opts, sent).run()
 	default:
-		ib.m.Outcome(handler, OutcomeStoreError)
-		err := storeErr(OpTryBegin, key, fmt.Errorf("store answered status %v", claim.Status))
-		ib.log.Error("Inbox store gave an unexpected claim; message nacked", err, ib.fields(msg, handler, key))
-		return nil, err
+		return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
 	}
-}
-
-// startCall returns the start time of a store call when Metrics time them.
-func (ib *Inbox) startCall() time.Time {
-	if ib.timed {
-		return time.Now()
-	}
-	return time.Time{}
-}
-
-// endCall reports a store call to Metrics.
-func (ib *Inbox) endCall(op string, start time.Time, err error) {
-	if ib.timed {
-		ib.m.StoreCall(op, time.Since(start), err)
-	}
-}
-
-// tryBegin runs one TryBegin sent at sent.
-func (ib *Inbox) tryBegin(ctx context.Context, key string, opts inbox.BeginOptions, sent time.Time) (inbox.Claim, error) {
-	cctx, cancel := ib.bounded(ctx)
-	c, err := ib.leases.TryBegin(cctx, key, opts)
-	cancel()
-	ib.endCall(OpTryBegin, sent, err)
-	return c, err
 }
 
 // busySlack is the "little" added to a holder's remaining lease when waiting
@@ -369,65 +247,463 @@ func (ib *Inbox) tryBegin(ctx context.Context, key string, opts inbox.BeginOptio
 const busySlack = 250 * time.Millisecond
 
 // claim runs TryBegin and, while the key is busy, polls it with jittered
-// backoff for a bounded time. sent is the local time the final TryBegin was
-// sent: the lease deadline is reckoned from it on the monotonic clock.
-func (ib *Inbox) claim(ctx context.Context, handler, key string, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
-	sent = time.Now()
-	c, err = ib.tryBegin(ctx, key, opts, sent)
-	if err != nil || c.Status != inbox.Busy {
+// backoff (20 ms growing to 1 s) for at most the time the holder's lease has
+// left plus busySlack, and at most MaxBusyWait. sent is the local time the
+// final TryBegin was sent: the lease's deadline is reckoned from it.
+func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
+	try := func() error {
+		sent = time.Now()
+		return m.ib.call(ctx, OpTryBegin, m.ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
+			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
+			return err
+		})
+	}
+	if err = try(); err != nil || c.Status != inbox.Busy {
 		return c, sent, err
 	}
-	wait := min(c.RetryAfter+busySlack, ib.cfg.MaxBusyWait)
-	deadline := sent.Add(wait)
-	delay := 20 * time.Millisecond
-	var timer *time.Timer
-	for wait > 0 {
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			break
-		}
-		d := delay/2 + rand.N(delay/2+1) // jitter in [delay/2, delay]
-		d = min(d, remaining)
-		if timer == nil {
-			timer = time.NewTimer(d)
-			defer timer.Stop()
-		} else {
-			timer.Reset(d)
-		}
+	deadline := sent.Add(min(c.RetryAfter+busySlack, m.ib.cfg.MaxBusyWait))
+	for delay := 20 * time.Millisecond; time.Until(deadline) > 0; delay = min(2*delay, time.Second) {
+		t := time.NewTimer(min(jitter(delay), time.Until(deadline)))
 		select {
 		case <-ctx.Done():
-			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", key, ctx.Err())
-		case <-timer.C:
+			t.Stop()
+			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, ctx.Err())
+		case <-t.C:
 		}
-		sent = time.Now()
-		c, err = ib.tryBegin(ctx, key, opts, sent)
-		if err != nil || c.Status != inbox.Busy {
+		if err = try(); err != nil || c.Status != inbox.Busy {
 			return c, sent, err
 		}
-		delay = min(2*delay, time.Second)
 	}
-	ib.m.Outcome(handler, OutcomeBusy)
-	ib.log.Info("Inbox key busy: another consumer holds its lease; message nacked for redelivery", watermill.LogFields{
-		"handler_name": handler, "inbox_key": key, "retry_after": c.RetryAfter.String(),
-	})
-	return c, sent, &inbox.BusyError{Key: key, RetryAfter: c.RetryAfter}
+	return c, sent, m.busy(c.RetryAfter)
 }
 
-// releaseNow gives a lease back synchronously, for the paths that return an
-// error to the router right after.
-func (ib *Inbox) releaseNow(ctx context.Context, handler, key, leaseID string) {
-	cctx, cancel := ib.detached(ctx)
-	defer cancel()
-	start := ib.startCall()
-	err := ib.leases.Release(cctx, key, leaseID)
-	ib.endCall(OpRelease, start, err)
+// lease is one acquired key, from its claim to its Complete or Release.
+// Every store call on it after the claim is made by its goroutine, watch,
+// so they never race each other.
+type lease struct {
+	*msgCall
+	id       string
+	base     context.Context // the message's values, without its cancellation
+	cancel   context.CancelCauseFunc
+	length   time.Duration // granted
+	interval time.Duration // heartbeat period
+	deadline time.Time     // when the lease ends unless renewed (monotonic)
+	lost     bool          // the lease is no longer ours
+
+	handled  chan string   // "" when the handler succeeded, else why it failed
+	released chan struct{} // closed when watch is done after a failed handler
+}
+
+// Causes of the handler context's cancellation other than a lost lease.
+var (
+	errHandlerReturned = errors.New("inbox: handler returned")
+	errHandlerPanicked = errors.New("inbox: handler panicked")
+)
+
+func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
+	granted := claim.Lease
+	if granted <= 0 {
+		granted = opts.Lease
+	}
+	interval := m.ib.cfg.HeartbeatInterval
+	if interval >= granted {
+		interval = granted / 3
+	}
+	return &lease{
+		msgCall: m, id: claim.LeaseID, base: context.WithoutCancel(m.msg.Context()),
+		length: granted, interval: interval, deadline: sent.Add(granted),
+		handled: make(chan string, 1), released: make(chan struct{}),
+	}
+}
+
+// run executes the handler under the lease, which watch keeps alive.
+func (l *lease) run() (out []*message.Message, err error) {
+	orig := l.msg.Context()
+	hctx, cancel := context.WithCancelCause(orig)
+	l.cancel = cancel
+	l.ib.hold()
+	go l.watch()
+
+	l.msg.SetContext(hctx)
+	returned := false
+	defer func() {
+		l.msg.SetContext(orig)
+		if returned {
+			return
+		}
+		// A panic, or runtime.Goexit (r == nil): release before either goes
+		// on.
+		r := recover()
+		if r == nil {
+			l.finish("handler exited its goroutine")
+			return
+		}
+		l.finish("handler panicked")
+		panic(r)
+	}()
+	out, err = l.h(l.msg)
+	returned = true
 	if err != nil {
-		ib.m.Outcome(handler, OutcomeStoreError)
-		ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, watermill.LogFields{"handler_name": handler, "inbox_key": key})
+		// Synchronous: Kafka's subscriber redelivers in-process at once, so
+		// the key must be free before the middleware returns.
+		l.finish("handler failed")
+		return out, err
+	}
+	// The handler's context stays live until the router acks or nacks: the
+	// messages it returned may be published with it.
+	l.handled <- ""
+	return out, nil
+}
+
+// finish tells watch that the handler failed and waits for the release.
+func (l *lease) finish(why string) {
+	l.cancel(errHandlerReturned)
+	l.handled <- why
+	<-l.released
+}
+
+// watch is the lease's goroutine. While the handler runs it renews the
+// lease every interval, and cancels the handler's context if the lease is
+// lost. When the handler fails it releases the lease at once. When the
+// handler succeeded it keeps renewing until the router's verdict: Complete
+// on ack, Release on nack, or Release when Close gives up waiting.
+func (l *lease) watch() {
+	defer l.ib.untrack()
+	defer l.cancel(errHandlerReturned)
+	beat := time.NewTimer(l.interval)
+	defer beat.Stop()
+	var acked, nacked, abandon <-chan struct{} // set once the handler succeeded
+	for {
+		select {
+		case failed := <-l.handled:
+			if failed != "" {
+				l.release(failed)
+				close(l.released)
+				return
+			}
+			acked, nacked, abandon = l.msg.Acked(), l.msg.Nacked(), l.ib.abandon
+		case <-acked:
+			l.complete()
+			return
+		case <-nacked:
+			l.release("message nacked")
+			return
+		case <-abandon:
+			l.release("middleware closed before the mark")
+			return
+		case <-beat.C:
+			if next, ok := l.extend(); ok {
+				beat.Reset(next)
+			}
+		}
+	}
+}
+
+// extend renews the lease. It returns when to renew next, or false when the
+// lease is lost (the handler's context is then canceled) and no more
+// heartbeats are due.
+func (l *lease) extend() (time.Duration, bool) {
+	left := time.Until(l.deadline)
+	if left <= 0 {
+		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
+		return 0, false
+	}
+	if l.ib.extendOff.Load() {
+		return left, true // wake at the deadline to cancel the handler
+	}
+	sent := time.Now()
+	err := l.ib.call(l.base, OpExtend, min(l.ib.cfg.StoreTimeout, left), func(ctx context.Context) error {
+		_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
+		return err
+	})
+	switch {
+	case err == nil:
+		l.deadline = sent.Add(l.length)
+		return l.interval, true
+	case errors.Is(err, inbox.ErrLeaseLost):
+		l.lose(fmt.Errorf("heartbeat of key %q: %w", l.key, err))
+		return 0, false
+	case errors.Is(err, inbox.ErrNotSupported):
+		if l.ib.extendOff.CompareAndSwap(false, true) {
+			l.ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
+		}
+		return max(time.Until(l.deadline), 0), true
+	default:
+		l.ib.m.Outcome(l.handler, OutcomeStoreError)
+		l.ib.log.Error("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
+		return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0)), true
+	}
+}
+
+// lose cancels the handler's context: this consumer no longer holds the key.
+func (l *lease) lose(cause error) {
+	l.lost = true
+	l.cancel(cause)
+	l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
+	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.fields())
+}
+
+// complete marks the key processed under the lease, retrying a failure
+// until the lease ends. No heartbeat runs meanwhile: Complete is what
+// matters now, and repeating it is safe (a Complete whose reply was lost
+// succeeds again), where an Extend after a Complete that landed unseen
+// would report the key's own lease as lost.
+func (l *lease) complete() {
+	err := l.ib.mark(l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
+		return l.ib.leases.Complete(ctx, l.key, l.id)
+	})
+	switch {
+	case errors.Is(err, errAbandoned):
+		l.release("middleware closed before the mark")
+	case errors.Is(err, inbox.ErrLeaseLost):
+		if !l.lost {
+			l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
+		}
+		l.ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, l.fields())
+	}
+}
+
+// release gives the lease back unmarked, unless it was lost already.
+func (l *lease) release(why string) {
+	if l.lost {
 		return
 	}
-	ib.m.Outcome(handler, OutcomeReleased)
+	err := l.ib.call(l.base, OpRelease, l.ib.cfg.StoreTimeout, func(ctx context.Context) error {
+		return l.ib.leases.Release(ctx, l.key, l.id)
+	})
+	f := l.fields().Add(watermill.LogFields{"reason": why})
+	if err != nil {
+		l.ib.m.Outcome(l.handler, OutcomeStoreError)
+		l.ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, f)
+		return
+	}
+	l.ib.m.Outcome(l.handler, OutcomeReleased)
+	l.ib.log.Debug("Inbox lease released", f)
 }
+
+// ---- The mark, shared by the leased and the plain flows ------------------
+
+var errAbandoned = errors.New("inbox: middleware closed before the mark")
+
+// mark makes the mark after the router's ack. A failure is retried with
+// jittered backoff (50 ms growing to 1 s) until the mark lands, the store
+// answers ErrLeaseLost, giveUp passes (counted as complete_failed) or Close
+// gives up waiting (errAbandoned). It never nacks the message: that would
+// run the handler again. It returns nil when the mark landed.
+func (ib *Inbox) mark(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		err := ib.call(base, op, ib.cfg.StoreTimeout, f)
+		switch {
+		case err == nil:
+			ib.m.Outcome(m.handler, OutcomeProcessed)
+			return nil
+		case errors.Is(err, inbox.ErrLeaseLost):
+			return err
+		}
+		ib.m.Outcome(m.handler, OutcomeStoreError)
+		wait := jitter(delay)
+		if time.Until(giveUp) < wait {
+			ib.m.Outcome(m.handler, OutcomeCompleteFailed)
+			ib.log.Error("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
+			return err
+		}
+		ib.m.Outcome(m.handler, OutcomeCompleteRetry)
+		ib.log.Info("Inbox mark failed after a successful handler; retrying in the background", m.fields().Add(watermill.LogFields{"error": err.Error()}))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ib.abandon:
+			t.Stop()
+			return errAbandoned
+		}
+	}
+}
+
+// ---- The plain flow (an inbox.Store without leases) -----------------------
+
+// handlePlain is the ADR's flow: IsProcessed, run, MarkProcessed once the
+// router acks. Two concurrent deliveries of one message can both pass
+// IsProcessed and both run the handler.
+func (m *msgCall) handlePlain() ([]*message.Message, error) {
+	ib := m.ib
+	base := context.WithoutCancel(m.msg.Context())
+	var done bool
+	err := ib.call(m.msg.Context(), OpIsProcessed, ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
+		done, err = ib.cfg.Store.IsProcessed(ctx, m.key)
+		return err
+	})
+	if err != nil {
+		if err := m.storeFailed(OpIsProcessed, err); err != nil {
+			return nil, err
+		}
+	}
+	if done {
+		return m.duplicate()
+	}
+	out, err := m.h(m.msg)
+	if err != nil {
+		return out, err
+	}
+	ib.hold()
+	go func() {
+		defer ib.untrack()
+		select {
+		case <-m.msg.Acked():
+		case <-m.msg.Nacked():
+			ib.m.Outcome(m.handler, OutcomeReleased)
+			return
+		case <-ib.abandon:
+			return
+		}
+		_ = ib.mark(m, base, OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
+			return ib.cfg.Store.MarkProcessed(ctx, m.key)
+		})
+	}()
+	return out, nil
+}
+
+// ---- The transactional flow (a TxStore) -----------------------------------
+
+// handleTx claims the key in a transaction of the store's, which the
+// handler runs in, and commits the mark with the handler's writes.
+func (m *msgCall) handleTx() ([]*message.Message, error) {
+	// The store bounds the wait on a concurrent claim by its lock timeout,
+	// and the transaction lives on in the handler: no StoreTimeout here.
+	start := time.Now()
+	claim, err := m.ib.txs.BeginTx(m.msg.Context(), m.key)
+	m.ib.m.StoreCall(OpTryBegin, time.Since(start), err)
+	switch {
+	case errors.Is(err, inbox.ErrBusy):
+		var retryAfter time.Duration
+		if be := (*inbox.BusyError)(nil); errors.As(err, &be) {
+			retryAfter = be.RetryAfter
+		}
+		return nil, m.busy(retryAfter)
+	case err != nil:
+		return nil, m.storeFailed(OpTryBegin, err)
+	case claim.Status == inbox.Processed:
+		return m.duplicate()
+	}
+	return m.runTx(claim, true)
+}
+
+// runTx runs the handler in the claim's transaction and ends it. claimed
+// says whether the transaction holds the key's claim (not for a message
+// without a key): only then are processed and released counted.
+func (m *msgCall) runTx(claim TxClaim, claimed bool) (out []*message.Message, err error) {
+	count := func(o Outcome) {
+		if claimed || o == OutcomeStoreError {
+			m.ib.m.Outcome(m.handler, o)
+		}
+	}
+	orig := m.msg.Context()
+	m.msg.SetContext(claim.Context)
+	returned := false
+	defer func() {
+		m.msg.SetContext(orig)
+		if returned {
+			return
+		}
+		r := recover()
+		_ = claim.Finish(nil, errHandlerPanicked)
+		count(OutcomeReleased)
+		if r != nil {
+			panic(r)
+		}
+	}()
+	out, err = m.h(m.msg)
+	returned = true
+	if err != nil {
+		count(OutcomeReleased)
+		return nil, claim.Finish(nil, err)
+	}
+	start := time.Now()
+	err = claim.Finish(out, nil)
+	m.ib.m.StoreCall(OpComplete, time.Since(start), err)
+	switch {
+	case err == nil:
+		count(OutcomeProcessed)
+	case errors.Is(err, inbox.ErrStoreUnavailable):
+		count(OutcomeStoreError)
+	default:
+		count(OutcomeReleased)
+	}
+	return nil, err
+}
+
+// ---- Close and the count of pending marks ---------------------------------
+
+// Close stops accepting messages and waits until every pending mark has
+// landed: the Complete of each message whose handler succeeded and that the
+// router acked, or its Release when nacked. Call it after the router has
+// stopped. When ctx ends first, Close gives the remaining leases back (those
+// keys are then handled again on redelivery) and returns an error wrapping
+// ctx.Err() without waiting for those releases (each is bounded by
+// StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
+func (ib *Inbox) Close(ctx context.Context) error {
+	ib.mu.Lock()
+	if !ib.closed {
+		ib.closed = true
+		if ib.pending == 0 {
+			close(ib.drained)
+		}
+	}
+	ib.mu.Unlock()
+	select {
+	case <-ib.drained:
+		return nil
+	case <-ctx.Done():
+	}
+	ib.abandonOnce.Do(func() { close(ib.abandon) })
+	ib.mu.Lock()
+	n := ib.pending
+	ib.mu.Unlock()
+	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), watermill.LogFields{"pending": n})
+	return fmt.Errorf("inbox middleware: closed with %d pending mark(s) abandoned: %w", n, ctx.Err())
+}
+
+// track counts a message in flight; false once closed.
+func (ib *Inbox) track() bool {
+	ib.mu.Lock()
+	defer ib.mu.Unlock()
+	if ib.closed {
+		return false
+	}
+	ib.pending++
+	return true
+}
+
+// hold counts a mark left pending by a message that is tracked already.
+func (ib *Inbox) hold() {
+	ib.mu.Lock()
+	ib.pending++
+	ib.mu.Unlock()
+}
+
+func (ib *Inbox) untrack() {
+	ib.mu.Lock()
+	ib.pending--
+	if ib.closed && ib.pending == 0 {
+		close(ib.drained)
+	}
+	ib.mu.Unlock()
+}
+
+var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
+
+// ---- Small helpers ---------------------------------------------------------
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// jitter returns a duration in [d/2, d].
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // IsTransient reports whether err, returned by the middleware, means "try
 // again later" rather than "this message is bad": the key was busy, the store
@@ -435,7 +711,7 @@ func (ib *Inbox) releaseNow(ctx context.Context, handler, key, leaseID string) {
 // out of a poison queue, which would ack them and lose their only copy:
 //
 //	poison, err := wmw.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
-//		return !middleware.IsTransient(err)
+//		return !inboxmw.IsTransient(err)
 //	})
 func IsTransient(err error) bool {
 	return errors.Is(err, inbox.ErrBusy) || errors.Is(err, inbox.ErrStoreUnavailable) ||

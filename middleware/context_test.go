@@ -1,60 +1,25 @@
-package inboxmw
+package inboxmw_test
 
 import (
 	"context"
 	"errors"
-	"sync"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
 )
-
-// countingCtx is a cancelable message context that counts the functions
-// registered on it (through AfterFunc: it hides the cancelCtx it wraps, so
-// children and context.AfterFunc register through its AfterFunc method), so
-// a test can see whether handler contexts register and unregister.
-type countingCtx struct {
-	inner context.Context
-	mu    sync.Mutex
-	live  int
-	seen  int
-}
-
-func (c *countingCtx) Deadline() (time.Time, bool) { return c.inner.Deadline() }
-func (c *countingCtx) Done() <-chan struct{}       { return c.inner.Done() }
-func (c *countingCtx) Err() error                  { return c.inner.Err() }
-func (c *countingCtx) Value(any) any               { return nil }
-
-func (c *countingCtx) AfterFunc(f func()) func() bool {
-	c.mu.Lock()
-	c.live++
-	c.seen++
-	c.mu.Unlock()
-	stop := context.AfterFunc(c.inner, f)
-	var once sync.Once
-	return func() bool {
-		stopped := stop()
-		once.Do(func() { c.mu.Lock(); c.live--; c.mu.Unlock() })
-		return stopped
-	}
-}
-
-func (c *countingCtx) counts() (live, seen int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.live, c.seen
-}
 
 // TestHandlerContext_parent_cancel_reaches_a_running_handler checks that the
 // message context's cancellation, with its cause, reaches a handler that is
 // still running.
 func TestHandlerContext_parent_cancel_reaches_a_running_handler(t *testing.T) {
 	t.Parallel()
-	ib, _ := newInlineInbox(t)
-	defer func() { _ = ib.Close(context.Background()) }()
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias()})
 	cause := errors.New("subscriber closing")
 	mctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), ctxKey{}, "v"))
 	started := make(chan struct{})
@@ -92,8 +57,7 @@ type ctxKey struct{}
 // ends it with context.DeadlineExceeded.
 func TestHandlerContext_parent_deadline(t *testing.T) {
 	t.Parallel()
-	ib, _ := newInlineInbox(t)
-	defer func() { _ = ib.Close(context.Background()) }()
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias()})
 	mctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	want, _ := mctx.Deadline()
@@ -125,8 +89,7 @@ func TestHandlerContext_parent_deadline(t *testing.T) {
 // the start.
 func TestHandlerContext_parent_done_before_the_handler(t *testing.T) {
 	t.Parallel()
-	ib, _ := newInlineInbox(t)
-	defer func() { _ = ib.Close(context.Background()) }()
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias()})
 	cause := errors.New("gone")
 	mctx, cancel := context.WithCancelCause(context.Background())
 	var errAtStart, causeAtStart error
@@ -146,47 +109,32 @@ func TestHandlerContext_parent_done_before_the_handler(t *testing.T) {
 	}
 }
 
-// TestHandlerContext_not_left_registered checks that handlers' contexts do
-// not stay registered with the message context: quick handlers never
-// register, and one that ran past linkAfter unregisters when its lease ends.
-func TestHandlerContext_not_left_registered(t *testing.T) {
+// TestHandler_Goexit_releases_and_goes_on checks that a handler calling
+// runtime.Goexit (t.FailNow does) has its lease released before its
+// goroutine ends, and is not turned into a panic.
+func TestHandler_Goexit_releases_and_goes_on(t *testing.T) {
 	t.Parallel()
-	ib, _ := newInlineInbox(t)
-	inner, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	mctx := &countingCtx{inner: inner}
-	slow := ""
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: keying.StaticAlias("orders-handler")})
+	var hctx context.Context
 	h := ib.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		if m.UUID == slow {
-			testenv.Eventually(t, 10*time.Second, "the slow handler's context is linked", func() bool {
-				live, _ := mctx.counts()
-				return live == 1
-			})
-		}
+		hctx = m.Context()
+		runtime.Goexit()
 		return nil, nil
 	})
-	for _, id := range []string{"q1", "q2", "q3"} {
-		m := message.NewMessage(id, nil)
-		m.SetContext(mctx)
-		if _, err := h(m); err != nil {
-			t.Fatal(err)
-		}
-		m.Ack()
-		if _, seen := mctx.counts(); seen != 0 {
-			t.Fatalf("quick handler %s registered with the message context", id)
-		}
+	m := msgFor("goexit")
+	done := make(chan any, 1)
+	go func() {
+		defer func() { done <- recover() }()
+		_, _ = h(m)
+	}()
+	if r := <-done; r != nil {
+		t.Fatalf("Goexit in the handler became a panic: %v", r)
 	}
-	slow = "slow"
-	m := message.NewMessage(slow, nil)
-	m.SetContext(mctx)
-	if _, err := h(m); err != nil {
-		t.Fatal(err)
+	if rec := getRecord(t, store, "goexit"); rec.State != inbox.StateAvailable {
+		t.Errorf("after Goexit the key is %v, want Available (released before the goroutine ended)", rec.State)
 	}
-	m.Ack()
-	if err := ib.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if live, seen := mctx.counts(); live != 0 || seen != 1 {
-		t.Errorf("after the slow handler's lease: %d live registrations of %d, want 0 of 1", live, seen)
+	if hctx.Err() == nil {
+		t.Errorf("the handler's context was not canceled when its goroutine exited")
 	}
 }
