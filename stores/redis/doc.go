@@ -130,8 +130,8 @@
 // password masked.
 //
 // Two more settings of the client made from a URL differ from go-redis's
-// defaults, to save CPU on every call (about 8% of the client's CPU time
-// per TryBegin and Complete, measured on a loaded 2-core machine):
+// defaults, to save CPU on every call (BENCHMARKS.md at the repository root
+// has the measurements):
 //
 //   - it speaks RESP2 unless the URL sets protocol: the scripts' replies
 //     are the same in both, and the store uses none of RESP3's push
@@ -168,61 +168,25 @@
 // Watermill's own Deduplicator; its documentation says why this project's
 // inbox middleware is safer.
 //
-// # Performance
+// # Benchmarks
 //
 // BenchmarkTryBeginComplete runs one message's work, TryBegin then Complete
-// on a new key, three ways in one run: this store ("ours"); the same Lua
-// scripts run by hand through go-redis ("raw-lua": fixed lease id, no
-// validation, timeout or reply checks), which isolates the store's Go-side
-// cost; and SET NX PX then SET ("raw-setnx"), the two-round-trip floor with
-// no fencing, history or clock. Each runs sequentially ("seq") and with 16
-// concurrent callers ("parallel-16"). BenchmarkOverhead_paired alternates
-// ours and raw-lua within each iteration of each caller, so that load drift
-// weighs on both alike, and reports their time ratio, with the default
-// Timeout and with Timeout off.
+// on a new key, three ways: this store ("ours"); the same Lua scripts run by
+// hand through go-redis ("raw-lua": fixed lease id, no validation, timeout
+// or reply checks), which isolates the store's Go-side cost; and SET NX PX
+// then SET ("raw-setnx"), the two-round-trip floor with no fencing, history
+// or clock. Each runs sequentially and with 16 concurrent callers.
+// BenchmarkOverhead_paired alternates ours and raw-lua within each iteration
+// of each caller, so that load drift weighs on both alike, and reports their
+// time ratio, with the default Timeout and with Timeout off.
+// BenchmarkTryBeginCompleteInterleaved runs the three in turn within every
+// iteration; the harness of make bench (cmd/inboxbench) uses it.
 //
-// Measured against Redis 7.0 on loopback, on a shared 2-core machine (Intel
-// Xeon, Go 1.26, go-redis v9.22.0) whose load average was 5 to 8 from
-// other builds, hence the wide intervals of the unpaired cases; the test
-// binary ran 12 times in a row, each run covering every case:
-//
-//	go test -c -o redis.test ./stores/redis/
-//	for i in $(seq 12); do ./redis.test -test.run '^$' -test.bench 'TryBeginComplete|Overhead_paired' -test.benchmem; done > bench.txt
-//	benchstat bench.txt
-//
-//	                          sec/op          B/op    allocs/op
-//	ours/seq                145.1µ ± 28%    1.85Ki       42
-//	ours/parallel-16        110.7µ ± 24%    1.84Ki       42
-//	raw-lua/seq             132.2µ ± 11%    1.01Ki       29
-//	raw-lua/parallel-16     106.9µ ± 14%    1.01Ki       29
-//	raw-setnx/seq           69.18µ ± 35%       600       17
-//	raw-setnx/parallel-16   45.46µ ± 18%       600       17
-//
-//	paired, ours/raw-lua time   timeout 5s      timeout off
-//	seq                         1.052 ± 3%      1.025 ± 3%
-//	parallel-16                 1.001 ± 0%      1.003 ± 0%
-//
-// Throughput of ours relative to raw-lua (the store's overhead; target 0.9
-// or more): 0.91 sequential and 0.97 with 16 callers unpaired; 0.95 and
-// 1.00 paired. The cost is the store's Go side, 13 more allocations and
-// about 0.8 KiB per message: in a CPU profile of ours/seq the per-call
-// context.WithTimeout of [Options.Timeout] and its cancel (a timer per call)
-// took 9% of the client's CPU, key and argument validation 2.5%, argument
-// boxing 2.5% and the crypto/rand lease id 1.3%; turning the timer off
-// halves the sequential overhead (paired 1.052 to 1.025). With 16 callers
-// the time is spent queueing for Redis and the Go side no longer shows.
-// Relative to raw-setnx (the floor): 0.48 sequential and 0.41 with 16
-// callers: the scripts cost Redis more than a SET (TIME, HMGET, an 11-field
-// HSET and PEXPIRE per call); that is the price of lease fencing, attempts,
-// history and one clock.
-//
-// Redis's own work per script, counted in instructions of redis-server run
-// under valgrind's callgrind (independent of the machine's load; an empty
-// EVALSHA is about 14k): the TryBegin of a new key cost 120k and its
-// Complete 82k with the scripts of the first release. Reading only the
-// record's expiry before creating it (HGET instead of a 7-field HMGET),
-// formatting numbers with string.format instead of letting redis.call
-// format them with %.17g (about 4k each), passing the physical TTL from the
-// client, leaving out an empty payload hash and answering a new key's
-// TryBegin with one integer brought them to 79k and 68k.
+// What ours adds to raw-lua is the store's Go side: the timer of
+// [Options.Timeout] on every call (none with Timeout off), validation of the
+// key, lease id and owner, the boxing of script arguments and the lease id.
+// What raw-lua costs Redis beyond raw-setnx is the scripts' work (TIME, the
+// record's hash, its expiry), the price of lease fencing, attempts, history
+// and one clock. The measured figures are in BENCHMARKS.md at the
+// repository root.
 package redisstore

@@ -57,9 +57,9 @@ type Options struct {
 	// ContextTimeoutEnabled (clients made from a URL are); otherwise the
 	// client's ReadTimeout and WriteTimeout apply to each attempt.
 	//
-	// The bound costs a timer per call (see Performance in the package
-	// documentation); a call whose context already ends within Timeout adds
-	// none.
+	// The bound costs a timer per call (BENCHMARKS.md at the repository
+	// root has what it was measured to cost); a call whose context already
+	// ends within Timeout adds none.
 	Timeout time.Duration
 
 	// CompleteDelay, when positive, pipelines marks (opt-in): Complete does
