@@ -104,10 +104,10 @@
 // FerretDB 1.24 on SQLite is for functional tests only. Besides the lack of
 // atomicity, it pushes a filter down to SQLite only when the filter is
 // exactly {_id: value}; every other filter, so every conditional write of
-// this store, scans the whole collection: TryBegin plus Complete took about
-// 20 ms with up to 100 records and 250 ms with 1000 in this package's
-// benchmarks (a raw InsertOne: about 1 ms). mongod finds the document
-// through the _id index whatever else the filter says.
+// this store, scans the whole collection, so every claim and mark costs time
+// in proportion to the collection's size (BENCHMARKS.md at the repository
+// root has what this package's benchmarks measured). mongod finds the
+// document through the _id index whatever else the filter says.
 //
 // Errors: server and network faults, and the per-call Options.Timeout, wrap
 // [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled;

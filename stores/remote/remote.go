@@ -82,22 +82,14 @@
 //
 // # Performance
 //
-// Each call is one HTTP round trip (plus one discovery read per client).
-// BenchmarkTryBeginComplete (a TryBegin and a Complete of a new key, one
-// caller), medians of -count 6 from one run, two runs on this project's
-// 2-core machine shared with other builds (load average 6 to 7):
-//
-//	                 run 1     run 2
-//	direct memory    5.2 µs    4.9 µs
-//	remote memory    259 µs    259 µs   (about 50x)
-//	direct Redis     156 µs    334 µs
-//	remote Redis     508 µs    565 µs   (about 3.3x and 1.7x)
-//
-// The protocol costs about 125 µs per call on that machine (client and
-// server together: mostly net/http and syscalls; about 25 KB and 145
-// allocations per call). That is small next to a broker round trip but not
-// free: run inboxd close to its store, and use a store directly where the
-// service's isolation is not needed.
+// Each call is one HTTP round trip (plus one discovery read per client), and
+// the protocol adds the work of net/http and of the service on both sides to
+// every call. That is small next to a broker round trip but not free: run
+// inboxd close to its store, and use a store directly where the service's
+// isolation is not needed. BenchmarkTryBeginComplete compares the memory and
+// Redis stores used directly with the same stores behind the remote client
+// and inboxd's handler on loopback; BENCHMARKS.md at the repository root has
+// what it measured.
 package remote
 
 import (
