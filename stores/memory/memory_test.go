@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +73,53 @@ func TestMaxEntries_evicts_oldest_unleased(t *testing.T) {
 	_ = held
 }
 
+// Eviction follows the order of the last write: a key written again moves to
+// the back, while reads (Get, IsProcessed, a TryBegin that finds the key
+// processed) leave the order as it is.
+func TestMaxEntries_evicts_least_recently_written(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{MaxEntries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := func(key string) {
+		t.Helper()
+		if err := s.MarkProcessed(ctx, key); err != nil {
+			t.Fatalf("MarkProcessed(%s): %v", key, err)
+		}
+	}
+	kept := func(want ...string) {
+		t.Helper()
+		for _, k := range []string{"a", "b", "c", "d", "e"} {
+			ok, err := s.IsProcessed(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != slices.Contains(want, k) {
+				t.Fatalf("%q processed: %v; want the kept keys to be %v", k, ok, want)
+			}
+		}
+	}
+	mark("a")
+	mark("b")
+	mark("c")
+	mark("a") // written again: b is now the least recently written
+	mark("d")
+	kept("a", "c", "d")
+	if _, err := s.Get(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.TryBegin(ctx, "c", inbox.BeginOptions{}); err != nil || c.Status != inbox.Processed {
+		t.Fatalf("TryBegin(c) = %+v, %v", c, err)
+	}
+	mark("e") // evicts c: reads did not move it
+	kept("a", "d", "e")
+	if st := s.Stats(); st.Entries != 3 || st.Evicted != 2 {
+		t.Fatalf("stats %+v, want 3 entries and 2 evictions", st)
+	}
+}
+
 func TestMaxEntries_all_leased_is_unavailable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -78,17 +127,108 @@ func TestMaxEntries_all_leased_is_unavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var claims []inbox.Claim
 	for i := range 2 {
-		if _, err := s.TryBegin(ctx, fmt.Sprint(i), inbox.BeginOptions{}); err != nil {
+		c, err := s.TryBegin(ctx, fmt.Sprint(i), inbox.BeginOptions{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		claims = append(claims, c)
 	}
 	_, err = s.TryBegin(ctx, "x", inbox.BeginOptions{})
 	if !errors.Is(err, inbox.ErrStoreUnavailable) {
 		t.Fatalf("TryBegin on a full store of live leases: %v, want ErrStoreUnavailable", err)
 	}
+	if err := s.MarkProcessed(ctx, "x"); !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("MarkProcessed on a full store of live leases: %v, want ErrStoreUnavailable", err)
+	}
 	if r, _ := s.Get(ctx, "x"); r.State != inbox.StateNotFound {
 		t.Fatalf("refused TryBegin created a record: %+v", r)
+	}
+	if st := s.Stats(); st.Entries != 2 || st.Evicted != 0 {
+		t.Fatalf("stats %+v, want 2 entries and no eviction", st)
+	}
+	// Keys already held need no room.
+	if c, err := s.TryBegin(ctx, "0", inbox.BeginOptions{}); err != nil || c.Status != inbox.Busy {
+		t.Fatalf("TryBegin of a held key in a full store = %+v, %v; want Busy", c, err)
+	}
+	// A released lease makes its record evictable.
+	if err := s.Release(ctx, "1", claims[1].LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.TryBegin(ctx, "x", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin after a Release = %+v, %v; want Acquired", c, err)
+	}
+	if r, _ := s.Get(ctx, "1"); r.State != inbox.StateNotFound {
+		t.Fatalf(`released "1" should have been evicted: %+v`, r)
+	}
+	if r, _ := s.Get(ctx, "0"); r.State != inbox.StateInProgress {
+		t.Fatalf(`live lease "0" was touched: %+v`, r)
+	}
+	if st := s.Stats(); st.Entries != 2 || st.Evicted != 1 {
+		t.Fatalf("stats %+v, want 2 entries and 1 eviction", st)
+	}
+}
+
+// The store reports wall-clock times, without a monotonic reading, and
+// FirstSeen <= LastSeen.
+func TestTimes_are_wall_clock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Round(0)
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until, err := s.Extend(ctx, "k", c.LeaseID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().Round(0)
+	for name, tm := range map[string]time.Time{"ExpiresAt": c.ExpiresAt, "Extend": until, "FirstSeen": r.FirstSeen, "LastSeen": r.LastSeen, "LeaseUntil": r.LeaseUntil} {
+		if tm != tm.Round(0) {
+			t.Errorf("%s %v carries a monotonic reading", name, tm)
+		}
+	}
+	// The clock at New plus monotonic time may drift from the wall clock by
+	// a little; a second is far more than enough.
+	if r.FirstSeen.Before(before.Add(-time.Second)) || r.LastSeen.After(after.Add(time.Second)) || r.LastSeen.Before(r.FirstSeen) {
+		t.Errorf("FirstSeen %v, LastSeen %v, not within [%v, %v]", r.FirstSeen, r.LastSeen, before, after)
+	}
+	if !r.LeaseUntil.Equal(until) || until.Sub(r.LastSeen) != time.Hour {
+		t.Errorf("LeaseUntil %v, Extend %v, LastSeen %v: want the extended lease an hour after the last write", r.LeaseUntil, until, r.LastSeen)
+	}
+}
+
+// Leases and retention of centuries, beyond what the monotonic clock reading
+// of a time.Time holds, still hold for their length.
+func TestHuge_lease_and_retention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{Retention: math.MaxInt64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{Lease: math.MaxInt64})
+	if err != nil || c.Status != inbox.Acquired || !c.ExpiresAt.After(time.Now().AddDate(200, 0, 0)) {
+		t.Fatalf("TryBegin with a lease of centuries = %+v, %v", c, err)
+	}
+	if b, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || b.Status != inbox.Busy || b.RetryAfter < 200*365*24*time.Hour {
+		t.Fatalf("TryBegin of the held key = %+v, %v; want Busy for centuries", b, err)
+	}
+	if err := s.Complete(ctx, "k", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.IsProcessed(ctx, "k"); err != nil || !ok {
+		t.Fatalf("IsProcessed = %v, %v; want processed for centuries", ok, err)
 	}
 }
 
@@ -104,29 +244,64 @@ func TestMaxEntries_expired_records_make_room_first(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if ok, _ := s.IsProcessed(ctx, "b"); !ok {
-			break
+	waitExpired(t, s, "b")
+	if err := s.MarkProcessed(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Entries != 1 || st.Evicted != 0 {
+		t.Fatalf("expired records should be dropped, not evicted: %+v", st)
+	}
+}
+
+// Writes sweep expired records, so that they do not wait for MaxEntries to
+// be dropped.
+func TestExpired_records_are_swept_by_writes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{Retention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b"} {
+		if err := s.MarkProcessed(ctx, k); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("retention of 1ms never ran out")
-		}
-		time.Sleep(time.Millisecond)
+	}
+	waitExpired(t, s, "b") // drops b, which was looked up; a, written before, has expired too
+	if st := s.Stats(); st.Entries != 1 {
+		t.Fatalf("stats %+v, want the expired a still held", st)
 	}
 	if err := s.MarkProcessed(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.Evicted != 0 {
-		t.Fatalf("expired records should be swept, not evicted: %+v", st)
+	if st := s.Stats(); st.Entries != 1 || st.Evicted != 0 {
+		t.Fatalf("stats %+v, want a swept and only c held", st)
 	}
 }
 
-// Records removed by eviction or expiry free their slot for the next key:
-// nothing of the old record (owner, payload hash, attempts, lease) may show
-// through in the new one, and the list must stay consistent through many
-// reuses.
-func TestSlotReuse_starts_clean(t *testing.T) {
+// waitExpired polls until key is no longer processed: its retention ran out.
+func waitExpired(t *testing.T, s *memory.Store, key string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ok, err := s.IsProcessed(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retention of %q never ran out", key)
+		}
+		time.Sleep(time.Millisecond) // polling interval, not synchronisation: the condition decides
+	}
+}
+
+// A key evicted and seen again starts a fresh record: nothing of the old one
+// (owner, payload hash, attempts, lease) shows through, and the order of
+// records stays consistent through many evictions.
+func TestEvicted_key_starts_clean(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, err := memory.New(memory.Options{MaxEntries: 2, Lease: time.Hour})
@@ -174,9 +349,9 @@ func TestSlotReuse_starts_clean(t *testing.T) {
 	}
 }
 
-// Records are kept in chunks of slots: a store larger than a chunk, that
-// evicts and reuses slots across chunks, keeps every key it should.
-func TestManyRecords_across_chunks(t *testing.T) {
+// A store that evicts thousands of records keeps exactly the newest
+// MaxEntries of them, each with its own record.
+func TestMaxEntries_keeps_the_newest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const max, total = 2500, 6000
@@ -209,9 +384,8 @@ func TestManyRecords_across_chunks(t *testing.T) {
 	}
 }
 
-// Lease ids of up to 32 bytes are kept in the record, longer ones as strings:
-// ids of either kind, and near misses across the boundary, must be compared
-// byte for byte.
+// Lease ids are compared byte for byte: near misses (case, length, a last
+// byte, a multi-byte rune) hold nothing.
 func TestLeaseIDs_compared_byte_for_byte(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -271,15 +445,35 @@ func TestLeaseIDs_compared_byte_for_byte(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	s, err := memory.New(memory.Options{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkProcessed(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.TryBegin(context.Background(), "k", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrClosed) {
-		t.Fatalf("TryBegin after Close: %v, want ErrClosed", err)
+	for name, call := range map[string]func() error{
+		"TryBegin":      func() error { _, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); return err },
+		"Complete":      func() error { return s.Complete(ctx, "k", "lease") },
+		"Release":       func() error { return s.Release(ctx, "k", "lease") },
+		"Extend":        func() error { _, err := s.Extend(ctx, "k", "lease", time.Second); return err },
+		"Get":           func() error { _, err := s.Get(ctx, "k"); return err },
+		"IsProcessed":   func() error { _, err := s.IsProcessed(ctx, "k"); return err },
+		"MarkProcessed": func() error { return s.MarkProcessed(ctx, "k") },
+	} {
+		if err := call(); !errors.Is(err, inbox.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if st := s.Stats(); st.Entries != 0 {
+		t.Fatalf("Stats after Close: %+v", st)
 	}
 }
 
