@@ -235,14 +235,3 @@ type Record struct {
 	// PayloadHash is the first BeginOptions.PayloadHash seen for the key.
 	PayloadHash string
 }
-
-// BoundedCalls is an optional interface of stores that bound every call
-// themselves, with a per-call timeout of their own or because they do no I/O
-// at all. Callers that would wrap each call in a timeout (the middleware does,
-// with its StoreTimeout) skip theirs when the store's bound is at least as
-// tight: a timer per call is a measurable cost on an in-memory store.
-type BoundedCalls interface {
-	// CallTimeout is the longest one call can take, retries included. Zero
-	// means the store's calls never block.
-	CallTimeout() time.Duration
-}
