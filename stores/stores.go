@@ -15,22 +15,57 @@
 // The mux reads the parameters every store shares and removes them from the
 // URL before the driver sees it:
 //
-//   - retention: how long a processed key stays processed, as a Go duration
-//     ("168h", "30m"). Default: the driver's, normally [inbox.DefaultRetention].
+//   - retention: how long a processed key stays processed, as a duration
+//     ("7d", "168h", "1d12h", "30m"). Default: the driver's, normally
+//     [inbox.DefaultRetention].
 //   - lease: the lease length used when a caller asks for none ("30s").
 //     Default: the driver's, normally [inbox.DefaultLease].
+//   - check: true (the default) or false; see "Checks at Open" below.
+//     [Params.Lazy] is its negation.
+//
+// Durations, here and in the drivers' own parameters (timeout, ...), are Go
+// durations ([time.ParseDuration]: "ms", "s", "m", "h") that may start with a
+// whole number of days: "7d", "1d12h". A day is 24 hours. They must be
+// positive; see [PopDuration].
 //
 // Drivers read their own parameters (prefix, table, collection, ...) and
 // reject any parameter they do not know, naming it: a typo never passes
 // silently. Errors never quote a URL's password or token.
+//
+// # Checks at Open
+//
+// [Open] returns a store that works, or an error that says what is wrong and
+// how to fix it: each driver connects, authenticates and checks that the
+// table or collection it needs is there (or creates it when the URL asks, as
+// with migrate=true or ensure_indexes=true); the driver's package
+// documentation says what exactly. A mistake of configuration found this way
+// (a wrong password, a missing table, a database that does not exist, a user
+// without the rights the store needs) is an error wrapping both
+// [ErrMisconfigured] and [inbox.ErrStoreUnavailable]; a server that does not
+// answer in time, or at all, is an error wrapping [inbox.ErrStoreUnavailable]
+// only, since it may come back.
+//
+// check=false opens lazily, for programs that start before their store (a
+// container started with its database): the URL's parameters are still
+// checked, but nothing is sent to the server, and the same mistakes then fail
+// the store's first calls with [inbox.ErrStoreUnavailable]. Where a URL asks
+// for work at Open (migrate=true, ensure_indexes=true), check=false is
+// refused with it: that work needs the server.
+//
+// Drivers registered by a program read [Params.Lazy] and should do the same.
+// The memory store has nothing to check. Constructors that take the caller's
+// own client (redisstore.New, sqlstore.New, mongostore.New) say in their
+// documentation what they check.
 package stores
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +80,43 @@ var ErrUnknownScheme = errors.New("stores: unknown URL scheme")
 // unknown parameter.
 var ErrInvalidURL = errors.New("stores: invalid store URL")
 
+// ErrMisconfigured is wrapped, together with [inbox.ErrStoreUnavailable], by
+// the error of an [Open] whose store answered but cannot work as configured:
+// a wrong user or password, a database, table or collection that does not
+// exist, a user without the rights the store needs. Unlike an outage, it
+// does not go away by waiting: the URL or the server's configuration must
+// change. It wraps no other error; see [Misconfigured].
+var ErrMisconfigured = errors.New("stores: store misconfigured")
+
+// Misconfigured returns an error wrapping [ErrMisconfigured] and
+// [inbox.ErrStoreUnavailable], whose text is msg followed, when cause is
+// not nil, by cause's text in parentheses. msg names what is wrong and how to
+// fix it, and quotes no secret (use [Redact] for URLs); cause, the driver's
+// error, stays in the chain for errors.As.
+func Misconfigured(msg string, cause error) error {
+	return &misconfigured{msg: msg, cause: cause}
+}
+
+type misconfigured struct {
+	msg   string
+	cause error
+}
+
+func (e *misconfigured) Error() string {
+	if e.cause == nil {
+		return e.msg
+	}
+	return e.msg + " (" + e.cause.Error() + ")"
+}
+
+func (e *misconfigured) Unwrap() []error {
+	errs := []error{ErrMisconfigured, inbox.ErrStoreUnavailable}
+	if e.cause != nil {
+		errs = append(errs, e.cause)
+	}
+	return errs
+}
+
 // Store is what [Open] returns: a lease store that owns its connections and
 // must be closed.
 type Store interface {
@@ -57,8 +129,14 @@ type Store interface {
 // Params are the parameters the mux reads for every driver. Zero values mean
 // the driver's default.
 type Params struct {
+	// Retention is the URL's retention parameter.
 	Retention time.Duration
-	Lease     time.Duration
+	// Lease is the URL's lease parameter.
+	Lease time.Duration
+	// Lazy is set by check=false: the opener must not contact the server
+	// (see "Checks at Open" in the package documentation). By default
+	// (false) it checks that the store works before returning it.
+	Lazy bool
 }
 
 // Opener opens a store from a URL. The URL passed in has the shared
@@ -163,27 +241,92 @@ func readParams(u *url.URL) (Params, *url.URL, error) {
 		}
 		*dst = v
 	}
+	check, err := PopBool(q, "check", true)
+	if err != nil {
+		return Params{}, nil, err
+	}
+	p.Lazy = !check
 	rest := *u
 	rest.RawQuery = q.Encode()
 	return p, &rest, nil
 }
 
 // PopDuration reads and removes the positive duration parameter name from q.
-// It returns zero when the parameter is absent, and an error wrapping
-// [ErrInvalidURL] when it is repeated, unparsable or not positive.
+// A duration is a Go duration ([time.ParseDuration]) that may start with a
+// whole number of days, a day being 24 hours: "30s", "168h", "7d",
+// "1d12h30m". It returns zero when the parameter is absent, and an error
+// wrapping [ErrInvalidURL], naming the parameter and its value, when it is
+// repeated, unparsable, not positive or longer than a time.Duration holds
+// (about 106751 days).
 func PopDuration(q url.Values, name string) (time.Duration, error) {
 	s, ok, err := PopString(q, name)
 	if err != nil || !ok {
 		return 0, err
 	}
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("%w: parameter %s=%q is not a duration like 30s or 168h", ErrInvalidURL, name, s)
+		return 0, fmt.Errorf("%w: parameter %s=%q %v", ErrInvalidURL, name, s, err)
 	}
 	if d <= 0 {
 		return 0, fmt.Errorf("%w: parameter %s=%q must be positive", ErrInvalidURL, name, s)
 	}
 	return d, nil
+}
+
+const day = 24 * time.Hour
+
+// parseDuration is time.ParseDuration with an optional leading count of
+// days ("7d", "1d12h"). The error says what a duration looks like.
+func parseDuration(s string) (time.Duration, error) {
+	const want = "is not a duration like 30s, 168h, 7d or 1d12h"
+	i := strings.IndexByte(s, 'd')
+	if i < 0 {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, errors.New(want)
+		}
+		return d, nil
+	}
+	// Days come first, as a whole number without sign: "7d", "1d12h".
+	days, rest := s[:i], s[i+1:]
+	if days == "" || strings.Trim(days, "0123456789") != "" {
+		return 0, errors.New(want)
+	}
+	n, err := strconv.ParseInt(days, 10, 64)
+	if err != nil || n > int64(math.MaxInt64/day) {
+		return 0, errors.New("is longer than the longest duration, about 106751 days")
+	}
+	d := time.Duration(n) * day
+	if rest == "" {
+		return d, nil
+	}
+	if rest[0] == '+' || rest[0] == '-' || strings.IndexByte(rest, 'd') >= 0 {
+		return 0, errors.New(want)
+	}
+	r, err := time.ParseDuration(rest)
+	if err != nil {
+		return 0, errors.New(want)
+	}
+	if r > math.MaxInt64-d {
+		return 0, errors.New("is longer than the longest duration, about 106751 days")
+	}
+	return d + r, nil
+}
+
+// PopBool reads and removes the boolean parameter name from q (true or
+// false, and the other forms of [strconv.ParseBool]). It returns def when
+// the parameter is absent, and an error wrapping [ErrInvalidURL], naming the
+// parameter and its value, when it is repeated or not a boolean.
+func PopBool(q url.Values, name string, def bool) (bool, error) {
+	s, ok, err := PopString(q, name)
+	if err != nil || !ok {
+		return def, err
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return def, fmt.Errorf("%w: parameter %s=%q is not true or false", ErrInvalidURL, name, s)
+	}
+	return b, nil
 }
 
 // PopString reads and removes the parameter name from q. ok is false when it
@@ -212,7 +355,7 @@ func RejectUnknown(scheme string, q url.Values, known ...string) error {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	known = append([]string{"retention", "lease"}, known...)
+	known = append([]string{"retention", "lease", "check"}, known...)
 	return fmt.Errorf("%w: unknown parameter(s) %s for %s:// (known: %s)",
 		ErrInvalidURL, strings.Join(names, ", "), scheme, strings.Join(known, ", "))
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
 )
 
@@ -117,5 +118,120 @@ func TestRedact_keepsTheURLForm(t *testing.T) {
 		if got := stores.Redact(u); got != raw {
 			t.Errorf("Redact(%s) = %s", raw, got)
 		}
+	}
+}
+
+func TestPopDuration_days(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"7d":        7 * 24 * time.Hour,
+		"1d12h":     36 * time.Hour,
+		"1d12h30m":  36*time.Hour + 30*time.Minute,
+		"0d1s":      time.Second,
+		"30d":       30 * 24 * time.Hour,
+		"007d":      7 * 24 * time.Hour,
+		"1d0.5h":    24*time.Hour + 30*time.Minute,
+		"168h":      168 * time.Hour,
+		"30s":       30 * time.Second,
+		"1.5h":      90 * time.Minute,
+		"106751d":   106751 * 24 * time.Hour,
+		"106751d1h": 106751*24*time.Hour + time.Hour,
+	} {
+		q := url.Values{"retention": {in}}
+		got, err := stores.PopDuration(q, "retention")
+		if err != nil || got != want {
+			t.Errorf("PopDuration(retention=%s) = %s, %v; want %s", in, got, err, want)
+		}
+		if q.Has("retention") {
+			t.Errorf("PopDuration(retention=%s) left the parameter in the query", in)
+		}
+	}
+	if d, err := stores.PopDuration(url.Values{}, "retention"); d != 0 || err != nil {
+		t.Errorf("absent parameter: %s, %v; want 0, nil", d, err)
+	}
+}
+
+func TestPopDuration_bad_forms_name_the_parameter_and_value(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"7dd", "d", "-1d", "+1d", "1.5d", "d1h", "1h2d", "1d-1h", "1d+1h", "1d2d", "7 d", "7D", "1w",
+		"0d", "0d0s", "7", "", "abc", "-1h", "0",
+		"106752d",                 // past math.MaxInt64 nanoseconds
+		"106751d24h",              // likewise, through the rest
+		"99999999999999999999d",   // past int64
+		"9223372036854775807d",    // int64, but its days overflow
+		"1d9223372036854775807ns", // the sum overflows
+	} {
+		_, err := stores.PopDuration(url.Values{"retention": {in}}, "retention")
+		if !errors.Is(err, stores.ErrInvalidURL) {
+			t.Errorf("PopDuration(retention=%q) = %v; want ErrInvalidURL", in, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), "retention") || !strings.Contains(err.Error(), `"`+in+`"`) {
+			t.Errorf("PopDuration(retention=%q): error %q names neither the parameter nor the value", in, err)
+		}
+	}
+}
+
+func TestURLMux_check_parameter(t *testing.T) {
+	t.Parallel()
+	var m stores.URLMux
+	var got stores.Params
+	var rest *url.URL
+	m.Register("mem", stores.OpenerFunc(func(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+		got, rest = p, u
+		return nil, nil
+	}))
+	for raw, lazy := range map[string]bool{
+		"mem://x":                          false,
+		"mem://x?check=true":               false,
+		"mem://x?check=false":              true,
+		"mem://x?check=0&t=1":              true,
+		"mem://x?retention=7d&check=false": true,
+	} {
+		got, rest = stores.Params{}, nil
+		if _, err := m.Open(context.Background(), raw); err != nil {
+			t.Fatalf("Open(%s): %v", raw, err)
+		}
+		if got.Lazy != lazy {
+			t.Errorf("Open(%s): Params.Lazy = %v, want %v", raw, got.Lazy, lazy)
+		}
+		if rest.Query().Has("check") {
+			t.Errorf("Open(%s): the driver sees check in %s", raw, rest.RawQuery)
+		}
+	}
+	if got.Retention != 7*24*time.Hour {
+		t.Errorf("retention=7d read as %s", got.Retention)
+	}
+	for _, bad := range []string{"mem://?check=maybe", "mem://?check=", "mem://?check=true&check=false"} {
+		_, err := m.Open(context.Background(), bad)
+		if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), "check") {
+			t.Errorf("Open(%q) = %v; want ErrInvalidURL naming check", bad, err)
+		}
+	}
+	if err := stores.RejectUnknown("mem", url.Values{"chek": {"false"}}); err == nil || !strings.Contains(err.Error(), "check") {
+		t.Errorf("RejectUnknown does not list check among the known parameters: %v", err)
+	}
+}
+
+func TestMisconfigured_wraps_both_sentinels_and_the_cause(t *testing.T) {
+	t.Parallel()
+	cause := &url.Error{Op: "dial", URL: "x", Err: errors.New("refused")}
+	err := stores.Misconfigured("redis store: authentication failed: check the password", cause)
+	if !errors.Is(err, stores.ErrMisconfigured) || !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("%v wraps not both ErrMisconfigured and inbox.ErrStoreUnavailable", err)
+	}
+	var ue *url.Error
+	if !errors.As(err, &ue) || ue != cause {
+		t.Fatalf("%v does not keep its cause for errors.As", err)
+	}
+	if want := "redis store: authentication failed: check the password (" + cause.Error() + ")"; err.Error() != want {
+		t.Fatalf("text %q, want %q", err, want)
+	}
+	if err := stores.Misconfigured("no table", nil); err.Error() != "no table" || !errors.Is(err, stores.ErrMisconfigured) {
+		t.Fatalf("without a cause: %v", err)
+	}
+	if errors.Unwrap(stores.ErrMisconfigured) != nil {
+		t.Fatal("ErrMisconfigured wraps another error")
 	}
 }
