@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/remote/internal/wire"
 )
 
@@ -32,9 +33,18 @@ type Store struct {
 	log    watermill.LoggerAdapter
 	closed atomic.Bool
 
+	// tokenFrom names where the token came from, for errors ("Options.Token",
+	// `token_file "/run/secrets/inbox"`); tokenHint says how to give one when
+	// none is configured. Neither ever holds the token.
+	tokenFrom, tokenHint string
+
 	mu         sync.Mutex
-	disc       *Discovery // nil until read
-	discAbsent time.Time  // when the server last answered 404 to discovery
+	disc       *Discovery    // nil until read
+	discAbsent time.Time     // when the server last answered 404 to discovery
+	discErr    error         // the last discovery failure, reused until discErrAt+discRetry
+	discErrAt  time.Time     // when discErr was recorded
+	discFlight chan struct{} // closed when the discovery read in flight ends; nil when none is
+	discRetry  time.Duration // DiscoveryRetry; tests shorten it
 }
 
 var _ inbox.LeaseStore = (*Store)(nil)
@@ -69,8 +79,16 @@ func (d *Discovery) Has(ext string) bool {
 }
 
 // New returns a store for opts. It does no I/O: the service is first reached
-// by the first call.
+// by the first call. Call [Store.Check] to find a wrong URL or token before
+// the first message does ([github.com/watermill-inbox/inbox/stores.Open]
+// does, unless the URL says check=false).
 func New(opts Options) (*Store, error) {
+	return newStore(opts, "Options.Token", "set Options.Token to a token the service accepts")
+}
+
+// newStore is New with the token's source and the hint of how to give one,
+// for errors.
+func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 	opts.setDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -86,9 +104,10 @@ func New(opts Options) (*Store, error) {
 		hc.Transport = tr
 	}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	s := &Store{opts: opts, base: base, hc: &hc, log: opts.Logger}
+	s := &Store{opts: opts, base: base, hc: &hc, log: opts.Logger, tokenHint: tokenHint, discRetry: DiscoveryRetry}
 	if opts.Token != "" {
 		s.auth = "Bearer " + opts.Token
+		s.tokenFrom = tokenFrom
 	}
 	return s, nil
 }
@@ -160,7 +179,7 @@ func (s *Store) do(ctx context.Context, ep endpoint, body []byte) (res result, u
 			return result{}, uncertain || sent, lastErr // a broken answer comes back broken
 		}
 		if lastErr == nil {
-			lastErr = statusError(ep, res)
+			lastErr = s.statusError(ep, res)
 			uncertain = true // a 5xx may come after the server acted
 		} else if sent {
 			uncertain = true
@@ -271,7 +290,7 @@ func isDialError(err error) bool {
 }
 
 // statusError is the error of a non-200 answer.
-func statusError(ep endpoint, res result) error {
+func (s *Store) statusError(ep endpoint, res result) error {
 	var e wire.ErrorResponse
 	_ = json.Unmarshal(res.body, &e)
 	detail := http.StatusText(res.code)
@@ -294,7 +313,7 @@ func statusError(ep endpoint, res result) error {
 	case code == http.StatusRequestEntityTooLarge:
 		return opError(ep, "%w: request body is over the server's limit (HTTP 413 %s)", inbox.ErrInvalidArgument, detail)
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return opError(ep, "%w: %w: HTTP %d %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail)
+		return opError(ep, "%w: %w: HTTP %d %s: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail, s.refused())
 	case code == http.StatusNotFound:
 		return opError(ep, "%w: %w: HTTP 404 %s", inbox.ErrStoreUnavailable, ErrEndpointNotFound, detail)
 	case code == http.StatusNotImplemented:
@@ -306,6 +325,15 @@ func statusError(ep endpoint, res result) error {
 		return opError(ep, "%w: HTTP %d %s", inbox.ErrStoreUnavailable, code, detail)
 	}
 	return opError(ep, "%w: %w: unexpected HTTP %d %s", inbox.ErrStoreUnavailable, ErrProtocol, code, detail)
+}
+
+// refused says, for an answer 401 or 403, which configuration to fix: the
+// token's source, never the token.
+func (s *Store) refused() string {
+	if s.auth == "" {
+		return "configuration error: the service requires a bearer token and none is configured: " + s.tokenHint
+	}
+	return fmt.Sprintf("configuration error: the service refused the bearer token of %s: give it a token the service accepts", s.tokenFrom)
 }
 
 func truncate(s string, n int) string {
@@ -334,57 +362,161 @@ var discoveryEP = endpoint{method: http.MethodGet, path: wire.Discovery, name: "
 // asked again.
 const discoveryRecheck = time.Minute
 
+// DiscoveryRetry is how long a failed discovery read (no connection, a
+// timeout, 401, 5xx, a broken document, or a service that requires a token
+// while none is configured) is remembered: calls within it fail at once with
+// that error, without a request, so that a misconfigured or unreachable
+// client sends at most one discovery request per DiscoveryRetry instead of
+// one per call. A successful read is kept for the client's life.
+const DiscoveryRetry = 5 * time.Second
+
 // Discover returns the service's discovery document, reading it when it was
 // not read yet. A service without one (404) gives a nil Discovery and a nil
-// error; the client then assumes no extension.
+// error; the client then assumes no extension, and asks again a minute
+// later. A failed read is remembered for [DiscoveryRetry]: within it,
+// Discover returns that error again without a request (the error says so).
+// A read that ends because the caller's context did is not remembered.
+// Concurrent callers share one read.
 func (s *Store) Discover(ctx context.Context) (*Discovery, error) {
-	s.mu.Lock()
-	d, absent := s.disc, s.discAbsent
-	s.mu.Unlock()
-	if d != nil || (!absent.IsZero() && time.Since(absent) < discoveryRecheck) {
-		return d, nil
+	for {
+		s.mu.Lock()
+		switch {
+		case s.disc != nil:
+			d := s.disc
+			s.mu.Unlock()
+			return d, nil
+		case !s.discAbsent.IsZero() && time.Since(s.discAbsent) < discoveryRecheck:
+			s.mu.Unlock()
+			return nil, nil
+		case s.discErr != nil && time.Since(s.discErrAt) < s.discRetry:
+			err, age := s.discErr, time.Since(s.discErrAt)
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w [remembered from a discovery read %s ago: the service is asked again %s after a failure]",
+				err, age.Round(time.Millisecond), s.discRetry)
+		case s.discFlight != nil:
+			wait := s.discFlight
+			s.mu.Unlock()
+			select {
+			case <-wait:
+				continue // read what it found
+			case <-ctx.Done():
+				return nil, opError(discoveryEP, "%w", ctx.Err())
+			}
+		}
+		flight := make(chan struct{})
+		s.discFlight = flight
+		s.mu.Unlock()
+
+		d, absent, err := s.readDiscovery(ctx)
+
+		s.mu.Lock()
+		s.discFlight = nil
+		close(flight)
+		switch {
+		case err == nil && absent:
+			s.discAbsent, s.discErr = time.Now(), nil
+		case err == nil:
+			s.disc, s.discErr = d, nil
+		case ctx.Err() == nil:
+			s.discErr, s.discErrAt = err, time.Now()
+		}
+		s.mu.Unlock()
+		if err == nil && !absent {
+			s.log.Info("Remote inbox service discovered", watermill.LogFields{
+				"base_url": s.base.String(), "version": d.Version, "auth": d.Auth, "lease_policy": d.LeasePolicy,
+				"lease_min": d.LeaseMin.String(), "lease_max": d.LeaseMax.String(), "extensions": d.Extensions})
+		}
+		return d, err
 	}
+}
+
+// forgetDiscovery drops what Discover remembers, so that the next call reads
+// the document again.
+func (s *Store) forgetDiscovery() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.disc, s.discAbsent, s.discErr, s.discErrAt = nil, time.Time{}, nil, time.Time{}
+}
+
+// readDiscovery sends GET /v1/inbox. absent reports a 404: a service without
+// a discovery document.
+func (s *Store) readDiscovery(ctx context.Context) (d *Discovery, absent bool, err error) {
 	res, _, err := s.do(ctx, discoveryEP, nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	switch res.code {
 	case http.StatusOK:
 	case http.StatusNotFound:
-		s.mu.Lock()
-		s.discAbsent = time.Now()
-		s.mu.Unlock()
-		return nil, nil
+		return nil, true, nil
 	default:
-		return nil, statusError(discoveryEP, res)
+		return nil, false, s.statusError(discoveryEP, res)
 	}
 	var w wire.DiscoveryResponse
 	if err := decode(discoveryEP, res, &w); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if w.Version != wire.Version {
-		return nil, protoError(discoveryEP, "service speaks protocol version %q, this client %q", w.Version, wire.Version)
+		return nil, false, protoError(discoveryEP, "service speaks protocol version %q, this client %q", w.Version, wire.Version)
 	}
 	if w.Auth != wire.AuthNone && w.Auth != wire.AuthBearer {
-		return nil, protoError(discoveryEP, "unknown auth %q", w.Auth)
+		return nil, false, protoError(discoveryEP, "unknown auth %q", w.Auth)
 	}
 	if w.LeasePolicy != wire.PolicyClamp && w.LeasePolicy != wire.PolicyReject {
-		return nil, protoError(discoveryEP, "unknown leasePolicy %q", w.LeasePolicy)
+		return nil, false, protoError(discoveryEP, "unknown leasePolicy %q", w.LeasePolicy)
 	}
 	if w.Auth == wire.AuthBearer && s.auth == "" {
-		return nil, opError(discoveryEP, "%w: %w: the service requires a bearer token and none is configured (token_file or Options.Token)",
-			inbox.ErrStoreUnavailable, ErrUnauthorized)
+		return nil, false, opError(discoveryEP, "%w: %w: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, s.refused())
 	}
-	d = &Discovery{
+	return &Discovery{
 		Version: w.Version, Auth: w.Auth, LeasePolicy: w.LeasePolicy, Extensions: w.Extensions,
 		LeaseMin: time.Duration(w.LeaseSeconds.Min) * time.Second, LeaseMax: time.Duration(w.LeaseSeconds.Max) * time.Second,
 		LeaseDefault: time.Duration(w.LeaseSeconds.Default) * time.Second,
+	}, false, nil
+}
+
+// CheckKey is the key [Store.Check] reads (GET /v1/inbox/{key}) to prove
+// that the service accepts the token and that its store answers. It is only
+// read, never written.
+const CheckKey = "inbox-remote:check"
+
+// Check tells whether the service works for this client, reading it afresh
+// (it forgets a remembered discovery first):
+//
+//  1. It reads the discovery document: a service that requires a bearer
+//     token while none is configured fails here, without sending one.
+//  2. It reads CheckKey with the token: a 401 or 403 (a wrong token) fails,
+//     naming the token's source (the token file's path, the URL's token=
+//     parameter or Options.Token), never the token; a 404 from a service
+//     without a discovery document (a wrong base URL) fails; so does a
+//     service whose store does not answer.
+//
+// A mistake of configuration (no token, a refused token, a URL that is not
+// an inbox service of protocol v1) is an error wrapping
+// [stores.ErrMisconfigured], [inbox.ErrStoreUnavailable] and [ErrUnauthorized],
+// [ErrEndpointNotFound] or [ErrProtocol]; a service that does not answer, or
+// answers 5xx, gives an error wrapping [inbox.ErrStoreUnavailable] only,
+// since it may come back. [stores.Open] calls Check unless the URL says
+// check=false; [New] does not.
+func (s *Store) Check(ctx context.Context) error {
+	s.forgetDiscovery()
+	err := func() error {
+		if _, err := s.Discover(ctx); err != nil {
+			return err
+		}
+		_, err := s.Get(ctx, CheckKey)
+		return err
+	}()
+	base := s.base.String()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrUnauthorized):
+		return stores.Misconfigured(fmt.Sprintf("remote store: the inbox service at %s refuses this client", base), err)
+	case errors.Is(err, ErrEndpointNotFound):
+		return stores.Misconfigured(fmt.Sprintf("remote store: %s is not an inbox service (404 for the discovery document and for a key): is the base URL right?", base), err)
+	case errors.Is(err, ErrProtocol):
+		return stores.Misconfigured(fmt.Sprintf("remote store: %s does not answer as an inbox service of protocol v1: is the base URL right?", base), err)
 	}
-	s.mu.Lock()
-	s.disc = d
-	s.mu.Unlock()
-	s.log.Info("Remote inbox service discovered", watermill.LogFields{
-		"base_url": s.base.String(), "version": d.Version, "auth": d.Auth, "lease_policy": d.LeasePolicy,
-		"lease_min": d.LeaseMin.String(), "lease_max": d.LeaseMax.String(), "extensions": d.Extensions})
-	return d, nil
+	return fmt.Errorf("remote store: checking the inbox service at %s: %w", base, err)
 }

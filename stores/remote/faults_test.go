@@ -17,6 +17,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/faultproxy"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 )
@@ -64,6 +65,17 @@ func (in *injector) count(path string) int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.calls[path]
+}
+
+// total is the number of requests to any path.
+func (in *injector) total() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := 0
+	for _, c := range in.calls {
+		n += c
+	}
+	return n
 }
 
 // rig is a client in front of a faulty inboxd over a memory store that tests
@@ -155,11 +167,16 @@ func TestFaults_server_down(t *testing.T) {
 	px := faultproxy.New(t, strings.TrimPrefix(r.base, "http://"))
 	px.Cut()
 	c := newClient(t, remote.Options{URL: "http://" + px.Addr(), Token: testToken, Timeout: 500 * time.Millisecond})
+	remote.SetDiscoveryRetry(c, 100*time.Millisecond)
 	for name, err := range allCalls(c, "down-key") {
 		checkErr(t, name, err, "/v1/inbox", inbox.ErrStoreUnavailable)
 	}
 	px.Restore()
-	mustBegin(t, c, "down-key", inbox.Acquired) // the same client recovers
+	// The same client recovers once its failed discovery is asked again.
+	testenv.Eventually(t, 10*time.Second, "TryBegin through the restored link", func() bool {
+		c, err := c.TryBegin(context.Background(), "down-key", inbox.BeginOptions{})
+		return err == nil && c.Status == inbox.Acquired
+	})
 }
 
 func TestFaults_slower_than_the_timeout(t *testing.T) {

@@ -23,9 +23,30 @@
 //   - lease: the lease asked for when TryBegin names none ([Options.Lease]).
 //   - retention is refused: retention is the service's business (set it on
 //     the store URL of inboxd).
+//   - check=false (read by [stores.Open] for every store) opens without the
+//     check below.
 //
 // Unknown parameters are refused by name. The token never appears in logs or
 // error messages ([stores.Redact] masks token parameters).
+//
+// # Checks at Open
+//
+// [stores.Open] returns a store that works for this client, or an error
+// saying what to fix: it runs [Store.Check], which reads the discovery
+// document and then, with the token, the key [CheckKey]. So a service that
+// requires a token while the URL gives none, a token the service refuses
+// (401 or 403), a base URL that is not an inbox service (404 on discovery and
+// on the key) and a service whose own store is down fail at Open instead of
+// failing every message. Mistakes of configuration wrap
+// [stores.ErrMisconfigured]; an unreachable service wraps
+// [inbox.ErrStoreUnavailable] only. Errors name the token's source (the
+// token file's path, the URL's token= parameter), never the token:
+//
+//	remote store: the inbox service at http://127.0.0.1:8080 refuses this client (remote store: GET /v1/inbox/{key} (key "inbox-remote:check"): inbox: store unavailable: remote store: unauthorized (missing or wrong bearer token): HTTP 401 unauthorized: wrong bearer token: configuration error: the service refused the bearer token of token_file "/run/secrets/inbox": give it a token the service accepts)
+//
+// With check=false, Open sends nothing: the same mistakes fail the first
+// calls instead. [New] does no I/O either; call [Store.Check] after it to
+// check the same things.
 //
 // # Behaviour
 //
@@ -50,7 +71,13 @@
 //     missing required field or malformed JSON is an error that names it and
 //     wraps [ErrProtocol] and [inbox.ErrStoreUnavailable].
 //   - The client reads the discovery document (GET /v1/inbox) once, before
-//     its first call, and re-reads it while it has none. It uses Extend only
+//     its first call, and keeps it. A failed read (no connection, timeout,
+//     401, 5xx, a broken document, or a service that requires a token while
+//     none is configured) is remembered for [DiscoveryRetry] (5 s): calls
+//     within it fail at once with that error, without a request, so a
+//     client that cannot work sends one discovery request per 5 s, not one
+//     per message. A 404 (a service without discovery) is believed for a
+//     minute. Concurrent calls share one read. It uses Extend only
 //     when the document lists the extend extension, else Extend fails with
 //     [inbox.ErrNotSupported] (the middleware then turns heartbeats off with
 //     a log line). A 404 on GET /v1/inbox/{key} means NotFound only from a
@@ -60,7 +87,13 @@
 //     can never turn deduplication off. A server requiring a bearer token
 //     while none is configured fails every call with [ErrUnauthorized].
 //   - 401 and 403 fail with [ErrUnauthorized] and [inbox.ErrStoreUnavailable]
-//     (a misconfiguration fails closed: the middleware nacks). 400 answers
+//     (a misconfiguration fails closed: the middleware nacks), as a
+//     configuration error that names the token's source: "the service
+//     refused the bearer token of token_file "/run/secrets/inbox"" (or of
+//     Options.Token, or of the URL's token= parameter), or "the service
+//     requires a bearer token and none is configured: add
+//     token_file=<path of a file holding the token> to the store URL" (set
+//     Options.Token, for a store made by [New]). 400 answers
 //     map to [inbox.ErrInvalidKey], [inbox.ErrInvalidLease],
 //     [inbox.ErrInvalidLeaseID] or [inbox.ErrInvalidArgument] by their error
 //     code; input is also checked before it is sent. Redirects are never
@@ -82,7 +115,8 @@
 //
 // # Performance
 //
-// Each call is one HTTP round trip (plus one discovery read per client), and
+// Each call is one HTTP round trip (plus one discovery read per client, and
+// at Open the check's two requests), and
 // the protocol adds the work of net/http and of the service on both sides to
 // every call. That is small next to a broker round trip but not free: run
 // inboxd close to its store, and use a store directly where the service's
@@ -252,13 +286,15 @@ func init() {
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
 
-func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	if p.Retention != 0 {
 		return nil, fmt.Errorf("%w: parameter retention is not taken by %s:// (the remote store's retention is the service's business: set it on the inbox service's own store URL)",
 			stores.ErrInvalidURL, u.Scheme)
 	}
 	q := u.Query()
 	opts := Options{Lease: p.Lease}
+	tokenFrom := ""
+	const tokenHint = "add token_file=<path of a file holding the token> to the store URL"
 	tok, hasTok, err := stores.PopString(q, "token")
 	if err != nil {
 		return nil, err
@@ -272,7 +308,9 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		return nil, fmt.Errorf("%w: give token or token_file, not both", stores.ErrInvalidURL)
 	case hasTok:
 		opts.Token = tok
+		tokenFrom = "the store URL's token= parameter"
 	case hasFile:
+		tokenFrom = fmt.Sprintf("token_file %q", file)
 		b, err := os.ReadFile(file)
 		if err != nil {
 			var pe *os.PathError
@@ -308,9 +346,16 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 	base.RawQuery = ""
 	base.ForceQuery = false
 	opts.URL = base.String()
-	s, err := New(opts)
+	s, err := newStore(opts, tokenFrom, tokenHint)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", stores.ErrInvalidURL, err)
+	}
+	if p.Lazy {
+		return s, nil
+	}
+	if err := s.Check(ctx); err != nil {
+		_ = s.Close()
+		return nil, err
 	}
 	return s, nil
 }

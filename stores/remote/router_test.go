@@ -130,7 +130,9 @@ func TestRouter_store_faults_nack_and_mark_nothing(t *testing.T) {
 			return fault{"server down", func(t *testing.T, r *rig) *remote.Store {
 				px = faultproxy.New(t, strings.TrimPrefix(r.base, "http://"))
 				px.Cut()
-				return newClient(t, remote.Options{URL: "http://" + px.Addr(), Token: testToken, Timeout: 300 * time.Millisecond})
+				c := newClient(t, remote.Options{URL: "http://" + px.Addr(), Token: testToken, Timeout: 300 * time.Millisecond})
+				remote.SetDiscoveryRetry(c, 100*time.Millisecond) // heals without waiting 5 s
+				return c
 			}, func() { px.Restore() }}
 		},
 		func(r *rig) fault {

@@ -52,7 +52,7 @@ func (s *Store) post(ctx context.Context, ep endpoint, v any) (result, bool, err
 		return result{}, uncertain, err
 	}
 	if res.code != http.StatusOK {
-		return result{}, uncertain, statusError(ep, res)
+		return result{}, uncertain, s.statusError(ep, res)
 	}
 	return res, uncertain, nil
 }
@@ -244,7 +244,7 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 		return inbox.Record{}, opError(ep, "%w: %w: HTTP 404 from a service without a discovery document: a wrong base URL, not read as NotFound",
 			inbox.ErrStoreUnavailable, ErrEndpointNotFound)
 	case res.code != http.StatusOK:
-		return inbox.Record{}, statusError(ep, res)
+		return inbox.Record{}, s.statusError(ep, res)
 	}
 	var w wire.RecordResponse
 	if err := decode(ep, res, &w); err != nil {
