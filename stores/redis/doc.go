@@ -110,10 +110,12 @@
 //	redis://host1:6379?cluster=true                                  (Cluster, one seed)
 //	redis://[:sentinel-password@]sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379&password=master-password (Sentinel)
 //
-// The store's parameters are retention and lease (shared by every store),
-// prefix, timeout (per call, a Go duration), complete_delay
-// ([Options.CompleteDelay], a Go duration), conn_check (true or false, see
-// below) and cluster (true or false; an addr parameter implies true). A Cluster URL names no database, or 0.
+// The store's parameters are retention, lease and check (shared by every
+// store), prefix, timeout (per call), complete_delay
+// ([Options.CompleteDelay]), conn_check (true or false, see below) and
+// cluster (true or false; an addr parameter implies true). Durations are Go
+// durations that may start with days: retention=7d, retention=1d12h,
+// timeout=5s. A Cluster URL names no database, or 0.
 // master_name makes a Sentinel client ([redis.NewFailoverClient]): the
 // URL's host and every addr are then Sentinels, the user info is the
 // Sentinels' and the username and password parameters the master's.
@@ -128,6 +130,47 @@
 // ContextTimeoutEnabled,
 // owns its client and closes it on Close; errors quote the URL with its
 // password masked.
+//
+// # Checks at Open
+//
+// A store opened from a URL is checked before [stores.Open] returns it,
+// within its timeout (5 s by default): a PING (the client connects,
+// authenticates and selects the URL's database); on a standalone client,
+// INFO cluster, since a Cluster node needs cluster=true; then the store's
+// Get script on one key under the prefix, which it reads and never writes
+// (the server runs EVALSHA and EVAL for this user on the prefix's keys).
+// A mistake of configuration is an error wrapping [stores.ErrMisconfigured]
+// and [inbox.ErrStoreUnavailable] that names it and how to fix it, for
+// example:
+//
+//	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS invalid username-password pair or user is disabled.)
+//	redis store: user app may not run the store's scripts (EVALSHA, EVAL) on keys under prefix "inbox:" at 127.0.0.1:6379: grant it in the server's ACL (...) (NOPERM ...)
+//	redis store: the database in the URL's path "/99" does not exist at 127.0.0.1:6379: use /0 (...) (ERR DB index is out of range)
+//	redis store: 127.0.0.1:7000 is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)
+//	redis store: the TLS certificate of 10.0.0.5:6380 is not trusted: give the client the CA that signed it, ...
+//
+// A server that does not answer is an error wrapping
+// [inbox.ErrStoreUnavailable] only ("redis store: Open: cannot reach
+// 127.0.0.1:6379: inbox: store unavailable: dial tcp 127.0.0.1:6379:
+// connect: connection refused; ..."). check=false skips the check: Open then
+// sends nothing (go-redis connects on the first call), and the same mistakes
+// fail the calls with [inbox.ErrStoreUnavailable]. This check is not
+// conn_check, which is go-redis's check of each pooled connection (below).
+//
+// [New] takes the caller's client as it is and sends nothing: it checks only
+// its options.
+//
+// # go-redis's log
+//
+// go-redis logs a few events (a dial that failed after its retries, a
+// connection closed with unread data, ...) through one logger for the whole
+// process, which prints to standard error by default. Importing this package
+// replaces it, once, at initialisation: the lines go to the Watermill logger
+// given to [SetLogger], at debug level, or nowhere (the default). The store's
+// errors carry the same faults to the caller. An application that calls
+// redis.SetLogger itself replaces this, for its clients and the store's.
+//
+// # Client settings
 //
 // Two more settings of the client made from a URL differ from go-redis's
 // defaults, to save CPU on every call (BENCHMARKS.md at the repository root

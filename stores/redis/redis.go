@@ -133,8 +133,11 @@ var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns a store over client, which may be a standalone, Sentinel
 // (failover) or Cluster client: every operation touches one key. The store
-// does not close client. It does not contact Redis: a Redis that is down
-// makes calls fail with [inbox.ErrStoreUnavailable] until it is back.
+// does not close client. New checks its options only: it does not contact
+// Redis, so a Redis that is down, a wrong password or a missing right make
+// calls fail with [inbox.ErrStoreUnavailable] (until it is back, or the
+// mistake is fixed). Ping the client before if need be; [stores.Open]
+// checks the server (see "Checks at Open" in the package documentation).
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redis store: client is nil", inbox.ErrInvalidArgument)

@@ -26,14 +26,16 @@ func TestConformance_tls(t *testing.T) {
 
 // TestOpenURL_rediss opens the store with a rediss:// URL: certificates are
 // verified unless the URL says skip_verify=true (go-redis's parameter), and
-// a plain redis:// URL does not reach a TLS-only server.
+// a plain redis:// URL does not reach a TLS-only server. The first two open
+// with check=false, so that the calls meet the mistakes (Open's check finds
+// them first: TestOpenURL_tls_mistakes).
 func TestOpenURL_rediss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t, redistest.Config{TLS: true})
 
 	// The server's certificate is self-signed: a verifying client refuses it.
-	s, err := stores.Open(ctx, "rediss://"+srv.Addr()+"/0?timeout=2s&max_retries=-1")
+	s, err := stores.Open(ctx, "rediss://"+srv.Addr()+"/0?check=false&timeout=2s&max_retries=-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func TestOpenURL_rediss(t *testing.T) {
 	_ = s.Close()
 
 	// Plain TCP to the TLS port gets no answer the store accepts.
-	plain, err := stores.Open(ctx, "redis://"+srv.Addr()+"/0?timeout=1s&max_retries=-1")
+	plain, err := stores.Open(ctx, "redis://"+srv.Addr()+"/0?check=false&timeout=1s&max_retries=-1")
 	if err != nil {
 		t.Fatal(err)
 	}

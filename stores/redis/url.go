@@ -25,12 +25,13 @@ func init() {
 }
 
 // openURL reads the driver's own parameters (prefix, timeout,
-// complete_delay, conn_check, cluster; the
-// mux has taken retention and lease) and passes every other one to go-redis,
-// which rejects those it does not know by name. master_name makes a
-// Sentinel client (the URL's host and any addr are Sentinels), addr or
-// cluster=true a Cluster client, and a standalone client otherwise.
-func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+// complete_delay, conn_check, cluster; the mux has taken retention, lease
+// and check) and passes every other one to go-redis, which rejects those it
+// does not know by name. master_name makes a Sentinel client (the URL's host
+// and any addr are Sentinels), addr or cluster=true a Cluster client, and a
+// standalone client otherwise. Unless p.Lazy (check=false), it checks the
+// store works before returning it (Store.check).
+func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	q := u.Query()
 	opts := Options{Retention: p.Retention, Lease: p.Lease}
 	var err error
@@ -142,13 +143,19 @@ func openURL(_ context.Context, u *url.URL, p stores.Params) (stores.Store, erro
 		return nil, err
 	}
 	s.owns = true
+	if !p.Lazy {
+		if err := s.check(ctx, u); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, prefix, timeout, complete_delay, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, check, prefix, timeout, complete_delay, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 

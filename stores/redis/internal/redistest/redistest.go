@@ -67,6 +67,9 @@ type Config struct {
 	// made for the server (Server.CertPool trusts it); clients need no
 	// certificate of their own.
 	TLS bool
+	// Password, when set, is required of clients (requirepass: the password
+	// of the default user).
+	Password string
 }
 
 // Server is a redis-server process that a test started.
@@ -158,6 +161,9 @@ func (s *Server) args() ([]string, error) {
 		}
 		a = append(a, "--replicaof", host, port)
 	}
+	if s.cfg.Password != "" {
+		a = append(a, "--requirepass", s.cfg.Password)
+	}
 	if s.cfg.AppendOnly {
 		a = append(a, "--appendonly", "yes", "--appendfsync", "always")
 	} else {
@@ -210,7 +216,7 @@ func (s *Server) launch() error {
 		close(done)
 	}()
 	s.cmd, s.done = cmd, done
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, TLSConfig: s.TLSConfig()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: s.cfg.Password, MaxRetries: -1, DialTimeout: time.Second, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -260,7 +266,7 @@ func (s *Server) Kill() {
 // waits until the process has exited.
 func (s *Server) Shutdown() {
 	s.t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.TLSConfig()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: s.cfg.Password, MaxRetries: -1, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	// SHUTDOWN closes the connection instead of answering.
 	_ = c.Shutdown(context.Background()).Err()
