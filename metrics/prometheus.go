@@ -6,15 +6,23 @@
 //	...
 //	ib, err := inboxmw.New(inboxmw.Config{..., Metrics: m})
 //
-// It exports:
+// One Prometheus serves any number of inboxes: each series carries the bus
+// and group of the inbox that reported it ([inboxmw.ScopedMetrics]). It
+// exports:
 //
-//   - <namespace>_inbox_messages_total{handler_name, outcome}: one count per
-//     [inboxmw.Outcome] (processed, duplicate, busy, released, store_error,
-//     fail_open, no_key, payload_mismatch, lease_lost, complete_retry,
-//     complete_failed).
-//   - <namespace>_inbox_store_call_duration_seconds{op, result}: each store
-//     call, op one of try_begin, complete, release, extend, is_processed,
-//     mark_processed; result "ok" or "error".
+//   - <namespace>_inbox_messages_total{bus, group, handler_name, outcome}:
+//     one count per [inboxmw.Outcome] (processed, duplicate, busy, released,
+//     store_error, fail_open, no_key, payload_mismatch, lease_lost,
+//     complete_retry, complete_failed).
+//   - <namespace>_inbox_store_call_duration_seconds{bus, group, op, result}:
+//     each store call, op one of try_begin, complete, release, extend,
+//     is_processed, mark_processed; result "ok" or "error".
+//   - <namespace>_inbox_wait_seconds_total{bus, group, handler_name, reason}:
+//     time messages waited in-process before their claim was settled, on a
+//     busy key (reason "busy") or on a failing store ("store_backoff").
+//
+// [RegisterMemoryStore] exports the memory store's record count and
+// evictions.
 package inboxmetrics
 
 import (
@@ -26,6 +34,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // PrometheusConfig configures [NewPrometheus].
@@ -40,13 +49,17 @@ type PrometheusConfig struct {
 	Buckets []float64
 }
 
-// Prometheus is a [inboxmw.Metrics] backed by Prometheus collectors.
+// Prometheus is a [inboxmw.ScopedMetrics] backed by Prometheus collectors.
+// Give it to [inboxmw.Config].Metrics; the middleware scopes it to its bus
+// and group. Used unscoped, its series have empty bus and group labels.
 type Prometheus struct {
 	outcomes *prometheus.CounterVec
 	calls    *prometheus.HistogramVec
+	waits    *prometheus.CounterVec
+	scoped   bool // the vectors are curried with bus and group
 }
 
-var _ inboxmw.Metrics = (*Prometheus)(nil)
+var _ inboxmw.ScopedMetrics = (*Prometheus)(nil)
 
 // NewPrometheus creates and registers the collectors. Registering twice on
 // one registry fails with prometheus.AlreadyRegisteredError.
@@ -64,27 +77,56 @@ func NewPrometheus(cfg PrometheusConfig) (*Prometheus, error) {
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: cfg.Namespace, Subsystem: "inbox", Name: "messages_total",
 			Help: "Messages seen by the inbox middleware, by outcome.",
-		}, []string{"handler_name", "outcome"}),
+		}, []string{"bus", "group", "handler_name", "outcome"}),
 		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: cfg.Namespace, Subsystem: "inbox", Name: "store_call_duration_seconds",
 			Help: "Duration of inbox store calls.", Buckets: cfg.Buckets,
-		}, []string{"op", "result"}),
+		}, []string{"bus", "group", "op", "result"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: cfg.Namespace, Subsystem: "inbox", Name: "wait_seconds_total",
+			Help: "Time messages waited in-process before their claim was settled: on a busy key, or backing off a failing store.",
+		}, []string{"bus", "group", "handler_name", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{p.outcomes, p.calls} {
-		if err := cfg.Registerer.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				return nil, fmt.Errorf("metrics: inbox collectors already registered in namespace %q: %w", cfg.Namespace, err)
-			}
-			return nil, fmt.Errorf("metrics: registering inbox collectors: %w", err)
-		}
+	if err := register(cfg.Registerer, cfg.Namespace, p.outcomes, p.calls, p.waits); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
 
+func register(reg prometheus.Registerer, namespace string, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return fmt.Errorf("metrics: inbox collectors already registered in namespace %q: %w", namespace, err)
+			}
+			return fmt.Errorf("metrics: registering inbox collectors: %w", err)
+		}
+	}
+	return nil
+}
+
+// Scope implements [inboxmw.ScopedMetrics]: the returned Metrics labels its
+// series with bus and group.
+func (p *Prometheus) Scope(bus, group string) inboxmw.Metrics {
+	l := prometheus.Labels{"bus": bus, "group": group}
+	return &Prometheus{
+		outcomes: p.outcomes.MustCurryWith(l), calls: p.calls.MustCurryWith(l).(*prometheus.HistogramVec),
+		waits: p.waits.MustCurryWith(l), scoped: true,
+	}
+}
+
+// scope completes l with empty bus and group labels when p is not scoped.
+func (p *Prometheus) scope(l prometheus.Labels) prometheus.Labels {
+	if !p.scoped {
+		l["bus"], l["group"] = "", ""
+	}
+	return l
+}
+
 // Outcome implements [inboxmw.Metrics].
 func (p *Prometheus) Outcome(handler string, o inboxmw.Outcome) {
-	p.outcomes.WithLabelValues(handler, string(o)).Inc()
+	p.outcomes.With(p.scope(prometheus.Labels{"handler_name": handler, "outcome": string(o)})).Inc()
 }
 
 // StoreCall implements [inboxmw.Metrics].
@@ -93,5 +135,31 @@ func (p *Prometheus) StoreCall(op string, d time.Duration, err error) {
 	if err != nil {
 		result = "error"
 	}
-	p.calls.WithLabelValues(op, result).Observe(d.Seconds())
+	p.calls.With(p.scope(prometheus.Labels{"op": op, "result": result})).Observe(d.Seconds())
+}
+
+// Waited implements [inboxmw.Metrics].
+func (p *Prometheus) Waited(handler, reason string, d time.Duration) {
+	p.waits.With(p.scope(prometheus.Labels{"handler_name": handler, "reason": reason})).Add(d.Seconds())
+}
+
+// RegisterMemoryStore exports the Stats of a memory store on reg:
+// <namespace>_inbox_memory_records (a gauge) and
+// <namespace>_inbox_memory_evictions_total (records removed before their
+// expiry to stay within MaxEntries, each shortening a key's dedup window:
+// worth an alert). labels are constant labels telling stores apart (nil
+// for none). namespace defaults to "watermill".
+func RegisterMemoryStore(reg prometheus.Registerer, namespace string, s *memory.Store, labels prometheus.Labels) error {
+	if namespace == "" {
+		namespace = "watermill"
+	}
+	records := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "inbox", Name: "memory_records", ConstLabels: labels,
+		Help: "Records held by the in-memory inbox store, expired ones not yet swept included.",
+	}, func() float64 { return float64(s.Stats().Entries) })
+	evicted := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "inbox", Name: "memory_evictions_total", ConstLabels: labels,
+		Help: "Records the in-memory inbox store removed before their expiry to stay within MaxEntries.",
+	}, func() float64 { return float64(s.Stats().Evicted) })
+	return register(reg, namespace, records, evicted)
 }

@@ -83,22 +83,27 @@ type Config struct {
 	// default Lease/3. Must be shorter than Lease.
 	HeartbeatInterval time.Duration
 
-	// MaxBusyWait bounds the in-process wait when another consumer holds the
-	// key: the middleware polls (20 ms growing to 1 s, jittered) for at most
-	// the time the holder's lease has left plus a little, and at most
-	// MaxBusyWait, then returns an error wrapping [inbox.ErrBusy] so the
-	// broker redelivers later. Optional; default 10 s, short enough not to
-	// stall a Kafka rebalance. Negative means no wait.
+	// MaxBusyWait bounds the in-process wait before a claim is settled.
+	// When another consumer holds the key the middleware polls (20 ms
+	// growing to 1 s, jittered) for at most the time the holder's lease has
+	// left plus a little, then returns an error wrapping [inbox.ErrBusy];
+	// when the store fails it retries (see FailOpen), then returns an error
+	// wrapping [inbox.ErrStoreUnavailable]; either way the broker redelivers
+	// later. Optional; default 10 s, short enough not to stall a Kafka
+	// rebalance. Negative means no wait.
 	MaxBusyWait time.Duration
 
 	// StoreTimeout bounds each store call. Optional; default 5 s. (A
 	// TxStore's claim is bounded by the store's own lock timeout instead.)
 	StoreTimeout time.Duration
 
-	// FailOpen makes store errors run the handler without deduplication
-	// (logged, and counted as outcome fail_open) instead of failing closed.
-	// Optional; default false: a store error nacks the message, which the
-	// broker redelivers, so nothing is lost and nothing runs twice.
+	// FailOpen makes a failed claim run the handler at once without
+	// deduplication (logged, and counted as outcome fail_open) instead of
+	// failing closed. Optional; default false: a claim that fails is retried
+	// in-process with jittered backoff (50 ms growing to 2 s) for at most
+	// MaxBusyWait, then the message is nacked for the broker to redeliver,
+	// so nothing is lost, nothing runs twice, and an outage costs the store
+	// a few calls a second per consumer.
 	FailOpen bool
 
 	// MissingKey says what happens to a message without an id. Optional;

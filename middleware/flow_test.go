@@ -3,6 +3,7 @@ package inboxmw_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -430,6 +431,7 @@ func TestInbox_fail_open_processes_without_dedup(t *testing.T) {
 	store.down.Store(true)
 	rec := newRecorder()
 	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), FailOpen: true})
+	start := time.Now()
 	var runs atomic.Int32
 	for range 2 {
 		if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }, msgFor("f-1")); err != nil {
@@ -439,17 +441,103 @@ func TestInbox_fail_open_processes_without_dedup(t *testing.T) {
 	if runs.Load() != 2 || rec.get(inboxmw.OutcomeFailOpen) != 2 {
 		t.Fatalf("runs %d, fail_open %d; want 2, 2", runs.Load(), rec.get(inboxmw.OutcomeFailOpen))
 	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("fail-open took %s for two messages: it must not back off first", took)
+	}
 }
 
-func TestInbox_fail_closed_returns_ErrStoreUnavailable(t *testing.T) {
+// TestInbox_fail_closed_backs_off_then_returns_ErrStoreUnavailable: a
+// failing claim is retried in-process with growing pauses for MaxBusyWait,
+// then the message is given back with ErrStoreUnavailable, without running.
+func TestInbox_fail_closed_backs_off_then_returns_ErrStoreUnavailable(t *testing.T) {
 	t.Parallel()
 	store := newFaulty(t)
 	store.down.Store(true)
-	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias()})
+	rec := newRecorder()
+	const wait = 1500 * time.Millisecond
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), Metrics: rec, MaxBusyWait: wait})
 	var ran atomic.Bool
+	start := time.Now()
 	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("f-2"))
+	took := time.Since(start)
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || ran.Load() {
 		t.Fatalf("error %v, ran %v; want ErrStoreUnavailable without running", err, ran.Load())
+	}
+	// 50 ms growing to 2 s, jittered down to half: 6 to 9 claims fit.
+	if n := store.tryBegins.Load(); n < 4 || n > 10 {
+		t.Errorf("%d claims in %s of back-off, want a few (4 to 10), not a hot loop", n, took.Round(time.Millisecond))
+	}
+	if took < wait-100*time.Millisecond {
+		t.Errorf("gave the message back after %s, want about MaxBusyWait %s", took, wait)
+	}
+	rec.mu.Lock()
+	waited := rec.waited[inboxmw.WaitStoreBackoff]
+	rec.mu.Unlock()
+	if waited < wait/2 || waited > wait {
+		t.Errorf("store_backoff wait reported %s, want about %s", waited, wait)
+	}
+	if n := rec.get(inboxmw.OutcomeStoreError); n != 1 {
+		t.Errorf("store_error counted %d times for one message, want 1", n)
+	}
+}
+
+// TestInbox_store_outage_logs_stay_readable: the first failure of an
+// outage is logged with its cause, the next ones are counted without a line
+// until storeLogEvery has passed, and the recovery is logged once.
+func TestInbox_store_outage_logs_stay_readable(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.down.Store(true)
+	logs := watermill.NewCaptureLogger()
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), Logger: logs, MaxBusyWait: 20 * time.Millisecond})
+	for i := range 30 {
+		if _, err := call(ib, ok, msgFor(fmt.Sprint("o-", i))); !errors.Is(err, inbox.ErrStoreUnavailable) {
+			t.Fatalf("message %d: %v, want ErrStoreUnavailable", i, err)
+		}
+	}
+	errs := logs.Captured()[watermill.ErrorLogLevel]
+	if len(errs) != 1 || !errors.Is(errs[0].Err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("%d error lines for 30 failed messages in one outage, want 1 with its cause: %v", len(errs), errs)
+	}
+	store.down.Store(false)
+	for i := range 2 {
+		m := msgFor(fmt.Sprint("after-", i))
+		if _, err := call(ib, ok, m); err != nil {
+			t.Fatal(err)
+		}
+		m.Ack()
+	}
+	var recovered int
+	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+		if l.Msg == "Inbox store recovered" {
+			recovered++
+		}
+	}
+	if recovered != 1 {
+		t.Errorf("recovery logged %d times, want once", recovered)
+	}
+}
+
+// TestInbox_failed_release_is_retried: a Release that fails after a failed
+// handler is retried before the middleware returns, so the redelivery can
+// claim the key at once instead of waiting for the lease to end.
+func TestInbox_failed_release_is_retried(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.failReleases.Store(2)
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), Metrics: rec})
+	m := msgFor("rel")
+	if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, m); !errors.Is(err, errBoom) {
+		t.Fatalf("error %v, want the handler's", err)
+	}
+	r, err := store.Get(context.Background(), testKeyPrefix+"rel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != inbox.StateAvailable || store.releases.Load() != 3 || rec.get(inboxmw.OutcomeReleased) != 1 {
+		t.Fatalf("after two failed releases: state %v, %d release calls, released counted %d; want Available, 3, 1",
+			r.State, store.releases.Load(), rec.get(inboxmw.OutcomeReleased))
 	}
 }
 
@@ -530,8 +618,10 @@ func TestInbox_complete_reply_lost_is_not_a_lost_lease(t *testing.T) {
 	if n := rec.get(inboxmw.OutcomeLeaseLost); n != 0 {
 		t.Errorf("lease_lost counted %d times for a key completed under its own lease", n)
 	}
-	if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) != 0 {
-		t.Errorf("error logged for a message that was fine: %v", errs)
+	for _, e := range logs.Captured()[watermill.ErrorLogLevel] {
+		if errors.Is(e.Err, inbox.ErrLeaseLost) || strings.Contains(e.Msg, "lease") {
+			t.Errorf("lease reported lost for a message that was fine: %s: %v", e.Msg, e.Err)
+		}
 	}
 }
 

@@ -54,15 +54,22 @@ type recorder struct {
 	mu       sync.Mutex
 	outcomes map[inboxmw.Outcome]int
 	calls    map[string]int
+	waited   map[string]time.Duration
 }
 
 func newRecorder() *recorder {
-	return &recorder{outcomes: make(map[inboxmw.Outcome]int), calls: make(map[string]int)}
+	return &recorder{outcomes: make(map[inboxmw.Outcome]int), calls: make(map[string]int), waited: make(map[string]time.Duration)}
 }
 
 func (r *recorder) Outcome(_ string, o inboxmw.Outcome) {
 	r.mu.Lock()
 	r.outcomes[o]++
+	r.mu.Unlock()
+}
+
+func (r *recorder) Waited(_, reason string, d time.Duration) {
+	r.mu.Lock()
+	r.waited[reason] += d
 	r.mu.Unlock()
 }
 
@@ -102,6 +109,7 @@ type faultyStore struct {
 	firstLease     atomic.Pointer[string]
 	completeCtxErr atomic.Pointer[error] // ctx.Err() seen by the last Complete
 	releases       atomic.Int32
+	failReleases   atomic.Int32 // the next N Releases fail
 	tryBegins      atomic.Int32
 	busyAnswers    atomic.Int32
 }
@@ -156,7 +164,7 @@ func (f *faultyStore) Complete(ctx context.Context, key, leaseID string) error {
 
 func (f *faultyStore) Release(ctx context.Context, key, leaseID string) error {
 	f.releases.Add(1)
-	if f.down.Load() {
+	if f.down.Load() || f.failReleases.Add(-1) >= 0 {
 		return errDown
 	}
 	return f.LeaseStore.Release(ctx, key, leaseID)

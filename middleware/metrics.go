@@ -49,6 +49,12 @@ const (
 	OpMarkProcessed = "mark_processed"
 )
 
+// Reasons of [Metrics.Waited].
+const (
+	WaitBusy         = "busy"          // polling a key another consumer holds
+	WaitStoreBackoff = "store_backoff" // pausing between claims of a failing store
+)
+
 // Metrics receives what the middleware counts. Implementations must be safe
 // for concurrent use and cheap: they are called on every message. Package
 // [github.com/watermill-inbox/inbox/metrics] has a Prometheus one.
@@ -58,6 +64,17 @@ type Metrics interface {
 	Outcome(handler string, o Outcome)
 	// StoreCall times one store call; err is its error, nil on success.
 	StoreCall(op string, d time.Duration, err error)
+	// Waited reports the time one message waited in-process before its
+	// claim was settled, for reason [WaitBusy] or [WaitStoreBackoff].
+	Waited(handler, reason string, d time.Duration)
+}
+
+// ScopedMetrics is a [Metrics] that labels its series with the inbox's bus
+// and group: [New] calls Scope once and reports to the Metrics it returns,
+// so one ScopedMetrics can serve several inboxes.
+type ScopedMetrics interface {
+	Metrics
+	Scope(bus, group string) Metrics
 }
 
 // NopMetrics is a [Metrics] that counts nothing: the default.
@@ -68,3 +85,6 @@ func (NopMetrics) Outcome(string, Outcome) {}
 
 // StoreCall implements [Metrics].
 func (NopMetrics) StoreCall(string, time.Duration, error) {}
+
+// Waited implements [Metrics].
+func (NopMetrics) Waited(string, string, time.Duration) {}

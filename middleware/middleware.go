@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/outage"
 	"github.com/watermill-inbox/inbox/keying"
 )
 
@@ -38,15 +39,15 @@ type Inbox struct {
 	log    watermill.LoggerAdapter
 	m      Metrics
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	closed  bool
-	pending int           // messages between their claim and their mark
-	drained chan struct{} // closed when closed and pending is zero
+	pending sync.WaitGroup // messages between their claim and their mark
 
 	abandon     chan struct{} // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
 	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
+	health    *outage.Log // rate-limits the logs of store failures
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -61,8 +62,11 @@ func New(cfg Config) (*Inbox, error) {
 		keys:    keying.Builder{Bus: cfg.Bus, Group: cfg.Group, Alias: cfg.Alias, IDSources: cfg.IDSources},
 		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
 		m:       cfg.Metrics,
-		drained: make(chan struct{}),
 		abandon: make(chan struct{}),
+	}
+	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
+	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
+		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
 	switch s := cfg.Store.(type) {
 	case TxStore:
@@ -92,7 +96,7 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	if !ib.track() {
 		return nil, errClosed
 	}
-	defer ib.untrack() // a mark left pending holds its own count (Inbox.hold)
+	defer ib.pending.Done()
 	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler, key: key}
 	switch {
 	case ib.leases != nil:
@@ -144,9 +148,9 @@ func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler s
 	return m.runTx(claim, false)
 }
 
-// storeFailed counts and logs a failed claim. It returns the error to
-// return, or nil under FailOpen: the caller then runs the handler without
-// deduplication.
+// storeFailed counts and logs a claim that failed for good. It returns the
+// error to return, or nil under FailOpen: the caller then runs the handler
+// without deduplication.
 func (m *msgCall) storeFailed(op string, err error) error {
 	ctx := m.msg.Context()
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -160,10 +164,10 @@ func (m *msgCall) storeFailed(op string, err error) error {
 	}
 	if m.ib.cfg.FailOpen {
 		m.ib.m.Outcome(m.handler, OutcomeFailOpen)
-		m.ib.log.Error("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, m.fields())
+		m.ib.health.Fail("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, m.fields())
 		return nil
 	}
-	m.ib.log.Error("Inbox store failed; message nacked for redelivery", err, m.fields())
+	m.ib.health.Fail("Inbox store failed; message nacked for redelivery", err, m.fields())
 	return err
 }
 
@@ -227,7 +231,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		if ib.cfg.PayloadHash == PayloadHashReject {
 			if claim.Status == inbox.Acquired {
 				l := m.newLease(claim, opts, sent)
-				l.release("payload mismatch")
+				l.release("payload mismatch", l.failGiveUp())
 			}
 			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, m.key)
 		}
@@ -246,35 +250,77 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 // on a busy key, so that a lease ending on time is seen free.
 const busySlack = 250 * time.Millisecond
 
-// claim runs TryBegin and, while the key is busy, polls it with jittered
-// backoff (20 ms growing to 1 s) for at most the time the holder's lease has
-// left plus busySlack, and at most MaxBusyWait. sent is the local time the
+// maxStoreBackoff caps the pause between claims of a failing store.
+const maxStoreBackoff = 2 * time.Second
+
+// claim runs TryBegin until it gives an answer to act on, for at most
+// MaxBusyWait and while the message context lasts. A busy key is polled
+// with jittered backoff (20 ms growing to 1 s) for at most the time the
+// holder's lease has left plus busySlack. A store error is retried with
+// jittered backoff (50 ms growing to maxStoreBackoff), so that an outage or
+// a misconfigured store costs a few calls a second, not a redelivery storm;
+// the last error is returned when the wait ends (at once under FailOpen,
+// which prefers running the handler to waiting). sent is the local time the
 // final TryBegin was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
-	try := func() error {
+	ib := m.ib
+	limit := time.Now().Add(ib.cfg.MaxBusyWait)
+	busyDelay, errDelay := 20*time.Millisecond, 50*time.Millisecond
+	var waited [2]time.Duration // busy, store back-off
+	defer func() {
+		for i, reason := range [...]string{WaitBusy, WaitStoreBackoff} {
+			if waited[i] > 0 {
+				ib.m.Waited(m.handler, reason, waited[i])
+			}
+		}
+	}()
+	for {
 		sent = time.Now()
-		return m.ib.call(ctx, OpTryBegin, m.ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
-			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
+		err = ib.call(ctx, OpTryBegin, ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
+			c, err = ib.leases.TryBegin(ctx, m.key, opts)
 			return err
 		})
-	}
-	if err = try(); err != nil || c.Status != inbox.Busy {
-		return c, sent, err
-	}
-	deadline := sent.Add(min(c.RetryAfter+busySlack, m.ib.cfg.MaxBusyWait))
-	for delay := 20 * time.Millisecond; time.Until(deadline) > 0; delay = min(2*delay, time.Second) {
-		t := time.NewTimer(min(jitter(delay), time.Until(deadline)))
+		var wait time.Duration
+		reason := 0
+		switch {
+		case err != nil:
+			if !retryable(ctx, err) || ib.cfg.FailOpen {
+				return c, sent, err
+			}
+			ib.health.Fail("Inbox store failed; retrying the claim with backoff", err, m.fields())
+			wait, errDelay, reason = jitter(errDelay), min(2*errDelay, maxStoreBackoff), 1
+		case c.Status == inbox.Busy:
+			ib.health.OK()
+			limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
+			wait, busyDelay = jitter(busyDelay), min(2*busyDelay, time.Second)
+		default:
+			ib.health.OK()
+			return c, sent, nil
+		}
+		wait = min(wait, time.Until(limit))
+		if wait <= 0 {
+			break
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, ctx.Err())
+			return c, sent, fmt.Errorf("waiting to claim inbox key %q: %w", m.key, ctx.Err())
 		case <-t.C:
-		}
-		if err = try(); err != nil || c.Status != inbox.Busy {
-			return c, sent, err
+			waited[reason] += wait
 		}
 	}
+	if err != nil {
+		return c, sent, err
+	}
 	return c, sent, m.busy(c.RetryAfter)
+}
+
+// retryable reports whether a failed store call may succeed if repeated:
+// not bad input, not a closed store, not the end of ctx.
+func retryable(ctx context.Context, err error) bool {
+	return !errors.Is(err, inbox.ErrInvalidArgument) && !errors.Is(err, inbox.ErrClosed) &&
+		!errors.Is(err, inbox.ErrNotSupported) && ctx.Err() == nil
 }
 
 // lease is one acquired key, from its claim to its Complete or Release.
@@ -321,7 +367,7 @@ func (l *lease) run() (out []*message.Message, err error) {
 	orig := l.msg.Context()
 	hctx, cancel := context.WithCancelCause(orig)
 	l.cancel = cancel
-	l.ib.hold()
+	l.ib.pending.Add(1)
 	go l.watch()
 
 	l.msg.SetContext(hctx)
@@ -368,7 +414,7 @@ func (l *lease) finish(why string) {
 // handler succeeded it keeps renewing until the router's verdict: Complete
 // on ack, Release on nack, or Release when Close gives up waiting.
 func (l *lease) watch() {
-	defer l.ib.untrack()
+	defer l.ib.pending.Done()
 	defer l.cancel(errHandlerReturned)
 	beat := time.NewTimer(l.interval)
 	defer beat.Stop()
@@ -377,7 +423,7 @@ func (l *lease) watch() {
 		select {
 		case failed := <-l.handled:
 			if failed != "" {
-				l.release(failed)
+				l.release(failed, l.failGiveUp())
 				close(l.released)
 				return
 			}
@@ -386,10 +432,10 @@ func (l *lease) watch() {
 			l.complete()
 			return
 		case <-nacked:
-			l.release("message nacked")
+			l.release("message nacked", l.deadline)
 			return
 		case <-abandon:
-			l.release("middleware closed before the mark")
+			l.release("middleware closed before the mark", time.Now())
 			return
 		case <-beat.C:
 			if next, ok := l.extend(); ok {
@@ -418,6 +464,7 @@ func (l *lease) extend() (time.Duration, bool) {
 	})
 	switch {
 	case err == nil:
+		l.ib.health.OK()
 		l.deadline = sent.Add(l.length)
 		return l.interval, true
 	case errors.Is(err, inbox.ErrLeaseLost):
@@ -430,7 +477,7 @@ func (l *lease) extend() (time.Duration, bool) {
 		return max(time.Until(l.deadline), 0), true
 	default:
 		l.ib.m.Outcome(l.handler, OutcomeStoreError)
-		l.ib.log.Error("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
+		l.ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
 		return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0)), true
 	}
 }
@@ -449,66 +496,74 @@ func (l *lease) lose(cause error) {
 // succeeds again), where an Extend after a Complete that landed unseen
 // would report the key's own lease as lost.
 func (l *lease) complete() {
-	err := l.ib.mark(l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
+	err := l.ib.persist(l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
 		return l.ib.leases.Complete(ctx, l.key, l.id)
 	})
-	switch {
-	case errors.Is(err, errAbandoned):
-		l.release("middleware closed before the mark")
-	case errors.Is(err, inbox.ErrLeaseLost):
-		if !l.lost {
-			l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
-		}
-		l.ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, l.fields())
+	l.ib.marked(l.msgCall, err, l.lost)
+	if errors.Is(err, errAbandoned) {
+		l.release("middleware closed before the mark", time.Now())
 	}
 }
 
-// release gives the lease back unmarked, unless it was lost already.
-func (l *lease) release(why string) {
+// failGiveUp is how long a release after a failed handler is retried: the
+// middleware returns only then (Kafka redelivers in-process at once), so
+// for at most MaxBusyWait.
+func (l *lease) failGiveUp() time.Time {
+	return earlier(l.deadline, time.Now().Add(l.ib.cfg.MaxBusyWait))
+}
+
+// release gives the lease back unmarked, unless it was lost already,
+// retrying a failure until giveUp: a key left claimed waits for its lease
+// to end before the next delivery can run it.
+func (l *lease) release(why string, giveUp time.Time) {
 	if l.lost {
 		return
 	}
-	err := l.ib.call(l.base, OpRelease, l.ib.cfg.StoreTimeout, func(ctx context.Context) error {
+	err := l.ib.persist(l.msgCall, l.base, OpRelease, giveUp, func(ctx context.Context) error {
 		return l.ib.leases.Release(ctx, l.key, l.id)
 	})
 	f := l.fields().Add(watermill.LogFields{"reason": why})
-	if err != nil {
-		l.ib.m.Outcome(l.handler, OutcomeStoreError)
-		l.ib.log.Error("Inbox release failed; the key stays claimed until its lease ends", err, f)
-		return
+	switch {
+	case err == nil:
+		l.ib.m.Outcome(l.handler, OutcomeReleased)
+		l.ib.log.Debug("Inbox lease released", f)
+	case errors.Is(err, inbox.ErrLeaseLost):
+		l.ib.log.Debug("Inbox lease already gone at its release", f)
+	default:
+		l.ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
 	}
-	l.ib.m.Outcome(l.handler, OutcomeReleased)
-	l.ib.log.Debug("Inbox lease released", f)
 }
 
-// ---- The mark, shared by the leased and the plain flows ------------------
+// ---- After the handler: the mark and the release, shared by the flows ---
 
 var errAbandoned = errors.New("inbox: middleware closed before the mark")
 
-// mark makes the mark after the router's ack. A failure is retried with
-// jittered backoff (50 ms growing to 1 s) until the mark lands, the store
-// answers ErrLeaseLost, giveUp passes (counted as complete_failed) or Close
-// gives up waiting (errAbandoned). It never nacks the message: that would
-// run the handler again. It returns nil when the mark landed.
-func (ib *Inbox) mark(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
-	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+// persist makes a store call after the handler (the mark, or a release),
+// retrying a failure with jittered backoff (50 ms growing to
+// maxStoreBackoff) until it lands, the store answers ErrLeaseLost, giveUp
+// passes, or Close gives up waiting (errAbandoned). A failed mark never
+// nacks the message: that would run the handler again. It returns nil when
+// the call landed, else the last error.
+func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
 		err := ib.call(base, op, ib.cfg.StoreTimeout, f)
-		switch {
-		case err == nil:
-			ib.m.Outcome(m.handler, OutcomeProcessed)
+		if err == nil {
+			ib.health.OK()
 			return nil
-		case errors.Is(err, inbox.ErrLeaseLost):
+		}
+		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
 		ib.m.Outcome(m.handler, OutcomeStoreError)
 		wait := jitter(delay)
 		if time.Until(giveUp) < wait {
-			ib.m.Outcome(m.handler, OutcomeCompleteFailed)
-			ib.log.Error("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
 			return err
 		}
-		ib.m.Outcome(m.handler, OutcomeCompleteRetry)
-		ib.log.Info("Inbox mark failed after a successful handler; retrying in the background", m.fields().Add(watermill.LogFields{"error": err.Error()}))
+		if op == OpComplete || op == OpMarkProcessed {
+			ib.m.Outcome(m.handler, OutcomeCompleteRetry)
+		}
+		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err,
+			m.fields().Add(watermill.LogFields{"op": op}))
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -516,6 +571,24 @@ func (ib *Inbox) mark(m *msgCall, base context.Context, op string, giveUp time.T
 			t.Stop()
 			return errAbandoned
 		}
+	}
+}
+
+// marked counts and logs the end of a mark made by persist. lost says the
+// lease was reported lost already.
+func (ib *Inbox) marked(m *msgCall, err error, lost bool) {
+	switch {
+	case err == nil:
+		ib.m.Outcome(m.handler, OutcomeProcessed)
+	case errors.Is(err, errAbandoned):
+	case errors.Is(err, inbox.ErrLeaseLost):
+		if !lost {
+			ib.m.Outcome(m.handler, OutcomeLeaseLost)
+		}
+		ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, m.fields())
+	default:
+		ib.m.Outcome(m.handler, OutcomeCompleteFailed)
+		ib.health.Fail("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
 	}
 }
 
@@ -544,9 +617,9 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	if err != nil {
 		return out, err
 	}
-	ib.hold()
+	ib.pending.Add(1)
 	go func() {
-		defer ib.untrack()
+		defer ib.pending.Done()
 		select {
 		case <-m.msg.Acked():
 		case <-m.msg.Nacked():
@@ -555,9 +628,10 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 		case <-ib.abandon:
 			return
 		}
-		_ = ib.mark(m, base, OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
+		err := ib.persist(m, base, OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
 			return ib.cfg.Store.MarkProcessed(ctx, m.key)
 		})
+		ib.marked(m, err, false)
 	}()
 	return out, nil
 }
@@ -642,51 +716,30 @@ func (m *msgCall) runTx(claim TxClaim, claimed bool) (out []*message.Message, er
 // StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
 func (ib *Inbox) Close(ctx context.Context) error {
 	ib.mu.Lock()
-	if !ib.closed {
-		ib.closed = true
-		if ib.pending == 0 {
-			close(ib.drained)
-		}
-	}
+	ib.closed = true
 	ib.mu.Unlock()
+	drained := make(chan struct{})
+	go func() { ib.pending.Wait(); close(drained) }()
 	select {
-	case <-ib.drained:
+	case <-drained:
 		return nil
 	case <-ctx.Done():
 	}
 	ib.abandonOnce.Do(func() { close(ib.abandon) })
-	ib.mu.Lock()
-	n := ib.pending
-	ib.mu.Unlock()
-	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), watermill.LogFields{"pending": n})
-	return fmt.Errorf("inbox middleware: closed with %d pending mark(s) abandoned: %w", n, ctx.Err())
+	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), nil)
+	return fmt.Errorf("inbox middleware: closed before every pending mark landed; the others are abandoned: %w", ctx.Err())
 }
 
-// track counts a message in flight; false once closed.
+// track counts a message in flight; false once closed. A mark left pending
+// after the message's handler returned holds a count of its own
+// (pending.Add while the message's count is held).
 func (ib *Inbox) track() bool {
-	ib.mu.Lock()
-	defer ib.mu.Unlock()
-	if ib.closed {
-		return false
+	ib.mu.RLock()
+	defer ib.mu.RUnlock()
+	if !ib.closed {
+		ib.pending.Add(1)
 	}
-	ib.pending++
-	return true
-}
-
-// hold counts a mark left pending by a message that is tracked already.
-func (ib *Inbox) hold() {
-	ib.mu.Lock()
-	ib.pending++
-	ib.mu.Unlock()
-}
-
-func (ib *Inbox) untrack() {
-	ib.mu.Lock()
-	ib.pending--
-	if ib.closed && ib.pending == 0 {
-		close(ib.drained)
-	}
-	ib.mu.Unlock()
+	return !ib.closed
 }
 
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
@@ -700,6 +753,13 @@ func isDone(c <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // jitter returns a duration in [d/2, d].

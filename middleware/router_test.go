@@ -208,7 +208,9 @@ func TestInbox_store_error_nacks_then_processes_after_recovery(t *testing.T) {
 	ps := newPubSub(t)
 	store := newFaulty(t)
 	rec := newRecorder()
-	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
+	// A short in-process back-off, so that the message is nacked and
+	// redelivered several times during the outage.
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, MaxBusyWait: 100 * time.Millisecond})
 	led := newLedger()
 	var runs atomic.Int32
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
@@ -443,7 +445,7 @@ func TestInbox_poison_queue_with_IsTransient_filter_keeps_busy_messages(t *testi
 	store := newFaulty(t)
 	store.down.Store(true)
 	rec := newRecorder()
-	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec})
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, MaxBusyWait: 100 * time.Millisecond})
 	pq, err := wmw.PoisonQueueWithFilter(ps, "poison", func(err error) bool { return !inboxmw.IsTransient(err) })
 	if err != nil {
 		t.Fatal(err)

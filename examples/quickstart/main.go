@@ -162,6 +162,8 @@ func (c *counter) Outcome(_ string, o inboxmw.Outcome) {
 
 func (c *counter) StoreCall(string, time.Duration, error) {}
 
+func (c *counter) Waited(string, string, time.Duration) {}
+
 func (c *counter) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

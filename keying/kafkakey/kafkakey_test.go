@@ -217,6 +217,8 @@ func (c *counts) Outcome(_ string, o inboxmw.Outcome) {
 
 func (c *counts) StoreCall(string, time.Duration, error) {}
 
+func (c *counts) Waited(string, string, time.Duration) {}
+
 func (c *counts) get(o inboxmw.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

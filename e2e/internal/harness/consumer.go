@@ -191,6 +191,8 @@ func (o *Outcomes) Outcome(_ string, oc inboxmw.Outcome) {
 // StoreCall implements inboxmw.Metrics.
 func (o *Outcomes) StoreCall(string, time.Duration, error) {}
 
+func (o *Outcomes) Waited(string, string, time.Duration) {}
+
 // Get returns the count of oc.
 func (o *Outcomes) Get(oc inboxmw.Outcome) int {
 	o.mu.Lock()
