@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -15,11 +16,48 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
 )
 
 // The URL schemes this package registers with
 // [github.com/watermill-inbox/inbox/stores].
+//
+// Besides the parameters listed in the package documentation, every SQL URL
+// takes check (shared by all stores, default true), and its durations
+// (retention, lease, cleanup_interval, busy_timeout) may start with days:
+// retention=7d, retention=1d12h.
+//
+// Checks at Open: a store opened by URL connects (so authenticates), asks a
+// MySQL-protocol server its version, creates the table when migrate=true,
+// then reads one key through its own Get statement, which checks that the
+// table exists with the store's columns and that the user may read it; it
+// writes nothing. A mistake is an error wrapping
+// [github.com/watermill-inbox/inbox/stores.ErrMisconfigured] and
+// [inbox.ErrStoreUnavailable] that says how to fix it:
+//
+//	sql store (postgres): table inbox does not exist in database test at 127.0.0.1:5432 as user postgres: add migrate=true to the URL, run Store.Migrate, or apply the statements of sqlstore.DDL (ERROR: relation "inbox" does not exist (SQLSTATE 42P01))
+//	sql store (mysql): authentication failed for user root at 127.0.0.1:3306: check the user and password in the URL (Error 1045 (28000): Access denied for user 'root'@'127.0.0.1' (using password: YES))
+//	sql store (postgres): database app does not exist at 127.0.0.1:5432: create it, or fix the URL's path (FATAL: database "app" does not exist (SQLSTATE 3D000))
+//
+// Likewise for a role the server refuses, a table of another layout, a
+// missing right, a SQLite path that cannot be opened or is not a database. A
+// server that does not answer wraps [inbox.ErrStoreUnavailable] only
+// ("sql store (postgres): Open: cannot reach database test at
+// 127.0.0.1:5432 as user postgres: ...").
+//
+// check=false sends nothing at Open: the same mistakes then fail the
+// store's calls with [inbox.ErrStoreUnavailable]. It excludes migrate=true on
+// PostgreSQL and MySQL (creating the table needs the server; SQLite, which
+// needs none, migrates as asked). A mysql:// store opened with check=false is
+// not a *Store until its first call: [New] needs the server's version to
+// choose its statements, so Open returns a store that makes the *Store at the
+// first call that reaches the server (it has Migrate, Cleanup, Dialect and
+// Table too).
+//
+// [New], which takes the caller's *sql.DB, checks less: it asks a
+// MySQL-protocol server its version and, with [Options.AutoMigrate], creates
+// the table; it neither pings nor reads the table.
 const (
 	SchemePostgres   = "postgres"
 	SchemePostgreSQL = "postgresql"
@@ -41,10 +79,11 @@ var storeParams = []string{"table", "migrate", "cleanup_interval", "cleanup_batc
 type urlOptions struct {
 	opts     Options
 	maxConns int
+	lazy     bool // check=false: no check at Open
 }
 
 func popStoreParams(q url.Values, p stores.Params, d Dialect) (urlOptions, error) {
-	o := urlOptions{opts: Options{Dialect: d, Retention: p.Retention, Lease: p.Lease}}
+	o := urlOptions{opts: Options{Dialect: d, Retention: p.Retention, Lease: p.Lease}, lazy: p.Lazy}
 	if v, ok, err := stores.PopString(q, "table"); err != nil {
 		return o, err
 	} else if ok {
@@ -61,6 +100,9 @@ func popStoreParams(q url.Values, p stores.Params, d Dialect) (urlOptions, error
 			return o, fmt.Errorf("%w: parameter migrate=%q is not true or false", stores.ErrInvalidURL, v)
 		}
 		o.opts.AutoMigrate = b
+		if b && p.Lazy && d != SQLite {
+			return o, fmt.Errorf("%w: parameters migrate=true and check=false exclude each other: creating the table needs the database server at Open; migrate once (migrate=true, Store.Migrate or sqlstore.DDL), then open with check=false", stores.ErrInvalidURL)
+		}
 	}
 	d2, err := stores.PopDuration(q, "cleanup_interval")
 	if err != nil {
@@ -94,20 +136,54 @@ func popDriverParams(scheme string, q url.Values, allowed []string) (url.Values,
 	return out, stores.RejectUnknown(scheme, q, append(append([]string{}, storeParams...), allowed...)...)
 }
 
-func openDB(ctx context.Context, db *sql.DB, u *url.URL, o urlOptions) (stores.Store, error) {
+// openDB makes the store of a URL over db, which it owns. Unless o.lazy
+// (check=false), it checks the store works: it connects (authenticating),
+// then New runs (asking a MySQL-protocol server its version, creating the
+// table with migrate=true), then it reads one key through the store's Get
+// statement, which checks the table and the user's rights on it. With
+// o.lazy it sends nothing: New runs now on PostgreSQL and SQLite, where it
+// needs no server without migrate=true, and at the first call on MySQL
+// (lazyStore).
+func openDB(ctx context.Context, db *sql.DB, o urlOptions, t target) (stores.Store, error) {
 	if o.maxConns > 0 {
 		db.SetMaxOpenConns(o.maxConns)
 	}
-	if err := db.PingContext(ctx); err != nil {
+	if o.opts.Table == "" {
+		o.opts.Table = DefaultTable
+	}
+	fail := func(step string, err error) (stores.Store, error) {
 		_ = db.Close()
-		return nil, wrapErr(ctx, o.opts.Dialect, o.opts.Table, "connecting to "+stores.Redact(u), err)
+		return nil, openError(ctx, t, o.opts.Table, "Open", step, err)
+	}
+	if o.lazy && o.opts.Dialect == MySQL {
+		opts := o.opts
+		opts.setDefaults()
+		if err := opts.Validate(); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		return &lazyStore{db: db, opts: o.opts, t: t}, nil
+	}
+	if !o.lazy {
+		if err := db.PingContext(ctx); err != nil {
+			return fail("connecting", err)
+		}
 	}
 	s, err := New(ctx, db, o.opts)
 	if err != nil {
-		_ = db.Close()
-		return nil, err
+		if errors.Is(err, inbox.ErrInvalidArgument) {
+			_ = db.Close()
+			return nil, err
+		}
+		return fail("asking the server version or migrating", err)
 	}
 	s.ownsDB = true
+	if !o.lazy {
+		if err := checkTable(ctx, s, t); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -137,7 +213,10 @@ func openPostgres(ctx context.Context, u *url.URL, p stores.Params) (stores.Stor
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", stores.ErrInvalidURL, stores.Redact(u), redactErr(err, u))
 	}
-	return openDB(ctx, stdlib.OpenDB(*cfg), u, o)
+	return openDB(ctx, stdlib.OpenDB(*cfg), o, target{
+		dialect: Postgres, database: cfg.Database, user: cfg.User,
+		server: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))),
+	})
 }
 
 // myParams are the go-sql-driver/mysql parameters a mysql:// URL may carry.
@@ -207,7 +286,7 @@ func openMySQL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", stores.ErrInvalidURL, stores.Redact(u), err)
 	}
-	return openDB(ctx, sql.OpenDB(conn), u, o)
+	return openDB(ctx, sql.OpenDB(conn), o, target{dialect: MySQL, database: cfg.DBName, server: cfg.Addr, user: cfg.User})
 }
 
 // DefaultBusyTimeout is how long a SQLite connection opened by URL waits for
@@ -283,7 +362,7 @@ func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store,
 	} else if o.maxConns == 0 {
 		o.maxConns = 1 // one writer at a time: queue in the pool, not in SQLite's busy loop
 	}
-	return openDB(ctx, db, u, o)
+	return openDB(ctx, db, o, target{dialect: SQLite, database: path})
 }
 
 // redactErr removes u's secrets from a driver's parse error: the password of

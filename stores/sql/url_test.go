@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"net/url"
@@ -288,6 +289,223 @@ func TestMigrate_idempotent_and_concurrent(t *testing.T) {
 			if ok, err := s.IsProcessed(ctxT(t), "url:key"); err != nil || !ok {
 				t.Fatalf("Migrate again lost data: %v, %v", ok, err)
 			}
+		})
+	}
+}
+
+// openSecret is the password the URLs of the check tests carry; no error may
+// quote it.
+const openSecret = "s3cr3t-Open-pw"
+
+// withUser returns raw with its user info replaced.
+func withUser(t *testing.T, raw string, user *url.Userinfo) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = user
+	return u.String()
+}
+
+// withPath returns raw with its path replaced.
+func withPath(t *testing.T, raw, path string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = path
+	return u.String()
+}
+
+// sqlOpenFails opens raw, which must fail at Open with an error wrapping
+// inbox.ErrStoreUnavailable, and stores.ErrMisconfigured exactly when
+// misconfigured is set, holding every one of want and not the password.
+// With check=false the URL must open, and the first call fail with
+// inbox.ErrStoreUnavailable (and, when misconfigured, the same diagnosis).
+func sqlOpenFails(t *testing.T, raw string, misconfigured bool, want ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := stores.Open(ctx, raw)
+	if err == nil {
+		_ = s.Close()
+		t.Fatalf("Open(%s) succeeded", raw)
+	}
+	t.Logf("Open: %v", err)
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, inbox.ErrStoreUnavailable) {
+			t.Errorf("%s: error does not wrap inbox.ErrStoreUnavailable: %v", what, err)
+		}
+		if errors.Is(err, stores.ErrMisconfigured) != misconfigured {
+			t.Errorf("%s: errors.Is(err, stores.ErrMisconfigured) = %v, want %v: %v", what, !misconfigured, misconfigured, err)
+		}
+		if strings.Contains(err.Error(), openSecret) {
+			t.Errorf("%s: error quotes the password: %v", what, err)
+		}
+	}
+	check("Open", err)
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Open: error does not say %q: %v", w, err)
+		}
+	}
+
+	s, err = stores.Open(ctx, withParams(raw, "check=false"))
+	if err != nil {
+		t.Fatalf("Open with check=false: %v", err)
+	}
+	defer s.Close()
+	_, err = s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err == nil {
+		t.Fatal("the first call of a store opened with check=false succeeded")
+	}
+	t.Logf("first call: %v", err)
+	if !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Errorf("first call: error does not wrap inbox.ErrStoreUnavailable: %v", err)
+	}
+	if strings.Contains(err.Error(), openSecret) {
+		t.Errorf("first call: error quotes the password: %v", err)
+	}
+}
+
+func TestOpen_checks_the_store(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cases := []struct {
+		name          string
+		url           func(t *testing.T) string
+		misconfigured bool
+		want          []string
+	}{
+		{"postgres/missing table", func(t *testing.T) string {
+			return withParams(testenv.Postgres.URL(t), "table=nosuch_"+randomTable())
+		}, true, []string{"table nosuch_inbox_test_", "does not exist in database test at", "add migrate=true to the URL"}},
+		{"postgres/unknown role", func(t *testing.T) string {
+			return withUser(t, testenv.Postgres.URL(t), url.UserPassword("nobody_inbox", openSecret))
+		}, true, []string{"refused user nobody_inbox for database test"}},
+		{"postgres/unknown database", func(t *testing.T) string {
+			return withPath(t, testenv.Postgres.URL(t), "/nosuch_inbox_db")
+		}, true, []string{"database nosuch_inbox_db does not exist at"}},
+		{"postgres/other layout", func(t *testing.T) string {
+			table := randomTable()
+			db := openPostgres(t)
+			if _, err := db.ExecContext(ctxT(t), "CREATE TABLE "+table+" (msg_key TEXT PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			return withParams(testenv.Postgres.URL(t), "table="+table)
+		}, true, []string{"is not an inbox table of this version"}},
+		{"postgres/unreachable", func(*testing.T) string {
+			return "postgres://postgres:" + openSecret + "@127.0.0.1:1/test?sslmode=disable"
+		}, false, []string{"cannot reach database test at 127.0.0.1:1", "connection refused"}},
+		{"mysql/missing table", func(t *testing.T) string {
+			return withParams(testenv.MySQL.URL(t), "table=nosuch_"+randomTable())
+		}, true, []string{"table nosuch_inbox_test_", "does not exist in database test at", "add migrate=true to the URL"}},
+		{"mysql/wrong password", func(t *testing.T) string {
+			u, err := url.Parse(testenv.MySQL.URL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return withUser(t, u.String(), url.UserPassword(u.User.Username(), openSecret))
+		}, true, []string{"authentication failed for user root at", "check the user and password in the URL"}},
+		{"mysql/unknown database", func(t *testing.T) string {
+			return withPath(t, testenv.MySQL.URL(t), "/nosuch_inbox_db")
+		}, true, []string{"database nosuch_inbox_db does not exist at"}},
+		{"mysql/unreachable", func(*testing.T) string {
+			return "mysql://root:" + openSecret + "@127.0.0.1:1/test"
+		}, false, []string{"cannot reach database test at 127.0.0.1:1", "connection refused"}},
+		{"sqlite/missing table", func(*testing.T) string {
+			return "sqlite://" + filepath.Join(dir, "empty.db")
+		}, true, []string{"table inbox does not exist in SQLite database", "add migrate=true to the URL"}},
+		{"sqlite/missing directory", func(*testing.T) string {
+			return "sqlite://" + filepath.Join(dir, "no", "such", "dir", "inbox.db")
+		}, true, []string{"cannot open SQLite database", "directory exists"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sqlOpenFails(t, c.url(t), c.misconfigured, c.want...)
+		})
+	}
+}
+
+// migrate=true needs the server at Open: with check=false it is refused on
+// the server databases, and done on SQLite.
+func TestOpen_check_false_and_migrate(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"postgres://app:" + openSecret + "@127.0.0.1:1/db?migrate=true&check=false",
+		"mysql://app:" + openSecret + "@127.0.0.1:1/db?check=false&migrate=true",
+	} {
+		_, err := stores.Open(ctxT(t), raw)
+		if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), "migrate=true and check=false") {
+			t.Errorf("Open(%s) = %v; want ErrInvalidURL naming migrate and check", raw, err)
+		}
+	}
+	s, err := stores.Open(ctxT(t), "sqlite://"+filepath.Join(t.TempDir(), "m.db")+"?migrate=true&check=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	roundTrip(t, s)
+}
+
+// A program that starts before its database: with check=false, Open
+// succeeds while the server is out of reach, calls fail with
+// ErrStoreUnavailable, and the store works once the server answers (on
+// MySQL, the store is made by that first call).
+func TestOpen_check_false_waits_for_the_server(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		svc  testenv.Service
+		db   func(t testing.TB) *sql.DB
+	}{
+		{"postgres", testenv.Postgres, openPostgres},
+		{"mysql", testenv.MySQL, openMySQL},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			u, err := url.Parse(c.svc.URL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The table exists (migrated beforehand), the server does not
+			// answer yet.
+			table := randomTable()
+			ms, err := stores.Open(ctxT(t), withParams(u.String(), "table="+table+"&migrate=true"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = ms.Close()
+			db := c.db(t)
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			p := faultproxy.New(t, u.Host)
+			p.Cut()
+			u.Host = p.Addr()
+			raw := withParams(u.String(), "table="+table)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if _, err := stores.Open(ctx, raw); !errors.Is(err, inbox.ErrStoreUnavailable) || errors.Is(err, stores.ErrMisconfigured) {
+				t.Fatalf("Open with the server out of reach: %v; want ErrStoreUnavailable, not ErrMisconfigured", err)
+			}
+			s, err := stores.Open(ctx, withParams(raw, "check=false"))
+			if err != nil {
+				t.Fatalf("Open with check=false and the server out of reach: %v", err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			if _, err := s.Get(ctx, "url:key"); !errors.Is(err, inbox.ErrStoreUnavailable) {
+				t.Fatalf("Get with the server out of reach: %v; want ErrStoreUnavailable", err)
+			}
+			if _, err := s.Get(ctx, ""); !errors.Is(err, inbox.ErrInvalidKey) {
+				t.Fatalf("Get of an empty key: %v; want ErrInvalidKey, before any connection", err)
+			}
+			p.Restore()
+			roundTrip(t, s)
 		})
 	}
 }
