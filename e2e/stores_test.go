@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -19,10 +20,12 @@ import (
 
 	"github.com/watermill-inbox/inbox/e2e/internal/harness"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 
 const (
@@ -257,20 +260,25 @@ func (l *tableLedger) Counts(t testing.TB) map[string]int {
 	return out
 }
 
-// txMode builds the SQL transactional middleware for a consumer: its effect
-// is a row in the ledger table, inserted through the message's transaction.
+// txMode builds the inbox middleware over the SQL transactional store for a
+// consumer: its effect is a row in the ledger table, inserted through the
+// message's transaction.
 func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error) {
 	db, d, table, err := sqlDB(spec.Store.URL)
 	if err != nil {
 		return nil, err
 	}
+	txs, err := txinbox.New(txinbox.Config{DB: db, Dialect: d, Table: table, LockTimeout: 5 * time.Second})
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	outcomes := &harness.Outcomes{}
-	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
-		DB: db, Dialect: d, Table: table,
-		Bus: spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
-		LockTimeout: 5 * time.Second,
-		MissingKey:  spec.MissingKey(),
-		Metrics:     outcomes,
+	ib, err := inboxmw.New(inboxmw.Config{
+		Store: txs,
+		Bus:   spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
+		MissingKey: spec.MissingKey(),
+		Metrics:    outcomes,
 	})
 	if err != nil {
 		_ = db.Close()
@@ -281,9 +289,9 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 		insert = "INSERT INTO " + table + "_ledger (id) VALUES ($1)"
 	}
 	return &harness.Inbox{
-		Middleware: mw.Middleware,
+		Middleware: ib.Middleware,
 		Effect: func(msg *message.Message, id string) error {
-			tx, ok := sqlstore.TxFromContext(msg.Context())
+			tx, ok := txinbox.TxFromContext(msg.Context())
 			if !ok {
 				return fmt.Errorf("no transaction in the message context")
 			}
@@ -291,6 +299,8 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 			return err
 		},
 		Outcomes: outcomes,
-		Close:    func(context.Context) error { return db.Close() },
+		Close: func(ctx context.Context) error {
+			return errors.Join(ib.Close(ctx), txs.Close(), db.Close())
+		},
 	}, nil
 }

@@ -2,9 +2,10 @@
 // dialect per database: PostgreSQL ([Postgres], through
 // github.com/jackc/pgx/v5/stdlib), MySQL 8 and MariaDB ([MySQL], through
 // github.com/go-sql-driver/mysql) and SQLite ([SQLite], through
-// modernc.org/sqlite, pure Go: the embedded store that needs no server). It
-// also has a transactional mode, [NewTxMiddleware], where the mark commits
-// with the handler's own writes.
+// modernc.org/sqlite, pure Go: the embedded store that needs no server). Its
+// table also serves the transactional mode (package
+// github.com/watermill-inbox/inbox/stores/sql/txinbox), where the mark
+// commits with the handler's own writes.
 //
 //	db, _ := sql.Open("pgx", "postgres://app@db:5432/app")
 //	store, err := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.Postgres, AutoMigrate: true})
@@ -89,39 +90,34 @@
 //
 // # Transactional mode
 //
-// [NewTxMiddleware] returns a Watermill middleware that runs the claim, the
-// handler and the mark in one database transaction. The claim inserts the
-// key's row already marked processed (INSERT ... ON CONFLICT DO NOTHING,
-// INSERT IGNORE on MySQL); the handler gets the transaction from its context
-// ([TxFromContext]) and writes through it; a successful handler commits its
-// writes and the mark together, a failing or panicking one rolls both back.
-// A process that dies after the handler's writes but before the commit
-// leaves neither: the redelivery applies the effect once. This gives
-// exactly-once effects for handlers whose side effects live in the same
-// database.
+// Package github.com/watermill-inbox/inbox/stores/sql/txinbox runs the
+// claim, the handler and the mark in one database transaction, so a
+// handler's writes to the same database and the key's mark commit together
+// or not at all: a process that dies before the commit leaves neither, and
+// the redelivery applies the effect once. It is a store for the inbox
+// middleware (an inboxmw.TxStore), not a middleware of its own:
 //
-// A concurrent delivery of the same key blocks on the uncommitted row: it
-// sees the key processed when the first transaction commits, claims it when
-// it rolls back, and after [TxConfig.LockTimeout] returns an error wrapping
-// [inbox.ErrBusy] (PostgreSQL lock_timeout, InnoDB innodb_lock_wait_timeout in
-// whole seconds, SQLite: the wait for the one writer connection). There is
-// no lease and no Extend in this mode; each message in flight holds one
-// pooled connection until its commit. InnoDB deadlocks between waiting
-// duplicates are retried before the handler runs.
+//	txs, err := txinbox.New(txinbox.Config{DB: db, Dialect: sqlstore.Postgres, Outbox: outbox})
+//	ib, err := inboxmw.New(inboxmw.Config{Store: txs, Bus: "rabbit", Group: "billing"})
+//	router.AddMiddleware(ib.Middleware)
+//	// in the handler:
+//	tx, ok := txinbox.TxFromContext(msg.Context())
 //
-// Messages the handler returns would be published by the router after the
-// commit; if that publish failed, the redelivered message would be a
-// duplicate and the messages would be lost. So the middleware never hands
-// them to the router: with [TxConfig.Outbox] it stores them in the same
-// transaction (for example with Watermill's SQL publisher built on the
-// transaction, relayed to the broker by a forwarder), and without one it
-// rolls back and returns [ErrMessagesReturned], on the first message, so the
-// mistake shows at once.
+// Its claim is [Store.BeginTxClaim]: on a pooled connection of its own, a
+// transaction whose INSERT ... ON CONFLICT DO NOTHING (INSERT IGNORE on
+// MySQL and MariaDB) writes the key's row already marked processed. A
+// concurrent claim of the key blocks on that uncommitted row until the
+// transaction commits (the key is processed), rolls back (it claims the key)
+// or [TxClaimOptions.LockTimeout] passes (an [*inbox.BusyError]): PostgreSQL
+// lock_timeout, InnoDB innodb_lock_wait_timeout in whole seconds, SQLite the
+// wait for the one writer connection. There is no lease and no Extend in
+// this mode. The package documentation of txinbox says more: the guarantee,
+// SQLite, the outbox for the messages a handler returns.
 //
-// On SQLite the handler must not use the *sql.DB outside the transaction: its
-// one connection is the transaction's. The transactional mode may share a
-// table with a lease [Store] but not its keys: a key leased by the store is
-// Busy for the middleware until the lease ends.
+// The transactional mode may share a table with a lease [Store] but not its
+// keys: a key leased by the store is busy for the transactional mode until
+// the lease ends, and a key the transactional mode marked is processed for
+// the store.
 //
 // # MySQL 8
 //

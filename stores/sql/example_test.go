@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
+	"time"
 
 	"github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
@@ -65,40 +62,43 @@ func Example_url() {
 	// Output: false
 }
 
-func ExampleNewTxMiddleware() {
+// BeginTxClaim is the building block of the transactional mode; handlers
+// get it through package txinbox and the inbox middleware.
+func ExampleStore_BeginTxClaim() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "inbox-example")
 	defer os.RemoveAll(dir)
 	db, _ := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "app.db"), 0))
 	defer db.Close()
-	db.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(1) // SQLite has one writer: the transaction's connection
 	if _, err := db.Exec("CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
 		panic(err)
 	}
-	s, _ := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.SQLite, AutoMigrate: true})
-	_ = s.Close()
-
-	mw, err := sqlstore.NewTxMiddleware(sqlstore.TxConfig{
-		DB: db, Dialect: sqlstore.SQLite, Bus: "rabbit", Group: "billing",
-		Alias: keying.StaticAlias("orders"), // in a router, the handler's name by default
-	})
+	s, err := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.SQLite, AutoMigrate: true})
 	if err != nil {
 		panic(err)
 	}
-	handler := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := sqlstore.TxFromContext(msg.Context())
-		// Commits with the inbox mark, or not at all.
-		_, err := tx.ExecContext(msg.Context(), "INSERT INTO orders (id) VALUES (?)", string(msg.Payload))
-		return nil, err
-	})
-	msg := message.NewMessage(watermill.NewUUID(), []byte("order-42"))
-	for range 3 { // the broker delivers it three times
-		if _, err := handler(msg.Copy()); err != nil {
+	defer s.Close()
+
+	opts := sqlstore.TxClaimOptions{LockTimeout: 10 * time.Second}
+	for range 3 { // the broker delivers the message three times
+		tx, end, processed, err := s.BeginTxClaim(ctx, "rabbit:billing:orders:42", opts)
+		if err != nil {
 			panic(err)
 		}
+		if processed {
+			fmt.Println("duplicate")
+			continue
+		}
+		// Commits with the key's mark, or not at all.
+		_, err = tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", "order-42")
+		if err := end(err == nil); err != nil {
+			panic(err)
+		}
+		fmt.Println("applied")
 	}
-	var n int
-	_ = db.QueryRow("SELECT COUNT(*) FROM orders").Scan(&n)
-	fmt.Println(n)
-	// Output: 1
+	// Output:
+	// applied
+	// duplicate
+	// duplicate
 }

@@ -101,6 +101,7 @@ type Store struct {
 	db   *sql.DB
 	opts Options
 	q    queries
+	txq  txQueries // BeginTxClaim's
 
 	// returning is true when TryBegin is one statement: always on
 	// PostgreSQL and SQLite, on MariaDB 10.5+; false on MySQL.
@@ -142,7 +143,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, opts: opts, q: buildQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
+	s := &Store{db: db, opts: opts, q: buildQueries(opts.Dialect, opts.Table), txq: buildTxQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
 	if opts.Dialect == MySQL {
 		var version string
 		if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {

@@ -1,4 +1,4 @@
-package sqlstore_test
+package txinbox_test
 
 import (
 	"context"
@@ -12,7 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 
 // failingPublisher refuses every publish, as a broker that is down would.
@@ -34,14 +35,14 @@ func TestTx_router_with_failing_publisher_loses_no_returned_message(t *testing.T
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _, _ = e.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+outbox) })
-		mw := e.middleware(t, sqlstore.TxConfig{Outbox: func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
+		ib := e.middleware(t, txinbox.Config{Outbox: func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
 			for _, m := range msgs {
 				if _, err := tx.ExecContext(ctx, "INSERT INTO "+outbox+" (uuid, payload) VALUES ("+ph(e.b.dialect, 1)+", "+ph(e.b.dialect, 2)+")", m.UUID, string(m.Payload)); err != nil {
 					return err
 				}
 			}
 			return nil
-		}})
+		}}, inboxmw.Config{})
 
 		logger := watermill.NopLogger{}
 		pubsub := gochannel.NewGoChannel(gochannel.Config{}, logger)
@@ -58,7 +59,7 @@ func TestTx_router_with_failing_publisher_loses_no_returned_message(t *testing.T
 				return nil, err
 			}
 			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("event"))}, nil
-		}).AddMiddleware(mw.Middleware)
+		}).AddMiddleware(ib.Middleware)
 		ctx, cancel := context.WithCancel(context.Background())
 		runDone := make(chan error, 1)
 		go func() { runDone <- router.Run(ctx) }()
