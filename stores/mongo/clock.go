@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -29,6 +30,8 @@ const (
 type serverClock struct {
 	db    *mongo.Database
 	local func() time.Time
+
+	synced atomic.Bool // a sample was adopted: base and anchor are set
 
 	mu      sync.Mutex
 	base    time.Time     // server time at anchor
@@ -92,6 +95,7 @@ func (c *serverClock) sync(ctx context.Context, n int) error {
 	if c.anchor.IsZero() || best.bound <= c.currentBound(best.anchor) {
 		c.base, c.anchor, c.bound = best.base, best.anchor, best.bound
 	}
+	c.synced.Store(true)
 	return nil
 }
 

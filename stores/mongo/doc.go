@@ -126,8 +126,37 @@
 // string it is also the authentication database unless authSource says
 // otherwise. The store reads collection, timeout (a Go duration: the store's
 // per-call Options.Timeout, not the driver's timeoutMS), ensure_indexes (true
-// runs [Store.EnsureIndexes] at open) and the shared retention and lease.
+// runs [Store.EnsureIndexes] at open) and the shared retention, lease and
+// check. Durations may start with days: retention=7d, retention=1d12h.
 // Every other parameter is passed to the driver when the driver knows its
 // name (authSource, replicaSet, tls, maxPoolSize, ...); a name neither knows
 // is refused, naming it. Errors never quote the password.
+//
+// Checks at Open: a store opened by URL reads the server's clock (the client
+// connects and authenticates), then looks one _id up in its collection (the
+// user may read it), within its timeout (5 s by default); it writes nothing.
+// MongoDB creates a database and a collection at their first write, so
+// neither has to exist. A wrong user or password, or a user without the
+// right to read the collection, is an error wrapping
+// [github.com/watermill-inbox/inbox/stores.ErrMisconfigured] and
+// [inbox.ErrStoreUnavailable]:
+//
+//	mongo store: authentication failed for user app (authentication database admin) at db1:27017: check the user and password in the URL, and authSource if the user is defined in another database (...)
+//	mongo store: user app may not read collection app.inbox at db1:27017: grant it the readWrite role on database app (...)
+//
+// A server that does not answer wraps [inbox.ErrStoreUnavailable] only
+// ("mongo store: Open: cannot reach 127.0.0.1:27017 (reading the server's
+// clock (hello)): inbox: store unavailable: server selection error: ...").
+// check=false sends nothing at Open: the store reads the server's clock at
+// its first call, and the same mistakes fail the calls with
+// [inbox.ErrStoreUnavailable]; it excludes ensure_indexes=true, which needs
+// the server. [New], which takes the caller's client, reads the clock (so
+// checks that the client connects and authenticates) and nothing else.
+//
+// The driver's own log, which MongoDB's MONGODB_LOG_* environment variables
+// turn on and which goes to standard error by default, goes to
+// Options.Logger for a client made from a URL (informational messages at
+// info level, debug ones at debug level, with source=mongo-driver); by
+// default that is slog's default logger. A client passed to New keeps the
+// logger options its owner gave it.
 package mongostore

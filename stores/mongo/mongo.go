@@ -117,9 +117,37 @@ var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns a store over client, which the caller keeps owning: Close does
 // not disconnect it. New reads the server's clock (see the package
-// documentation), so the server must answer within Options.Timeout; it
-// creates no index (see [Store.EnsureIndexes]).
+// documentation), so the server must answer within Options.Timeout: that
+// checks the client connects and authenticates, not that the user may use
+// the database. It creates no index (see [Store.EnsureIndexes]). The
+// client's logger is the caller's to configure (options.Client().
+// SetLoggerOptions); stores opened by URL route theirs to Options.Logger.
 func New(ctx context.Context, client *mongo.Client, opts Options) (*Store, error) {
+	s, err := newStore(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	_, cancel, err := s.call(ctx) // reads the server's clock: the store has none yet
+	if err != nil {
+		return nil, err
+	}
+	cancel()
+	s.logClock()
+	return s, nil
+}
+
+// logClock logs the clock estimate at debug level.
+func (s *Store) logClock() {
+	bound, offset := s.clock.errorBound()
+	s.opts.Logger.Debug("mongo store: server clock read", watermill.LogFields{
+		"database": s.opts.Database, "collection": s.opts.Collection,
+		"clock_offset": offset.String(), "clock_error_bound": bound.String(),
+	})
+}
+
+// newStore makes the store without contacting the server: its first call
+// reads the server's clock.
+func newStore(client *mongo.Client, opts Options) (*Store, error) {
 	opts.setDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -127,29 +155,12 @@ func New(ctx context.Context, client *mongo.Client, opts Options) (*Store, error
 	if client == nil {
 		return nil, fmt.Errorf("%w: mongo store: client is nil", inbox.ErrInvalidArgument)
 	}
-	s := &Store{
+	return &Store{
 		opts:   opts,
 		client: client,
 		coll:   client.Database(opts.Database).Collection(opts.Collection),
 		clock:  &serverClock{db: client.Database("admin"), local: opts.LocalClock},
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	if err := s.clock.sync(ctx, clockSamples); err != nil {
-		if errors.Is(err, errServerClock) {
-			return nil, fmt.Errorf("%w: mongo store: %v", inbox.ErrNotSupported, err)
-		}
-		return nil, s.fail(ctx, "reading the server's clock", err)
-	}
-	bound, offset := s.clock.errorBound()
-	opts.Logger.Debug("mongo store: server clock read", watermill.LogFields{
-		"database": opts.Database, "collection": opts.Collection,
-		"clock_offset": offset.String(), "clock_error_bound": bound.String(),
-	})
-	return s, nil
+	}, nil
 }
 
 // Close makes every later call fail with inbox.ErrClosed. A store opened from
@@ -203,8 +214,28 @@ func (d *doc) mismatch(hash string) bool {
 }
 
 // call fails fast on a closed store or a done context and bounds the call by
-// Options.Timeout. Callers defer cancel.
+// Options.Timeout. A store that has not read the server's clock yet (opened
+// with check=false) reads it first, within that bound. Callers defer
+// cancel.
 func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	ctx, cancel, err := s.bound(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !s.clock.synced.Load() {
+		if err := s.clock.sync(ctx, clockSamples); err != nil {
+			defer cancel()
+			if errors.Is(err, errServerClock) {
+				return nil, nil, fmt.Errorf("%w: mongo store: %v", inbox.ErrNotSupported, err)
+			}
+			return nil, nil, s.fail(ctx, "reading the server's clock", err)
+		}
+	}
+	return ctx, cancel, nil
+}
+
+// bound is call without the clock.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	if s.closed.Load() {
 		return nil, nil, fmt.Errorf("mongo store: %w", inbox.ErrClosed)
 	}

@@ -161,7 +161,9 @@ func FuzzOpenURL(f *testing.F) {
 		}
 		open := func(p string) string {
 			// The fixed parameters come first, so a '#' in query cannot hide them.
-			raw := "mongodb://user:" + url.QueryEscape(p) + "@127.0.0.1:1/db?timeout=1ms&serverSelectionTimeoutMS=1&" + query
+			// check=true: a query that repeats check fails as a bad URL;
+			// check=false would open a store without any error to compare.
+			raw := "mongodb://user:" + url.QueryEscape(p) + "@127.0.0.1:1/db?check=true&timeout=1ms&serverSelectionTimeoutMS=1&" + query
 			if _, err := stores.Open(context.Background(), raw); err != nil {
 				return err.Error()
 			}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
@@ -35,6 +36,9 @@ func init() {
 	stores.Register(SchemeSRV, stores.OpenerFunc(openURL))
 }
 
+// openURL makes a store that owns its client from a MongoDB connection
+// string with the store's parameters. Unless p.Lazy (check=false), it checks
+// the store works before returning it (Store.check).
 func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	scheme := strings.ToLower(u.Scheme)
 	if u.Fragment != "" || u.Opaque != "" {
@@ -63,6 +67,9 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		if ensure, err = strconv.ParseBool(v); err != nil {
 			return nil, fmt.Errorf("%w: parameter ensure_indexes=%q is not true or false", stores.ErrInvalidURL, v)
 		}
+		if ensure && p.Lazy {
+			return nil, fmt.Errorf("%w: parameters ensure_indexes=true and check=false exclude each other: creating the index needs the server at Open; create it once (ensure_indexes=true or Store.EnsureIndexes), then open with check=false", stores.ErrInvalidURL)
+		}
 	}
 	if err := checkDriverOptions(scheme, q); err != nil {
 		return nil, err
@@ -73,7 +80,12 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 
 	du := *u
 	du.RawQuery = q.Encode()
-	client, err := mongo.Connect(options.Client().ApplyURI(du.String()))
+	if opts.Logger == nil {
+		opts.Logger = watermill.NewSlogLogger(nil)
+	}
+	co := options.Client().ApplyURI(du.String()).
+		SetLoggerOptions(options.Logger().SetSink(logSink{opts.Logger}))
+	client, err := mongo.Connect(co)
 	if err != nil {
 		var dnsErr *net.DNSError
 		if errors.As(err, &dnsErr) {
@@ -81,12 +93,21 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		}
 		return nil, fmt.Errorf("%w: %s", stores.ErrInvalidURL, scrub(err.Error(), u))
 	}
-	s, err := New(ctx, client, opts)
+	// mongo.Connect sends nothing: the client connects at its first
+	// operation, the check's or, with check=false, the first call's.
+	s, err := newStore(client, opts)
 	if err != nil {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
-		return nil, err // the driver's messages quote hosts, never the password
+		return nil, err
 	}
 	s.owned = true
+	if p.Lazy {
+		return s, nil
+	}
+	if err := s.check(ctx, u); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
 	if ensure {
 		if err := s.EnsureIndexes(ctx); err != nil {
 			_ = s.Close()

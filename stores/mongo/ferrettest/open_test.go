@@ -67,3 +67,35 @@ func TestFerretDB_open_url_shared_parameters(t *testing.T) {
 		t.Errorf("Get after the retention = %+v, %v; want a fresh record with 1 attempt", rec, err)
 	}
 }
+
+// TestFerretDB_open_url_check_false: a store opened with check=false sends
+// nothing at Open and reads the server's clock at its first call; it then
+// works as one opened with the check. retention takes days.
+func TestFerretDB_open_url_check_false(t *testing.T) {
+	u, err := url.Parse(startFerretDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/opentest"
+	u.RawQuery = "check=false&lease=3s&retention=1d12h&collection=check_false"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := stores.Open(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired || c.Lease != 3*time.Second {
+		t.Fatalf("TryBegin = %+v, %v; want Acquired with the URL's 3s lease", c, err)
+	}
+	if until := time.Until(c.ExpiresAt); until <= 0 || until > 4*time.Second {
+		t.Fatalf("the lease ends in %s: the server's clock was not read before the first claim", until)
+	}
+	if err := s.Complete(ctx, "k", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "k"); err != nil || rec.State != inbox.StateProcessed {
+		t.Fatalf("Get after Complete = %+v, %v", rec, err)
+	}
+}
