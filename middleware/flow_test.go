@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -463,7 +464,7 @@ func TestInbox_fail_closed_backs_off_then_returns_ErrStoreUnavailable(t *testing
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || ran.Load() {
 		t.Fatalf("error %v, ran %v; want ErrStoreUnavailable without running", err, ran.Load())
 	}
-	// 50 ms growing to 2 s, jittered down to half: 6 to 9 claims fit.
+	// Pauses of 50 ms doubling to 2 s, jittered down to half: 4 to 9 claims.
 	if n := store.tryBegins.Load(); n < 4 || n > 10 {
 		t.Errorf("%d claims in %s of back-off, want a few (4 to 10), not a hot loop", n, took.Round(time.Millisecond))
 	}
@@ -500,12 +501,15 @@ func TestInbox_store_outage_logs_stay_readable(t *testing.T) {
 		t.Fatalf("%d error lines for 30 failed messages in one outage, want 1 with its cause: %v", len(errs), errs)
 	}
 	store.down.Store(false)
+	// The first claims after the recovery wait for the pacer's next slot
+	// (at most 2 s), longer than this MaxBusyWait: redeliver until through.
 	for i := range 2 {
-		m := msgFor(fmt.Sprint("after-", i))
-		if _, err := call(ib, ok, m); err != nil {
-			t.Fatal(err)
-		}
-		m.Ack()
+		testenv.Eventually(t, 10*time.Second, "a message through after the recovery", func() bool {
+			m := msgFor(fmt.Sprint("after-", i))
+			_, err := call(ib, ok, m)
+			m.Ack()
+			return err == nil
+		})
 	}
 	var recovered int
 	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
@@ -635,5 +639,33 @@ func TestConfig_validate_reports_what_the_user_wrote(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "HeartbeatInterval") {
 		t.Errorf("error reports a HeartbeatInterval the user never set: %v", err)
+	}
+}
+
+// TestInbox_store_outage_paced_across_messages: during an outage the
+// claims of all messages in flight share one pace, so the store sees about
+// one call per pause, not one per pause per message.
+func TestInbox_store_outage_paced_across_messages(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.down.Store(true)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxBusyWait: 2 * time.Second})
+	const inFlight = 20
+	var wg sync.WaitGroup
+	for i := range inFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := call(ib, ok, msgFor(fmt.Sprint("p-", i))); !errors.Is(err, inbox.ErrStoreUnavailable) {
+				t.Errorf("message %d: %v, want ErrStoreUnavailable", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	// The first claims go out together; after them, pauses of 50 ms
+	// doubling to 2 s leave room for about ten more in 2 s. Unpaced, each
+	// message would make about seven.
+	if n := store.tryBegins.Load(); n > inFlight+12 {
+		t.Errorf("%d claims for %d messages in flight over 2 s of outage, want at most %d", n, inFlight, inFlight+12)
 	}
 }

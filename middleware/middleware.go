@@ -46,8 +46,9 @@ type Inbox struct {
 	abandon     chan struct{} // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
-	extendOff atomic.Bool // the store answered Extend with ErrNotSupported
-	health    *outage.Log // rate-limits the logs of store failures
+	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
+	health    *outage.Log  // rate-limits the logs of store failures
+	pace      outage.Pacer // spaces the claims of a failing store
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -65,6 +66,7 @@ func New(cfg Config) (*Inbox, error) {
 		abandon: make(chan struct{}),
 	}
 	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
+	ib.pace = outage.Pacer{Min: 50 * time.Millisecond, Max: maxStoreBackoff}
 	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
 		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
@@ -250,71 +252,101 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 // on a busy key, so that a lease ending on time is seen free.
 const busySlack = 250 * time.Millisecond
 
-// maxStoreBackoff caps the pause between claims of a failing store.
-const maxStoreBackoff = 2 * time.Second
-
 // claim runs TryBegin until it gives an answer to act on, for at most
 // MaxBusyWait and while the message context lasts. A busy key is polled
 // with jittered backoff (20 ms growing to 1 s) for at most the time the
-// holder's lease has left plus busySlack. A store error is retried with
-// jittered backoff (50 ms growing to maxStoreBackoff), so that an outage or
-// a misconfigured store costs a few calls a second, not a redelivery storm;
-// the last error is returned when the wait ends (at once under FailOpen,
-// which prefers running the handler to waiting). sent is the local time the
-// final TryBegin was sent: the lease's deadline is reckoned from it.
+// holder's lease has left plus busySlack. A failing store is paced for the
+// whole Inbox (Inbox.pace): after a failure, claims wait for a slot of
+// their own, one jittered pause apart (50 ms doubling to 2 s), so that an
+// outage or a misconfigured store costs a few calls a second however many
+// messages are in flight, and no message is nacked before MaxBusyWait (a
+// redelivery storm). FailOpen does not wait: it prefers running the
+// handler. sent is the local time the final TryBegin was sent: the lease's
+// deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	ib := m.ib
 	limit := time.Now().Add(ib.cfg.MaxBusyWait)
-	busyDelay, errDelay := 20*time.Millisecond, 50*time.Millisecond
-	var waited [2]time.Duration // busy, store back-off
+	if ib.cfg.FailOpen {
+		limit = time.Now()
+	}
+	busyDelay := 20 * time.Millisecond
+	var busyWait, backoff time.Duration // reported to Metrics.Waited
 	defer func() {
-		for i, reason := range [...]string{WaitBusy, WaitStoreBackoff} {
-			if waited[i] > 0 {
-				ib.m.Waited(m.handler, reason, waited[i])
-			}
+		if busyWait > 0 {
+			ib.m.Waited(m.handler, WaitBusy, busyWait)
+		}
+		if backoff > 0 {
+			ib.m.Waited(m.handler, WaitStoreBackoff, backoff)
 		}
 	}()
+	wait := func(d time.Duration, total *time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting to claim inbox key %q: %w", m.key, ctx.Err())
+		case <-t.C:
+			*total += d
+			return nil
+		}
+	}
+	err = errPaced
 	for {
+		d, ok := ib.pace.Reserve(limit)
+		if !ok { // the store is failing, and no slot is free before limit
+			if w := time.Until(limit); w > 0 && !ib.cfg.FailOpen {
+				if err := wait(w, &backoff); err != nil {
+					return c, sent, err
+				}
+			}
+			return c, sent, err
+		}
+		if d > 0 {
+			if err := wait(d, &backoff); err != nil {
+				return c, sent, err
+			}
+		}
 		sent = time.Now()
 		err = ib.call(ctx, OpTryBegin, ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
 			c, err = ib.leases.TryBegin(ctx, m.key, opts)
 			return err
 		})
-		var wait time.Duration
-		reason := 0
 		switch {
 		case err != nil:
-			if !retryable(ctx, err) || ib.cfg.FailOpen {
+			if !retryable(ctx, err) {
 				return c, sent, err
 			}
-			ib.health.Fail("Inbox store failed; retrying the claim with backoff", err, m.fields())
-			wait, errDelay, reason = jitter(errDelay), min(2*errDelay, maxStoreBackoff), 1
-		case c.Status == inbox.Busy:
-			ib.health.OK()
-			limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
-			wait, busyDelay = jitter(busyDelay), min(2*busyDelay, time.Second)
-		default:
+			ib.pace.Failed()
+			ib.health.Fail("Inbox store failed; claims back off", err, m.fields())
+			if !time.Now().Before(limit) {
+				return c, sent, err
+			}
+		case c.Status != inbox.Busy:
+			ib.pace.OK()
 			ib.health.OK()
 			return c, sent, nil
-		}
-		wait = min(wait, time.Until(limit))
-		if wait <= 0 {
-			break
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return c, sent, fmt.Errorf("waiting to claim inbox key %q: %w", m.key, ctx.Err())
-		case <-t.C:
-			waited[reason] += wait
+		default:
+			ib.pace.OK()
+			ib.health.OK()
+			limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
+			d := min(jitter(busyDelay), time.Until(limit))
+			if d <= 0 {
+				return c, sent, m.busy(c.RetryAfter)
+			}
+			if err := wait(d, &busyWait); err != nil {
+				return c, sent, err
+			}
+			busyDelay = min(2*busyDelay, time.Second)
 		}
 	}
-	if err != nil {
-		return c, sent, err
-	}
-	return c, sent, m.busy(c.RetryAfter)
 }
+
+// maxStoreBackoff caps the pauses between store calls after failures.
+const maxStoreBackoff = 2 * time.Second
+
+// errPaced is the error of a claim not sent: the store was failing and the
+// wait for a slot ended first.
+var errPaced = fmt.Errorf("%w: the store is failing; claims are paced", inbox.ErrStoreUnavailable)
 
 // retryable reports whether a failed store call may succeed if repeated:
 // not bad input, not a closed store, not the end of ctx.

@@ -1,11 +1,14 @@
-// Package outage keeps the logs of a failing dependency readable: the first
-// failure of an outage is logged with its cause, then at most one line per
-// interval with the count of failures since the last line, and the recovery
-// once. A consumer whose store is down handles many messages a second; one
-// line each would bury everything else.
+// Package outage keeps a failing dependency from turning its callers into a
+// load generator. [Pacer] spaces the calls of all callers during an outage;
+// [Log] keeps the logs readable: the first failure of an outage is logged
+// with its cause, then at most one line per interval with the count of
+// failures since the last line, and the recovery once. A consumer whose
+// store is down sees many messages a second; a call and a line each would
+// load the store and bury everything else.
 package outage
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,3 +75,57 @@ func (l *Log) OK() {
 			"failures": l.total, "failing_for": time.Since(l.since).Round(time.Millisecond).String()})
 	}
 }
+
+// Pacer spaces the calls to a failing dependency across all its callers:
+// after a failure the next call may go only after a jittered pause that
+// doubles with each failure, from Min up to Max; a success ends the
+// outage. An outage then costs about one call per pause, however many
+// callers wait. The zero value is not usable: set Min and Max.
+type Pacer struct {
+	Min, Max time.Duration
+	mu       sync.Mutex
+	pause    time.Duration // zero while nothing fails
+	next     time.Time     // the earliest time of the next call
+}
+
+// Reserve returns how long the caller must wait before its call: zero
+// while nothing fails. During an outage it reserves the next free slot
+// (pushing the slot after it one pause later), unless that slot is after
+// deadline: it then returns false and reserves nothing.
+func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pause == 0 {
+		return 0, true
+	}
+	now := time.Now()
+	at := p.next
+	if at.Before(now) {
+		at = now
+	}
+	if at.After(deadline) {
+		return 0, false
+	}
+	p.next = at.Add(jitter(p.pause))
+	return at.Sub(now), true
+}
+
+// Failed records a failed call: the pause doubles (Min after a success).
+func (p *Pacer) Failed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pause = min(max(2*p.pause, p.Min), p.Max)
+	if next := time.Now().Add(jitter(p.pause)); next.After(p.next) {
+		p.next = next
+	}
+}
+
+// OK records a call that succeeded: the outage is over.
+func (p *Pacer) OK() {
+	p.mu.Lock()
+	p.pause, p.next = 0, time.Time{}
+	p.mu.Unlock()
+}
+
+// jitter returns a duration in [d/2, d].
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }

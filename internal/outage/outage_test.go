@@ -38,3 +38,36 @@ func TestLog_one_line_per_interval_then_recovery(t *testing.T) {
 		t.Fatalf("a new outage's first failure was not logged: %d lines", len(errs))
 	}
 }
+
+func TestPacer_spaces_calls_across_callers(t *testing.T) {
+	t.Parallel()
+	p := &Pacer{Min: 100 * time.Millisecond, Max: 400 * time.Millisecond}
+	far := time.Now().Add(time.Hour)
+	if w, ok := p.Reserve(far); w != 0 || !ok {
+		t.Fatalf("no outage: wait %s, %v; want 0, true", w, ok)
+	}
+	for range 5 {
+		p.Failed()
+	}
+	// Pause at Max (jittered to [200, 400] ms): ten callers get slots one
+	// pause apart, the first within one pause.
+	var prev time.Duration
+	for i := range 10 {
+		w, ok := p.Reserve(far)
+		if !ok || w > time.Duration(i+1)*400*time.Millisecond || (i > 0 && w-prev < 200*time.Millisecond-time.Millisecond) {
+			t.Fatalf("caller %d: wait %s (previous %s), %v; want slots 200 to 400 ms apart", i, w, prev, ok)
+		}
+		prev = w
+	}
+	if _, ok := p.Reserve(time.Now().Add(time.Second)); ok {
+		t.Fatal("a slot beyond the caller's deadline was reserved")
+	}
+	p.OK()
+	if w, ok := p.Reserve(far); w != 0 || !ok {
+		t.Fatalf("after recovery: wait %s, %v; want 0, true", w, ok)
+	}
+	p.Failed()
+	if p.pause != p.Min {
+		t.Fatalf("first failure after a recovery: pause %s, want Min", p.pause)
+	}
+}
