@@ -207,6 +207,9 @@ func (c Config) Validate() error {
 	if _, tx := c.Store.(TxStore); tx && c.FailOpen {
 		bad("FailOpen cannot be used with a TxStore: its handler needs the store's transaction")
 	}
+	if _, tx := c.Store.(TxStore); tx && c.PayloadHash != PayloadHashOff {
+		bad("PayloadHash is not supported with a TxStore: its claim records no fingerprint")
+	}
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %s is negative", c.StoreTimeout)
 	}
