@@ -669,3 +669,21 @@ func TestInbox_store_outage_paced_across_messages(t *testing.T) {
 		t.Errorf("%d claims for %d messages in flight over 2 s of outage, want at most %d", n, inFlight, inFlight+12)
 	}
 }
+
+// txOnly is a TxStore that is never called: for Config validation.
+type txOnly struct{ plainStore }
+
+func (txOnly) BeginTx(context.Context, string) (inboxmw.TxClaim, error) {
+	return inboxmw.TxClaim{}, errors.New("not called")
+}
+
+func TestConfig_validate_TxStore_refuses_FailOpen_and_PayloadHash(t *testing.T) {
+	t.Parallel()
+	_, err := inboxmw.New(inboxmw.Config{Store: txOnly{plainStore{newMemory(t)}}, Bus: "b", Group: "g",
+		FailOpen: true, PayloadHash: inboxmw.PayloadHashWarn})
+	for _, want := range []string{"FailOpen cannot be used with a TxStore", "PayloadHash is not supported with a TxStore"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want it to say %q", err, want)
+		}
+	}
+}
