@@ -252,91 +252,35 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 // on a busy key, so that a lease ending on time is seen free.
 const busySlack = 250 * time.Millisecond
 
-// claim runs TryBegin until it gives an answer to act on, for at most
-// MaxBusyWait and while the message context lasts. A busy key is polled
-// with jittered backoff (20 ms growing to 1 s) for at most the time the
-// holder's lease has left plus busySlack. A failing store is paced for the
-// whole Inbox (Inbox.pace): after a failure, claims wait for a slot of
-// their own, one jittered pause apart (50 ms doubling to 2 s), so that an
-// outage or a misconfigured store costs a few calls a second however many
-// messages are in flight, and no message is nacked before MaxBusyWait (a
-// redelivery storm). FailOpen does not wait: it prefers running the
-// handler. sent is the local time the final TryBegin was sent: the lease's
-// deadline is reckoned from it.
+// claim runs TryBegin (through paced) until it gives an answer to act on,
+// for at most MaxBusyWait and while the message context lasts. A busy key is
+// polled with jittered backoff (20 ms growing to 1 s) for at most the time
+// the holder's lease has left plus busySlack. sent is the local time the
+// final TryBegin was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
-	ib := m.ib
-	limit := time.Now().Add(ib.cfg.MaxBusyWait)
-	if ib.cfg.FailOpen {
-		limit = time.Now()
-	}
-	busyDelay := 20 * time.Millisecond
-	var busyWait, backoff time.Duration // reported to Metrics.Waited
+	limit := time.Now().Add(m.ib.cfg.MaxBusyWait)
+	var busyWait time.Duration
 	defer func() {
 		if busyWait > 0 {
-			ib.m.Waited(m.handler, WaitBusy, busyWait)
-		}
-		if backoff > 0 {
-			ib.m.Waited(m.handler, WaitStoreBackoff, backoff)
+			m.ib.m.Waited(m.handler, WaitBusy, busyWait)
 		}
 	}()
-	wait := func(d time.Duration, total *time.Duration) error {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting to claim inbox key %q: %w", m.key, ctx.Err())
-		case <-t.C:
-			*total += d
-			return nil
-		}
-	}
-	err = errPaced
-	for {
-		d, ok := ib.pace.Reserve(limit)
-		if !ok { // the store is failing, and no slot is free before limit
-			if w := time.Until(limit); w > 0 && !ib.cfg.FailOpen {
-				if err := wait(w, &backoff); err != nil {
-					return c, sent, err
-				}
-			}
-			return c, sent, err
-		}
-		if d > 0 {
-			if err := wait(d, &backoff); err != nil {
-				return c, sent, err
-			}
-		}
-		sent = time.Now()
-		err = ib.call(ctx, OpTryBegin, ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
-			c, err = ib.leases.TryBegin(ctx, m.key, opts)
+	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		err = m.paced(ctx, limit, OpTryBegin, func(ctx context.Context) (err error) {
+			sent = time.Now()
+			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
 			return err
 		})
-		switch {
-		case err != nil:
-			if !retryable(ctx, err) {
-				return c, sent, err
-			}
-			ib.pace.Failed()
-			ib.health.Fail("Inbox store failed; claims back off", err, m.fields())
-			if !time.Now().Before(limit) {
-				return c, sent, err
-			}
-		case c.Status != inbox.Busy:
-			ib.pace.OK()
-			ib.health.OK()
-			return c, sent, nil
-		default:
-			ib.pace.OK()
-			ib.health.OK()
-			limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
-			d := min(jitter(busyDelay), time.Until(limit))
-			if d <= 0 {
-				return c, sent, m.busy(c.RetryAfter)
-			}
-			if err := wait(d, &busyWait); err != nil {
-				return c, sent, err
-			}
-			busyDelay = min(2*busyDelay, time.Second)
+		if err != nil || c.Status != inbox.Busy {
+			return c, sent, err
+		}
+		limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
+		d := min(jitter(delay), time.Until(limit))
+		if d <= 0 {
+			return c, sent, m.busy(c.RetryAfter)
+		}
+		if err := sleep(ctx, d, &busyWait); err != nil {
+			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, err)
 		}
 	}
 }
@@ -348,11 +292,61 @@ const maxStoreBackoff = 2 * time.Second
 // wait for a slot ended first.
 var errPaced = fmt.Errorf("%w: the store is failing; claims are paced", inbox.ErrStoreUnavailable)
 
+// paced makes a claim's store call (TryBegin, BeginTx or IsProcessed),
+// retrying it while the store fails, until limit. During an outage the
+// claims of the whole Inbox are paced (Inbox.pace): each waits for a slot of
+// its own, one jittered pause apart (50 ms doubling to 2 s), so that an
+// outage or a misconfigured store costs a few calls a second however many
+// messages are in flight, and no message is nacked before MaxBusyWait, which
+// would make a redelivery storm. FailOpen does not wait: it prefers running
+// the handler.
+func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(context.Context) error) error {
+	ib := m.ib
+	if ib.cfg.FailOpen {
+		limit = time.Now()
+	}
+	var waited time.Duration
+	defer func() {
+		if waited > 0 {
+			ib.m.Waited(m.handler, WaitStoreBackoff, waited)
+		}
+	}()
+	err := errPaced
+	for {
+		d, ok := ib.pace.Reserve(limit)
+		if !ok { // the store is failing, and no slot is free before limit
+			if w := time.Until(limit); w > 0 {
+				if err := sleep(ctx, w, &waited); err != nil {
+					return err
+				}
+			}
+			return err
+		}
+		if err := sleep(ctx, d, &waited); err != nil {
+			return err
+		}
+		err = ib.call(ctx, op, ib.cfg.StoreTimeout, f)
+		if err == nil {
+			ib.pace.OK()
+			ib.health.OK()
+			return nil
+		}
+		if !retryable(ctx, err) {
+			return err
+		}
+		ib.pace.Failed()
+		ib.health.Fail("Inbox store failed; claims back off", err, m.fields())
+		if !time.Now().Before(limit) {
+			return err
+		}
+	}
+}
+
 // retryable reports whether a failed store call may succeed if repeated:
-// not bad input, not a closed store, not the end of ctx.
+// not bad input, not a closed store, not a busy key, not the end of ctx.
 func retryable(ctx context.Context, err error) bool {
 	return !errors.Is(err, inbox.ErrInvalidArgument) && !errors.Is(err, inbox.ErrClosed) &&
-		!errors.Is(err, inbox.ErrNotSupported) && ctx.Err() == nil
+		!errors.Is(err, inbox.ErrNotSupported) && !errors.Is(err, inbox.ErrBusy) && ctx.Err() == nil
 }
 
 // lease is one acquired key, from its claim to its Complete or Release.
@@ -633,7 +627,7 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	ib := m.ib
 	base := context.WithoutCancel(m.msg.Context())
 	var done bool
-	err := ib.call(m.msg.Context(), OpIsProcessed, ib.cfg.StoreTimeout, func(ctx context.Context) (err error) {
+	err := m.paced(m.msg.Context(), time.Now().Add(ib.cfg.MaxBusyWait), OpIsProcessed, func(ctx context.Context) (err error) {
 		done, err = ib.cfg.Store.IsProcessed(ctx, m.key)
 		return err
 	})
@@ -674,10 +668,13 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 // handler runs in, and commits the mark with the handler's writes.
 func (m *msgCall) handleTx() ([]*message.Message, error) {
 	// The store bounds the wait on a concurrent claim by its lock timeout,
-	// and the transaction lives on in the handler: no StoreTimeout here.
-	start := time.Now()
-	claim, err := m.ib.txs.BeginTx(m.msg.Context(), m.key)
-	m.ib.m.StoreCall(OpTryBegin, time.Since(start), err)
+	// and the transaction lives on in the handler: it is begun with the
+	// message context, not the call's StoreTimeout.
+	var claim TxClaim
+	err := m.paced(m.msg.Context(), time.Now().Add(m.ib.cfg.MaxBusyWait), OpTryBegin, func(context.Context) (err error) {
+		claim, err = m.ib.txs.BeginTx(m.msg.Context(), m.key)
+		return err
+	})
 	switch {
 	case errors.Is(err, inbox.ErrBusy):
 		var retryAfter time.Duration
@@ -784,6 +781,22 @@ func isDone(c <-chan struct{}) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// sleep waits for d, adding it to total, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		*total += d
+		return nil
 	}
 }
 
