@@ -49,8 +49,10 @@
 // container started with its database): the URL's parameters are still
 // checked, but nothing is sent to the server, and the same mistakes then fail
 // the store's first calls with [inbox.ErrStoreUnavailable]. Where a URL asks
-// for work at Open (migrate=true, ensure_indexes=true), check=false is
-// refused with it: that work needs the server.
+// for work on a server at Open (migrate=true on PostgreSQL or MySQL,
+// ensure_indexes=true), check=false is refused with it: that work needs the
+// server. check=false is not the Redis driver's conn_check, which is about
+// go-redis's pooled connections.
 //
 // Drivers registered by a program read [Params.Lazy] and should do the same.
 // The memory store has nothing to check. Constructors that take the caller's
