@@ -42,3 +42,10 @@ func TestStoreOutage_nacked_then_processed_once(t *testing.T) {
 func TestBadInput_handled_per_policy(t *testing.T) {
 	harness.Run(t, storeKinds(), harness.BadInput)
 }
+
+// TestMisconfiguredStore_costs_a_few_calls_a_second: stores opened with
+// check=false and wrong in a way only a call finds: a missing PostgreSQL
+// table, a wrong Redis password, a remote service without its token.
+func TestMisconfiguredStore_costs_a_few_calls_a_second(t *testing.T) {
+	harness.Run(t, misconfiguredKinds(), harness.Misconfigured)
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -277,8 +278,10 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 	ib, err := inboxmw.New(inboxmw.Config{
 		Store: txs,
 		Bus:   spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
-		MissingKey: spec.MissingKey(),
-		Metrics:    outcomes,
+		MissingKey:  spec.MissingKey(),
+		MaxBusyWait: spec.MaxBusyWait,
+		Metrics:     outcomes,
+		Logger:      outcomes.Logger(),
 	})
 	if err != nil {
 		_ = db.Close()
@@ -303,4 +306,66 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 			return errors.Join(ib.Close(ctx), txs.Close(), db.Close())
 		},
 	}, nil
+}
+
+// misconfiguredKinds are stores opened with check=false whose first call
+// fails on a configuration mistake.
+func misconfiguredKinds() []harness.StoreKind {
+	return []harness.StoreKind{
+		{Name: "postgres-no-table", New: func(t *testing.T) harness.StoreCase {
+			u := withParams(t, testenv.Postgres.URL(t), "table", "missing_"+unique(), "check", "false")
+			return harness.StoreCase{Spec: harness.StoreSpec{URL: u}}
+		}},
+		{Name: "redis-wrong-password", New: func(t *testing.T) harness.StoreCase {
+			addr := redisWithPassword(t, "right-"+unique())
+			return harness.StoreCase{Spec: harness.StoreSpec{URL: "redis://:wrong@" + addr + "/0?check=false"}}
+		}},
+		{Name: "remote-no-token", New: func(t *testing.T) harness.StoreCase {
+			backing := open(t, "memory://")
+			srv, err := server.New(server.Config{Store: backing, Tokens: []string{"t-" + unique()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+			go func() { _ = hs.Serve(ln) }()
+			t.Cleanup(func() { _ = hs.Close() })
+			return harness.StoreCase{Spec: harness.StoreSpec{URL: "http://" + ln.Addr().String() + "/?check=false"}}
+		}},
+	}
+}
+
+// redisWithPassword starts a private redis-server (the shared one accepts
+// any password) that requires password, and returns its address.
+func redisWithPassword(t *testing.T, password string) string {
+	t.Helper()
+	testenv.Redis.URL(t) // skips (or fails, services required) without Redis
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server, needed for a Redis with a password: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	_ = ln.Close()
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--requirepass", password, "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testenv.Eventually(t, 10*time.Second, "the private redis-server listening", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
+	return addr
 }

@@ -150,6 +150,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		StoreTimeout: spec.StoreTimeout,
 		MissingKey:   spec.MissingKey(),
 		Metrics:      outcomes,
+		Logger:       outcomes.Logger(),
 	})
 	if err != nil {
 		if owned {
@@ -172,10 +173,14 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 	}, nil
 }
 
-// Outcomes counts the middleware's outcomes: a inboxmw.Metrics.
+// Outcomes counts the middleware's outcomes, store calls and log lines: a
+// inboxmw.Metrics, and through Logger its logger.
 type Outcomes struct {
-	mu sync.Mutex
-	n  map[inboxmw.Outcome]int
+	mu     sync.Mutex
+	n      map[inboxmw.Outcome]int
+	calls  atomic.Int64
+	errors atomic.Int64 // error lines
+	lines  atomic.Int64 // lines at info or error level
 }
 
 // Outcome implements inboxmw.Metrics.
@@ -189,9 +194,31 @@ func (o *Outcomes) Outcome(_ string, oc inboxmw.Outcome) {
 }
 
 // StoreCall implements inboxmw.Metrics.
-func (o *Outcomes) StoreCall(string, time.Duration, error) {}
+func (o *Outcomes) StoreCall(string, time.Duration, error) { o.calls.Add(1) }
 
+// Waited implements inboxmw.Metrics.
 func (o *Outcomes) Waited(string, string, time.Duration) {}
+
+// Calls is the number of store calls the middleware made.
+func (o *Outcomes) Calls() int64 { return o.calls.Load() }
+
+// Lines is the number of lines the middleware logged at info or error
+// level, and how many of them at error level.
+func (o *Outcomes) Lines() (all, errors int64) { return o.lines.Load(), o.errors.Load() }
+
+// Logger is a logger for the middleware that counts its lines in o.
+func (o *Outcomes) Logger() watermill.LoggerAdapter { return lineCounter{o} }
+
+type lineCounter struct{ o *Outcomes }
+
+func (l lineCounter) Error(string, error, watermill.LogFields) {
+	l.o.errors.Add(1)
+	l.o.lines.Add(1)
+}
+func (l lineCounter) Info(string, watermill.LogFields)                 { l.o.lines.Add(1) }
+func (l lineCounter) Debug(string, watermill.LogFields)                {}
+func (l lineCounter) Trace(string, watermill.LogFields)                {}
+func (l lineCounter) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
 // Get returns the count of oc.
 func (o *Outcomes) Get(oc inboxmw.Outcome) int {

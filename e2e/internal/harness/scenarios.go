@@ -152,11 +152,16 @@ func Crash(at string) func(t *testing.T, bk BrokerKind, sk StoreKind) {
 	}
 }
 
+// OutageLength is how long the outage scenario keeps the store unreachable.
+const OutageLength = 10 * time.Second
+
 // Outage is scenario (d): the link between the consumer and the store is
-// cut mid-run (a fault proxy refuses connections; the shared services keep
-// running). Deliveries during the outage fail with ErrStoreUnavailable
-// without running the handler and are nacked; after the link is restored
-// every message is applied once, none lost.
+// cut for OutageLength mid-run (a fault proxy refuses connections; the
+// shared services keep running). Deliveries during the outage fail with
+// ErrStoreUnavailable without running the handler and are nacked, after
+// the middleware backed off in-process; the store calls and the log lines
+// they cost stay at a few a second; after the link is restored every message
+// is applied once, none lost.
 func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 	if sk.NoOutage != "" {
 		skip(t, sk.Name, "store outage", sk.NoOutage)
@@ -177,18 +182,28 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 		func() bool { return len(e.missing(t, before)) == 0 },
 		func() string { return fmt.Sprintf("missing %v; %s", e.missing(t, before), describe(c)) })
 
+	out := c.Inbox.Outcomes
 	e.store.Proxy.Cut()
+	cut := time.Now()
+	calls0 := out.Calls()
+	lines0, errors0 := out.Lines()
 	failedAtCut := c.Probe.StoreFailed()
 	for i, id := range during {
 		e.publish(t, e.msg(id, i))
 	}
 	applied := func() int { return len(during) - len(e.missing(t, during)) }
 	waitFor(t, 60*time.Second, "deliveries failing on the store during the outage",
-		func() bool { return c.Probe.StoreFailed() >= failedAtCut+5 || applied() > 0 },
+		func() bool { return c.Probe.StoreFailed() >= failedAtCut+2 || applied() > 0 },
 		func() string { return describe(c) })
 	if n := applied(); n != 0 {
 		t.Fatalf("%d messages applied while the store was unreachable; %s", n, describe(c))
 	}
+	// The outage lasts OutageLength: its cost is measured over that time.
+	time.Sleep(time.Until(cut.Add(OutageLength)))
+	secs := time.Since(cut).Seconds()
+	calls := float64(out.Calls()-calls0) / secs
+	lines1, errors1 := out.Lines()
+	lines := float64(lines1-lines0) / secs
 	e.store.Proxy.Restore()
 
 	waitFor(t, 90*time.Second, "every message applied after the outage",
@@ -205,8 +220,62 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 	if v := c.Probe.Violations(); v != 0 && !sk.Tx {
 		t.Errorf("%d deliveries ran the handler although the store failed", v)
 	}
-	t.Logf("%d deliveries nacked on store errors; %s", c.Probe.StoreFailed(), describe(c))
+	// What the outage cost, for the one consumer: a few store calls and at
+	// most a log line a second, not a call and a line per redelivery.
+	if calls > MaxCallsPerSecond || lines > MaxLinesPerSecond {
+		t.Errorf("the %.1f s outage cost %.1f store calls and %.1f log lines a second; want at most %v and %v",
+			secs, calls, lines, MaxCallsPerSecond, MaxLinesPerSecond)
+	}
+	t.Logf("outage of %.1f s: %.2f store calls/s, %.2f log lines/s (%d at error level); %d deliveries nacked on store errors; %s",
+		secs, calls, lines, errors1-errors0, c.Probe.StoreFailed()-failedAtCut, describe(c))
 }
+
+// MisconfiguredLength is how long the misconfigured-store scenario runs.
+const MisconfiguredLength = 10 * time.Second
+
+// Misconfigured is scenario (f): a store URL wrong in a way only a call
+// finds (a missing table, a wrong password, a missing token), opened with
+// check=false as a program that starts before its store does. With messages
+// waiting, the consumer runs for MisconfiguredLength: what it costs the
+// store and the logs stays within MaxCallsPerSecond and MaxLinesPerSecond,
+// nothing is applied, and the messages are still there for a fixed
+// deployment (the broker redelivers them).
+func Misconfigured(t *testing.T, bk BrokerKind, sk StoreKind) {
+	e := newEnv(t, bk, sk, false, 1)
+	c := StartConsumer(t, e.spec, nil)
+	ids := IDs("m", 3)
+	for i, id := range ids {
+		e.publish(t, e.msg(id, i))
+	}
+	start := time.Now()
+	out := c.Inbox.Outcomes
+	// The consumer runs for MisconfiguredLength: its cost is measured over
+	// that time.
+	time.Sleep(MisconfiguredLength)
+	secs := time.Since(start).Seconds()
+	calls := float64(out.Calls()) / secs
+	all, errs := out.Lines()
+	lines := float64(all) / secs
+	if n := len(ids) - len(e.missing(t, ids)); n != 0 {
+		t.Errorf("%d messages applied with a misconfigured store", n)
+	}
+	if out.Calls() == 0 || errs == 0 {
+		t.Errorf("%d store calls and %d error lines: the misconfiguration was never met", out.Calls(), errs)
+	}
+	if calls > MaxCallsPerSecond || lines > MaxLinesPerSecond {
+		t.Errorf("%.1f s with a misconfigured store cost %.1f store calls and %.1f log lines a second; want at most %v and %v",
+			secs, calls, lines, MaxCallsPerSecond, MaxLinesPerSecond)
+	}
+	t.Logf("%.1f s with a misconfigured store: %.2f store calls/s, %.2f log lines/s (%d at error level); %s",
+		secs, calls, lines, errs, describe(c))
+}
+
+// The bounds of what a failing store may cost one consumer (issue: a
+// misconfigured or failing store must never become a hot loop).
+const (
+	MaxCallsPerSecond = 5
+	MaxLinesPerSecond = 1
+)
 
 // BadInput is scenario (e): messages without any id, with an over-long id,
 // with non-string and binary headers. By default (MissingKeyProcess) a
