@@ -45,8 +45,14 @@
 //     /metrics need no token: none of them holds a secret.
 //
 // Metrics (Prometheus): inbox_server_requests_total{endpoint, code, status}
-// where status is the v1 status or error code answered, and
-// inbox_server_request_duration_seconds{endpoint}.
+// and inbox_server_request_duration_seconds{endpoint}. status takes one
+// vocabulary across endpoints: the v1 status of a 200 answer of the
+// protocol (Acquired, Processed, Busy, Released, Extended, LeaseLost,
+// NotFound, Available, InProgress); OK for a 200 answer without one
+// (discovery, /healthz, /readyz, /metrics); the error code of an error
+// answer, as in its body (invalid_json, ..., unauthorized, not_found,
+// store_unavailable, internal_error), /readyz's 503 included
+// (store_unavailable, or draining during shutdown).
 package server
 
 import (
@@ -85,6 +91,10 @@ const (
 	epMetrics   = "metrics"
 	epOther     = "other"
 )
+
+// statusOK is the status label of a 200 answer without a v1 status
+// (discovery, /healthz, /readyz, /metrics).
+const statusOK = "OK"
 
 // readyKey is the key /readyz reads to check the store.
 const readyKey = "inboxd:readyz"
@@ -187,12 +197,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(s.discovery)
-		s.done(r, ep, start, reply{code: http.StatusOK, status: "ok"})
+		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
 	case path == "/healthz":
 		ep = epHealthz
 		if s.method(w, r, &rep, http.MethodGet) {
-			rep = reply{code: http.StatusOK, body: map[string]string{"status": "ok"}, status: "ok"}
+			rep = reply{code: http.StatusOK, body: map[string]string{"status": statusOK}, status: statusOK}
 		}
 	case path == "/readyz":
 		ep = epReadyz
@@ -205,7 +215,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		s.metrics.ServeHTTP(w, r)
-		s.done(r, ep, start, reply{code: http.StatusOK, status: "ok"})
+		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
 	case r.Method == http.MethodPost && path == wire.TryBegin:
 		ep = epTryBegin
@@ -536,15 +546,15 @@ func (s *Server) get(ctx context.Context, path string) reply {
 
 func (s *Server) ready(ctx context.Context) reply {
 	if s.draining.Load() {
-		return reply{code: http.StatusServiceUnavailable, body: map[string]string{"status": "draining"}, status: "draining"}
+		return reply{code: http.StatusServiceUnavailable, body: map[string]string{"status": wire.CodeDraining}, status: wire.CodeDraining}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
 	defer cancel()
 	if _, err := s.cfg.Store.Get(ctx, readyKey); err != nil {
 		s.log.Warn("inbox server not ready: store check failed", slog.String("error", err.Error()))
-		return reply{code: http.StatusServiceUnavailable, body: map[string]string{"status": "store unavailable"}, status: "store_unavailable"}
+		return reply{code: http.StatusServiceUnavailable, body: map[string]string{"status": wire.CodeStoreUnavailable}, status: wire.CodeStoreUnavailable}
 	}
-	return reply{code: http.StatusOK, body: map[string]string{"status": "ok"}, status: "ok"}
+	return reply{code: http.StatusOK, body: map[string]string{"status": statusOK}, status: statusOK}
 }
 
 // storeReply maps an input error of the inbox contract to a 400.

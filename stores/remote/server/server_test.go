@@ -389,9 +389,9 @@ func TestServer_ready_health_drain_and_metrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	h := newServer(t, server.Config{Registerer: reg})
 	code, b, _ := call(t, h, "GET", "/healthz", "")
-	want(t, "healthz", code, b, 200, "status", "ok")
+	want(t, "healthz", code, b, 200, "status", "OK")
 	code, b, _ = call(t, h, "GET", "/readyz", "")
-	want(t, "readyz", code, b, 200, "status", "ok")
+	want(t, "readyz", code, b, 200, "status", "OK")
 	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`)
 	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`)
 	call(t, h, "POST", "/v1/inbox/try-begin", `{`)
@@ -465,5 +465,85 @@ func TestServer_store_timeout(t *testing.T) {
 	want(t, "try-begin over a hung store", code, b, 503, "error", "store_unavailable")
 	if el := time.Since(start); el > 5*time.Second || hdr.Get("Retry-After") == "" {
 		t.Fatalf("answered after %s with headers %v; want a prompt 503 with Retry-After", el, hdr)
+	}
+}
+
+// The status label takes one vocabulary across endpoints: the v1 status of
+// a 200 answer of the protocol, OK for another 200, and the error code of
+// the body for an error, /readyz's 503 included.
+func TestServer_status_label_vocabulary(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	store := newMemory(t)
+	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "t0k", LeaseMin: time.Second})
+	auth := []string{"Authorization", "Bearer t0k"}
+	post := func(path, body string) map[string]any {
+		_, b, _ := call(t, h, "POST", path, body, auth...)
+		return b
+	}
+	for _, path := range []string{"/v1/inbox", "/healthz", "/readyz", "/metrics"} {
+		req := httptest.NewRequest("GET", path, nil)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	lease := post("/v1/inbox/try-begin", `{"key":"a","leaseSeconds":5}`)["leaseId"]
+	post("/v1/inbox/try-begin", `{"key":"a"}`)
+	post("/v1/inbox/extend", fmt.Sprintf(`{"key":"a","leaseId":%q}`, lease))
+	post("/v1/inbox/extend", `{"key":"a","leaseId":"other"}`)
+	post("/v1/inbox/release", `{"key":"a","leaseId":"other"}`)
+	call(t, h, "GET", "/v1/inbox/a", "", auth...)
+	post("/v1/inbox/mark-processed", fmt.Sprintf(`{"key":"a","leaseId":%q}`, lease))
+	post("/v1/inbox/try-begin", `{"key":"a"}`)
+	lease = post("/v1/inbox/try-begin", `{"key":"b"}`)["leaseId"]
+	post("/v1/inbox/release", fmt.Sprintf(`{"key":"b","leaseId":%q}`, lease))
+	call(t, h, "GET", "/v1/inbox/b", "", auth...)
+	call(t, h, "GET", "/v1/inbox/c", "", auth...)
+	call(t, h, "GET", "/v1/inbox/a", "", auth...)
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                // 401
+	post("/v1/inbox/try-begin", `{`)                                        // 400
+	post("/v1/inbox/try-begin", `{"key":""}`)                               // 400 invalid_key
+	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`) // 413
+	call(t, h, "DELETE", "/v1/inbox", "")                                   // 405
+	call(t, h, "GET", "/nowhere", "")                                       // 404
+	_ = store.Close()
+	call(t, h, "GET", "/readyz", "")           // 503 store_unavailable
+	post("/v1/inbox/try-begin", `{"key":"z"}`) // 503 store_unavailable
+	h.Drain()
+	call(t, h, "GET", "/readyz", "") // 503 draining
+
+	v1 := map[string]bool{"Acquired": true, "Processed": true, "Busy": true, "Released": true, "Extended": true,
+		"LeaseLost": true, "NotFound": true, "Available": true, "InProgress": true, "OK": true}
+	codes := map[string]bool{"invalid_json": true, "invalid_key": true, "invalid_lease": true, "invalid_lease_id": true,
+		"invalid_argument": true, "body_too_large": true, "unauthorized": true, "not_found": true, "method_not_allowed": true,
+		"not_supported": true, "store_unavailable": true, "internal_error": true, "draining": true}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "inbox_server_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			st := l["status"]
+			seen[st] = true
+			if l["code"] == "200" && !v1[st] || l["code"] != "200" && !codes[st] {
+				t.Errorf("endpoint %s answered %s with status label %q: outside the vocabulary", l["endpoint"], l["code"], st)
+			}
+		}
+	}
+	for st := range v1 {
+		if !seen[st] {
+			t.Errorf("status %s never counted: the test misses a case", st)
+		}
+	}
+	for _, st := range []string{"invalid_json", "invalid_key", "body_too_large", "unauthorized", "not_found", "method_not_allowed", "store_unavailable", "draining"} {
+		if !seen[st] {
+			t.Errorf("error code %s never counted: the test misses a case", st)
+		}
 	}
 }

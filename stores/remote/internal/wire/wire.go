@@ -77,6 +77,7 @@ const (
 	CodeNotSupported     = "not_supported"
 	CodeStoreUnavailable = "store_unavailable"
 	CodeInternal         = "internal_error"
+	CodeDraining         = "draining" // /readyz while the server shuts down
 )
 
 // TryBeginRequest is the body of POST /v1/inbox/try-begin.
