@@ -9,6 +9,7 @@
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
 //	INBOX_TOKEN            (no flag)        bearer token; turns auth on (flags show in process lists)
 //	INBOX_TOKEN_FILE       -token-file      file of bearer tokens, one a line (any is accepted; blank lines ignored)
+//	INBOX_ALLOW_NO_AUTH    -allow-no-auth   true: serve without a token on an address that is not loopback; default false
 //	INBOX_TLS_CERT_FILE    -tls-cert        PEM certificate (chain) to serve HTTPS with; needs the key
 //	INBOX_TLS_KEY_FILE     -tls-key         PEM private key of that certificate
 //	INBOX_LEASE_MIN        -lease-min       shortest lease granted; default 30s
@@ -22,11 +23,29 @@
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
 //
 // Retention is the store's: a URL parameter of INBOX_STORE_URL
-// (memory://?retention=168h). Without a token, auth is none: keep the listen
-// address on loopback or a private network then. Without a certificate,
-// inboxd serves plain HTTP, and a bearer token crosses the network in clear:
-// give it INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE, or put it behind a
-// proxy that terminates TLS, when clients reach it over a network.
+// (memory://?retention=7d). The store URL's check parameter is honoured:
+// by default inboxd checks at start that its store works, and exits with
+// the reason if it does not; check=false starts it anyway (/readyz then
+// answers 503 until the store does).
+//
+// # Tokens
+//
+// A token is any string without line breaks that clients send as
+// "Authorization: Bearer <token>"; make one with 32 random bytes:
+//
+//	mkdir -p "$HOME/.config/inboxd"
+//	head -c 32 /dev/urandom | base64 > "$HOME/.config/inboxd/token"
+//	chmod 600 "$HOME/.config/inboxd/token"
+//
+// and give the same file to inboxd (INBOX_TOKEN_FILE) and to the clients
+// (the remote store URL's token_file=). Without a token, auth is none: inboxd
+// then serves only on a loopback address (127.0.0.1, ::1, localhost) unless
+// INBOX_ALLOW_NO_AUTH=true says that the network it listens on is private.
+//
+// Without a certificate, inboxd serves plain HTTP, and a bearer token
+// crosses the network in clear: give it INBOX_TLS_CERT_FILE and
+// INBOX_TLS_KEY_FILE, or put it behind a proxy that terminates TLS, when
+// clients reach it over a network.
 //
 // On SIGHUP, inboxd reads the token file and the certificate and key again,
 // without dropping a connection: a renewed certificate serves the next TLS
@@ -40,7 +59,34 @@
 //
 // Endpoints: protocol v1 under /v1/inbox, /healthz (the process is up),
 // /readyz (the store answers; 503 while shutting down), /metrics
-// (Prometheus). Logs are JSON lines on stderr; they never hold the token.
+// (Prometheus). Logs are JSON lines on stderr; they never hold the token,
+// and durations in them are strings as Go prints them ("30s", "1.5ms"), not
+// nanoseconds.
+//
+// # Metrics
+//
+// inbox_server_requests_total{endpoint, code, status} counts answers;
+// inbox_server_request_duration_seconds{endpoint} times them. endpoint is
+// try-begin, mark-processed, release, extend, get, discovery, healthz,
+// readyz, metrics or other (an unknown path). code is the HTTP status code.
+// status says what the answer was, in one vocabulary across endpoints:
+//
+//   - a 200 answer of the protocol: its v1 status, as in its body: Acquired,
+//     Processed or Busy (try-begin); Processed or LeaseLost
+//     (mark-processed); Released or LeaseLost (release); Extended or
+//     LeaseLost (extend); NotFound, Available, InProgress or Processed (get);
+//   - a 200 answer without a v1 status (discovery, healthz, readyz,
+//     metrics): OK;
+//   - an error (4xx, 5xx): its error code, as in the error field of its
+//     body: invalid_json, invalid_key, invalid_lease, invalid_lease_id,
+//     invalid_argument, body_too_large, unauthorized, not_found,
+//     method_not_allowed, not_supported, store_unavailable, internal_error;
+//     /readyz answers 503 with store_unavailable, or draining while inboxd
+//     shuts down.
+//
+// So a 200 always has a PascalCase status and an error a snake_case code:
+// rate(inbox_server_requests_total{status="unauthorized"}[5m]) finds clients
+// with a wrong token, {status="store_unavailable"} a failing store.
 //
 // On SIGTERM or SIGINT, inboxd stops accepting connections, lets the
 // requests in flight finish (up to the shutdown timeout), closes the store
@@ -54,12 +100,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -87,6 +135,7 @@ type settings struct {
 	storeURL, listen, tokenFile, policy, logLevel string
 	tlsCert, tlsKey                               string
 	tokens                                        []string // from INBOX_TOKEN or the token file
+	allowNoAuth                                   bool
 	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
 	storeTimeout                                  time.Duration
 	maxBody                                       int64
@@ -135,6 +184,13 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		maxBody:      num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
 		maxKey:       int(num("INBOX_MAX_KEY_BYTES", 1024)),
 	}
+	if v := getenv("INBOX_ALLOW_NO_AUTH"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("INBOX_ALLOW_NO_AUTH=%q is not true or false", v))
+		}
+		s.allowNoAuth = b
+	}
 	if err := errors.Join(errs...); err != nil {
 		return s, err
 	}
@@ -154,6 +210,7 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", s.shutdown, "time to finish requests in flight (INBOX_SHUTDOWN_TIMEOUT)")
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
+	fs.BoolVar(&s.allowNoAuth, "allow-no-auth", s.allowNoAuth, "serve without a token on an address that is not loopback (INBOX_ALLOW_NO_AUTH)")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -172,6 +229,11 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		if s.tokens, err = readTokens(s.tokenFile); err != nil {
 			return s, err
 		}
+	}
+	if len(s.tokens) == 0 && !s.allowNoAuth && !loopback(s.listen) {
+		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
+			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
+			s.listen, makeToken("$HOME/.config/inboxd/token"))
 	}
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
@@ -200,7 +262,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return fmt.Errorf("log level %q: want debug, info, warn or error", s.logLevel)
 	}
-	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level, ReplaceAttr: durationString}))
 
 	redacted := s.storeURL
 	if u, err := url.Parse(s.storeURL); err == nil {
@@ -284,12 +346,66 @@ wait:
 	return nil
 }
 
+// loopback reports whether a listen address serves the local machine only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// makeToken is the shell command that makes a token file.
+func makeToken(file string) string {
+	q := shellQuote(file)
+	return fmt.Sprintf("mkdir -p %s && head -c 32 /dev/urandom | base64 > %s && chmod 600 %s", shellQuote(filepath.Dir(file)), q, q)
+}
+
+// shellQuote quotes s for sh when it holds more than letters, digits and
+// /._-+:=@,; "$HOME..." is kept in double quotes so that it expands.
+func shellQuote(s string) string {
+	if rest, ok := strings.CutPrefix(s, "$HOME/"); ok && !strings.ContainsAny(rest, "\"\\`$\n") {
+		return `"` + s + `"`
+	}
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:=@,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// tokenFileHelp says what a token file holds and how to make one.
+const tokenFileHelp = "a token file holds the bearer tokens clients must send, one a line (clients read the same file through the remote store URL's token_file=)"
+
+// durationString makes the JSON handler write durations as strings ("30s",
+// "1.5ms") instead of nanoseconds: whatever logs through inboxd's logger
+// (its own lines, the server's, net/http's) reads the same.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
 // readTokens reads a token file: one token a line, surrounding whitespace
-// and blank lines ignored. It never quotes the file's contents.
+// and blank lines ignored. It never quotes the file's contents. Its errors
+// say what the file holds and, when it is missing, how to make one.
 func readTokens(file string) ([]string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("token file: %w", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE) does not exist: %s. Make one with: %s. "+
+				"Or leave INBOX_TOKEN_FILE unset to serve without auth on a loopback address",
+				file, tokenFileHelp, makeToken(file))
+		}
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is quoted already
+		}
+		return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE): %v; %s, and inboxd must be able to read it", file, err, tokenFileHelp)
 	}
 	var tokens []string
 	for _, line := range strings.Split(string(b), "\n") {
@@ -298,7 +414,8 @@ func readTokens(file string) ([]string, error) {
 		}
 	}
 	if len(tokens) == 0 {
-		return nil, fmt.Errorf("token file %q holds no token", file)
+		return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE) holds no token: %s. Make one with: head -c 32 /dev/urandom | base64 > %s",
+			file, tokenFileHelp, shellQuote(file))
 	}
 	return tokens, nil
 }

@@ -347,7 +347,7 @@ func TestRun_endpoints_health_ready_metrics(t *testing.T) {
 	// In this order: /metrics lists the request counter once requests were
 	// counted.
 	for _, c := range []struct{ path, want string }{
-		{"/healthz", `"ok"`}, {"/readyz", `"ok"`}, {"/v1/inbox", `"version":"v1"`}, {"/metrics", "inbox_server_requests_total"},
+		{"/healthz", `"OK"`}, {"/readyz", `"OK"`}, {"/v1/inbox", `"version":"v1"`}, {"/metrics", "inbox_server_requests_total"},
 	} {
 		path, want := c.path, c.want
 		resp, err := http.Get("http://" + addr + path)
@@ -373,6 +373,8 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 		"bad number":      {nil, map[string]string{"INBOX_MAX_BODY_BYTES": "lots"}, "INBOX_MAX_BODY_BYTES"},
 		"token and file":  {nil, map[string]string{"INBOX_TOKEN": "a", "INBOX_TOKEN_FILE": "/x"}, "not both"},
 		"missing file":    {nil, map[string]string{"INBOX_TOKEN_FILE": "/nonexistent/token"}, "token file"},
+		"no-auth value":   {nil, map[string]string{"INBOX_ALLOW_NO_AUTH": "perhaps"}, "INBOX_ALLOW_NO_AUTH"},
+		"open, no auth":   {nil, map[string]string{"INBOX_LISTEN_ADDR": ":8080"}, "INBOX_ALLOW_NO_AUTH=true"},
 		"unknown flag":    {[]string{"-nope"}, nil, "nope"},
 		"stray argument":  {[]string{"extra"}, nil, "unexpected arguments"},
 		"flag over env":   {[]string{"-lease-min", "never"}, nil, "lease-min"},
@@ -394,10 +396,10 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 		"INBOX_STORE_URL=nosuch://":  "unknown URL scheme",
 		"INBOX_LEASE_POLICY=maybe":   "LeasePolicy",
 		"INBOX_LOG_LEVEL=loud":       "log level",
-		"INBOX_LISTEN_ADDR=bad:addr": "listen",
+		"INBOX_LISTEN_ADDR=bad:addr": "listen tcp",
 	} {
 		k, v, _ := strings.Cut(vars, "=")
-		err := run(ctx, nil, env(map[string]string{k: v}), io.Discard, nil, nil)
+		err := run(ctx, nil, env(map[string]string{k: v, "INBOX_ALLOW_NO_AUTH": "true"}), io.Discard, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with %s: %v, want an error naming %q", vars, err, want)
 		}
@@ -587,5 +589,106 @@ func TestRun_reload_rotates_tokens_and_certificate(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "secret-token") {
 		t.Fatalf("logs hold a token:\n%s", logs)
+	}
+}
+
+// A missing or empty token file says what goes in it and how to make one.
+func TestParse_token_file_errors_say_how_to_make_one(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "secrets", "inbox")
+	_, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": missing}))
+	if err == nil {
+		t.Fatal("a missing token file was accepted")
+	}
+	t.Logf("missing: %v", err)
+	for _, want := range []string{missing, "does not exist", "bearer tokens clients must send, one a line",
+		"mkdir -p " + filepath.Dir(missing) + " && head -c 32 /dev/urandom | base64 > " + missing, "loopback"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	// The command in the error makes a file inboxd takes.
+	if out, err := exec.Command("sh", "-ec", err.Error()[strings.Index(err.Error(), "mkdir -p"):strings.Index(err.Error(), ". Or leave")]).CombinedOutput(); err != nil {
+		t.Fatalf("the error's command: %v\n%s", err, out)
+	}
+	s, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": missing}))
+	if err != nil || len(s.tokens) != 1 || len(s.tokens[0]) < 32 {
+		t.Fatalf("token file made by the error's command: %d tokens, %v", len(s.tokens), err)
+	}
+
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": empty}))
+	if err == nil || !strings.Contains(err.Error(), "holds no token") || !strings.Contains(err.Error(), "base64 > "+empty) {
+		t.Fatalf("empty token file: %v", err)
+	}
+	t.Logf("empty: %v", err)
+}
+
+// Without a token, inboxd serves on loopback only, unless told otherwise.
+func TestParse_no_auth_only_on_loopback(t *testing.T) {
+	t.Parallel()
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:8080": true, "127.0.0.2:1": true, "[::1]:8080": true, "localhost:8080": true, "LOCALHOST:0": true,
+		":8080": false, "0.0.0.0:8080": false, "[::]:8080": false, "10.1.2.3:8080": false, "inbox.internal:8080": false,
+	} {
+		_, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr}))
+		if ok != (err == nil) {
+			t.Errorf("listen %s without a token: %v; want allowed=%v", addr, err, ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "not loopback") || !strings.Contains(err.Error(), "INBOX_TOKEN_FILE")) {
+			t.Errorf("listen %s: error %q does not say why and what to do", addr, err)
+		}
+		if _, err := parse([]string{"-allow-no-auth"}, env(map[string]string{"INBOX_LISTEN_ADDR": addr})); err != nil {
+			t.Errorf("listen %s with -allow-no-auth: %v", addr, err)
+		}
+		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_ALLOW_NO_AUTH": "true"})); err != nil {
+			t.Errorf("listen %s with INBOX_ALLOW_NO_AUTH=true: %v", addr, err)
+		}
+		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "t0k"})); err != nil {
+			t.Errorf("listen %s with a token: %v", addr, err)
+		}
+	}
+	_, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": "0.0.0.0:8080"}))
+	t.Logf("open, no auth: %v", err)
+}
+
+// JSON logs write durations as strings, whoever logs them (inboxd's own
+// lines, the server's request lines).
+func TestRun_logs_durations_as_strings(t *testing.T) {
+	t.Parallel()
+	addr, logs, stop, result := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_LOG_LEVEL": "debug"})
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	stop()
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		for _, k := range []string{"lease_min", "lease_max", "lease_default", "timeout", "duration"} {
+			if v, ok := rec[k]; ok {
+				seen[k] = v
+				if _, isString := v.(string); !isString {
+					t.Errorf("%s in %q is %v, not a string", k, line, v)
+				}
+			}
+		}
+	}
+	if seen["lease_min"] != "30s" || seen["lease_default"] != "30s" || seen["timeout"] != "30s" {
+		t.Errorf("durations %v, want lease_min, lease_default and the shutdown timeout as \"30s\"", seen)
+	}
+	if d, _ := seen["duration"].(string); !strings.HasSuffix(d, "s") {
+		t.Errorf("request duration %v, want a string like 1.5ms", seen["duration"])
 	}
 }
