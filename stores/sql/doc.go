@@ -19,7 +19,15 @@
 // Parameters of every SQL URL: retention and lease (shared by all stores),
 // table (default "inbox"), migrate (true creates the table; default false),
 // cleanup_interval (starts the janitor), cleanup_batch, max_conns (pool
-// size). postgres:// also takes libpq's connection parameters (sslmode,
+// size), and check (shared by all stores: false opens without the checks
+// below). Durations take Go's units and a leading count of days
+// (retention=7d, 1d12h). stores.Open checks the store before returning it:
+// it connects, authenticates, and reads one key through the store's own
+// statement, so a wrong password, a missing database or a missing table
+// (without migrate=true) fails there, once, with an error wrapping
+// stores.ErrMisconfigured that says how to fix it; [New], which takes the
+// caller's *sql.DB, checks nothing beyond what AutoMigrate and the MySQL
+// version query do. postgres:// also takes libpq's connection parameters (sslmode,
 // connect_timeout, application_name, search_path, ...); mysql:// takes
 // go-sql-driver's (tls, timeout, readTimeout, writeTimeout, charset,
 // collation, interpolateParams, ...), always with parseTime=true and
@@ -130,25 +138,13 @@
 // duplicate key are the same as MariaDB's, but have only been exercised on
 // MariaDB.
 //
-// # Performance
+// # Benchmarks
 //
 // BenchmarkClaimCompleteInterleaved runs, within each iteration, a new key's
 // TryBegin plus Complete through the store, the store's same two statements
 // run directly through database/sql, and a plain INSERT then UPDATE of the
 // same row (the floor), so that load weighs on all three alike;
 // BenchmarkClaimComplete runs them as separate sub-benchmarks and adds the
-// MySQL 8 path on MariaDB. Ratios measured with -count 6 on the shared
-// two-core development machine (PostgreSQL 15, MariaDB 10.11, SQLite through
-// modernc.org/sqlite; absolute times varied 2 to 5 times with the machine's
-// load, the ratios much less):
-//
-//	                 store/floor     store/same statements
-//	PostgreSQL       1.19 ± 15%      1.03 ± 14%
-//	MariaDB          1.40 ± 28%      0.97 ± 11%
-//	SQLite           0.61 ± 14%      0.27 ± 13%   (the store prepares its statements; the others run unprepared)
-//
-// The store's Go code costs nothing measurable next to the round trips; its
-// claim statement costs 20 to 40 percent more than a plain INSERT on the
-// servers. The MySQL 8 path (a transaction: BEGIN, upsert, locking read,
-// COMMIT) measured about twice the floor on MariaDB, within the noise.
+// MySQL 8 path on MariaDB. What they measured is in BENCHMARKS.md at the
+// repository root.
 package sqlstore
