@@ -687,3 +687,23 @@ func TestConfig_validate_TxStore_refuses_FailOpen_and_PayloadHash(t *testing.T) 
 		}
 	}
 }
+
+// TestInbox_no_busy_wait_still_recovers: with MaxBusyWait negative (no
+// in-process wait) a failing store is still probed once a pause has passed,
+// so messages go through again after the store recovers.
+func TestInbox_no_busy_wait_still_recovers(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.down.Store(true)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxBusyWait: -1})
+	if _, err := call(ib, ok, msgFor("nw-0")); !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("while down: %v, want ErrStoreUnavailable", err)
+	}
+	store.down.Store(false)
+	testenv.Eventually(t, 10*time.Second, "a message through after the recovery", func() bool {
+		m := msgFor("nw-1")
+		_, err := call(ib, ok, m)
+		m.Ack()
+		return err == nil
+	})
+}

@@ -90,8 +90,10 @@ type Pacer struct {
 
 // Reserve returns how long the caller must wait before its call: zero
 // while nothing fails. During an outage it reserves the next free slot
-// (pushing the slot after it one pause later), unless that slot is after
-// deadline: it then returns false and reserves nothing.
+// (pushing the slot after it one pause later), unless that slot is in the
+// future and after deadline: it then returns false and reserves nothing. A
+// slot free now is granted whatever the deadline, so a caller that cannot
+// wait still probes the dependency once a pause has passed.
 func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -101,9 +103,8 @@ func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 	now := time.Now()
 	at := p.next
 	if at.Before(now) {
-		at = now
-	}
-	if at.After(deadline) {
+		at = now // a slot free now is granted whatever the deadline
+	} else if at.After(deadline) {
 		return 0, false
 	}
 	p.next = at.Add(jitter(p.pause))

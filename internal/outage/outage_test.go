@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-inbox/inbox/internal/testenv"
 )
 
 func TestLog_one_line_per_interval_then_recovery(t *testing.T) {
@@ -62,6 +64,14 @@ func TestPacer_spaces_calls_across_callers(t *testing.T) {
 	if _, ok := p.Reserve(time.Now().Add(time.Second)); ok {
 		t.Fatal("a slot beyond the caller's deadline was reserved")
 	}
+	// A caller that cannot wait (deadline in the past) gets a slot that is
+	// free now.
+	q := &Pacer{Min: time.Millisecond, Max: time.Millisecond}
+	q.Failed()
+	testenv.Eventually(t, 5*time.Second, "a slot granted to a caller past its deadline", func() bool {
+		_, ok := q.Reserve(time.Now().Add(-time.Second))
+		return ok
+	})
 	p.OK()
 	if w, ok := p.Reserve(far); w != 0 || !ok {
 		t.Fatalf("after recovery: wait %s, %v; want 0, true", w, ok)
