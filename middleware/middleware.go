@@ -99,7 +99,7 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return nil, errClosed
 	}
 	defer ib.pending.Done()
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler, key: key}
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler, key: key} // on the stack unless a lease copies it
 	switch {
 	case ib.leases != nil:
 		return m.handleLeased()
@@ -353,7 +353,7 @@ func retryable(ctx context.Context, err error) bool {
 // Every store call on it after the claim is made by its goroutine, watch,
 // so they never race each other.
 type lease struct {
-	*msgCall
+	msgCall
 	id       string
 	base     context.Context // the message's values, without its cancellation
 	cancel   context.CancelCauseFunc
@@ -362,8 +362,8 @@ type lease struct {
 	deadline time.Time     // when the lease ends unless renewed (monotonic)
 	lost     bool          // the lease is no longer ours
 
-	handled  chan string   // "" when the handler succeeded, else why it failed
-	released chan struct{} // closed when watch is done after a failed handler
+	handled  chan string    // "" when the handler succeeded, else why it failed
+	released sync.WaitGroup // done when watch has released after a failed handler
 }
 
 // Causes of the handler context's cancellation other than a lost lease.
@@ -382,9 +382,9 @@ func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time
 		interval = granted / 3
 	}
 	return &lease{
-		msgCall: m, id: claim.LeaseID, base: context.WithoutCancel(m.msg.Context()),
+		msgCall: *m, id: claim.LeaseID, base: context.WithoutCancel(m.msg.Context()),
 		length: granted, interval: interval, deadline: sent.Add(granted),
-		handled: make(chan string, 1), released: make(chan struct{}),
+		handled: make(chan string, 1),
 	}
 }
 
@@ -393,7 +393,7 @@ func (l *lease) run() (out []*message.Message, err error) {
 	orig := l.msg.Context()
 	hctx, cancel := context.WithCancelCause(orig)
 	l.cancel = cancel
-	l.ib.pending.Add(1)
+	l.ib.pending.Add(1) // the lease's, until watch is done
 	go l.watch()
 
 	l.msg.SetContext(hctx)
@@ -430,8 +430,9 @@ func (l *lease) run() (out []*message.Message, err error) {
 // finish tells watch that the handler failed and waits for the release.
 func (l *lease) finish(why string) {
 	l.cancel(errHandlerReturned)
+	l.released.Add(1)
 	l.handled <- why
-	<-l.released
+	l.released.Wait()
 }
 
 // watch is the lease's goroutine. While the handler runs it renews the
@@ -445,15 +446,16 @@ func (l *lease) watch() {
 	beat := time.NewTimer(l.interval)
 	defer beat.Stop()
 	var acked, nacked, abandon <-chan struct{} // set once the handler succeeded
+	handled := l.handled
 	for {
 		select {
-		case failed := <-l.handled:
+		case failed := <-handled:
 			if failed != "" {
 				l.release(failed, l.failGiveUp())
-				close(l.released)
+				l.released.Done()
 				return
 			}
-			acked, nacked, abandon = l.msg.Acked(), l.msg.Nacked(), l.ib.abandon
+			handled, acked, nacked, abandon = nil, l.msg.Acked(), l.msg.Nacked(), l.ib.abandon
 		case <-acked:
 			l.complete()
 			return
@@ -522,10 +524,10 @@ func (l *lease) lose(cause error) {
 // succeeds again), where an Extend after a Complete that landed unseen
 // would report the key's own lease as lost.
 func (l *lease) complete() {
-	err := l.ib.persist(l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
+	err := l.ib.persist(&l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
 		return l.ib.leases.Complete(ctx, l.key, l.id)
 	})
-	l.ib.marked(l.msgCall, err, l.lost)
+	l.ib.marked(&l.msgCall, err, l.lost)
 	if errors.Is(err, errAbandoned) {
 		l.release("middleware closed before the mark", time.Now())
 	}
@@ -545,18 +547,23 @@ func (l *lease) release(why string, giveUp time.Time) {
 	if l.lost {
 		return
 	}
-	err := l.ib.persist(l.msgCall, l.base, OpRelease, giveUp, func(ctx context.Context) error {
+	err := l.ib.persist(&l.msgCall, l.base, OpRelease, giveUp, func(ctx context.Context) error {
 		return l.ib.leases.Release(ctx, l.key, l.id)
 	})
-	f := l.fields().Add(watermill.LogFields{"reason": why})
+	l.ib.released(&l.msgCall, why, err)
+}
+
+// released counts and logs the end of a release made by persist.
+func (ib *Inbox) released(m *msgCall, why string, err error) {
+	f := m.fields().Add(watermill.LogFields{"reason": why})
 	switch {
 	case err == nil:
-		l.ib.m.Outcome(l.handler, OutcomeReleased)
-		l.ib.log.Debug("Inbox lease released", f)
+		ib.m.Outcome(m.handler, OutcomeReleased)
+		ib.log.Debug("Inbox lease released", f)
 	case errors.Is(err, inbox.ErrLeaseLost):
-		l.ib.log.Debug("Inbox lease already gone at its release", f)
+		ib.log.Debug("Inbox lease already gone at its release", f)
 	default:
-		l.ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
+		ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
 	}
 }
 
@@ -571,12 +578,18 @@ var errAbandoned = errors.New("inbox: middleware closed before the mark")
 // nacks the message: that would run the handler again. It returns nil when
 // the call landed, else the last error.
 func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
+	err := ib.call(base, op, ib.cfg.StoreTimeout, f)
+	if err == nil {
+		ib.health.OK()
+		return nil
+	}
+	// The retries are a function of their own, so that the frames of the
+	// lease's goroutine stay small on the path every message takes.
+	return ib.retry(m, base, op, giveUp, f, err)
+}
+
+func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
-		err := ib.call(base, op, ib.cfg.StoreTimeout, f)
-		if err == nil {
-			ib.health.OK()
-			return nil
-		}
 		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
@@ -596,6 +609,10 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 		case <-ib.abandon:
 			t.Stop()
 			return errAbandoned
+		}
+		if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+			ib.health.OK()
+			return nil
 		}
 	}
 }
