@@ -22,7 +22,7 @@
 //	amqpConfig := amqp.NewDurableQueueConfig(uri)
 //	amqpConfig.Marshaler = amqpkey.Marshaler{}
 //	...
-//	middleware.Config{
+//	inboxmw.Config{
 //		...
 //		IDSources: []keying.IDSource{
 //			keying.FromMetadata(keying.DefaultIDMetadataKey), // IdempotencyKey

@@ -5,7 +5,7 @@
 // IdempotencyKey header and no Watermill UUID, e.g. records written by a
 // producer that is not Watermill). Put it after the ids the producer chose:
 //
-//	middleware.Config{
+//	inboxmw.Config{
 //		...
 //		IDSources: append(keying.DefaultIDSources(), kafkakey.FromOffset()),
 //	}
