@@ -98,7 +98,13 @@ func newMemory(t *testing.T) harness.StoreCase {
 // URL of the remote store. Consumers in other processes reach it too.
 func newRemote(t *testing.T) harness.StoreCase {
 	backing := open(t, "memory://")
-	srv, err := server.New(server.Config{Store: backing, LeaseMin: time.Second})
+	return harness.StoreCase{Spec: harness.StoreSpec{URL: serveRemote(t, server.Config{Store: backing, LeaseMin: time.Second})}, Inspect: backing}
+}
+
+// serveRemote serves cfg on a loopback port until the test ends and returns
+// the service's http:// URL.
+func serveRemote(t *testing.T, cfg server.Config) string {
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,9 +115,7 @@ func newRemote(t *testing.T) harness.StoreCase {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { _ = hs.Close() })
-	direct := "http://" + ln.Addr().String() + "/"
-	sc := harness.StoreCase{Spec: harness.StoreSpec{URL: direct}, Inspect: backing}
-	return sc
+	return "http://" + ln.Addr().String() + "/"
 }
 
 func newRedis(t *testing.T) harness.StoreCase {
@@ -321,19 +325,8 @@ func misconfiguredKinds() []harness.StoreKind {
 			return harness.StoreCase{Spec: harness.StoreSpec{URL: "redis://:wrong@" + addr + "/0?check=false"}}
 		}},
 		{Name: "remote-no-token", New: func(t *testing.T) harness.StoreCase {
-			backing := open(t, "memory://")
-			srv, err := server.New(server.Config{Store: backing, Tokens: []string{"t-" + unique()}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-			go func() { _ = hs.Serve(ln) }()
-			t.Cleanup(func() { _ = hs.Close() })
-			return harness.StoreCase{Spec: harness.StoreSpec{URL: "http://" + ln.Addr().String() + "/?check=false"}}
+			u := serveRemote(t, server.Config{Store: open(t, "memory://"), Tokens: []string{"t-" + unique()}})
+			return harness.StoreCase{Spec: harness.StoreSpec{URL: u + "?check=false"}}
 		}},
 	}
 }

@@ -225,22 +225,7 @@ func TestMain_SIGTERM_finishes_requests_in_flight(t *testing.T) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "INBOXD_TEST_RUN_MAIN=1",
 		"INBOX_STORE_URL=gatetest://?dir="+url.QueryEscape(dir), "INBOX_LISTEN_ADDR=127.0.0.1:0")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	lines := startLogging(t, cmd)
 	var addr string
 	for addr == "" {
 		select {
@@ -691,4 +676,27 @@ func TestRun_logs_durations_as_strings(t *testing.T) {
 	if d, _ := seen["duration"].(string); !strings.HasSuffix(d, "s") {
 		t.Errorf("request duration %v, want a string like 1.5ms", seen["duration"])
 	}
+}
+
+// startLogging starts cmd, killed when the test ends, and returns the lines
+// of its standard error as they come (closed when it exits).
+func startLogging(t *testing.T, cmd *exec.Cmd) <-chan string {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	return lines
 }
