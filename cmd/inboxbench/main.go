@@ -4,8 +4,11 @@
 //  1. router throughput on RabbitMQ and on Kafka (in-process kfake) with no
 //     middleware, with Watermill's Deduplicator (in memory and over Redis)
 //     and with the inbox on memory, Redis, PostgreSQL, SQLite and the remote
-//     store over Redis, each as a ratio to the no-middleware baseline of the
-//     same repetition;
+//     store over Redis, and with floor-redis (a bare SET NX PX claim per
+//     message, nothing after the handler: the least any claim on Redis can
+//     cost), each as a ratio to the no-middleware baseline of the same
+//     repetition; for the variants that use Redis, the Redis server's CPU
+//     time per message (INFO cpu before and after each trial);
 //  2. scaling of the same with 4 and 16 concurrent consumers;
 //  3. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
@@ -105,8 +108,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.kafkaScaleN, "kafka-scale-n", 10000, "messages per Kafka trial with more than one consumer")
 	consumers := fs.String("consumers", "1,4,16", "concurrent consumers of the scaling table (1 is the main table)")
 	brokers := fs.String("brokers", "rabbitmq,kafka", "brokers: rabbitmq, kafka")
-	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,inbox-memory,inbox-redis,inbox-redis-pipelined,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer (none is the baseline)")
-	scaleVariants := fs.String("scale-variants", "none,inbox-redis,inbox-redis-pipelined,inbox-postgres", "variants with more than one consumer")
+	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,inbox-memory,inbox-redis,inbox-redis-pipelined,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
+	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,inbox-redis,inbox-redis-pipelined,inbox-postgres", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
 	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")

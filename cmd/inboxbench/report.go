@@ -153,16 +153,18 @@ func (r *routerResults) markdown(b *strings.Builder) {
 	p("## Router throughput, one consumer\n\n")
 	p("Messages per second from the first delivery to the last ack, a no-op handler, distinct message ids. ")
 	p("RabbitMQ: watermill-amqp's durable-queue defaults (persistent messages, prefetch 1). Kafka: watermill-kafka, one consumer-group member on a one-partition topic. ")
-	p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL).\n\n")
+	p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL). ")
+	p("Redis CPU, for the variants that use Redis, is the Redis server's CPU time (`INFO cpu`: used_cpu_sys + used_cpu_user) from just before the router starts to after the middleware has drained, divided by the messages of the trial: the whole server's, so other clients of a shared Redis and its own background work count too. ")
+	p("floor-redis claims each message with a bare `SET key 1 NX PX <lease>` and writes nothing after the handler: the least any claim on Redis can cost.\n\n")
 	for gi, g := range r.groups {
 		if g.consumers != 1 {
 			continue
 		}
 		p("### %s (%d messages per trial)\n\n", g.broker, g.n)
-		p("| variant | msg/s | ratio to none | CPU µs/msg |\n|---|--:|--:|--:|\n")
+		p("| variant | msg/s | ratio to none | CPU µs/msg | Redis CPU µs/msg |\n|---|--:|--:|--:|--:|\n")
 		for _, v := range g.variants {
 			rates, ratios, cpu := r.rates(gi, v), r.ratios(gi, v), r.cpuPerMsg(gi, v)
-			p("| %s | %.0f %s | %.2f %s | %.1f |\n", v, median(rates), rangeOf(rates, "%.0f"), median(ratios), rangeOf(ratios, "%.2f"), median(cpu))
+			p("| %s | %.0f %s | %.2f %s | %.1f | %s |\n", v, median(rates), rangeOf(rates, "%.0f"), median(ratios), rangeOf(ratios, "%.2f"), median(cpu), redisCell(r.redisCPUPerMsg(gi, v), true))
 		}
 		p("\n")
 	}
@@ -176,7 +178,7 @@ func (r *routerResults) markdown(b *strings.Builder) {
 		return
 	}
 	p("## Scaling with concurrent consumers\n\n")
-	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency).\n\n")
+	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency); then, for the variants that use Redis, the Redis server's CPU µs per message at each concurrency (the whole server's, as above).\n\n")
 	for _, broker := range r.brokers() {
 		var cols []int
 		for _, g := range r.groups {
@@ -191,13 +193,33 @@ func (r *routerResults) markdown(b *strings.Builder) {
 				break
 			}
 		}
+		redisCols := false
+		for _, c := range cols {
+			gi := r.find(broker, c)
+			for _, v := range rows {
+				if len(r.redisCPUPerMsg(gi, v)) > 0 {
+					redisCols = true
+				}
+			}
+		}
+		plural := func(c int) string { return map[bool]string{true: "", false: "s"}[c == 1] }
 		p("### %s\n\n| variant |", broker)
 		for _, c := range cols {
-			p(" %d consumer%s |", c, map[bool]string{true: "", false: "s"}[c == 1])
+			p(" %d consumer%s |", c, plural(c))
+		}
+		if redisCols {
+			for _, c := range cols {
+				p(" Redis CPU µs/msg, %d consumer%s |", c, plural(c))
+			}
 		}
 		p("\n|---|")
 		for range cols {
 			p("--:|")
+		}
+		if redisCols {
+			for range cols {
+				p("--:|")
+			}
 		}
 		p("\n")
 		for _, v := range rows {
@@ -210,10 +232,28 @@ func (r *routerResults) markdown(b *strings.Builder) {
 				}
 				p(" %.0f (%.2f) |", median(r.rates(gi, v)), median(r.ratios(gi, v)))
 			}
+			if redisCols {
+				for _, c := range cols {
+					gi := r.find(broker, c)
+					p(" %s |", redisCell(r.redisCPUPerMsg(gi, v), false))
+				}
+			}
 			p("\n")
 		}
 		p("\n")
 	}
+}
+
+// redisCell is the median of the Redis CPU figures xs (µs per message), with
+// their range when withRange; empty for a variant that does not use Redis.
+func redisCell(xs []float64, withRange bool) string {
+	if len(xs) == 0 {
+		return ""
+	}
+	if withRange {
+		return fmt.Sprintf("%.1f %s", median(xs), rangeOf(xs, "%.1f"))
+	}
+	return fmt.Sprintf("%.1f", median(xs))
 }
 
 func (r *routerResults) brokers() []string {

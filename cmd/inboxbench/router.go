@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/pprof"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
 )
 
 // trialResult is one router trial: n messages consumed by one variant.
@@ -21,6 +23,12 @@ type trialResult struct {
 	elapsed time.Duration // first delivery to last ack
 	cpu     time.Duration // this process's CPU time over the same window
 	drain   time.Duration // router stop plus the middleware's Close (pending marks)
+	// redisCPU is the Redis server's CPU time (INFO cpu: used_cpu_sys +
+	// used_cpu_user) from just before the router starts to after the
+	// middleware's Close, for variants that use Redis (redisMeasured). It is
+	// the whole server's: other clients of a shared Redis count too.
+	redisCPU      time.Duration
+	redisMeasured bool
 }
 
 func (r trialResult) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -29,6 +37,32 @@ func (r trialResult) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds
 // the middleware and, for kfake, the broker; not RabbitMQ, Redis or
 // PostgreSQL, which run in their own processes).
 func (r trialResult) cpuPerMsg() time.Duration { return r.cpu / time.Duration(r.msgs) }
+
+// redisCPUPerMsg is the Redis server's CPU time per message of the trial.
+func (r trialResult) redisCPUPerMsg() time.Duration { return r.redisCPU / time.Duration(r.msgs) }
+
+// redisCPUTime is the Redis server's user+system CPU time so far, from INFO
+// cpu (microsecond resolution; the main thread and any I/O threads, not
+// forked children).
+func redisCPUTime(ctx context.Context, c *redis.Client) (time.Duration, error) {
+	info, err := c.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis INFO cpu: %w", err)
+	}
+	var total time.Duration
+	for _, field := range []string{"used_cpu_sys", "used_cpu_user"} {
+		raw, ok := info["CPU"][field]
+		if !ok {
+			return 0, fmt.Errorf("redis INFO cpu has no %s", field)
+		}
+		sec, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis INFO cpu %s: %w", field, err)
+		}
+		total += time.Duration(math.Round(sec*1e6)) * time.Microsecond
+	}
+	return total, nil
+}
 
 // cpuTime is the process's user+system CPU time so far.
 func cpuTime() time.Duration {
@@ -84,6 +118,14 @@ func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int
 	if err != nil {
 		return trialResult{}, err
 	}
+	var redis0 time.Duration
+	measureRedis := v.usesRedis() && e.redis != nil
+	if measureRedis {
+		if redis0, err = redisCPUTime(ctx, e.redis); err != nil {
+			_ = closeMW(context.Background())
+			return trialResult{}, err
+		}
+	}
 	m := newMeter(n)
 	router.AddMiddleware(m.middleware, mw)
 	for i, sub := range ts.subs {
@@ -112,6 +154,13 @@ func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int
 	closeErr := router.Close()
 	closeErr = errors.Join(closeErr, closeMW(context.Background()))
 	res := trialResult{msgs: n, elapsed: m.t1.Sub(m.t0), cpu: m.cpu1 - m.cpu0, drain: time.Since(stop)}
+	if measureRedis && waitErr == nil && closeErr == nil {
+		redis1, err := redisCPUTime(ctx, e.redis)
+		if err != nil {
+			return res, err
+		}
+		res.redisCPU, res.redisMeasured = redis1-redis0, true
+	}
 	if err := errors.Join(waitErr, closeErr); err != nil {
 		return res, err
 	}

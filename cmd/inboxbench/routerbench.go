@@ -52,6 +52,18 @@ func (r *routerResults) cpuPerMsg(g int, v string) []float64 {
 	return out
 }
 
+// redisCPUPerMsg returns the Redis server's CPU µs per message of variant v
+// in group g, one per repetition; none for a variant that does not use Redis.
+func (r *routerResults) redisCPUPerMsg(g int, v string) []float64 {
+	var out []float64
+	for _, t := range r.trials[g][v] {
+		if t.redisMeasured {
+			out = append(out, float64(t.redisCPUPerMsg())/1e3)
+		}
+	}
+	return out
+}
+
 func (r *routerResults) find(broker string, consumers int) int {
 	for i, g := range r.groups {
 		if g.broker == broker && g.consumers == consumers {
@@ -126,8 +138,12 @@ func runRouter(ctx context.Context, o options, logf func(string, ...any)) (*rout
 					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
 				}
 				res.trials[gi][v.name] = append(res.trials[gi][v.name], t)
-				logf("rep %d/%d %-8s x%-2d %-20s %7.0f msg/s  cpu %5.1f µs/msg  drain %s",
-					rep+1, o.reps, g.broker, g.consumers, v.name, t.rate(), float64(t.cpuPerMsg())/1e3, t.drain.Round(time.Millisecond))
+				redisCPU := ""
+				if t.redisMeasured {
+					redisCPU = fmt.Sprintf("  redis %5.1f µs/msg", float64(t.redisCPUPerMsg())/1e3)
+				}
+				logf("rep %d/%d %-8s x%-2d %-21s %7.0f msg/s  cpu %5.1f µs/msg%s  drain %s",
+					rep+1, o.reps, g.broker, g.consumers, v.name, t.rate(), float64(t.cpuPerMsg())/1e3, redisCPU, t.drain.Round(time.Millisecond))
 			}
 		}
 	}

@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
@@ -36,12 +41,15 @@ func allVariants() []variant {
 			// repository with a one-minute window. Timeout as the inbox's
 			// (a zero Timeout would mean 5 ms, not the documented minute).
 			d := &wmw.Deduplicator{Timeout: inboxmw.DefaultStoreTimeout}
-			return d.Middleware, noClose, nil
+			return deduplicator(d), noClose, nil
 		}},
 		{name: "deduplicator-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			// One SET NX PX per message (stores/redis ExpiringKeyRepository).
 			d := &wmw.Deduplicator{Repository: e.dedupRepo, Timeout: inboxmw.DefaultStoreTimeout}
-			return d.Middleware, noClose, nil
+			return deduplicator(d), noClose, nil
+		}},
+		{name: "floor-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			return floorRedis(e.redis, e.prefix()+"floor:", inbox.DefaultLease), noClose, nil
 		}},
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			s, err := memory.New(memory.Options{Retention: retention})
@@ -59,6 +67,46 @@ func allVariants() []variant {
 }
 
 func noClose(context.Context) error { return nil }
+
+// deduplicator is d's Middleware, one call at a time: Middleware writes its
+// defaults into d on every call, and the router calls it for each handler
+// (each consumer of the scaling table) concurrently. The lock is taken once
+// per handler when the router starts, not per message.
+func deduplicator(d *wmw.Deduplicator) message.HandlerMiddleware {
+	var mu sync.Mutex
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		mu.Lock()
+		defer mu.Unlock()
+		return d.Middleware(h)
+	}
+}
+
+// usesRedis tells whether v's trials send commands to the shared Redis (the
+// remote store's server keeps its records there), so whether Redis's CPU per
+// message is reported for it.
+func (v variant) usesRedis() bool { return v.needs == "redis" || v.needs == "remote" }
+
+// floorRedis is the least any claim on Redis can cost: one bare
+// SET <prefix><uuid> 1 NX PX <lease> per message on c, nothing after the
+// handler (no mark, no release, no lease renewal). A message whose key is
+// already set is a duplicate and is acked without running the handler; a
+// failed SET nacks the message.
+func floorRedis(c *redis.Client, prefix string, lease time.Duration) message.HandlerMiddleware {
+	px := strconv.FormatInt(lease.Milliseconds(), 10)
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			// Do, not SetNX: SetNX sends EX for whole seconds.
+			err := c.Do(msg.Context(), "set", prefix+msg.UUID, "1", "nx", "px", px).Err()
+			if errors.Is(err, redis.Nil) {
+				return nil, nil // claimed before: a duplicate, acked
+			}
+			if err != nil {
+				return nil, fmt.Errorf("floor-redis claim: %w", err)
+			}
+			return h(msg)
+		}
+	}
+}
 
 func inboxVariant(name, needs string, store func(*env) inbox.LeaseStore) variant {
 	return variant{name: name, needs: needs, make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
@@ -82,6 +130,15 @@ func inboxMiddleware(s inbox.LeaseStore, bus, group string, after func(context.C
 		}
 		return after(ctx)
 	}, nil
+}
+
+// variantNames lists the names of every variant, for -h.
+func variantNames() string {
+	var names []string
+	for _, v := range allVariants() {
+		names = append(names, v.name)
+	}
+	return strings.Join(names, ", ")
 }
 
 // pick returns the variants named in names, in that order.
