@@ -262,6 +262,21 @@ func (e *env) expectProcessed(t *testing.T, ids []string) {
 	}
 }
 
+// processed reports whether every id's key is marked processed (true when
+// the store cannot be read: the transactional mode's ledger is its check).
+func (e *env) processed(t *testing.T, ids []string) bool {
+	t.Helper()
+	if e.store.Inspect == nil {
+		return true
+	}
+	for _, id := range ids {
+		if e.record(t, id).State != inbox.StateProcessed {
+			return false
+		}
+	}
+	return true
+}
+
 func (e *env) record(t *testing.T, id string) inbox.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

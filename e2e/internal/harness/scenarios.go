@@ -181,6 +181,11 @@ func Outage(t *testing.T, bk BrokerKind, sk StoreKind) {
 	waitFor(t, 60*time.Second, "the first messages applied",
 		func() bool { return len(e.missing(t, before)) == 0 },
 		func() string { return fmt.Sprintf("missing %v; %s", e.missing(t, before), describe(c)) })
+	// And marked, so that the outage's calls are the claims it holds back,
+	// not the retries of marks it happened to cut.
+	waitFor(t, 60*time.Second, "the first messages marked processed",
+		func() bool { return e.processed(t, before) },
+		func() string { return describe(c) })
 
 	out := c.Inbox.Outcomes
 	e.store.Proxy.Cut()
