@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -22,8 +23,9 @@ const checkKey = "stores.Open check"
 // says check=false: a PING (the client connects, authenticates and selects
 // the database), on a standalone client a look at INFO cluster (a Cluster
 // node needs cluster=true), then the Get script on one key under the
-// prefix (EVALSHA and EVAL are allowed, the keys readable). ctx is bounded
-// by the store's Timeout.
+// prefix (EVALSHA and EVAL are allowed, the keys readable), then the fast
+// claim's commands on that key (SET and PEXPIRETIME allowed, the server
+// Redis 7.0 or later). ctx is bounded by the store's Timeout.
 func (s *Store) check(ctx context.Context, u *url.URL) error {
 	ctx, cancel, err := s.begin(ctx, "Open", checkKey)
 	if err != nil {
@@ -42,8 +44,21 @@ func (s *Store) check(ctx context.Context, u *url.URL) error {
 			return stores.Misconfigured(fmt.Sprintf("redis store: %s is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)", target), nil)
 		}
 	}
-	if err := getScript.Run(ctx, s.client, []string{s.opts.Prefix + checkKey}).Err(); err != nil {
+	k := s.opts.Prefix + checkKey
+	v, err := getScript.Run(ctx, s.client, []string{k}).Result()
+	if err != nil {
 		return checkError(ctx, target, u, "the store's scripts (EVALSHA, EVAL) on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
+	}
+	// SET ... XX writes only a key that exists, and the Get script just
+	// found none live here: at most it replaces a record past its expiry.
+	// The server checks the ACL (and knows PEXPIRETIME) before it runs them.
+	if a, ok := v.([]any); ok && len(a) == 1 && a[0] == int64(0) {
+		if err := s.client.SetXX(ctx, k, "", time.Millisecond).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return checkError(ctx, target, u, "SET on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
+		}
+	}
+	if err := s.client.PExpireTime(ctx, k).Err(); err != nil {
+		return checkError(ctx, target, u, "PEXPIRETIME (Redis 7.0 or later) on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
 	}
 	return nil
 }
@@ -91,7 +106,7 @@ func checkError(ctx context.Context, target string, u *url.URL, what string, err
 	case redis.HasErrorPrefix(err, "AUTH") && strings.Contains(err.Error(), "without any password configured"):
 		return stores.Misconfigured(fmt.Sprintf("redis store: %s has no password for user %s, but the URL gives one: remove it from the URL, or set one on the server (requirepass)", target, user), err)
 	case redis.IsPermissionError(err):
-		return stores.Misconfigured(fmt.Sprintf("redis store: user %s may not run %s at %s: grant it in the server's ACL (the store needs EVALSHA, EVAL, PING and its keys' commands on ~prefix*)", user, what, target), err)
+		return stores.Misconfigured(fmt.Sprintf("redis store: user %s may not run %s at %s: grant it in the server's ACL (the store needs EVALSHA, EVAL, PING, SET, PEXPIRETIME and its keys' commands on ~prefix*)", user, what, target), err)
 	case redis.HasErrorPrefix(err, "DB index is out of range") || redis.HasErrorPrefix(err, "SELECT is not allowed in cluster mode"):
 		return stores.Misconfigured(fmt.Sprintf("redis store: the database in the URL's path %q does not exist at %s: use /0 (Cluster has only 0; a standalone server 0 to 15 unless configured otherwise)", u.Path, target), err)
 	case redis.IsReadOnlyError(err):

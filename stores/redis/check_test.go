@@ -133,6 +133,11 @@ func TestOpenURL_checks_the_acl(t *testing.T) {
 		t.Fatalf("Open with the prefix the ACL allows: %v", err)
 	}
 	_ = s.Close()
+	// Scripts allowed, but not the fast claim's SET: refused at Open too.
+	if err := c.Do(context.Background(), "ACL", "SETUSER", "noset", "on", ">"+goodPassword, "~*", "+@all", "-set").Err(); err != nil {
+		t.Fatal(err)
+	}
+	openFails(t, "redis://noset:"+goodPassword+"@"+srv.Addr()+"/0", true, "user noset may not run SET", "ACL")
 }
 
 func TestOpenURL_checks_the_database(t *testing.T) {

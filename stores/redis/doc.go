@@ -7,27 +7,55 @@
 //
 // # How it works
 //
-// Every operation is one Lua script on one Redis key, run by its SHA
-// (EVALSHA) with a fallback to EVAL when the server's script cache is empty
-// (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH): one round trip,
-// atomic, and valid on Cluster whatever slot the key hashes to. Lease ids are
-// made by the client ([inbox.NewLeaseID], or the caller's
-// [inbox.BeginOptions.LeaseID]), so a TryBegin that go-redis retries after a
-// lost reply finds its own lease and returns Acquired again. Lease deadlines
-// come from the Redis clock (TIME inside the script; Redis 7 replicates
-// scripts by their effects, which makes that safe), so consumers with skewed
-// clocks agree.
+// Every operation is on one Redis key, so it is atomic and valid on Cluster
+// whatever slot the key hashes to. A claim of a key Redis does not hold,
+// nearly every message, is native: SET key record NX PX ttl, pipelined
+// with PEXPIRETIME key in the same round trip (on Cluster both go to the
+// key's node). When SET NX wrote, the key is acquired; its lease began at
+// the time of the SET on the Redis clock, rounded down to the millisecond,
+// which the store reads back from the key's absolute expiry (PEXPIRETIME
+// minus the TTL it gave), so Claim.ExpiresAt comes from Redis's clock, not
+// the consumer's. When the key exists (a duplicate, a busy key, an expired
+// lease to take over, the holder's own retry), SET NX changes nothing and a
+// Lua script decides, one more round trip. Complete, Release, Extend, Get,
+// IsProcessed and MarkProcessed are one Lua script each. Scripts run by
+// their SHA (EVALSHA) with a fallback to EVAL when the server's script
+// cache is empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH).
+// Scripts read the clock with TIME (Redis 7 replicates scripts by their
+// effects, which makes that safe), so consumers with skewed clocks agree.
+// PEXPIRETIME needs Redis 7.0 or later.
 //
-// Each inbox key is one Redis hash, named [Options.Prefix] + key (default
-// "inbox:"). A record holds the lease id and deadline, attempts, first and
-// last seen, owner and payload hash, all times in microseconds of the Redis
-// clock. Expiry is logical: every script compares the record's expiry with
-// TIME, so a processed key is processed for exactly the retention and a
-// lease ends exactly at its deadline. The physical TTL only cleans up: it is
+// Lease ids are made by the client ([inbox.NewLeaseID], or the caller's
+// [inbox.BeginOptions.LeaseID]), so a TryBegin that go-redis retries after
+// a lost reply finds its own lease (SET NX then fails, and the script
+// renews the holder's lease) and returns Acquired again.
+//
+// Round trips and Redis work per operation:
+//
+//	TryBegin of a new key                 1   SET NX PX, PEXPIRETIME
+//	TryBegin of a key that exists         2   the same, then the TryBegin script
+//	  (processed, busy, an expired lease, the holder's retry)
+//	Complete, Release, Extend, Get,       1   a script each
+//	IsProcessed, MarkProcessed
+//
+// Each inbox key is one Redis string, named [Options.Prefix] + key (default
+// "inbox:"): a few MessagePack values one after the other, the first the
+// kind of record. A claim of a new key writes a fresh record (kind 0: lease
+// id, owner, payload hash, lease length and the TTL it was written with,
+// no time at all); the scripts derive its times from the key's expiry and
+// rewrite it in the full layout (kind 1 in flight or released, 2
+// processed: lease id, owner, payload hash, lease deadline, lease length,
+// attempts, first seen, last seen, expiry, times in microseconds of the
+// Redis clock) when they change it. scripts.go documents both. Expiry is
+// logical: every script compares the record's expiry with TIME, so a
+// processed key is processed for exactly the retention and a lease ends
+// exactly at its deadline. The physical TTL only cleans up: it is
 // lease + retention while a record is in flight (an expired lease keeps the
 // record's history, attempts and first seen, for the next TryBegin) and the
-// retention once it is processed or released, always a millisecond past the
-// logical expiry. The store owns every key under its prefix.
+// retention once it is processed or released, never before the logical
+// expiry. The store owns every key under its prefix: a value it did not
+// write there is an error wrapping [inbox.ErrStoreUnavailable] (WRONGTYPE,
+// or an unexpected record), never overwritten.
 //
 // Leases and retention are kept in whole microseconds (rounded up) and are
 // at most [MaxDuration] (100 years).
@@ -137,8 +165,11 @@
 // within its timeout (5 s by default): a PING (the client connects,
 // authenticates and selects the URL's database); on a standalone client,
 // INFO cluster, since a Cluster node needs cluster=true; then the store's
-// Get script on one key under the prefix, which it reads and never writes
-// (the server runs EVALSHA and EVAL for this user on the prefix's keys).
+// Get script on one key under the prefix, and the fast claim's SET (with XX,
+// on that key, which the Get script found without a live record, so nothing
+// live is written) and PEXPIRETIME (the server runs EVALSHA, EVAL, SET and
+// PEXPIRETIME for this user on the prefix's keys, and is Redis 7.0 or
+// later).
 // A mistake of configuration is an error wrapping [stores.ErrMisconfigured]
 // and [inbox.ErrStoreUnavailable] that names it and how to fix it, for
 // example:
@@ -214,9 +245,10 @@
 // # Benchmarks
 //
 // BenchmarkTryBeginComplete runs one message's work, TryBegin then Complete
-// on a new key, three ways: this store ("ours"); the same Lua scripts run by
-// hand through go-redis ("raw-lua": fixed lease id, no validation, timeout
-// or reply checks), which isolates the store's Go-side cost; and SET NX PX
+// on a new key, three ways: this store ("ours"); the same commands (the
+// fast claim's pipeline, then the Complete script) sent by hand through
+// go-redis ("raw-lua": fixed lease id, no validation, timeout or reply
+// checks), which isolates the store's Go-side cost; and SET NX PX
 // then SET ("raw-setnx"), the two-round-trip floor with no fencing, history
 // or clock. Each runs sequentially and with 16 concurrent callers.
 // BenchmarkOverhead_paired alternates ours and raw-lua within each iteration
@@ -228,8 +260,10 @@
 // What ours adds to raw-lua is the store's Go side: the timer of
 // [Options.Timeout] on every call (none with Timeout off), validation of the
 // key, lease id and owner, the boxing of script arguments and the lease id.
-// What raw-lua costs Redis beyond raw-setnx is the scripts' work (TIME, the
-// record's hash, its expiry), the price of lease fencing, attempts, history
-// and one clock. The measured figures are in BENCHMARKS.md at the
+// What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and the
+// Complete script's work (TIME, decoding and encoding the record, its
+// expiry), the price of lease fencing, attempts, history and one clock.
+// BenchmarkRedisCPU_TryBegin_new_key reports the Redis server's CPU time
+// per claim of a new key (INFO cpu before and after). The measured figures are in BENCHMARKS.md at the
 // repository root.
 package redisstore

@@ -2,10 +2,11 @@ package redisstore
 
 import "time"
 
-// The scripts, for the benchmark that runs them through go-redis directly
-// (the overhead of the store's Go side is measured against it).
+// The fresh record and the Complete script, for the benchmark that sends
+// the store's commands through go-redis directly (the overhead of the
+// store's Go side is measured against it).
 var (
-	TryBeginScript = tryBeginScript
+	FreshRecord    = freshRecord
 	CompleteScript = completeScript
 )
 

@@ -2,6 +2,12 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,109 +17,178 @@ import (
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 )
 
-// The scripts of the first release (commit f35278f), verbatim, which wrote
-// every field of a record and formatted numbers in Redis. A rolling upgrade
-// runs them next to the current ones on the same keys, so each side must
-// read the other's records.
-const v1Clock = `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local k = KEYS[1]
-`
+// The record layout of scripts.go, pinned: a fresh record is the
+// MessagePack values 0, lease id, owner, payload hash, lease (µs) and TTL
+// (ms); a record a script wrote is kind (1 in flight or released, 2
+// processed), lease id, owner, payload hash, lease deadline, lease,
+// attempts, first seen, last seen, expiry.
 
-const v1ExpireAfter = `
-local function expireAfter(d)
-  redis.call('PEXPIRE', k, math.ceil(d / 1000) + 1)
-end
-`
+// unpackRecord decodes the MessagePack values of a record: strings as
+// string, integers as int64, anything else fails the test.
+func unpackRecord(t *testing.T, b []byte) []any {
+	t.Helper()
+	var out []any
+	for len(b) > 0 {
+		c := b[0]
+		b = b[1:]
+		var n int
+		switch {
+		case c < 0x80:
+			out = append(out, int64(c))
+			continue
+		case c&0xe0 == 0xa0:
+			n = int(c & 0x1f)
+		case c == 0xd9:
+			n, b = int(b[0]), b[1:]
+		case c == 0xda:
+			n, b = int(binary.BigEndian.Uint16(b)), b[2:]
+		case c == 0xcc:
+			out, b = append(out, int64(b[0])), b[1:]
+			continue
+		case c == 0xcd:
+			out, b = append(out, int64(binary.BigEndian.Uint16(b))), b[2:]
+			continue
+		case c == 0xce:
+			out, b = append(out, int64(binary.BigEndian.Uint32(b))), b[4:]
+			continue
+		case c == 0xcf || c == 0xd3:
+			out, b = append(out, int64(binary.BigEndian.Uint64(b))), b[8:]
+			continue
+		default:
+			t.Fatalf("unexpected MessagePack byte %#x in record", c)
+		}
+		out, b = append(out, string(b[:n])), b[n:]
+	}
+	return out
+}
 
-var v1TryBegin = redis.NewScript(v1Clock + v1ExpireAfter + `
-local id, lease, ret, owner, hash = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local r = redis.call('HMGET', k, 'ex', 'pr', 'id', 'lu', 'ln', 'ph', 'at')
-local ex = tonumber(r[1])
-if ex == nil or ex <= now then
-  if ex ~= nil then redis.call('DEL', k) end
-  local lu = now + lease
-  redis.call('HSET', k, 'id', id, 'lu', lu, 'ln', lease, 'at', 1, 'pr', 0, 'fs', now, 'ls', now, 'ow', owner, 'ph', hash, 'ex', lu + ret)
-  expireAfter(lease + ret)
-  return {1, lu, lease, now, 0}
-end
-local ph = r[6] or ''
-local mm = 0
-if hash ~= '' and ph ~= '' and ph ~= hash then mm = 1 end
-if r[2] == '1' then
-  return {2, 0, 0, now, mm}
-end
-local lu = tonumber(r[4])
-if lu > now then
-  if r[3] ~= id then
-    return {3, lu, 0, now, mm}
-  end
-  -- A retry by the holder: renew from now with the lease's own length.
-  lease = tonumber(r[5])
-  lu = now + lease
-  redis.call('HSET', k, 'lu', lu, 'ls', now, 'ex', lu + ret)
-  expireAfter(lease + ret)
-  return {1, lu, lease, now, mm}
-end
-lu = now + lease
-local at = tonumber(r[7]) or 0
-if ph == '' then ph = hash end
-redis.call('HSET', k, 'id', id, 'lu', lu, 'ln', lease, 'at', at + 1, 'ls', now, 'ow', owner, 'ph', ph, 'ex', lu + ret)
-expireAfter(lease + ret)
-return {1, lu, lease, now, mm}
-`)
+func rawRecord(t *testing.T, c *redis.Client, key string) []any {
+	t.Helper()
+	v, err := c.Get(context.Background(), key).Bytes()
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	return unpackRecord(t, v)
+}
 
-var v1Complete = redis.NewScript(v1Clock + v1ExpireAfter + `
-local r = redis.call('HMGET', k, 'ex', 'id', 'pr')
-local ex = tonumber(r[1])
-if ex == nil or ex <= now then return -1 end
-if r[2] ~= ARGV[1] then return -2 end
-if r[3] == '1' then return 1 end
-local ret = tonumber(ARGV[2])
-redis.call('HSET', k, 'pr', 1, 'lu', 0, 'ls', now, 'ex', now + ret)
-expireAfter(ret)
-return 1
-`)
+// packRecord encodes values as the client does: str, positive fixint or
+// uint 64.
+func packRecord(vals ...any) string {
+	var b []byte
+	for _, v := range vals {
+		switch v := v.(type) {
+		case string:
+			switch {
+			case len(v) < 32:
+				b = append(b, 0xa0|byte(len(v)))
+			case len(v) <= 0xff:
+				b = append(b, 0xd9, byte(len(v)))
+			default:
+				b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(len(v)))
+			}
+			b = append(b, v...)
+		case int64:
+			if v < 0x80 {
+				b = append(b, byte(v))
+			} else {
+				b = binary.BigEndian.AppendUint64(append(b, 0xcf), uint64(v))
+			}
+		}
+	}
+	return string(b)
+}
 
-var v1Get = redis.NewScript(v1Clock + `
-local r = redis.call('HMGET', k, 'ex', 'pr', 'lu', 'at', 'fs', 'ls', 'ow', 'ph')
-local ex = tonumber(r[1])
-if ex == nil or ex <= now then return {0} end
-return {1, now, tonumber(r[2]) or -1, tonumber(r[3]) or -1, tonumber(r[4]) or -1, tonumber(r[5]) or -1, tonumber(r[6]) or -1, r[7] or '', r[8] or ''}
-`)
-
-// Records written by the first release's scripts are read by the current
-// ones: a lease in flight stays fenced and renewable by its holder, an
-// expired one keeps its history, a processed key stays processed.
-func TestStore_reads_records_of_v1_scripts(t *testing.T) {
+// A claim of a new key writes the fresh record with SET NX PX, its times
+// derived from the key's absolute expiry: the claim, Get and a Busy reply
+// agree to the microsecond. Complete rewrites it as a processed record of
+// the full layout, with the retention as its TTL.
+func TestStore_record_layout(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
 	ctx := context.Background()
 	prefix := testPrefix(t, c)
 	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
-	const ret = "3600000000" // µs
-	v1Begin := func(key, id, lease, owner, hash string) {
+	owner, hash := strings.Repeat("o", 20), strings.Repeat("h", 100) // fixstr and str 8
+	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-1", Owner: owner, PayloadHash: hash, Lease: time.Minute})
+	if err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin = %+v, %v", cl, err)
+	}
+	const ttlMS = int64((time.Hour+time.Minute)/time.Millisecond) + 1
+	got := rawRecord(t, c, prefix+"k")
+	want := []any{int64(0), "lease-1", owner, hash, time.Minute.Microseconds(), ttlMS}
+	if !slices.Equal(got, want) {
+		t.Fatalf("fresh record = %v, want %v", got, want)
+	}
+	e, err := c.PExpireTime(ctx, prefix+"k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquired := (e.Milliseconds() - ttlMS) * 1000
+	if cl.ExpiresAt.UnixMicro() != acquired+time.Minute.Microseconds() {
+		t.Fatalf("ExpiresAt %d µs, want (PEXPIRETIME - ttl) * 1000 + lease = %d", cl.ExpiresAt.UnixMicro(), acquired+time.Minute.Microseconds())
+	}
+	r, err := s.Get(ctx, "k")
+	if err != nil || r.State != inbox.StateInProgress || r.Attempts != 1 || !r.LeaseUntil.Equal(cl.ExpiresAt) ||
+		r.FirstSeen.UnixMicro() != acquired || !r.LastSeen.Equal(r.FirstSeen) || r.Owner != owner || r.PayloadHash != hash {
+		t.Fatalf("Get = %+v, %v; want in progress until %v, first and last seen at %d µs", r, err, cl.ExpiresAt, acquired)
+	}
+	b, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-2"})
+	if err != nil || b.Status != inbox.Busy || !b.ExpiresAt.Equal(cl.ExpiresAt) {
+		t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %v", b, err, cl.ExpiresAt)
+	}
+	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
+		t.Fatal("a Busy TryBegin changed the fresh record")
+	}
+	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	got = rawRecord(t, c, prefix+"k")
+	if len(got) != 10 || got[0] != int64(2) || got[1] != "lease-1" || got[2] != owner || got[3] != hash || got[4] != int64(0) ||
+		got[5] != time.Minute.Microseconds() || got[6] != int64(1) || got[7] != acquired || got[8].(int64) < acquired ||
+		got[9] != got[8].(int64)+time.Hour.Microseconds() {
+		t.Fatalf("processed record = %v, want 2, the lease id, owner, hash, 0, the lease, 1 attempt, first seen %d, last seen, last seen + 1h", got, acquired)
+	}
+	if ttl := c.PTTL(ctx, prefix+"k").Val(); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
+		t.Fatalf("PTTL after Complete = %s, want about the retention (1h)", ttl)
+	}
+}
+
+// The scripts read a fresh record written by hand (as the fast claim of
+// another client writes it): Busy for another lease, renewed by its
+// holder, taken over once its lease has ended, keeping its first seen and
+// payload hash; each change writes the full layout.
+func TestStore_scripts_read_fresh_records(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
+	fresh := func(key, id string, lease time.Duration, ttlMS int64) int64 {
 		t.Helper()
-		r, err := v1TryBegin.Run(ctx, c, []string{prefix + key}, id, lease, ret, owner, hash).Slice()
-		if err != nil || r[0] != int64(1) {
-			t.Fatalf("v1 TryBegin(%q) = %v, %v", key, r, err)
+		if err := c.Set(ctx, prefix+key, packRecord(int64(0), id, "old-owner", "hash-1", lease.Microseconds(), ttlMS), time.Duration(ttlMS)*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
 		}
+		e, err := c.PExpireTime(ctx, prefix+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return (e.Milliseconds() - ttlMS) * 1000 // acquired, µs
 	}
 
 	t.Run("in flight", func(t *testing.T) {
-		v1Begin("a", "lease-1", "60000000", "old-owner", "")
+		acquired := fresh("a", "lease-1", time.Minute, 3_600_000)
 		cl, err := s.TryBegin(ctx, "a", inbox.BeginOptions{LeaseID: "lease-2"})
-		if err != nil || cl.Status != inbox.Busy || cl.RetryAfter <= 0 || cl.RetryAfter > time.Minute {
-			t.Fatalf("TryBegin by another lease = %+v, %v; want Busy for up to a minute", cl, err)
+		if err != nil || cl.Status != inbox.Busy || cl.ExpiresAt.UnixMicro() != acquired+time.Minute.Microseconds() {
+			t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %d µs", cl, err, acquired+time.Minute.Microseconds())
 		}
-		cl, err = s.TryBegin(ctx, "a", inbox.BeginOptions{LeaseID: "lease-1", Lease: 5 * time.Second})
-		if err != nil || cl.Status != inbox.Acquired || cl.Lease != time.Minute {
-			t.Fatalf("TryBegin by the holder = %+v, %v; want Acquired with the lease's own length (1m)", cl, err)
+		cl, err = s.TryBegin(ctx, "a", inbox.BeginOptions{LeaseID: "lease-1", Lease: 5 * time.Second, PayloadHash: "hash-2"})
+		if err != nil || cl.Status != inbox.Acquired || cl.Lease != time.Minute || !cl.PayloadMismatch {
+			t.Fatalf("TryBegin by the holder = %+v, %v; want Acquired with the lease's own length (1m) and a mismatch", cl, err)
 		}
-		r, err := s.Get(ctx, "a")
-		if err != nil || r.State != inbox.StateInProgress || r.Attempts != 1 || r.Owner != "old-owner" || r.PayloadHash != "" || r.FirstSeen.IsZero() {
-			t.Fatalf("Get = %+v, %v", r, err)
+		got := rawRecord(t, c, prefix+"a")
+		if len(got) != 10 || got[0] != int64(1) || got[1] != "lease-1" || got[2] != "old-owner" || got[3] != "hash-1" ||
+			got[4] != cl.ExpiresAt.UnixMicro() || got[6] != int64(1) || got[7] != acquired {
+			t.Fatalf("record after the holder's retry = %v", got)
 		}
 		if err := s.Complete(ctx, "a", "lease-2"); err == nil {
 			t.Fatal("Complete by another lease succeeded")
@@ -121,87 +196,139 @@ func TestStore_reads_records_of_v1_scripts(t *testing.T) {
 		if err := s.Complete(ctx, "a", "lease-1"); err != nil {
 			t.Fatal(err)
 		}
-		if cl, err := s.TryBegin(ctx, "a", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Processed {
-			t.Fatalf("TryBegin after Complete = %+v, %v", cl, err)
+		if err := s.Complete(ctx, "a", "lease-1"); err != nil {
+			t.Fatalf("Complete repeated by the completing lease: %v", err)
 		}
 	})
 
 	t.Run("expired lease", func(t *testing.T) {
-		v1Begin("b", "lease-1", "1000", "old-owner", "hash-1") // a lease of 1 ms
-		first, err := s.Get(ctx, "b")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for deadline := time.Now().Add(5 * time.Second); first.State != inbox.StateAvailable; {
-			if time.Now().After(deadline) {
-				t.Fatalf("the 1 ms lease never ended: %+v", first)
-			}
-			time.Sleep(time.Millisecond)
-			if first, err = s.Get(ctx, "b"); err != nil {
+		acquired := fresh("b", "lease-1", time.Millisecond, 3_600_000)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			r, err := s.Get(ctx, "b")
+			if err != nil {
 				t.Fatal(err)
 			}
+			if r.State == inbox.StateAvailable {
+				if r.Attempts != 1 || r.FirstSeen.UnixMicro() != acquired {
+					t.Fatalf("Get = %+v, want 1 attempt, first seen %d µs", r, acquired)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the 1 ms lease never ended: %+v", r)
+			}
+			time.Sleep(time.Millisecond)
 		}
 		cl, err := s.TryBegin(ctx, "b", inbox.BeginOptions{LeaseID: "lease-2", Owner: "new-owner", PayloadHash: "hash-2"})
 		if err != nil || cl.Status != inbox.Acquired || !cl.PayloadMismatch {
 			t.Fatalf("TryBegin = %+v, %v; want Acquired with a payload mismatch", cl, err)
 		}
 		r, err := s.Get(ctx, "b")
-		if err != nil || r.State != inbox.StateInProgress || r.Attempts != 2 || !r.FirstSeen.Equal(first.FirstSeen) || r.Owner != "new-owner" || r.PayloadHash != "hash-1" {
-			t.Fatalf("Get = %+v, %v; want attempt 2, first seen %v, the new owner, the first hash", r, err, first.FirstSeen)
+		if err != nil || r.State != inbox.StateInProgress || r.Attempts != 2 || r.FirstSeen.UnixMicro() != acquired || r.Owner != "new-owner" || r.PayloadHash != "hash-1" {
+			t.Fatalf("Get = %+v, %v; want attempt 2, first seen %d µs, the new owner, the first hash", r, err, acquired)
+		}
+		if err := s.Release(ctx, "b", "lease-1"); err == nil {
+			t.Fatal("Release by the old lease succeeded")
 		}
 	})
 
-	t.Run("processed", func(t *testing.T) {
-		v1Begin("c", "lease-1", "60000000", "", "")
-		if n, err := v1Complete.Run(ctx, c, []string{prefix + "c"}, "lease-1", ret).Int64(); err != nil || n != 1 {
-			t.Fatalf("v1 Complete = %d, %v", n, err)
+	t.Run("expired record", func(t *testing.T) {
+		// A fresh record whose TTL is its whole life: once its expiry has
+		// passed it is absent, whether or not Redis has dropped it yet.
+		fresh("c", "lease-1", time.Millisecond, 2)
+		time.Sleep(5 * time.Millisecond)
+		cl, err := s.TryBegin(ctx, "c", inbox.BeginOptions{})
+		if err != nil || cl.Status != inbox.Acquired {
+			t.Fatalf("TryBegin = %+v, %v", cl, err)
 		}
-		if cl, err := s.TryBegin(ctx, "c", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Processed {
-			t.Fatalf("TryBegin = %+v, %v; want Processed", cl, err)
-		}
-		if err := s.Complete(ctx, "c", "lease-1"); err != nil {
-			t.Fatalf("Complete repeated by the completing lease: %v", err)
-		}
-		if ok, err := s.IsProcessed(ctx, "c"); err != nil || !ok {
-			t.Fatalf("IsProcessed = %v, %v", ok, err)
+		if r, err := s.Get(ctx, "c"); err != nil || r.Attempts != 1 {
+			t.Fatalf("Get = %+v, %v; want a new record (1 attempt)", r, err)
 		}
 	})
 }
 
-// The other way round: the first release's scripts, still running on
-// consumers not yet upgraded, read the records of the current ones (which
-// leave out an empty payload hash and format numbers themselves).
-func TestStore_v1_scripts_read_current_records(t *testing.T) {
+// cmdLog records the names of the commands a client sends, pipelines
+// included.
+type cmdLog struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (l *cmdLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l *cmdLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		l.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (l *cmdLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			l.add(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (l *cmdLog) add(c redis.Cmder) {
+	switch c.Name() {
+	case "hello", "select", "client", "auth", "ping": // a new connection's set-up
+		return
+	}
+	l.mu.Lock()
+	l.names = append(l.names, c.Name())
+	l.mu.Unlock()
+}
+
+func (l *cmdLog) take() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := strings.Join(l.names, " ")
+	l.names = nil
+	return s
+}
+
+// A claim of a new key runs no script: SET NX and PEXPIRETIME, in one
+// pipeline. A key that exists (busy, processed, the holder's retry) costs
+// the TryBegin script as well; Complete, Release and Extend are scripts.
+func TestStore_new_key_claim_is_native(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
+	var log cmdLog
+	c.AddHook(&log)
 	ctx := context.Background()
-	prefix := testPrefix(t, c)
-	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
-	const ret = "3600000000" // µs
-	if _, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-1", Owner: "new-owner", Lease: time.Minute}); err != nil {
-		t.Fatal(err)
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
+	step := func(what, want string, f func() error) {
+		t.Helper()
+		log.take()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := log.take(); got != want {
+			t.Fatalf("%s sent %q, want %q", what, got, want)
+		}
 	}
-	k := []string{prefix + "k"}
-	g, err := v1Get.Run(ctx, c, k).Slice()
-	if err != nil || len(g) != 9 || g[2] != int64(0) || g[4] != int64(1) || g[5] != g[6] || g[7] != "new-owner" || g[8] != "" {
-		t.Fatalf("v1 Get = %v, %v; want in flight, attempt 1, first seen = last seen, the owner, no hash", g, err)
+	var cl inbox.Claim
+	claim := func(key, id string, want inbox.Status) func() error {
+		return func() error {
+			var err error
+			cl, err = s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: id})
+			if err == nil && cl.Status != want {
+				err = fmt.Errorf("status %v, want %v", cl.Status, want)
+			}
+			return err
+		}
 	}
-	r, err := v1TryBegin.Run(ctx, c, k, "lease-2", "1000000", ret, "", "").Slice()
-	if err != nil || r[0] != int64(3) {
-		t.Fatalf("v1 TryBegin by another lease = %v, %v; want Busy (3)", r, err)
-	}
-	r, err = v1TryBegin.Run(ctx, c, k, "lease-1", "1000000", ret, "", "hash").Slice()
-	if err != nil || r[0] != int64(1) || r[2] != int64(60000000) || r[4] != int64(0) {
-		t.Fatalf("v1 TryBegin by the holder = %v, %v; want Acquired (1) with the lease's own length, no mismatch", r, err)
-	}
-	if n, err := v1Complete.Run(ctx, c, k, "lease-1", ret).Int64(); err != nil || n != 1 {
-		t.Fatalf("v1 Complete = %d, %v", n, err)
-	}
-	if cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Processed {
-		t.Fatalf("TryBegin after the v1 Complete = %+v, %v", cl, err)
-	}
-	g, err = v1Get.Run(ctx, c, k).Slice()
-	if err != nil || len(g) != 9 || g[2] != int64(1) {
-		t.Fatalf("v1 Get = %v, %v; want processed", g, err)
+	step("TryBegin of a new key", "set pexpiretime", claim("a", "lease-1", inbox.Acquired))
+	step("TryBegin by another lease", "set pexpiretime evalsha", claim("a", "lease-2", inbox.Busy))
+	step("TryBegin repeated by the holder", "set pexpiretime evalsha", claim("a", "lease-1", inbox.Acquired))
+	step("Extend", "evalsha", func() error { _, err := s.Extend(ctx, "a", "lease-1", time.Minute); return err })
+	step("Complete", "evalsha", func() error { return s.Complete(ctx, "a", "lease-1") })
+	step("TryBegin of a processed key", "set pexpiretime evalsha", claim("a", "lease-3", inbox.Processed))
+	step("TryBegin of another new key", "set pexpiretime", claim("b", "lease-4", inbox.Acquired))
+	step("Release", "evalsha", func() error { return s.Release(ctx, "b", "lease-4") })
+	step("TryBegin of a released key", "set pexpiretime evalsha", claim("b", "lease-5", inbox.Acquired))
+	if cl.ExpiresAt.IsZero() || math.Abs(time.Until(cl.ExpiresAt).Seconds()-inbox.DefaultLease.Seconds()) > 5 {
+		t.Fatalf("ExpiresAt %v, want about the default lease from now", cl.ExpiresAt)
 	}
 }

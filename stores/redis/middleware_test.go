@@ -31,7 +31,10 @@ func TestMiddleware_redis_down_nacks_then_processes_once(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	st := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, shared), Timeout: 2 * time.Second})
 
-	ib, err := inboxmw.New(inboxmw.Config{Store: st, Bus: "b", Group: "g", Logger: watermill.NopLogger{}})
+	// A failed claim is retried for at most MaxBusyWait before the message
+	// is nacked: a second, so three nacks take seconds, not the default's
+	// 30 s, which is this test's whole budget.
+	ib, err := inboxmw.New(inboxmw.Config{Store: st, Bus: "b", Group: "g", MaxBusyWait: time.Second, Logger: watermill.NopLogger{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func (s *Store) completeLater(ctx context.Context, key, leaseID string) error {
 	}
 	m.mu.Unlock()
 	if full != nil {
-		s.pipeline(ctx, full, "", nil)
+		s.pipeline(ctx, full, nil)
 	}
 	select {
 	case err := <-p.done:
@@ -87,58 +87,104 @@ func (s *Store) completeLater(ctx context.Context, key, leaseID string) error {
 	}
 }
 
-// tryBeginWith runs a TryBegin that carries the pending marks of batch.
-func (s *Store) tryBeginWith(ctx context.Context, batch []*pendingMark, key string, args []any) (any, error) {
+// fastClaim is a claim of a key that Redis may not hold: SET NX PX of the
+// fresh record and PEXPIRETIME of the key, in one round trip (see
+// scripts.go).
+type fastClaim struct {
+	key   string
+	rec   []byte // the fresh record
+	ttlMS int64  // its physical TTL
+	// expiry is, after the round trip, the key's absolute expiry in
+	// milliseconds of the Redis clock when SET NX wrote the fresh record;
+	// -1 when the key existed (or its expiry could not be read), so the
+	// TryBegin script must decide.
+	expiry int64
+}
+
+// queue adds the claim's commands to p.
+func (fc *fastClaim) queue(ctx context.Context, p redis.Pipeliner, prefix string) (*redis.BoolCmd, *redis.DurationCmd) {
+	k := prefix + fc.key
+	return p.SetNX(ctx, k, fc.rec, time.Duration(fc.ttlMS)*time.Millisecond), p.PExpireTime(ctx, k)
+}
+
+// result reads the replies of queue's commands into fc.expiry, or returns
+// the error of SET.
+func (fc *fastClaim) result(set *redis.BoolCmd, exp *redis.DurationCmd) error {
+	fc.expiry = -1
+	ok, err := set.Result()
+	if err != nil {
+		return err
+	}
+	// An error of PEXPIRETIME after a SET that wrote, or a negative
+	// expiry (the key is gone already), leaves the decision to the script:
+	// it finds this lease's record, if any, and renews it.
+	if e, err := exp.Result(); ok && err == nil && e >= 0 {
+		fc.expiry = int64(e / time.Millisecond)
+	}
+	return nil
+}
+
+// claimNew sends the fast claim fc on its own, under ctx (the call's
+// context, bounded by Options.Timeout).
+func (s *Store) claimNew(ctx context.Context, fc *fastClaim) error {
+	p := s.client.Pipeline()
+	set, exp := fc.queue(ctx, p, s.opts.Prefix)
+	_, _ = p.Exec(ctx)
+	if err := fc.result(set, exp); err != nil {
+		return s.fail(ctx, "TryBegin", fc.key, err)
+	}
+	return nil
+}
+
+// tryBeginWith runs the fast claim fc with the pending marks of batch.
+func (s *Store) tryBeginWith(ctx context.Context, batch []*pendingMark, fc *fastClaim) error {
 	const op = "TryBegin"
 	if s.closed.Load() || ctx.Err() != nil {
-		s.pipeline(ctx, batch, "", nil) // the marks go anyway
+		s.pipeline(ctx, batch, nil) // the marks go anyway
 		if s.closed.Load() {
-			return nil, closedError(op, key)
+			return closedError(op, fc.key)
 		}
-		return nil, ctxError(op, key, ctx.Err(), ctx.Err())
+		return ctxError(op, fc.key, ctx.Err(), ctx.Err())
 	}
-	return s.pipeline(ctx, batch, key, args)
+	return s.pipeline(ctx, batch, fc)
 }
 
 // flushMarks sends the pending marks on their own: CompleteDelay has passed
 // without a TryBegin to carry them, or the store is closing.
 func (s *Store) flushMarks() {
 	if b := s.takeMarks(); len(b) > 0 {
-		s.pipeline(context.Background(), b, "", nil)
+		s.pipeline(context.Background(), b, nil)
 	}
 }
 
-// pipeline sends the marks of batch and, when args is not nil, the TryBegin
-// of key in one round trip, the marks first, delivers each mark's result to
-// its caller and returns the TryBegin's reply. It runs under a context
-// detached from ctx (bounded by Options.Timeout), so that a caller that goes
-// away does not fail the marks of other messages.
-func (s *Store) pipeline(ctx context.Context, batch []*pendingMark, key string, args []any) (any, error) {
+// pipeline sends the marks of batch and, when fc is not nil, the fast claim
+// fc in one round trip, the marks first, delivers each mark's result to its
+// caller and returns the claim's error. It runs under a context detached
+// from ctx (bounded by Options.Timeout), so that a caller that goes away
+// does not fail the marks of other messages.
+func (s *Store) pipeline(ctx context.Context, batch []*pendingMark, fc *fastClaim) error {
 	pctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
 	if s.opts.Timeout > 0 {
 		pctx, cancel = context.WithTimeout(pctx, s.opts.Timeout)
 	}
 	defer cancel()
-	cmds := make([]*redis.Cmd, 0, len(batch)+1)
+	cmds := make([]*redis.Cmd, 0, len(batch))
+	var set *redis.BoolCmd
+	var exp *redis.DurationCmd
 	_, _ = s.client.Pipelined(pctx, func(p redis.Pipeliner) error {
 		for _, m := range batch {
 			cmds = append(cmds, completeScript.EvalSha(pctx, p, []string{s.opts.Prefix + m.key}, m.leaseID, s.retention, s.retTTL))
 		}
-		if args != nil {
-			cmds = append(cmds, tryBeginScript.EvalSha(pctx, p, []string{s.opts.Prefix + key}, args...))
+		if fc != nil {
+			set, exp = fc.queue(pctx, p, s.opts.Prefix)
 		}
 		return nil
 	})
 	// A server that lost its script cache (a restart, SCRIPT FLUSH) answers
 	// NOSCRIPT: run those commands again one by one, which loads the script.
 	for i, c := range cmds {
-		if !redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			continue
-		}
-		if i < len(batch) {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 			cmds[i] = completeScript.Run(pctx, s.client, []string{s.opts.Prefix + batch[i].key}, batch[i].leaseID, s.retention, s.retTTL)
-		} else {
-			cmds[i] = tryBeginScript.Run(pctx, s.client, []string{s.opts.Prefix + key}, args...)
 		}
 	}
 	for i, m := range batch {
@@ -150,14 +196,13 @@ func (s *Store) pipeline(ctx context.Context, batch []*pendingMark, key string, 
 		}
 		m.done <- err
 	}
-	if args == nil {
-		return nil, nil
+	if fc == nil {
+		return nil
 	}
-	v, err := cmds[len(batch)].Result()
-	if err != nil {
-		return nil, s.fail(pctx, "TryBegin", key, err)
+	if err := fc.result(set, exp); err != nil {
+		return s.fail(pctx, "TryBegin", fc.key, err)
 	}
-	return v, nil
+	return nil
 }
 
 // completeReply maps the reply of the Complete script.

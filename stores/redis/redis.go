@@ -49,8 +49,9 @@ type Options struct {
 	// default inbox.DefaultLease (30 s); at most [MaxDuration].
 	Lease time.Duration
 
-	// Timeout bounds each call to Redis (one script run, including go-redis's
-	// own retries) unless the caller's context ends sooner. Optional; default
+	// Timeout bounds each call to Redis (its round trips, including
+	// go-redis's own retries: one, or two for a TryBegin of a key that
+	// exists) unless the caller's context ends sooner. Optional; default
 	// [DefaultTimeout] (5 s); negative means no bound of the store's own, so
 	// only the caller's context and the client's timeouts apply. The bound
 	// reaches the socket only when the client was built with
@@ -117,16 +118,17 @@ func (o Options) Validate() error {
 
 // Store is the Redis [inbox.LeaseStore]. It is safe for concurrent use.
 type Store struct {
-	client    redis.UniversalClient
-	opts      Options
-	retention any // Options.Retention in microseconds, boxed once as a script argument
-	lease     any // Options.Lease likewise
-	leaseUS   int64
-	leaseTTL  any  // ttlMillis(Options.Lease + Options.Retention), boxed once
-	retTTL    any  // ttlMillis(Options.Retention), boxed once
-	owns      bool // Close closes client
-	closed    atomic.Bool
-	marks     *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
+	client     redis.UniversalClient
+	opts       Options
+	retention  any // Options.Retention in microseconds, boxed once as a script argument
+	lease      any // Options.Lease likewise
+	leaseUS    int64
+	leaseTTL   any   // ttlMillis(Options.Lease + Options.Retention), boxed once
+	leaseTTLMS int64 // the same as a number
+	retTTL     any   // ttlMillis(Options.Retention), boxed once
+	owns       bool  // Close closes client
+	closed     atomic.Bool
+	marks      *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
 }
 
 var _ inbox.LeaseStore = (*Store)(nil)
@@ -147,13 +149,14 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	opts.setDefaults()
 	s := &Store{
-		client:    client,
-		opts:      opts,
-		retention: strconv.FormatInt(micros(opts.Retention), 10),
-		lease:     strconv.FormatInt(micros(opts.Lease), 10),
-		leaseUS:   micros(opts.Lease),
-		leaseTTL:  ttlMillis(micros(opts.Lease) + micros(opts.Retention)),
-		retTTL:    ttlMillis(micros(opts.Retention)),
+		client:     client,
+		opts:       opts,
+		retention:  strconv.FormatInt(micros(opts.Retention), 10),
+		lease:      strconv.FormatInt(micros(opts.Lease), 10),
+		leaseUS:    micros(opts.Lease),
+		leaseTTL:   ttlMillis(micros(opts.Lease) + micros(opts.Retention)),
+		leaseTTLMS: ttlMS(micros(opts.Lease) + micros(opts.Retention)),
+		retTTL:     ttlMillis(micros(opts.Retention)),
 	}
 	if opts.CompleteDelay > 0 {
 		s.marks = &marks{timer: time.AfterFunc(time.Hour, s.flushMarks)}
@@ -189,8 +192,11 @@ func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
 // scripts stop seeing it. (The scripts compute it themselves where the
 // duration comes from the record.)
 func ttlMillis(us int64) string {
-	return strconv.FormatInt((us+999)/1000+1, 10)
+	return strconv.FormatInt(ttlMS(us), 10)
 }
+
+// ttlMS is ttlMillis as a number.
+func ttlMS(us int64) int64 { return (us+999)/1000 + 1 }
 
 // begin checks that the store is open and the context live, and returns the
 // context for one call with the store's timeout.
@@ -293,27 +299,43 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err := opts.Validate(); err != nil {
 		return inbox.Claim{}, err
 	}
-	leaseUS, lease, ttl := s.leaseUS, s.lease, s.leaseTTL
+	leaseUS, lease, ttl, ttlN := s.leaseUS, s.lease, s.leaseTTL, s.leaseTTLMS
 	if opts.Lease > MaxDuration {
 		return inbox.Claim{}, fmt.Errorf("%w: lease %s is longer than the redis store's limit of %s", inbox.ErrInvalidLease, opts.Lease, MaxDuration)
 	} else if opts.Lease > 0 && micros(opts.Lease) != leaseUS {
 		leaseUS = micros(opts.Lease)
-		lease, ttl = strconv.FormatInt(leaseUS, 10), ttlMillis(leaseUS+micros(s.opts.Retention))
+		ttlN = ttlMS(leaseUS + micros(s.opts.Retention))
+		lease, ttl = strconv.FormatInt(leaseUS, 10), strconv.FormatInt(ttlN, 10)
 	}
 	id := opts.LeaseID
 	if id == "" {
 		id = inbox.NewLeaseID()
 	}
-	args := []any{id, lease, s.retention, opts.Owner, opts.PayloadHash, ttl}
-	var v any
-	var err error
+	fc := &fastClaim{key: key, rec: freshRecord(id, opts.Owner, opts.PayloadHash, leaseUS, ttlN), ttlMS: ttlN}
+	// One Timeout bounds the call, both round trips when the key exists.
+	cctx, cancel, err := s.begin(ctx, op, key)
+	if err != nil {
+		return inbox.Claim{}, err
+	}
+	defer cancel()
 	if batch := s.takeMarks(); len(batch) > 0 {
-		v, err = s.tryBeginWith(ctx, batch, key, args)
+		err = s.tryBeginWith(cctx, batch, fc)
 	} else {
-		v, err = s.run(ctx, op, key, tryBeginScript, args...)
+		err = s.claimNew(cctx, fc)
 	}
 	if err != nil {
 		return inbox.Claim{}, err
+	}
+	if fc.expiry >= 0 {
+		// SET NX wrote the fresh record: acquired, at the time of the SET
+		// rounded down to the millisecond (see scripts.go).
+		until := (fc.expiry-ttlN)*1000 + leaseUS
+		return inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: fromMicros(until), Lease: time.Duration(leaseUS) * time.Microsecond}, nil
+	}
+	// The key exists (or its expiry was not read): the script decides.
+	v, err := tryBeginScript.Run(cctx, s.client, []string{s.opts.Prefix + key}, id, lease, s.retention, opts.Owner, opts.PayloadHash, ttl).Result()
+	if err != nil {
+		return inbox.Claim{}, s.fail(cctx, op, key, err)
 	}
 	if until, ok := v.(int64); ok {
 		// The short reply: acquired with the lease asked for, no mismatch.
@@ -381,7 +403,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
-	v, err := s.run(ctx, op, key, releaseScript, leaseID, s.retention)
+	v, err := s.run(ctx, op, key, releaseScript, leaseID, s.retention, s.retTTL)
 	if err != nil {
 		return err
 	}
@@ -489,7 +511,7 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 	if err := inbox.ValidateKey(key); err != nil {
 		return err
 	}
-	v, err := s.run(ctx, op, key, markProcessedScript, s.retention)
+	v, err := s.run(ctx, op, key, markProcessedScript, s.retention, s.retTTL)
 	if err != nil {
 		return err
 	}

@@ -222,29 +222,37 @@ func TestStore_physical_ttl(t *testing.T) {
 }
 
 // Data under the store's prefix that the store did not write is reported,
-// never misread: a value of another type is a server error, a hash of
-// another shape an unexpected reply; both wrap ErrStoreUnavailable and
-// name what was found.
+// never misread or overwritten: a value of another type is a server error
+// (WRONGTYPE), a string of another shape an unexpected record; both wrap
+// ErrStoreUnavailable and name what was found.
 func TestStore_foreign_data_under_prefix(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
 	ctx := context.Background()
 	prefix := testPrefix(t, c)
 	s := newStore(t, c, redisstore.Options{Prefix: prefix})
-	if err := c.Set(ctx, prefix+"string", "x", time.Minute).Err(); err != nil {
+	if err := c.HSet(ctx, prefix+"hash", "ex", time.Now().Add(time.Hour).UnixMicro(), "pr", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.TryBegin(ctx, "string", inbox.BeginOptions{})
+	_, err := s.TryBegin(ctx, "hash", inbox.BeginOptions{})
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("TryBegin over a string value: %v, want ErrStoreUnavailable naming WRONGTYPE", err)
+		t.Fatalf("TryBegin over a hash: %v, want ErrStoreUnavailable naming WRONGTYPE", err)
 	}
-	future := time.Now().Add(time.Hour).UnixMicro()
-	if err := c.HSet(ctx, prefix+"hash", "ex", future, "pr", 1).Err(); err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Get(ctx, "hash")
-	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected script reply") {
-		t.Fatalf("Get of a hash missing fields: %v, want ErrStoreUnavailable naming the unexpected reply", err)
+	for _, v := range []string{"x", "\x01\xa1a"} {
+		if err := c.Set(ctx, prefix+"string", v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.TryBegin(ctx, "string", inbox.BeginOptions{})
+		if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected record") {
+			t.Fatalf("TryBegin over the string %q: %v, want ErrStoreUnavailable naming the unexpected record", v, err)
+		}
+		_, err = s.Get(ctx, "string")
+		if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), "unexpected record") {
+			t.Fatalf("Get of the string %q: %v, want ErrStoreUnavailable naming the unexpected record", v, err)
+		}
+		if got := c.Get(ctx, prefix+"string").Val(); got != v {
+			t.Fatalf("the foreign value became %q", got)
+		}
 	}
 }
 
