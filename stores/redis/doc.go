@@ -97,9 +97,34 @@
 // replica had not received; WAIT is not used. A restart or failover also
 // empties the script cache, which the EVAL fallback absorbs.
 //
+// # Batched round trips
+//
+// The claim of a new key (the native SET NX PX and PEXPIRETIME of TryBegin,
+// its first round trip), Complete and Release go through one group-commit
+// batcher per Store, without timers: a call that finds the store idle goes
+// out at once, alone, in the caller's goroutine, so one sequential consumer
+// waits no longer than without batching; calls that arrive while a round
+// trip is in flight are queued and travel together in the next one, as one
+// go-redis pipeline (at most 128 calls; on Cluster, go-redis's ClusterClient
+// splits the pipeline per node). Callers that find 4096 calls queued wait for
+// room, honouring their context. Each call keeps its own result (a lost
+// lease is [inbox.ErrLeaseLost] for that call only) and its own Timeout: a
+// batch of several calls runs under a context detached from theirs with
+// the latest of their deadlines, and a caller whose context ends gets its
+// context's error (its call is not sent if it was still queued; if it was,
+// the result is dropped). A connection that fails fails every call of its
+// batch with [inbox.ErrStoreUnavailable]. Calls in one batch are sent in the
+// order they were made, so calls on one key take effect in that order. A
+// script the server lost (NOSCRIPT) is run again on its own, which loads
+// it. The script TryBegin runs for a key that exists, Extend, Get,
+// IsProcessed and MarkProcessed are one round trip each, as before. Sixteen
+// consumers of one Store therefore make far fewer round trips than calls,
+// which is what costs Redis most of its CPU per message (a system call on
+// each side per round trip).
+//
 // # Pipelined marks (opt-in)
 //
-// By default every call is one round trip, and a consumer that handles one
+// By default every call is sent as soon as the store is idle, and a consumer that handles one
 // message at a time makes two per message: the TryBegin before the handler
 // (on the message's critical path) and the Complete after the ack (in the
 // background). [Options.CompleteDelay] makes Complete wait, at most that

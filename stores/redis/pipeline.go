@@ -124,18 +124,6 @@ func (fc *fastClaim) result(set *redis.BoolCmd, exp *redis.DurationCmd) error {
 	return nil
 }
 
-// claimNew sends the fast claim fc on its own, under ctx (the call's
-// context, bounded by Options.Timeout).
-func (s *Store) claimNew(ctx context.Context, fc *fastClaim) error {
-	p := s.client.Pipeline()
-	set, exp := fc.queue(ctx, p, s.opts.Prefix)
-	_, _ = p.Exec(ctx)
-	if err := fc.result(set, exp); err != nil {
-		return s.fail(ctx, "TryBegin", fc.key, err)
-	}
-	return nil
-}
-
 // tryBeginWith runs the fast claim fc with the pending marks of batch.
 func (s *Store) tryBeginWith(ctx context.Context, batch []*pendingMark, fc *fastClaim) error {
 	const op = "TryBegin"

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/batch"
 )
 
 // Defaults of [Options].
@@ -51,7 +52,9 @@ type Options struct {
 
 	// Timeout bounds each call to Redis (its round trips, including
 	// go-redis's own retries: one, or two for a TryBegin of a key that
-	// exists) unless the caller's context ends sooner. Optional; default
+	// exists, and the time it waits queued behind a round trip in flight,
+	// see "Batched round trips" in the package documentation) unless the
+	// caller's context ends sooner. Optional; default
 	// [DefaultTimeout] (5 s); negative means no bound of the store's own, so
 	// only the caller's context and the client's timeouts apply. The bound
 	// reaches the socket only when the client was built with
@@ -77,7 +80,8 @@ type Options struct {
 	// the ack and the mark, whose window this widens); and a TryBegin that
 	// carries marks waits for Redis to run their scripts first. Each call
 	// can then take up to Timeout + CompleteDelay.
-	// Optional; default 0: every call is its own round trip; at most
+	// Optional; default 0: Completes go through the batcher like the other
+	// calls (see "Batched round trips"); at most
 	// [MaxCompleteDelay]. See "Pipelined marks" in the package documentation.
 	CompleteDelay time.Duration
 }
@@ -129,6 +133,7 @@ type Store struct {
 	owns       bool  // Close closes client
 	closed     atomic.Bool
 	marks      *marks // Completes waiting to be sent; nil unless Options.CompleteDelay
+	batch      *batch.Batcher[*request, any]
 }
 
 var _ inbox.LeaseStore = (*Store)(nil)
@@ -158,6 +163,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		leaseTTLMS: ttlMS(micros(opts.Lease) + micros(opts.Retention)),
 		retTTL:     ttlMillis(micros(opts.Retention)),
 	}
+	s.batch = newBatcher(s)
 	if opts.CompleteDelay > 0 {
 		s.marks = &marks{timer: time.AfterFunc(time.Hour, s.flushMarks)}
 		s.marks.timer.Stop()
@@ -320,8 +326,8 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	defer cancel()
 	if batch := s.takeMarks(); len(batch) > 0 {
 		err = s.tryBeginWith(cctx, batch, fc)
-	} else {
-		err = s.claimNew(cctx, fc)
+	} else if _, err = s.batch.Do(cctx, &request{kind: reqClaim, key: key, fc: fc}); err != nil {
+		err = s.fail(cctx, op, key, err)
 	}
 	if err != nil {
 		return inbox.Claim{}, err
@@ -388,7 +394,7 @@ func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
 	if s.marks != nil {
 		return s.completeLater(ctx, key, leaseID)
 	}
-	v, err := s.run(ctx, op, key, completeScript, leaseID, s.retention, s.retTTL)
+	v, err := s.batched(ctx, op, reqComplete, key, leaseID)
 	if err != nil {
 		return err
 	}
@@ -403,7 +409,7 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 	if err := inbox.ValidateHolder(key, leaseID); err != nil {
 		return err
 	}
-	v, err := s.run(ctx, op, key, releaseScript, leaseID, s.retention, s.retTTL)
+	v, err := s.batched(ctx, op, reqRelease, key, leaseID)
 	if err != nil {
 		return err
 	}
