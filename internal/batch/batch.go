@@ -3,15 +3,16 @@
 //
 // # Design
 //
-// No goroutine of its own: the caller that finds the batcher idle becomes
-// the leader and sends its call at once, alone, in the calling goroutine (a
-// single sequential caller therefore waits no longer than without the
-// batcher). Calls that arrive while a round trip is in flight are queued.
+// No goroutine of its own: a caller that finds fewer than MaxInFlight round
+// trips in flight (by default one: the batcher idle) becomes a leader and
+// sends its call at once, alone, in the calling goroutine (a single
+// sequential caller therefore waits no longer than without the batcher).
+// Calls that arrive while MaxInFlight round trips are in flight are queued.
 // When the round trip ends, the leader delivers each call's result and, if
 // the queue is not empty, takes the next batch (in arrival order, at most
 // MaxBatch calls) and hands it to the goroutine of that batch's first call,
 // which runs it and hands on in turn; so no caller runs more than its own
-// batch, and the batcher goes idle when the queue is empty. The only
+// batch, and a round trip's slot is freed when the queue is empty. The only
 // goroutine ever started carries a batch whose designated leader's context
 // ended before it could run it.
 //
@@ -43,27 +44,38 @@ import (
 // every call of the batch with that error.
 type Func[Q, R any] func(ctx context.Context, reqs []Q, res []R, errs []error) error
 
-// Defaults of New.
+// Defaults of Options.
 const (
-	DefaultMaxBatch = 128
-	DefaultMaxQueue = 1024
+	DefaultMaxBatch    = 128
+	DefaultMaxQueue    = 1024
+	DefaultMaxInFlight = 1
 )
+
+// Options bound a Batcher. Zero or negative fields take their default.
+type Options struct {
+	// MaxBatch bounds the calls of one round trip. Default DefaultMaxBatch.
+	MaxBatch int
+	// MaxQueue bounds the calls waiting; callers beyond it wait for room.
+	// Default DefaultMaxQueue.
+	MaxQueue int
+	// MaxInFlight is how many round trips may be in flight at once; a call
+	// that finds fewer goes out at once. Default DefaultMaxInFlight (1:
+	// pure group commit). Two lets, for example, a latency-critical call
+	// start while one in the background is in flight.
+	MaxInFlight int
+}
 
 // Batcher groups calls of Do into round trips of a Func. It is safe for
 // concurrent use.
 type Batcher[Q, R any] struct {
-	fn       Func[Q, R]
-	maxBatch int
-	slots    chan struct{} // one per queued call: the queue's bound
+	fn          Func[Q, R]
+	maxBatch    int
+	maxInFlight int
+	slots       chan struct{} // one per queued call: the queue's bound
 
-	mu    sync.Mutex
-	busy  bool // a round trip is in flight or about to be
-	queue []*call[Q, R]
-
-	// Reusable buffers of the round trip; only the leader touches them.
-	reqs []Q
-	res  []R
-	errs []error
+	mu       sync.Mutex
+	inFlight int // round trips in flight or about to be
+	queue    []*call[Q, R]
 }
 
 type state uint8
@@ -86,17 +98,18 @@ type call[Q, R any] struct {
 	wake  chan struct{} // capacity 1; nil for a call that led at once
 }
 
-// New returns a batcher over fn. maxBatch bounds the calls of a round trip
-// and maxQueue the calls waiting; zero or negative take DefaultMaxBatch and
-// DefaultMaxQueue.
-func New[Q, R any](fn Func[Q, R], maxBatch, maxQueue int) *Batcher[Q, R] {
-	if maxBatch <= 0 {
-		maxBatch = DefaultMaxBatch
+// New returns a batcher over fn bounded by o.
+func New[Q, R any](fn Func[Q, R], o Options) *Batcher[Q, R] {
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = DefaultMaxBatch
 	}
-	if maxQueue <= 0 {
-		maxQueue = DefaultMaxQueue
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = DefaultMaxQueue
 	}
-	return &Batcher[Q, R]{fn: fn, maxBatch: maxBatch, slots: make(chan struct{}, maxQueue)}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	return &Batcher[Q, R]{fn: fn, maxBatch: o.MaxBatch, maxInFlight: o.MaxInFlight, slots: make(chan struct{}, o.MaxQueue)}
 }
 
 // Do sends req, alone if the batcher is idle, else with the other calls
@@ -109,8 +122,8 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	}
 	c := &call[Q, R]{ctx: ctx, req: req}
 	b.mu.Lock()
-	if !b.busy {
-		b.busy = true
+	if b.inFlight < b.maxInFlight {
+		b.inFlight++
 		b.mu.Unlock()
 		return b.lead(c)
 	}
@@ -122,9 +135,9 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	}
 	c.wake = make(chan struct{}, 1)
 	b.mu.Lock()
-	if !b.busy {
-		// The round trip ended while this call waited for room.
-		b.busy = true
+	if b.inFlight < b.maxInFlight {
+		// A round trip ended while this call waited for room.
+		b.inFlight++
 		b.mu.Unlock()
 		<-b.slots
 		return b.lead(c)
@@ -192,7 +205,6 @@ func (b *Batcher[Q, R]) run(batch []*call[Q, R]) {
 				var zero R
 				c.res, c.err = zero, errPanicked
 			}
-			b.reqs, b.res, b.errs = nil, nil, nil
 			b.finish(batch)
 		}
 	}()
@@ -217,7 +229,7 @@ func (b *Batcher[Q, R]) finish(batch []*call[Q, R]) {
 	}
 	next := b.take()
 	if next == nil {
-		b.busy = false
+		b.inFlight--
 		b.mu.Unlock()
 		return
 	}
@@ -267,7 +279,7 @@ func (b *Batcher[Q, R]) roundTrip(batch []*call[Q, R]) {
 		ctx, cancel = batchContext(batch)
 		defer cancel()
 	}
-	reqs, res, errs := grow(b.reqs, n), grow(b.res, n), grow(b.errs, n)
+	reqs, res, errs := make([]Q, n), make([]R, n), make([]error, n)
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
@@ -279,12 +291,6 @@ func (b *Batcher[Q, R]) roundTrip(batch []*call[Q, R]) {
 			c.res, c.err = res[i], errs[i]
 		}
 	}
-	var zq Q
-	var zr R
-	for i := range n {
-		reqs[i], res[i], errs[i] = zq, zr, nil
-	}
-	b.reqs, b.res, b.errs = reqs, res, errs
 }
 
 // errPanicked fails the calls of a round trip whose Func panicked; the
@@ -305,11 +311,4 @@ func batchContext[Q, R any](batch []*call[Q, R]) (context.Context, context.Cance
 		}
 	}
 	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
-}
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	return s[:n]
 }

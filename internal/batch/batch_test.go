@@ -90,7 +90,7 @@ func blocked(t *testing.T, r *recorder, b *Batcher[int, int]) (gate chan struct{
 
 func TestSingleCallerGoesAtOnce(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	for i := 1; i <= 3; i++ {
 		v, err := b.Do(context.Background(), i)
 		if err != nil || v != i*10 {
@@ -100,7 +100,7 @@ func TestSingleCallerGoesAtOnce(t *testing.T) {
 	if got := r.get(); len(got) != 3 || len(got[0]) != 1 || len(got[1]) != 1 {
 		t.Fatalf("batches %v, want three of one", got)
 	}
-	if b.busy || len(b.queue) != 0 {
+	if b.inFlight != 0 || len(b.queue) != 0 {
 		t.Fatal("batcher not idle after the calls")
 	}
 }
@@ -112,7 +112,7 @@ func TestSingleCallerRunsInItsGoroutineUnderItsContext(t *testing.T) {
 	b := New(func(ctx context.Context, reqs, res []int, errs []error) error {
 		seen = ctx.Value(key{}) // no race: the same goroutine
 		return nil
-	}, 0, 0)
+	}, Options{})
 	if _, err := b.Do(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestSingleCallerRunsInItsGoroutineUnderItsContext(t *testing.T) {
 
 func TestConcurrentCallersBatchedInArrivalOrder(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	const n = 20
 	results := make([]chan result, n)
@@ -157,7 +157,7 @@ func TestConcurrentCallersBatchedInArrivalOrder(t *testing.T) {
 
 func TestBatchSizeBound(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 4, 0)
+	b := New(r.fn, Options{MaxBatch: 4, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	const n = 10
 	var wg sync.WaitGroup
@@ -191,7 +191,7 @@ func TestBatchSizeBound(t *testing.T) {
 
 func TestPerCallErrors(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	res := make([]chan result, 3)
 	for i, q := range []int{1, -2, 3} {
@@ -218,7 +218,7 @@ func TestPerCallErrors(t *testing.T) {
 func TestTransportFailureFailsTheBatch(t *testing.T) {
 	boom := errors.New("connection reset")
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	res := make([]chan result, 5)
 	for i := range res {
@@ -252,7 +252,7 @@ func TestTransportFailureFailsTheBatch(t *testing.T) {
 
 func TestContextEndsWhileQueued(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	ctx, cancel := context.WithCancel(context.Background())
 	canceled := make(chan result, 1)
@@ -290,7 +290,7 @@ func TestContextEndsWhileQueued(t *testing.T) {
 
 func TestContextEndsAfterSendDropsResult(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 0)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 0})
 	gate, leader := blocked(t, r, b)
 	first := make(chan result, 1)
 	go func() {
@@ -333,7 +333,7 @@ func TestContextEndsAfterSendDropsResult(t *testing.T) {
 
 func TestQueueBoundWaitsHonouringContext(t *testing.T) {
 	r := &recorder{}
-	b := New(r.fn, 0, 2)
+	b := New(r.fn, Options{MaxBatch: 0, MaxQueue: 2})
 	gate, leader := blocked(t, r, b)
 	var wg sync.WaitGroup
 	for i := range 2 {
@@ -395,7 +395,7 @@ func TestBatchContextDetachedWithLatestDeadline(t *testing.T) {
 		errs = append(errs, ctx.Err())
 		mu.Unlock()
 		return nil
-	}, 0, 0)
+	}, Options{})
 	go b.Do(context.Background(), 0)
 	<-entered
 	short, c1 := context.WithTimeout(context.Background(), time.Minute)
@@ -435,7 +435,7 @@ func TestPanicFailsTheBatchAndHandsOn(t *testing.T) {
 		}
 		copy(res, reqs)
 		return nil
-	}, 0, 0)
+	}, Options{})
 	panicked := make(chan any, 1)
 	go func() {
 		defer func() { panicked <- recover() }()
@@ -461,8 +461,8 @@ func TestManyConcurrentCallers(t *testing.T) {
 	var trips, calls atomic.Int64
 	var inFlight atomic.Int32
 	b := New(func(ctx context.Context, reqs, res []int, errs []error) error {
-		if inFlight.Add(1) != 1 {
-			t.Error("two round trips in flight at once")
+		if n := inFlight.Add(1); n > 2 {
+			t.Errorf("%d round trips in flight at once, bound 2", n)
 		}
 		defer inFlight.Add(-1)
 		trips.Add(1)
@@ -472,7 +472,7 @@ func TestManyConcurrentCallers(t *testing.T) {
 			res[i] = q + 1
 		}
 		return nil
-	}, 16, 64)
+	}, Options{MaxBatch: 16, MaxQueue: 64, MaxInFlight: 2})
 	const g, per = 32, 200
 	var wg sync.WaitGroup
 	for w := range g {
@@ -505,7 +505,40 @@ func TestManyConcurrentCallers(t *testing.T) {
 		t.Fatalf("%d round trips for %d calls: no batching", trips.Load(), calls.Load())
 	}
 	t.Logf("%d round trips for %d calls sent", trips.Load(), calls.Load())
-	if b.busy || len(b.queue) != 0 || len(b.slots) != 0 {
-		t.Fatalf("not idle at the end: busy %v queue %d slots %d", b.busy, len(b.queue), len(b.slots))
+	if b.inFlight != 0 || len(b.queue) != 0 || len(b.slots) != 0 {
+		t.Fatalf("not idle at the end: in flight %d queue %d slots %d", b.inFlight, len(b.queue), len(b.slots))
+	}
+}
+
+func TestMaxInFlight(t *testing.T) {
+	r := &recorder{}
+	b := New(r.fn, Options{MaxInFlight: 2})
+	gate := make(chan struct{})
+	r.gate, r.entered = gate, make(chan struct{}, 100)
+	res := make(chan result, 4)
+	do := func(q int) {
+		v, err := b.Do(context.Background(), q)
+		res <- result{v, err}
+	}
+	go do(1)
+	<-r.entered
+	go do(2) // a second round trip goes at once
+	<-r.entered
+	go do(3)
+	waitQueued(t, b, 1)
+	go do(4)
+	waitQueued(t, b, 2)
+	close(gate)
+	for range 4 {
+		if a := <-res; a.err != nil {
+			t.Fatal(a.err)
+		}
+	}
+	got := r.get()
+	if len(got) != 3 || len(got[0]) != 1 || len(got[1]) != 1 || len(got[2]) != 2 {
+		t.Fatalf("batches %v, want [1] [2] [3 4]", got)
+	}
+	if b.inFlight != 0 {
+		t.Fatalf("%d round trips in flight at the end", b.inFlight)
 	}
 }

@@ -101,11 +101,12 @@
 //
 // The claim of a new key (the native SET NX PX and PEXPIRETIME of TryBegin,
 // its first round trip), Complete and Release go through one group-commit
-// batcher per Store, without timers: a call that finds the store idle goes
-// out at once, alone, in the caller's goroutine, so one sequential consumer
-// waits no longer than without batching; calls that arrive while a round
-// trip is in flight are queued and travel together in the next one, as one
-// go-redis pipeline (at most 128 calls; on Cluster, go-redis's ClusterClient
+// batcher per Store, without timers: a call that finds fewer than two of
+// its round trips in flight goes out at once, alone, in the caller's
+// goroutine, so one consumer waits no longer than without batching (its
+// claim never waits behind the mark of its previous message); calls that
+// arrive while two are in flight are queued and travel together in the
+// next one, as one go-redis pipeline (at most 128 calls; on Cluster, go-redis's ClusterClient
 // splits the pipeline per node). Callers that find 4096 calls queued wait for
 // room, honouring their context. Each call keeps its own result (a lost
 // lease is [inbox.ErrLeaseLost] for that call only) and its own Timeout: a
