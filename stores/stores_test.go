@@ -41,20 +41,14 @@ func TestURLMux_unknown_scheme_lists_known_ones(t *testing.T) {
 
 func TestURLMux_shared_params_read_and_removed(t *testing.T) {
 	t.Parallel()
-	var m stores.URLMux
-	var got stores.Params
-	var rest *url.URL
-	m.Register("mem", stores.OpenerFunc(func(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
-		got, rest = p, u
-		return nil, nil
-	}))
+	m, rec := recordingMux()
 	if _, err := m.Open(context.Background(), "MEM://x?retention=72h&lease=45s&table=t"); err != nil {
 		t.Fatal(err)
 	}
-	if got.Retention != 72*time.Hour || got.Lease != 45*time.Second {
+	if got := rec.Params; got.Retention != 72*time.Hour || got.Lease != 45*time.Second {
 		t.Fatalf("params %+v", got)
 	}
-	if q := rest.Query(); q.Has("retention") || q.Has("lease") || q.Get("table") != "t" {
+	if q := rec.URL.Query(); q.Has("retention") || q.Has("lease") || q.Get("table") != "t" {
 		t.Fatalf("driver sees query %v; want only table", q)
 	}
 	for _, bad := range []string{"mem://?retention=1", "mem://?lease=0s", "mem://?lease=1s&lease=2s", "mem://?retention=%zz"} {
@@ -175,13 +169,7 @@ func TestPopDuration_bad_forms_name_the_parameter_and_value(t *testing.T) {
 
 func TestURLMux_check_parameter(t *testing.T) {
 	t.Parallel()
-	var m stores.URLMux
-	var got stores.Params
-	var rest *url.URL
-	m.Register("mem", stores.OpenerFunc(func(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
-		got, rest = p, u
-		return nil, nil
-	}))
+	m, rec := recordingMux()
 	for raw, lazy := range map[string]bool{
 		"mem://x":                          false,
 		"mem://x?check=true":               false,
@@ -189,10 +177,11 @@ func TestURLMux_check_parameter(t *testing.T) {
 		"mem://x?check=0&t=1":              true,
 		"mem://x?retention=7d&check=false": true,
 	} {
-		got, rest = stores.Params{}, nil
+		*rec = opened{}
 		if _, err := m.Open(context.Background(), raw); err != nil {
 			t.Fatalf("Open(%s): %v", raw, err)
 		}
+		got, rest := rec.Params, rec.URL
 		if got.Lazy != lazy {
 			t.Errorf("Open(%s): Params.Lazy = %v, want %v", raw, got.Lazy, lazy)
 		}
@@ -234,4 +223,21 @@ func TestMisconfigured_wraps_both_sentinels_and_the_cause(t *testing.T) {
 	if errors.Unwrap(stores.ErrMisconfigured) != nil {
 		t.Fatal("ErrMisconfigured wraps another error")
 	}
+}
+
+// opened is what the opener of a recordingMux received.
+type opened struct {
+	Params stores.Params
+	URL    *url.URL
+}
+
+// recordingMux is a mux whose scheme mem records in the returned opened the
+// parameters and the URL its opener receives, and opens nothing.
+func recordingMux() (*stores.URLMux, *opened) {
+	m, rec := &stores.URLMux{}, &opened{}
+	m.Register("mem", stores.OpenerFunc(func(_ context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
+		rec.Params, rec.URL = p, u
+		return nil, nil
+	}))
+	return m, rec
 }

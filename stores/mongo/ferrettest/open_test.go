@@ -16,19 +16,9 @@ import (
 // lease=3s and retention=2s grants 3 s leases and forgets a completed key
 // once 2 s have passed, not after the 7-day default.
 func TestFerretDB_open_url_shared_parameters(t *testing.T) {
-	u, err := url.Parse(startFerretDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/opentest"
-	u.RawQuery = "lease=3s&retention=2s&collection=shared_params"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := stores.Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openFerret(ctx, t, "lease=3s&retention=2s&collection=shared_params")
 
 	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
 	if err != nil || c.Status != inbox.Acquired || c.Lease != 3*time.Second {
@@ -72,19 +62,9 @@ func TestFerretDB_open_url_shared_parameters(t *testing.T) {
 // nothing at Open and reads the server's clock at its first call; it then
 // works as one opened with the check. retention takes days.
 func TestFerretDB_open_url_check_false(t *testing.T) {
-	u, err := url.Parse(startFerretDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/opentest"
-	u.RawQuery = "check=false&lease=3s&retention=1d12h&collection=check_false"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := stores.Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openFerret(ctx, t, "check=false&lease=3s&retention=1d12h&collection=check_false")
 	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
 	if err != nil || c.Status != inbox.Acquired || c.Lease != 3*time.Second {
 		t.Fatalf("TryBegin = %+v, %v; want Acquired with the URL's 3s lease", c, err)
@@ -98,4 +78,21 @@ func TestFerretDB_open_url_check_false(t *testing.T) {
 	if rec, err := s.Get(ctx, "k"); err != nil || rec.State != inbox.StateProcessed {
 		t.Fatalf("Get after Complete = %+v, %v", rec, err)
 	}
+}
+
+// openFerret opens a store by URL on a new FerretDB, database opentest,
+// with query as the URL's parameters; it is closed when the test ends.
+func openFerret(ctx context.Context, t *testing.T, query string) stores.Store {
+	t.Helper()
+	u, err := url.Parse(startFerretDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path, u.RawQuery = "/opentest", query
+	s, err := stores.Open(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
