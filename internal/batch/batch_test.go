@@ -402,7 +402,10 @@ func TestBatchContextDetachedWithLatestDeadline(t *testing.T) {
 	defer c1()
 	long, c2 := context.WithTimeout(context.Background(), time.Hour)
 	defer c2()
-	canceled, c3 := context.WithTimeout(context.Background(), time.Hour)
+	// Shorter than long's, so that long's is the latest deadline whether or
+	// not canceled is still in the batch when it goes out (created after
+	// long with time.Hour, its deadline was a few µs later than long's).
+	canceled, c3 := context.WithTimeout(context.Background(), 30*time.Minute)
 	var wg sync.WaitGroup
 	for i, ctx := range []context.Context{short, long, canceled} {
 		wg.Add(1)
