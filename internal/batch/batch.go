@@ -312,3 +312,10 @@ func batchContext[Q, R any](batch []*call[Q, R]) (context.Context, context.Cance
 	}
 	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
 }
+
+// Queued returns the number of calls waiting for a round trip.
+func (b *Batcher[Q, R]) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}

@@ -37,6 +37,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // Scheme is the URL scheme this package registers with
@@ -126,7 +127,17 @@ func (r *record) state(now time.Time) inbox.State {
 func (r *record) expired(now time.Time) bool { return !now.Before(r.expiresAt) }
 
 // Store is the in-memory [inbox.LeaseStore]. It is safe for concurrent use.
+// The portable layer it embeds ([driver.Store]) validates input and maps
+// errors; the records live in its driver.
 type Store struct {
+	*driver.Store
+	m *mem
+}
+
+var _ inbox.LeaseStore = (*Store)(nil)
+
+// mem is the store's driver: the records under one mutex.
+type mem struct {
 	opts      Options
 	epoch     time.Time // time.Now at New, monotonic reading included
 	epochWall time.Time // epoch without its monotonic reading
@@ -135,10 +146,7 @@ type Store struct {
 	recs    map[string]*record
 	order   *list.List // of *record, least recently written at the front
 	evicted uint64
-	closed  bool
 }
-
-var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns an empty store.
 func New(opts Options) (*Store, error) {
@@ -147,235 +155,246 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	epoch := time.Now()
-	return &Store{
-		opts: opts, epoch: epoch, epochWall: epoch.Round(0),
-		recs: make(map[string]*record), order: list.New(),
-	}, nil
+	m := &mem{opts: opts, epoch: epoch, epochWall: epoch.Round(0), recs: make(map[string]*record), order: list.New()}
+	// No Timeout and no batching: a call never waits for anything but the
+	// mutex.
+	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: ds, m: m}, nil
 }
 
 // Close makes every later call fail with [inbox.ErrClosed] and drops the
 // records.
-func (s *Store) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed, s.recs = true, nil // every call checks closed first
-	s.order.Init()
+func (m *mem) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs = make(map[string]*record)
+	m.order.Init()
 	return nil
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Stats{Entries: len(s.recs), Evicted: s.evicted}
+	m := s.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Stats{Entries: len(m.recs), Evicted: m.evicted}
 }
 
 // wall returns t as the store reports times: the wall clock at New plus the
 // monotonic time from New to t.
-func (s *Store) wall(t time.Time) time.Time { return s.epochWall.Add(t.Sub(s.epoch)) }
+func (m *mem) wall(t time.Time) time.Time { return m.epochWall.Add(t.Sub(m.epoch)) }
 
-// lock validates key, then errs (the caller's other validations), then ctx;
-// it locks the store and returns the current time and key's live record (nil
-// when absent or expired). On success the caller must unlock.
-func (s *Store) lock(ctx context.Context, key string, errs ...error) (time.Time, *record, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return time.Time{}, nil, err
-	}
-	for _, err := range errs {
-		if err != nil {
-			return time.Time{}, nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return time.Time{}, nil, fmt.Errorf("memory store: %w", err)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return time.Time{}, nil, fmt.Errorf("memory store: %w", inbox.ErrClosed)
-	}
-	now := time.Now()
-	r := s.recs[key]
+// find returns key's live record at now, nil when absent or expired (an
+// expired record is removed). Call with mu held.
+func (m *mem) find(key string, now time.Time) *record {
+	r := m.recs[key]
 	if r != nil && r.expired(now) {
-		s.remove(r)
+		m.remove(r)
 		r = nil
 	}
-	return now, r, nil
+	return r
 }
 
 // insert adds a record for key, first seen at now. The caller touches it.
-func (s *Store) insert(key string, now time.Time) (*record, error) {
-	if err := s.makeRoom(now); err != nil {
+func (m *mem) insert(key string, now time.Time) (*record, error) {
+	if err := m.makeRoom(now); err != nil {
 		return nil, err
 	}
-	r := &record{key: key, firstSeen: s.wall(now)}
-	r.elem = s.order.PushBack(r)
-	s.recs[key] = r
+	r := &record{key: key, firstSeen: m.wall(now)}
+	r.elem = m.order.PushBack(r)
+	m.recs[key] = r
 	return r, nil
 }
 
-func (s *Store) remove(r *record) {
-	s.order.Remove(r.elem)
-	delete(s.recs, r.key)
+func (m *mem) remove(r *record) {
+	m.order.Remove(r.elem)
+	delete(m.recs, r.key)
 }
 
 // touch records a write to r at now: it moves r to the back of the list and
 // sweeps a few expired records from the front.
-func (s *Store) touch(r *record, now time.Time) {
-	r.lastSeen = s.wall(now)
-	s.order.MoveToBack(r.elem)
+func (m *mem) touch(r *record, now time.Time) {
+	r.lastSeen = m.wall(now)
+	m.order.MoveToBack(r.elem)
 	for n := 0; n < 4; n++ {
-		front := s.order.Front().Value.(*record)
+		front := m.order.Front().Value.(*record)
 		if front == r || !front.expired(now) {
 			break
 		}
-		s.remove(front)
+		m.remove(front)
 	}
 }
 
 // makeRoom makes room for one more record within MaxEntries: walking from
 // the least recently written record, it drops expired records and evicts
 // those without a live lease.
-func (s *Store) makeRoom(now time.Time) error {
-	limit := s.opts.MaxEntries
-	full := func() bool { return limit >= 0 && len(s.recs) >= limit }
-	for e := s.order.Front(); e != nil && full(); {
+func (m *mem) makeRoom(now time.Time) error {
+	limit := m.opts.MaxEntries
+	full := func() bool { return limit >= 0 && len(m.recs) >= limit }
+	for e := m.order.Front(); e != nil && full(); {
 		r, next := e.Value.(*record), e.Next()
 		if r.expired(now) {
-			s.remove(r)
+			m.remove(r)
 		} else if r.state(now) != inbox.StateInProgress {
-			s.remove(r)
-			s.evicted++
+			m.remove(r)
+			m.evicted++
 		}
 		e = next
 	}
 	if full() {
-		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, len(s.recs))
+		return fmt.Errorf("%w: memory store full: all %d records hold a live lease (Options.MaxEntries)", inbox.ErrStoreUnavailable, len(m.recs))
 	}
 	return nil
 }
 
 // setLease starts a lease on r; the record is kept for the retention after it.
-func (s *Store) setLease(r *record, now time.Time, lease time.Duration) {
+func (m *mem) setLease(r *record, now time.Time, lease time.Duration) {
 	r.lease = lease
 	r.leaseUntil = now.Add(lease)
-	r.expiresAt = r.leaseUntil.Add(s.opts.Retention)
+	r.expiresAt = r.leaseUntil.Add(m.opts.Retention)
 }
 
 // endLease clears r's lease; the record is kept for the retention from now.
-func (s *Store) endLease(r *record, now time.Time) {
+func (m *mem) endLease(r *record, now time.Time) {
 	r.leaseUntil = time.Time{}
-	r.expiresAt = now.Add(s.opts.Retention)
+	r.expiresAt = now.Add(m.opts.Retention)
 }
 
-// TryBegin implements [inbox.LeaseStore].
-func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	now, r, err := s.lock(ctx, key, opts.Validate())
-	if err != nil {
-		return inbox.Claim{}, err
+// Apply implements [driver.Driver]: the ops one after the other under the
+// mutex.
+func (m *mem) Apply(_ context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	for i, op := range ops {
+		switch op.Kind {
+		case driver.Claim:
+			res[i], errs[i] = m.tryBegin(now, op)
+		case driver.Complete:
+			errs[i] = m.complete(now, op.Key, op.LeaseID)
+		case driver.Release:
+			errs[i] = m.release(now, op.Key, op.LeaseID)
+		case driver.Mark:
+			errs[i] = m.markProcessed(now, op.Key)
+		}
 	}
-	defer s.mu.Unlock()
+	return nil
+}
+
+func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
+	r := m.find(op.Key, now)
 	if r == nil {
-		if r, err = s.insert(key, now); err != nil {
+		var err error
+		if r, err = m.insert(op.Key, now); err != nil {
 			return inbox.Claim{}, err
 		}
 	}
-	mismatch := opts.PayloadHash != "" && r.payload != "" && opts.PayloadHash != r.payload
+	mismatch := op.PayloadHash != "" && r.payload != "" && op.PayloadHash != r.payload
 	switch r.state(now) {
 	case inbox.StateProcessed:
 		return inbox.Claim{Status: inbox.Processed, PayloadMismatch: mismatch}, nil
 	case inbox.StateInProgress:
-		if opts.LeaseID == "" || opts.LeaseID != r.leaseID {
-			return inbox.Claim{Status: inbox.Busy, ExpiresAt: s.wall(r.leaseUntil), RetryAfter: r.leaseUntil.Sub(now), PayloadMismatch: mismatch}, nil
+		if op.LeaseID != r.leaseID {
+			return inbox.Claim{Status: inbox.Busy, ExpiresAt: m.wall(r.leaseUntil), RetryAfter: r.leaseUntil.Sub(now), PayloadMismatch: mismatch}, nil
 		}
 		// A retry by the holder: renew from now, so that the caller's own
 		// reckoning of the deadline (from its retry) holds.
-		s.setLease(r, now, r.lease)
+		m.setLease(r, now, r.lease)
 	default:
-		lease := opts.Lease
-		if lease == 0 {
-			lease = s.opts.Lease
-		}
-		r.leaseID = opts.LeaseID
-		if r.leaseID == "" {
-			r.leaseID = inbox.NewLeaseID()
-		}
-		s.setLease(r, now, lease)
+		r.leaseID = op.LeaseID
+		m.setLease(r, now, op.Lease)
 		r.attempts++
-		r.owner = opts.Owner
+		r.owner = op.Owner
 		if r.payload == "" {
-			r.payload = opts.PayloadHash
+			r.payload = op.PayloadHash
 		}
 	}
-	s.touch(r, now)
-	return inbox.Claim{Status: inbox.Acquired, LeaseID: r.leaseID, ExpiresAt: s.wall(r.leaseUntil), Lease: r.lease, PayloadMismatch: mismatch}, nil
+	m.touch(r, now)
+	return inbox.Claim{Status: inbox.Acquired, LeaseID: r.leaseID, ExpiresAt: m.wall(r.leaseUntil), Lease: r.lease, PayloadMismatch: mismatch}, nil
 }
 
-// holding validates key, leaseID and check (as lock does), then runs f on
-// key's record under the lock if leaseID holds it (its lease live, or expired
-// and not taken over); else it fails with ErrLeaseLost.
-func (s *Store) holding(ctx context.Context, key, leaseID string, check error, f func(now time.Time, r *record) error) error {
-	now, r, err := s.lock(ctx, key, inbox.ValidateLeaseID(leaseID), check)
+// holder returns key's record if leaseID holds it (its lease live, or
+// expired and not taken over), else an error wrapping ErrLeaseLost.
+func (m *mem) holder(now time.Time, key, leaseID string) (*record, error) {
+	r := m.find(key, now)
+	switch {
+	case r == nil:
+		return nil, fmt.Errorf("%w: the key has no record", inbox.ErrLeaseLost)
+	case r.leaseID != leaseID:
+		return nil, fmt.Errorf("%w: the key is not held by lease %q", inbox.ErrLeaseLost, leaseID)
+	}
+	return r, nil
+}
+
+func (m *mem) complete(now time.Time, key, leaseID string) error {
+	r, err := m.holder(now, key, leaseID)
 	if err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
-	switch {
-	case r == nil:
-		return fmt.Errorf("%w: key %q has no record", inbox.ErrLeaseLost, key)
-	case r.leaseID != leaseID:
-		return fmt.Errorf("%w: key %q is not held by lease %q", inbox.ErrLeaseLost, key, leaseID)
+	if !r.processed { // else repeated by the completing lease
+		r.processed = true
+		m.endLease(r, now)
+		m.touch(r, now)
 	}
-	return f(now, r)
+	return nil
 }
 
-// Complete implements [inbox.LeaseStore].
-func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	return s.holding(ctx, key, leaseID, nil, func(now time.Time, r *record) error {
-		if !r.processed { // else repeated by the completing lease
-			r.processed = true
-			s.endLease(r, now)
-			s.touch(r, now)
-		}
-		return nil
-	})
-}
-
-// Release implements [inbox.LeaseStore].
-func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	return s.holding(ctx, key, leaseID, nil, func(now time.Time, r *record) error {
-		if r.processed {
-			return fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
-		}
-		r.leaseID = ""
-		s.endLease(r, now)
-		s.touch(r, now)
-		return nil
-	})
-}
-
-// Extend implements [inbox.LeaseStore].
-func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	var until time.Time
-	err := s.holding(ctx, key, leaseID, inbox.ValidateLease(lease), func(now time.Time, r *record) error {
-		if r.processed {
-			return fmt.Errorf("%w: key %q is already processed", inbox.ErrLeaseLost, key)
-		}
-		s.setLease(r, now, lease)
-		s.touch(r, now)
-		until = s.wall(r.leaseUntil)
-		return nil
-	})
-	return until, err
-}
-
-// Get implements [inbox.LeaseStore].
-func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
-	now, r, err := s.lock(ctx, key)
+func (m *mem) release(now time.Time, key, leaseID string) error {
+	r, err := m.holder(now, key, leaseID)
 	if err != nil {
-		return inbox.Record{}, err
+		return err
 	}
-	defer s.mu.Unlock()
+	if r.processed {
+		return fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
+	}
+	r.leaseID = ""
+	m.endLease(r, now)
+	m.touch(r, now)
+	return nil
+}
+
+// markProcessed marks key processed whatever lease is held on it.
+func (m *mem) markProcessed(now time.Time, key string) error {
+	r := m.find(key, now)
+	if r == nil {
+		var err error
+		if r, err = m.insert(key, now); err != nil {
+			return err
+		}
+	}
+	r.processed = true
+	r.leaseID = ""
+	m.endLease(r, now)
+	m.touch(r, now)
+	return nil
+}
+
+// Extend implements [driver.Driver].
+func (m *mem) Extend(_ context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	r, err := m.holder(now, key, leaseID)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if r.processed {
+		return time.Time{}, fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
+	}
+	m.setLease(r, now, lease)
+	m.touch(r, now)
+	return m.wall(r.leaseUntil), nil
+}
+
+// Get implements [driver.Driver].
+func (m *mem) Get(_ context.Context, key string) (inbox.Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	r := m.find(key, now)
 	if r == nil {
 		return inbox.Record{}, nil
 	}
@@ -388,39 +407,9 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 		PayloadHash: r.payload,
 	}
 	if rec.State == inbox.StateInProgress {
-		rec.LeaseUntil = s.wall(r.leaseUntil)
+		rec.LeaseUntil = m.wall(r.leaseUntil)
 	}
 	return rec, nil
-}
-
-// IsProcessed implements [inbox.Store].
-func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
-	_, r, err := s.lock(ctx, key)
-	if err != nil {
-		return false, err
-	}
-	defer s.mu.Unlock()
-	return r != nil && r.processed, nil
-}
-
-// MarkProcessed implements [inbox.Store]. It marks key processed whatever
-// lease is held on it; the holder's Complete then fails with ErrLeaseLost.
-func (s *Store) MarkProcessed(ctx context.Context, key string) error {
-	now, r, err := s.lock(ctx, key)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	if r == nil {
-		if r, err = s.insert(key, now); err != nil {
-			return err
-		}
-	}
-	r.processed = true
-	r.leaseID = ""
-	s.endLease(r, now)
-	s.touch(r, now)
-	return nil
 }
 
 func init() {

@@ -1,0 +1,418 @@
+// Package driver is the layer every store of this project sits behind, and
+// the narrow interface a backend implements under it, in the manner of
+// gocloud.dev's blob.Bucket over driver.Bucket.
+//
+// A backend implements [Driver]: it applies batches of claims, completes,
+// releases and marks ([Driver.Apply]), and extends and reads one key at a
+// time. [New] puts the portable [Store] over it, which implements
+// [inbox.LeaseStore] and does, once for every store, what each would
+// otherwise repeat in every method:
+//
+//   - input validation: keys, lease ids, owners, payload hashes and lease
+//     lengths, before anything is sent ([inbox.ErrInvalidArgument]);
+//   - the closed check ([inbox.ErrClosed]) and a context that has already
+//     ended;
+//   - the lease default ([Config.Lease]) and the lease id a caller did not
+//     choose ([inbox.NewLeaseID]);
+//   - the bound on each call ([Config.Timeout]);
+//   - error mapping: what the driver returns wraps an inbox sentinel, or
+//     becomes [inbox.ErrStoreUnavailable]; a deadline wraps both
+//     ErrStoreUnavailable and context.DeadlineExceeded; a canceled caller
+//     gets context.Canceled; every message names the store, the operation
+//     and the key;
+//   - batching ([Config.Batch]) and its statistics ([Store.BatchStats]).
+//
+// # Batching
+//
+// Batching is group commit without timers. A call that finds fewer than
+// [Batch.MaxInFlight] round trips in flight is sent at once, alone, so a
+// single sequential caller never waits for company. Calls that arrive while
+// round trips are in flight wait in a bounded queue and travel together in
+// the next one: at most [Batch.MaxBatch] calls, in the order they were
+// made, as one [Driver.Apply]. A caller whose context ends while its call
+// is queued gets its context's error and the call is never sent. The
+// driver sets a result and an error per call; an error it returns instead
+// (a broken connection, a failed transaction) fails every call of the
+// batch with [inbox.ErrStoreUnavailable]. A batch of several calls runs
+// under a context detached from the callers' cancellation, with the latest
+// of their deadlines, so that a caller who gives up does not cut the round
+// trip of the others.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/batch"
+)
+
+// Kind is the kind of an [Op].
+type Kind uint8
+
+// The kinds of operations a batch carries.
+const (
+	// Claim is [inbox.LeaseStore.TryBegin].
+	Claim Kind = iota + 1
+	// Complete is [inbox.LeaseStore.Complete].
+	Complete
+	// Release is [inbox.LeaseStore.Release].
+	Release
+	// Mark is [inbox.Store.MarkProcessed].
+	Mark
+)
+
+var kindNames = [...]string{Claim: "TryBegin", Complete: "Complete", Release: "Release", Mark: "MarkProcessed"}
+
+// String returns the name of the store method k stands for ("TryBegin",
+// "Complete", "Release", "MarkProcessed").
+func (k Kind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Op is one call carried by a batch. The layer has validated every field.
+type Op struct {
+	Kind Kind
+	Key  string
+
+	// LeaseID is, for a Claim, the id of the lease to grant, never empty
+	// (the layer picks one when the caller did not), and for Complete and
+	// Release the holder's.
+	LeaseID string
+
+	// Lease is the length of a Claim's lease: positive, the default applied.
+	Lease time.Duration
+
+	// Owner and PayloadHash are the Claim's [inbox.BeginOptions] fields.
+	Owner       string
+	PayloadHash string
+}
+
+// Driver is what a backend implements. Its methods are called only with
+// validated arguments, on a store that was not closed, under a context that
+// bounds the call. Errors that are the outcome of one call wrap a sentinel
+// of package inbox: [inbox.ErrLeaseLost] for a Complete or Release whose
+// lease no longer holds the key, [inbox.ErrNotSupported],
+// [inbox.ErrStoreUnavailable] (a backend error whose cause is known, such
+// as a full store); a closed client wraps [inbox.ErrClosed]. Any other
+// error is taken for a failure of the backend and reported as
+// [inbox.ErrStoreUnavailable]. Backend sentinels (redis.Nil,
+// sql.ErrNoRows, mongo.ErrNoDocuments) must not be returned.
+type Driver interface {
+	// Apply runs ops, in one round trip where the backend allows, and sets
+	// res[i] (Claims only) and errs[i] for ops[i]; len(res) and len(errs)
+	// are len(ops). Ops on the same key take effect in slice order (a
+	// Release followed by a Claim of its key acquires it; several Claims of
+	// one key give exactly one Acquired while the lease is live); ops on
+	// different keys may be applied in any order. A non-nil return fails
+	// every op of the batch.
+	Apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error
+
+	// Extend is [inbox.LeaseStore.Extend].
+	Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error)
+
+	// Get is [inbox.LeaseStore.Get].
+	Get(ctx context.Context, key string) (inbox.Record, error)
+
+	// Close releases what the driver holds. The layer calls it once, from
+	// [Store.Close].
+	Close() error
+}
+
+// Config configures [New].
+type Config struct {
+	// Name names the store in errors, e.g. "redis store". Required.
+	Name string
+
+	// Lease is the lease granted when TryBegin asks for none. Required;
+	// positive.
+	Lease time.Duration
+
+	// MaxLease is the longest lease TryBegin and Extend accept; longer ones
+	// fail with [inbox.ErrInvalidLease]. Optional; zero means no bound.
+	MaxLease time.Duration
+
+	// Timeout bounds each call, the time it waits in a batch's queue
+	// included, unless the caller's context ends sooner. Optional; zero or
+	// negative means no bound of the store's own (a store whose calls never
+	// block, such as the memory store).
+	Timeout time.Duration
+
+	// Batch bounds the batching of Apply. Optional; the zero value sends
+	// every call alone, at once.
+	Batch Batch
+}
+
+// Batch configures the group commit of [Driver.Apply]; see "Batching" in
+// the package documentation.
+type Batch struct {
+	// MaxBatch bounds the calls of one Apply. Zero or one turns batching
+	// off: every call is an Apply of its own, made at once, however many
+	// are in flight.
+	MaxBatch int
+	// MaxQueue bounds the calls waiting for a round trip; callers beyond it
+	// wait for room, honouring their context. Default 1024.
+	MaxQueue int
+	// MaxInFlight is how many round trips may be in flight at once; a call
+	// that finds fewer goes out at once. Default 1.
+	MaxInFlight int
+}
+
+// Store is the portable layer over a [Driver]: an [inbox.LeaseStore] that
+// validates input, refuses calls once closed, bounds each call, maps
+// errors to the inbox sentinels and batches Apply. It is safe for
+// concurrent use. Stores embed it and add what is their own (options,
+// statistics, maintenance).
+type Store struct {
+	d      Driver
+	cfg    Config
+	b      *batch.Batcher[Op, inbox.Claim] // nil without batching
+	closed atomic.Bool
+	stats  batchStats
+}
+
+var _ inbox.LeaseStore = (*Store)(nil)
+
+// New returns the portable store over d.
+func New(d Driver, cfg Config) (*Store, error) {
+	switch {
+	case d == nil:
+		return nil, fmt.Errorf("%w: driver is nil", inbox.ErrInvalidArgument)
+	case cfg.Name == "":
+		return nil, fmt.Errorf("%w: driver.Config.Name is required", inbox.ErrInvalidArgument)
+	case cfg.Lease <= 0:
+		return nil, fmt.Errorf("%w: %s: default lease %s must be positive", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
+	case cfg.MaxLease < 0 || (cfg.MaxLease > 0 && cfg.Lease > cfg.MaxLease):
+		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
+	}
+	s := &Store{d: d, cfg: cfg}
+	if cfg.Batch.MaxBatch > 1 {
+		s.b = batch.New(s.apply, batch.Options{MaxBatch: cfg.Batch.MaxBatch, MaxQueue: cfg.Batch.MaxQueue, MaxInFlight: cfg.Batch.MaxInFlight})
+	}
+	return s, nil
+}
+
+// Close makes every later call fail with [inbox.ErrClosed] and closes the
+// driver. Calls in flight finish or fail as the driver's Close leaves them.
+// Closing twice is a no-op.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	return s.d.Close()
+}
+
+// TryBegin implements [inbox.LeaseStore].
+func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+	if err := inbox.ValidateKey(key); err != nil {
+		return inbox.Claim{}, err
+	}
+	if err := opts.Validate(); err != nil {
+		return inbox.Claim{}, err
+	}
+	if err := s.checkLease(opts.Lease); err != nil {
+		return inbox.Claim{}, err
+	}
+	op := Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash}
+	if op.Lease == 0 {
+		op.Lease = s.cfg.Lease
+	}
+	if op.LeaseID == "" {
+		op.LeaseID = inbox.NewLeaseID()
+	}
+	c, err := s.do(ctx, op)
+	if err != nil {
+		return inbox.Claim{}, err
+	}
+	if c.Status < inbox.Acquired || c.Status > inbox.Busy || (c.Status == inbox.Acquired && c.LeaseID == "") {
+		return inbox.Claim{}, s.fail(ctx, "TryBegin", key, fmt.Errorf("%w: the driver answered %+v", inbox.ErrStoreUnavailable, c))
+	}
+	return c, nil
+}
+
+// Complete implements [inbox.LeaseStore].
+func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, Op{Kind: Complete, Key: key, LeaseID: leaseID})
+	return err
+}
+
+// Release implements [inbox.LeaseStore].
+func (s *Store) Release(ctx context.Context, key, leaseID string) error {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, Op{Kind: Release, Key: key, LeaseID: leaseID})
+	return err
+}
+
+// MarkProcessed implements [inbox.Store]. It marks key processed whatever
+// lease is held on it; the holder's Complete then fails with
+// [inbox.ErrLeaseLost].
+func (s *Store) MarkProcessed(ctx context.Context, key string) error {
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, Op{Kind: Mark, Key: key})
+	return err
+}
+
+// Extend implements [inbox.LeaseStore].
+func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return time.Time{}, err
+	}
+	if err := inbox.ValidateLease(lease); err != nil {
+		return time.Time{}, err
+	}
+	if err := s.checkLease(lease); err != nil {
+		return time.Time{}, err
+	}
+	cctx, cancel, err := s.begin(ctx, "Extend", key)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer cancel()
+	until, err := s.d.Extend(cctx, key, leaseID, lease)
+	if err != nil {
+		return time.Time{}, s.fail(cctx, "Extend", key, err)
+	}
+	return until, nil
+}
+
+// Get implements [inbox.LeaseStore].
+func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
+	return s.get(ctx, "Get", key)
+}
+
+// IsProcessed implements [inbox.Store]: a Get whose state is
+// [inbox.StateProcessed].
+func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
+	r, err := s.get(ctx, "IsProcessed", key)
+	return r.State == inbox.StateProcessed, err
+}
+
+func (s *Store) get(ctx context.Context, op, key string) (inbox.Record, error) {
+	if err := inbox.ValidateKey(key); err != nil {
+		return inbox.Record{}, err
+	}
+	cctx, cancel, err := s.begin(ctx, op, key)
+	if err != nil {
+		return inbox.Record{}, err
+	}
+	defer cancel()
+	r, err := s.d.Get(cctx, key)
+	if err != nil {
+		return inbox.Record{}, s.fail(cctx, op, key, err)
+	}
+	return r, nil
+}
+
+// checkLease refuses a lease longer than Config.MaxLease.
+func (s *Store) checkLease(d time.Duration) error {
+	if s.cfg.MaxLease > 0 && d > s.cfg.MaxLease {
+		return fmt.Errorf("%w: lease %s is longer than the %s's limit of %s", inbox.ErrInvalidLease, d, s.cfg.Name, s.cfg.MaxLease)
+	}
+	return nil
+}
+
+// do sends op, through the batcher when batching is on, and maps its error.
+func (s *Store) do(ctx context.Context, op Op) (inbox.Claim, error) {
+	name := op.Kind.String()
+	cctx, cancel, err := s.begin(ctx, name, op.Key)
+	if err != nil {
+		return inbox.Claim{}, err
+	}
+	defer cancel()
+	var c inbox.Claim
+	if s.b != nil {
+		c, err = s.b.Do(cctx, op)
+	} else {
+		ops, res, errs := []Op{op}, make([]inbox.Claim, 1), make([]error, 1)
+		if err = s.apply(cctx, ops, res, errs); err == nil {
+			c, err = res[0], errs[0]
+		}
+	}
+	if err != nil {
+		return inbox.Claim{}, s.fail(cctx, name, op.Key, err)
+	}
+	return c, nil
+}
+
+// apply is one round trip: the driver's Apply, counted.
+func (s *Store) apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error {
+	s.stats.add(len(ops))
+	return s.d.Apply(ctx, ops, res, errs)
+}
+
+// begin checks that the store is open and ctx live, and returns the
+// context of one call, bounded by Config.Timeout unless ctx ends sooner.
+func (s *Store) begin(ctx context.Context, op, key string) (context.Context, context.CancelFunc, error) {
+	if s.closed.Load() {
+		return nil, nil, fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, inbox.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, s.ctxError(op, key, err, err)
+	}
+	if s.cfg.Timeout <= 0 {
+		return ctx, noCancel, nil
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.Timeout {
+		return ctx, noCancel, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	return cctx, cancel, nil
+}
+
+func noCancel() {}
+
+// fail maps err, the error of a call made under callCtx, to the contract:
+// the driver's inbox sentinels are kept; the end of the call's context is
+// context.Canceled for a caller that went away, and a store that did not
+// answer in time (ErrStoreUnavailable and DeadlineExceeded) for a
+// deadline; anything else is ErrStoreUnavailable.
+func (s *Store) fail(callCtx context.Context, op, key string, err error) error {
+	switch {
+	case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrInvalidArgument),
+		errors.Is(err, inbox.ErrNotSupported), errors.Is(err, inbox.ErrClosed):
+		return fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, err)
+	case callCtx.Err() != nil:
+		return s.ctxError(op, key, callCtx.Err(), err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		ctxErr := context.Canceled
+		if errors.Is(err, context.DeadlineExceeded) {
+			ctxErr = context.DeadlineExceeded
+		}
+		return s.ctxError(op, key, ctxErr, err)
+	case errors.Is(err, inbox.ErrStoreUnavailable):
+		return fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, err)
+	}
+	return fmt.Errorf("%s: %s %q: %w: %w", s.cfg.Name, op, key, inbox.ErrStoreUnavailable, err)
+}
+
+// ctxError wraps err for a call ended by its context (ctxErr): a canceled
+// caller gets context.Canceled; a deadline (the caller's or Timeout) means
+// the store did not answer in time, so it wraps both
+// inbox.ErrStoreUnavailable and context.DeadlineExceeded.
+func (s *Store) ctxError(op, key string, ctxErr, err error) error {
+	unavailable := ""
+	var wrapped []any
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		unavailable = "%w: "
+		wrapped = append(wrapped, inbox.ErrStoreUnavailable)
+	}
+	wrapped = append(wrapped, ctxErr)
+	if err == ctxErr || err == nil {
+		return fmt.Errorf("%s: %s %q: "+unavailable+"%w", append([]any{s.cfg.Name, op, key}, wrapped...)...)
+	}
+	return fmt.Errorf("%s: %s %q: "+unavailable+"%w (%w)", append(append([]any{s.cfg.Name, op, key}, wrapped...), err)...)
+}
