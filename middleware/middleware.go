@@ -64,9 +64,9 @@ func New(cfg Config) (*Inbox, error) {
 		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
 		m:       cfg.Metrics,
 		abandon: make(chan struct{}),
+		pace:    outage.Pacer{Min: 50 * time.Millisecond, Max: maxStoreBackoff},
 	}
 	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
-	ib.pace = outage.Pacer{Min: 50 * time.Millisecond, Max: maxStoreBackoff}
 	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
 		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
@@ -87,19 +87,28 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return ib.handle(h, msg) }
 }
 
+// msgCall is one message going through the middleware.
+type msgCall struct {
+	ib      *Inbox
+	h       message.HandlerFunc
+	msg     *message.Message
+	handler string
+	key     string
+}
+
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	handler := message.HandlerNameFromCtx(msg.Context())
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context())}
 	key, _, err := ib.keys.KeyString(msg)
 	if err != nil {
-		return ib.keyError(h, msg, handler, err)
+		return m.keyError(err)
 	}
+	m.key = key
 	if !ib.track() {
 		return nil, errClosed
 	}
 	defer ib.pending.Done()
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler, key: key} // on the stack unless a lease copies it
 	switch {
 	case ib.leases != nil:
 		return m.handleLeased()
@@ -110,40 +119,34 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	}
 }
 
-// msgCall is one message going through the middleware.
-type msgCall struct {
-	ib      *Inbox
-	h       message.HandlerFunc
-	msg     *message.Message
-	handler string
-	key     string
-}
-
 func (m *msgCall) fields() watermill.LogFields {
-	return watermill.LogFields{"message_uuid": m.msg.UUID, "handler_name": m.handler, "inbox_key": m.key}
+	f := watermill.LogFields{"message_uuid": m.msg.UUID, "handler_name": m.handler}
+	if m.key != "" {
+		f["inbox_key"] = m.key
+	}
+	return f
 }
 
 // keyError handles a message whose key cannot be built.
-func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler string, err error) ([]*message.Message, error) {
-	f := watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler}
+func (m *msgCall) keyError(err error) ([]*message.Message, error) {
+	ib := m.ib
 	if !errors.Is(err, inbox.ErrNoKey) {
 		// A configuration problem (no alias, oversized segments): refusing
 		// keeps the message for a fixed deployment.
-		ib.log.Error("Cannot build the inbox key; message nacked", err, f)
+		ib.log.Error("Cannot build the inbox key; message nacked", err, m.fields())
 		return nil, err
 	}
-	ib.m.Outcome(handler, OutcomeNoKey)
+	ib.m.Outcome(m.handler, OutcomeNoKey)
 	if ib.cfg.MissingKey == MissingKeyReject {
-		ib.log.Error("Message has no idempotency key; rejected (MissingKeyReject)", err, f)
+		ib.log.Error("Message has no idempotency key; rejected (MissingKeyReject)", err, m.fields())
 		return nil, err
 	}
-	ib.log.Info("Message has no idempotency key; processing it without deduplication", f.Add(watermill.LogFields{"reason": err.Error()}))
+	ib.log.Info("Message has no idempotency key; processing it without deduplication", m.fields().Add(watermill.LogFields{"reason": err.Error()}))
 	if ib.txs == nil {
-		return h(msg)
+		return m.h(m.msg)
 	}
 	// The handler of a transactional store expects its transaction.
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: handler}
-	claim, err := ib.txs.BeginTx(msg.Context(), "")
+	claim, err := ib.txs.BeginTx(m.msg.Context(), "")
 	if err != nil {
 		return nil, m.storeFailed(OpTryBegin, err)
 	}
@@ -154,8 +157,7 @@ func (ib *Inbox) keyError(h message.HandlerFunc, msg *message.Message, handler s
 // error to return, or nil under FailOpen: the caller then runs the handler
 // without deduplication.
 func (m *msgCall) storeFailed(op string, err error) error {
-	ctx := m.msg.Context()
-	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	if ctx := m.msg.Context(); ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return err // shutting down: the router does not log cancellations
 	}
 	m.ib.m.Outcome(m.handler, OutcomeStoreError)
@@ -198,6 +200,29 @@ func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f f
 	return err
 }
 
+// runHandler runs the handler with the message's context set to ctx, and
+// restores it. If the handler panics or exits its goroutine
+// (runtime.Goexit), abort runs first, then the panic or the exit goes on.
+func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out []*message.Message, err error) {
+	orig := m.msg.Context()
+	m.msg.SetContext(ctx)
+	returned := false
+	defer func() {
+		m.msg.SetContext(orig)
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			abort("handler panicked")
+			panic(r)
+		}
+		abort("handler exited its goroutine")
+	}()
+	out, err = m.h(m.msg)
+	returned = true
+	return out, err
+}
+
 // ---- The leased flow -------------------------------------------------------
 
 // handleLeased claims the key with a lease, runs the handler under it, and
@@ -205,8 +230,7 @@ func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f f
 func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	ib := m.ib
 	ctx := m.msg.Context()
-	instantAcked := isDone(m.msg.Acked())
-	if instantAcked {
+	if isDone(m.msg.Acked()) {
 		// Acked before the handler (InstantAck): subscribers cancel the
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
@@ -218,10 +242,10 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	}
 
 	claim, sent, err := m.claim(ctx, opts)
+	if errors.Is(err, inbox.ErrBusy) {
+		return nil, err
+	}
 	if err != nil {
-		if errors.Is(err, inbox.ErrBusy) {
-			return nil, err
-		}
 		if err := m.storeFailed(OpTryBegin, err); err != nil {
 			return nil, err
 		}
@@ -243,9 +267,8 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		return m.duplicate()
 	case inbox.Acquired:
 		return m.newLease(claim, opts, sent).run()
-	default:
-		return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
 	}
+	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
 }
 
 // busySlack is the "little" added to a holder's remaining lease when waiting
@@ -259,10 +282,10 @@ const busySlack = 250 * time.Millisecond
 // final TryBegin was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	limit := time.Now().Add(m.ib.cfg.MaxBusyWait)
-	var busyWait time.Duration
+	var waited time.Duration
 	defer func() {
-		if busyWait > 0 {
-			m.ib.m.Waited(m.handler, WaitBusy, busyWait)
+		if waited > 0 {
+			m.ib.m.Waited(m.handler, WaitBusy, waited)
 		}
 	}()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
@@ -279,7 +302,7 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 		if d <= 0 {
 			return c, sent, m.busy(c.RetryAfter)
 		}
-		if err := sleep(ctx, d, &busyWait); err != nil {
+		if err := sleep(ctx, d, &waited); err != nil {
 			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, err)
 		}
 	}
@@ -315,18 +338,15 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 	for {
 		d, ok := ib.pace.Reserve(limit)
 		if !ok { // the store is failing, and no slot is free before limit
-			if w := time.Until(limit); w > 0 {
-				if err := sleep(ctx, w, &waited); err != nil {
-					return err
-				}
+			if err := sleep(ctx, time.Until(limit), &waited); err != nil {
+				return err
 			}
 			return err
 		}
 		if err := sleep(ctx, d, &waited); err != nil {
 			return err
 		}
-		err = ib.call(ctx, op, ib.cfg.StoreTimeout, f)
-		if err == nil {
+		if err = ib.call(ctx, op, ib.cfg.StoreTimeout, f); err == nil {
 			ib.pace.OK()
 			ib.health.OK()
 			return nil
@@ -366,11 +386,8 @@ type lease struct {
 	released sync.WaitGroup // done when watch has released after a failed handler
 }
 
-// Causes of the handler context's cancellation other than a lost lease.
-var (
-	errHandlerReturned = errors.New("inbox: handler returned")
-	errHandlerPanicked = errors.New("inbox: handler panicked")
-)
+// errHandlerReturned cancels the handler's context once the lease is over.
+var errHandlerReturned = errors.New("inbox: handler returned")
 
 func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
 	granted := claim.Lease
@@ -389,36 +406,16 @@ func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time
 }
 
 // run executes the handler under the lease, which watch keeps alive.
-func (l *lease) run() (out []*message.Message, err error) {
-	orig := l.msg.Context()
-	hctx, cancel := context.WithCancelCause(orig)
+func (l *lease) run() ([]*message.Message, error) {
+	hctx, cancel := context.WithCancelCause(l.msg.Context())
 	l.cancel = cancel
 	l.ib.pending.Add(1) // the lease's, until watch is done
 	go l.watch()
-
-	l.msg.SetContext(hctx)
-	returned := false
-	defer func() {
-		l.msg.SetContext(orig)
-		if returned {
-			return
-		}
-		// A panic, or runtime.Goexit (r == nil): release before either goes
-		// on.
-		r := recover()
-		if r == nil {
-			l.finish("handler exited its goroutine")
-			return
-		}
-		l.finish("handler panicked")
-		panic(r)
-	}()
-	out, err = l.h(l.msg)
-	returned = true
+	out, err := l.runHandler(hctx, l.failed)
 	if err != nil {
 		// Synchronous: Kafka's subscriber redelivers in-process at once, so
 		// the key must be free before the middleware returns.
-		l.finish("handler failed")
+		l.failed("handler failed")
 		return out, err
 	}
 	// The handler's context stays live until the router acks or nacks: the
@@ -427,8 +424,8 @@ func (l *lease) run() (out []*message.Message, err error) {
 	return out, nil
 }
 
-// finish tells watch that the handler failed and waits for the release.
-func (l *lease) finish(why string) {
+// failed tells watch that the handler failed and waits for the release.
+func (l *lease) failed(why string) {
 	l.cancel(errHandlerReturned)
 	l.released.Add(1)
 	l.handled <- why
@@ -449,9 +446,9 @@ func (l *lease) watch() {
 	handled := l.handled
 	for {
 		select {
-		case failed := <-handled:
-			if failed != "" {
-				l.release(failed, l.failGiveUp())
+		case why := <-handled:
+			if why != "" {
+				l.release(why, l.failGiveUp())
 				l.released.Done()
 				return
 			}
@@ -503,11 +500,10 @@ func (l *lease) extend() (time.Duration, bool) {
 			l.ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
 		}
 		return max(time.Until(l.deadline), 0), true
-	default:
-		l.ib.m.Outcome(l.handler, OutcomeStoreError)
-		l.ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
-		return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0)), true
 	}
+	l.ib.m.Outcome(l.handler, OutcomeStoreError)
+	l.ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
+	return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0)), true
 }
 
 // lose cancels the handler's context: this consumer no longer holds the key.
@@ -550,20 +546,15 @@ func (l *lease) release(why string, giveUp time.Time) {
 	err := l.ib.persist(&l.msgCall, l.base, OpRelease, giveUp, func(ctx context.Context) error {
 		return l.ib.leases.Release(ctx, l.key, l.id)
 	})
-	l.ib.released(&l.msgCall, why, err)
-}
-
-// released counts and logs the end of a release made by persist.
-func (ib *Inbox) released(m *msgCall, why string, err error) {
-	f := m.fields().Add(watermill.LogFields{"reason": why})
+	f := l.fields().Add(watermill.LogFields{"reason": why})
 	switch {
 	case err == nil:
-		ib.m.Outcome(m.handler, OutcomeReleased)
-		ib.log.Debug("Inbox lease released", f)
+		l.ib.m.Outcome(l.handler, OutcomeReleased)
+		l.ib.log.Debug("Inbox lease released", f)
 	case errors.Is(err, inbox.ErrLeaseLost):
-		ib.log.Debug("Inbox lease already gone at its release", f)
+		l.ib.log.Debug("Inbox lease already gone at its release", f)
 	default:
-		ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
+		l.ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
 	}
 }
 
@@ -578,18 +569,12 @@ var errAbandoned = errors.New("inbox: middleware closed before the mark")
 // nacks the message: that would run the handler again. It returns nil when
 // the call landed, else the last error.
 func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
-	err := ib.call(base, op, ib.cfg.StoreTimeout, f)
-	if err == nil {
-		ib.health.OK()
-		return nil
-	}
-	// The retries are a function of their own, so that the frames of the
-	// lease's goroutine stay small on the path every message takes.
-	return ib.retry(m, base, op, giveUp, f, err)
-}
-
-func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
+		err := ib.call(base, op, ib.cfg.StoreTimeout, f)
+		if err == nil {
+			ib.health.OK()
+			return nil
+		}
 		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
@@ -609,10 +594,6 @@ func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.
 		case <-ib.abandon:
 			t.Stop()
 			return errAbandoned
-		}
-		if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
-			ib.health.OK()
-			return nil
 		}
 	}
 }
@@ -642,7 +623,6 @@ func (ib *Inbox) marked(m *msgCall, err error, lost bool) {
 // IsProcessed and both run the handler.
 func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	ib := m.ib
-	base := context.WithoutCancel(m.msg.Context())
 	var done bool
 	err := m.paced(m.msg.Context(), time.Now().Add(ib.cfg.MaxBusyWait), OpIsProcessed, func(ctx context.Context) (err error) {
 		done, err = ib.cfg.Store.IsProcessed(ctx, m.key)
@@ -671,7 +651,7 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 		case <-ib.abandon:
 			return
 		}
-		err := ib.persist(m, base, OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
+		err := ib.persist(m, context.WithoutCancel(m.msg.Context()), OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
 			return ib.cfg.Store.MarkProcessed(ctx, m.key)
 		})
 		ib.marked(m, err, false)
@@ -692,13 +672,12 @@ func (m *msgCall) handleTx() ([]*message.Message, error) {
 		claim, err = m.ib.txs.BeginTx(m.msg.Context(), m.key)
 		return err
 	})
+	var be *inbox.BusyError
 	switch {
+	case errors.As(err, &be):
+		return nil, m.busy(be.RetryAfter)
 	case errors.Is(err, inbox.ErrBusy):
-		var retryAfter time.Duration
-		if be := (*inbox.BusyError)(nil); errors.As(err, &be) {
-			retryAfter = be.RetryAfter
-		}
-		return nil, m.busy(retryAfter)
+		return nil, m.busy(0)
 	case err != nil:
 		return nil, m.storeFailed(OpTryBegin, err)
 	case claim.Status == inbox.Processed:
@@ -710,29 +689,16 @@ func (m *msgCall) handleTx() ([]*message.Message, error) {
 // runTx runs the handler in the claim's transaction and ends it. claimed
 // says whether the transaction holds the key's claim (not for a message
 // without a key): only then are processed and released counted.
-func (m *msgCall) runTx(claim TxClaim, claimed bool) (out []*message.Message, err error) {
+func (m *msgCall) runTx(claim TxClaim, claimed bool) ([]*message.Message, error) {
 	count := func(o Outcome) {
 		if claimed || o == OutcomeStoreError {
 			m.ib.m.Outcome(m.handler, o)
 		}
 	}
-	orig := m.msg.Context()
-	m.msg.SetContext(claim.Context)
-	returned := false
-	defer func() {
-		m.msg.SetContext(orig)
-		if returned {
-			return
-		}
-		r := recover()
-		_ = claim.Finish(nil, errHandlerPanicked)
+	out, err := m.runHandler(claim.Context, func(why string) {
+		_ = claim.Finish(nil, errors.New("inbox: "+why))
 		count(OutcomeReleased)
-		if r != nil {
-			panic(r)
-		}
-	}()
-	out, err = m.h(m.msg)
-	returned = true
+	})
 	if err != nil {
 		count(OutcomeReleased)
 		return nil, claim.Finish(nil, err)
