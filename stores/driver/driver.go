@@ -89,7 +89,9 @@ type Op struct {
 	// Release and Fail the holder's.
 	LeaseID string
 
-	// Lease is the length of a Claim's lease: positive, the default applied.
+	// Lease is the length of a Claim's lease: positive, the default
+	// (Config.Lease) applied; zero only when Config.Lease is zero, for a
+	// backend that picks its own default.
 	Lease time.Duration
 
 	// Owner and PayloadHash are the Claim's [inbox.BeginOptions] fields.
@@ -142,8 +144,9 @@ type Config struct {
 	// Name names the store in errors, e.g. "redis store". Required.
 	Name string
 
-	// Lease is the lease granted when TryBegin asks for none. Required;
-	// positive.
+	// Lease is the lease granted when TryBegin asks for none. Optional:
+	// zero passes Op.Lease zero on to the driver, for a backend that picks
+	// its default itself (a remote service).
 	Lease time.Duration
 
 	// MaxLease is the longest lease TryBegin and Extend accept; longer ones
@@ -201,8 +204,8 @@ func New(d Driver, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: driver is nil", inbox.ErrInvalidArgument)
 	case cfg.Name == "":
 		return nil, fmt.Errorf("%w: driver.Config.Name is required", inbox.ErrInvalidArgument)
-	case cfg.Lease <= 0:
-		return nil, fmt.Errorf("%w: %s: default lease %s must be positive", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
+	case cfg.Lease < 0:
+		return nil, fmt.Errorf("%w: %s: default lease %s is negative", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
 	case cfg.MaxLease < 0 || (cfg.MaxLease > 0 && cfg.Lease > cfg.MaxLease):
 		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
 	}

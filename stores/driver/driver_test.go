@@ -102,7 +102,6 @@ func TestNew_refuses_bad_config(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]driver.Config{
 		"no name":          {Lease: time.Second},
-		"no lease":         {Name: "x"},
 		"lease over max":   {Name: "x", Lease: time.Hour, MaxLease: time.Minute},
 		"negative max":     {Name: "x", Lease: time.Second, MaxLease: -1},
 		"negative default": {Name: "x", Lease: -time.Second},
