@@ -219,3 +219,26 @@ func TestKeyFromCtx_in_the_handler(t *testing.T) {
 		t.Fatalf("outside the middleware: %q", k)
 	}
 }
+
+// A handler whose lease was lost fails without a Fail: the key is someone
+// else's now, so its last attempt cannot make it dead.
+func TestInbox_lost_lease_never_marks_dead(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.setExtendErr(inbox.ErrLeaseLost, false)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxAttempts: 1,
+		Lease: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) {
+		<-m.Context().Done()
+		return nil, m.Context().Err()
+	}, msgFor("lost-1"))
+	if !errors.Is(err, context.Canceled) || errors.Is(err, inbox.ErrDead) {
+		t.Fatalf("handler returned %v, want context.Canceled and not a dead key", err)
+	}
+	if store.releases.Load() != 0 {
+		t.Fatal("the middleware gave back a lease it had lost")
+	}
+	if r := flowRecord(t, store.LeaseStore, "lost-1"); r.State == inbox.StateDead {
+		t.Fatalf("record %+v is dead", r)
+	}
+}

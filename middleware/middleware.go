@@ -608,6 +608,9 @@ func (l *lease) release(why string, giveUp time.Time) {
 // this attempt was the last one allowed (Config.MaxAttempts). A store
 // without Fail (an older remote service) releases instead.
 func (l *lease) fail(why string) {
+	if l.lost {
+		return
+	}
 	cfg := l.ib.cfg
 	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
 	if opts.Dead = cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
