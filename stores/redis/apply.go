@@ -31,12 +31,17 @@ import (
 // it, in one more pipeline.
 func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	seqs := sequences(ops)
-	self := make([]int, len(ops)) // self[i] == i: the one-operation index lists
+	self := indices // self[i:i+1] is the index list of ops[i] alone
+	if len(ops) > len(indices) {
+		self = make([]int, len(ops))
+		for i := range self {
+			self[i] = i
+		}
+	}
 	var calls []*scriptCall
 	var claims []fastClaim
 	p := d.client.Pipeline()
 	for i, op := range ops {
-		self[i] = i
 		if idx, ok := seqs[op.Key]; ok {
 			if idx[0] == i {
 				calls = append(calls, d.call(ops, idx))
@@ -89,6 +94,16 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 	return nil
 }
 
+// indices holds 0, 1, 2, ...: indices[i:i+1] lists the operation i alone.
+// Read only.
+var indices = func() []int {
+	a := make([]int, maxBatch)
+	for i := range a {
+		a[i] = i
+	}
+	return a
+}()
+
 // sequences returns, for each key that appears more than once in ops, the
 // indices of its operations in order; nil when every key appears once.
 func sequences(ops []driver.Op) map[string][]int {
@@ -126,7 +141,11 @@ type scriptCall struct {
 // call returns the call of opsScript that applies ops[idx...], all on one
 // key, in order.
 func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
-	args := make([]any, 2, 2+5*len(idx))
+	n := 2
+	for _, i := range idx {
+		n += argCount[ops[i].Kind]
+	}
+	args := make([]any, 2, n)
 	args[0], args[1] = d.retArgs[0], d.retArgs[1]
 	for _, i := range idx {
 		op := ops[i]
@@ -143,6 +162,9 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 	}
 	return &scriptCall{key: ops[idx[0]].Key, ops: idx, args: args}
 }
+
+// argCount is the number of script arguments of each kind of operation.
+var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1}
 
 // leaseArg is a lease of us microseconds as a script argument.
 func (d *rdb) leaseArg(us int64) any {

@@ -261,24 +261,29 @@
 //
 // BenchmarkTryBeginComplete runs one message's work, TryBegin then Complete
 // on a new key, three ways: this store ("ours"); the same commands (the
-// fast claim's pipeline, then the Complete script) sent by hand through
-// go-redis ("raw-lua": fixed lease id, no validation, timeout or reply
-// checks), which isolates the store's Go-side cost; and SET NX PX
-// then SET ("raw-setnx"), the two-round-trip floor with no fencing, history
-// or clock. Each runs sequentially and with 16 concurrent callers.
-// BenchmarkOverhead_paired alternates ours and raw-lua within each iteration
-// of each caller, so that load drift weighs on both alike, and reports their
-// time ratio, with the default Timeout and with Timeout off.
+// fast claim's pipeline, then the script call of Complete) sent by hand
+// through go-redis ("raw-lua": fixed lease id, no validation, timeout,
+// batching or reply checks), which isolates the store's Go-side cost; and
+// SET NX PX then SET ("raw-setnx"), the two-round-trip floor with no
+// fencing, history or clock. Each runs sequentially and with 16 concurrent
+// callers. BenchmarkOverhead_paired alternates ours and raw-lua within each
+// iteration of each caller, so that load drift weighs on both alike, and
+// reports their time ratio, with the default Timeout and with Timeout off.
 // BenchmarkTryBeginCompleteInterleaved runs the three in turn within every
 // iteration; the harness of make bench (cmd/inboxbench) uses it.
 //
 // What ours adds to raw-lua is the store's Go side: the timer of
 // [Options.Timeout] on every call (none with Timeout off), validation of the
-// key, lease id and owner, the boxing of script arguments and the lease id.
-// What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and the
-// Complete script's work (TIME, decoding and encoding the record, its
-// expiry), the price of lease fencing, attempts, history and one clock.
-// BenchmarkRedisCPU_TryBegin_new_key reports the Redis server's CPU time
-// per claim of a new key (INFO cpu before and after). The measured figures are in BENCHMARKS.md at the
-// repository root.
+// key, lease id and owner, batching, the boxing of script arguments and the
+// lease id. What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and
+// the script call of Complete, the price of lease fencing, attempts,
+// history and one clock.
+//
+// Two benchmarks report what the store costs the Redis server:
+// BenchmarkRedisCPU_TryBegin_new_key its CPU time and command time per
+// claim of a new key, on the shared test server; BenchmarkRedisCPU_message
+// its CPU time, script time and the client's round trips per message
+// (TryBegin and Complete) against Watermill's Deduplicator over Redis and a
+// bare SET NX PX, with one caller and with 16, on a server of its own. The
+// measured figures are in BENCHMARKS.md at the repository root.
 package redisstore
