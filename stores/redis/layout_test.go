@@ -192,6 +192,18 @@ func TestStore_scripts_read_completed_fresh_records(t *testing.T) {
 	if got := rawRecord(t, c, prefix+"k"); got[0] != int64(3) {
 		t.Fatalf("record after Complete = %v, want kind 3", got)
 	}
+	// A lease id of 32 bytes or more is a str 8 in the record: the short way
+	// of Complete finds it all the same.
+	long := strings.Repeat("L", inbox.MaxLeaseIDLen)
+	if cl, err := s.TryBegin(ctx, "long", inbox.BeginOptions{LeaseID: long}); err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin with a long lease id = %+v, %v", cl, err)
+	}
+	if err := s.Complete(ctx, "long", long); err != nil {
+		t.Fatal(err)
+	}
+	if got := rawRecord(t, c, prefix+"long"); got[0] != int64(3) || got[1] != long {
+		t.Fatalf("record after Complete with a long lease id = %v, want kind 3", got)
+	}
 	before, err := s.Get(ctx, "k")
 	if err != nil || before.State != inbox.StateProcessed {
 		t.Fatalf("Get = %+v, %v", before, err)

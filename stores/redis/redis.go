@@ -65,8 +65,9 @@ type Options struct {
 	// Timeout bounds each call of the store, from the moment it is made:
 	// the time it waits queued behind the round trips in flight (see
 	// "Batched round trips" in the package documentation) and its round
-	// trips to Redis (one, or two for a TryBegin of a key that exists),
-	// go-redis's own retries included. A caller whose context ends sooner
+	// trips to Redis (one, or two for a TryBegin of a key that exists, and
+	// one more when the server had lost the store's scripts), go-redis's
+	// own retries included. A caller whose context ends sooner
 	// keeps its own deadline. Optional; default [DefaultTimeout] (5 s);
 	// negative means no bound of the store's own, so only the caller's
 	// context and the client's timeouts apply. The bound reaches the socket

@@ -30,8 +30,9 @@ import "github.com/redis/go-redis/v9"
 //	     with (the retention, rounded up)
 //
 // Strings are MessagePack str (fixstr, str 8, 16 or 32), numbers unsigned
-// integers (positive fixint or uint 64). Times and durations are integers of
-// microseconds on the Redis clock, except ttl, E1 and ttl2.
+// integers (the client writes positive fixint or uint 64, the scripts'
+// cmsgpack.pack the smallest that fits). Times and durations are integers
+// of microseconds on the Redis clock, except ttl, E1 and ttl2.
 //
 // Kinds 0 and 3 hold no time of their own: their times are derived from the
 // key's absolute expiry E (PEXPIRETIME, milliseconds of the Redis clock,
