@@ -59,8 +59,6 @@ func (r *routerResults) chart() string {
 				color = "#9c9c9c"
 			case strings.HasPrefix(v, "deduplicator"):
 				color = "#e15759"
-			case strings.HasSuffix(v, "-pipelined"):
-				color = "#76b7b2"
 			}
 			p(`<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", x0+labelW-6, y+barH-6, html.EscapeString(v))
 			p(`<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x0+labelW, y, w, barH, color)
@@ -71,7 +69,7 @@ func (r *routerResults) chart() string {
 			p(`<text x="%.1f" y="%d">%s</text>`+"\n", float64(x0+labelW)+w+4, y+barH-6, label)
 		}
 	}
-	p(`<text x="%d" y="%d" fill="#555">grey: no middleware; red: Watermill's Deduplicator; blue: the inbox middleware on each store; teal: opt-in pipelined marks</text>`+"\n", padding, height-12)
+	p(`<text x="%d" y="%d" fill="#555">grey: no middleware; red: Watermill's Deduplicator; blue: the inbox middleware on each store</text>`+"\n", padding, height-12)
 	p("</svg>\n")
 	return b.String()
 }

@@ -26,11 +26,6 @@ import (
 // Redis forgets what a crashed run left behind.
 const retention = 15 * time.Minute
 
-// pipelineDelay is the CompleteDelay of the inbox-redis-pipelined variant:
-// longer than the gap between two messages of a busy consumer, short next to
-// a lease.
-const pipelineDelay = 5 * time.Millisecond
-
 // env holds the stores every router trial shares: one Redis client, one
 // PostgreSQL pool and table, one SQLite file, one inboxd in front of Redis.
 // Each trial gets a queue or topic of its own, and so a consumer group and
@@ -38,10 +33,9 @@ const pipelineDelay = 5 * time.Millisecond
 type env struct {
 	run string // unique per run, in key prefixes and table names
 
-	redis          *redis.Client
-	redisStore     *redisstore.Store
-	redisPipelined *redisstore.Store // Options.CompleteDelay: marks ride with the next claim
-	dedupRepo      *redisstore.ExpiringKeyRepository
+	redis      *redis.Client
+	redisStore *redisstore.Store
+	dedupRepo  *redisstore.ExpiringKeyRepository
 
 	pg      *sql.DB
 	pgStore *sqlstore.Store
@@ -104,15 +98,6 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		// "Clients made from a URL" in stores/redis); the Deduplicator's
 		// repository uses e.redis, a go-redis client with its defaults.
 		e.redisStore, err = openRedis(ctx, o.redisURL, map[string]string{"prefix": e.prefix() + "inbox:"})
-		if err != nil {
-			return e, err
-		}
-		// The opt-in pipelined marks. Timeout + CompleteDelay stays within
-		// the middleware's StoreTimeout (5 s), so that, as with the default
-		// store, the middleware adds no timer of its own to each call.
-		e.redisPipelined, err = openRedis(ctx, o.redisURL, map[string]string{
-			"prefix": e.prefix() + "pipelined:", "timeout": "4s", "complete_delay": pipelineDelay.String(),
-		})
 		if err != nil {
 			return e, err
 		}
@@ -181,9 +166,6 @@ func (e *env) close(ctx context.Context) error {
 	}
 	if e.remoteSrv != nil {
 		errs = append(errs, e.remoteSrv.Shutdown(ctx))
-	}
-	if e.redisPipelined != nil {
-		errs = append(errs, e.redisPipelined.Close()) // sends marks still waiting
 	}
 	if e.redisStore != nil {
 		errs = append(errs, e.redisStore.Close())

@@ -59,7 +59,6 @@ func allVariants() []variant {
 			return inboxMiddleware(s, bus, group, func(ctx context.Context) error { return s.Close() })
 		}},
 		inboxVariant("inbox-redis", "redis", func(e *env) inbox.LeaseStore { return e.redisStore }),
-		inboxVariant("inbox-redis-pipelined", "redis", func(e *env) inbox.LeaseStore { return e.redisPipelined }),
 		inboxVariant("inbox-postgres", "postgres", func(e *env) inbox.LeaseStore { return e.pgStore }),
 		inboxVariant("inbox-sqlite", "sqlite", func(e *env) inbox.LeaseStore { return e.liteStore }),
 		inboxVariant("inbox-remote-redis", "remote", func(e *env) inbox.LeaseStore { return e.remoteStore }),

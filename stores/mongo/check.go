@@ -25,22 +25,22 @@ const checkKey = "stores.Open check"
 // (the client connects and authenticates), then looks one key up in the
 // collection (the user may read it). MongoDB creates a collection at its
 // first write, so a missing collection is not an error.
-func (s *Store) check(ctx context.Context, u *url.URL) error {
-	ctx, cancel, err := s.bound(ctx)
+func (b *backend) check(ctx context.Context, u *url.URL) error {
+	ctx, cancel, err := b.bound(ctx)
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	if err := s.clock.sync(ctx, clockSamples); err != nil {
+	if err := b.clock.sync(ctx, clockSamples); err != nil {
 		if errors.Is(err, errServerClock) {
 			return fmt.Errorf("%w: mongo store: %v", inbox.ErrNotSupported, err)
 		}
-		return s.checkError(ctx, u, "reading the server's clock (hello)", err)
+		return b.checkError(ctx, u, "reading the server's clock (hello)", err)
 	}
-	s.logClock()
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: checkKey}}).Err()
+	b.logClock()
+	err = b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: checkKey}}).Err()
 	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
-		return s.checkError(ctx, u, "reading collection "+s.opts.Database+"."+s.opts.Collection, err)
+		return b.checkError(ctx, u, "reading collection "+b.opts.Database+"."+b.opts.Collection, err)
 	}
 	return nil
 }
@@ -56,12 +56,12 @@ const (
 // of configuration wraps stores.ErrMisconfigured and
 // inbox.ErrStoreUnavailable, anything else inbox.ErrStoreUnavailable only.
 // The driver's text is kept, scrubbed of the URL's secrets.
-func (s *Store) checkError(ctx context.Context, u *url.URL, step string, err error) error {
+func (b *backend) checkError(ctx context.Context, u *url.URL, step string, err error) error {
 	user := ""
 	if u.User != nil {
 		user = u.User.Username()
 	}
-	db := s.opts.Database
+	db := b.opts.Database
 	authDB := db
 	if v := u.Query().Get("authSource"); v != "" {
 		authDB = v
@@ -80,7 +80,7 @@ func (s *Store) checkError(ctx context.Context, u *url.URL, step string, err err
 		if u.User == nil {
 			return stores.Misconfigured(fmt.Sprintf("mongo store: the server at %s requires authentication: add user and password to the URL (mongodb://user:password@host/%s)", u.Host, db), cause)
 		}
-		return stores.Misconfigured(fmt.Sprintf("mongo store: %s may not read collection %s.%s at %s: grant it the readWrite role on database %s", who, db, s.opts.Collection, u.Host, db), cause)
+		return stores.Misconfigured(fmt.Sprintf("mongo store: %s may not read collection %s.%s at %s: grant it the readWrite role on database %s", who, db, b.opts.Collection, u.Host, db), cause)
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return fmt.Errorf("mongo store: Open: %s: %w", step, ctx.Err())

@@ -49,7 +49,7 @@ func TestCheckError_classifies_refusals(t *testing.T) {
 		{"network", withUser, errors.New("dial tcp db1:27017: connect: connection refused pw-s3cret"),
 			false, "cannot reach db1:27017"},
 	} {
-		err := s.checkError(ctx, tc.u, "reading collection app.inbox", tc.err)
+		err := s.b.checkError(ctx, tc.u, "reading collection app.inbox", tc.err)
 		if !errors.Is(err, inbox.ErrStoreUnavailable) || errors.Is(err, stores.ErrMisconfigured) != tc.misconfigured {
 			t.Errorf("%s: %v; want ErrStoreUnavailable, misconfigured %v", tc.name, err, tc.misconfigured)
 		}

@@ -64,6 +64,31 @@
 // MarkProcessed is an upsert on {_id, expiresAt > now}, with the same
 // duplicate key fallback for records past their retention.
 //
+// # The portable layer, and round trips
+//
+// [Store] embeds the layer of package
+// [github.com/watermill-inbox/inbox/stores/driver] that every store of this
+// project sits behind. It checks keys, lease ids, owners, payload hashes and
+// leases before anything is sent ([inbox.ErrInvalidArgument]), refuses calls
+// after Close ([inbox.ErrClosed]), fills in Options.Lease and a new lease id
+// when TryBegin names none, bounds each call by Options.Timeout (the
+// caller's own deadline when it is sooner), and maps errors to the sentinels
+// of package inbox with messages that name the store, the operation and the
+// key. What this package adds is MongoDB's own: the documents, the claims
+// above, the server's clock, and the mapping of the driver's errors.
+//
+// The layer does not batch this store's calls: each call makes its own
+// round trips at once, and concurrent calls run concurrently over the
+// client's connection pool. A bulk write cannot keep the fencing on the
+// servers this package supports. MongoDB's update command answers how many
+// documents a batch matched, not which, so a batch of Completes or Releases
+// cannot tell whose lease held. The bulkWrite command, whose answer has a
+// result per operation, is MongoDB 8.0's, and FerretDB 1.24 does not know
+// it. And FerretDB 1.24 ends an unordered batch of upserts at its first
+// duplicate key error, skipping the operations after it and reporting
+// neither the document it inserted nor the right index of the error, so the
+// outcome of each claim would be lost as well.
+//
 // # Clock
 //
 // Lease deadlines and expiry times are on the server's clock, estimated by

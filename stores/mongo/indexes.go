@@ -34,12 +34,13 @@ var ttlRefusedCodes = []int{2, 20, 67, 72, 115, 197, 238}
 // existing index of the same name with other options) are returned, wrapping
 // inbox.ErrStoreUnavailable.
 func (s *Store) EnsureIndexes(ctx context.Context) error {
-	ctx, cancel, err := s.call(ctx)
+	b := s.b
+	ctx, cancel, err := b.bound(ctx)
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	_, err = s.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+	_, err = b.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
 		Keys:    bson.D{{Key: "expiresAt", Value: 1}},
 		Options: options.Index().SetName(TTLIndexName).SetExpireAfterSeconds(0),
 	})
@@ -47,13 +48,13 @@ func (s *Store) EnsureIndexes(ctx context.Context) error {
 		return nil
 	}
 	if ctx.Err() == nil && ttlRefused(err) {
-		s.opts.Logger.Error("mongo store: the server refused the TTL index on expiresAt; "+
+		b.opts.Logger.Error("mongo store: the server refused the TTL index on expiresAt; "+
 			"expired records will not be deleted by the server (reads still ignore them), "+
 			"so delete documents whose expiresAt has passed with a job of your own", err,
-			watermill.LogFields{"database": s.opts.Database, "collection": s.opts.Collection, "index": TTLIndexName})
+			watermill.LogFields{"database": b.opts.Database, "collection": b.opts.Collection, "index": TTLIndexName})
 		return nil
 	}
-	return s.fail(ctx, "EnsureIndexes", err)
+	return b.fail(ctx, "EnsureIndexes", err)
 }
 
 func ttlRefused(err error) bool {

@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // Defaults of [Options].
@@ -104,16 +105,28 @@ func (o Options) Validate() error {
 }
 
 // Store is the MongoDB [inbox.LeaseStore]. It is safe for concurrent use.
+// The portable layer it embeds ([driver.Store]) validates input, refuses
+// calls once closed, fills in the lease and the lease id, bounds each call
+// by Options.Timeout and names the store, the operation and the key in
+// errors; what is MongoDB's own (the documents, the claim algorithm, the
+// server's clock) is in its driver.
 type Store struct {
+	*driver.Store
+	b *backend
+}
+
+var _ inbox.LeaseStore = (*Store)(nil)
+
+// backend is the store's [driver.Driver]: the collection, and the estimate of
+// the server's clock.
+type backend struct {
 	opts   Options
 	client *mongo.Client
 	coll   *mongo.Collection
 	clock  *serverClock
-	owned  bool // Close disconnects the client (opened from a URL)
-	closed atomic.Bool
+	owned  bool        // Close disconnects the client (opened from a URL)
+	closed atomic.Bool // for the calls the layer does not make: EnsureIndexes, the check at Open
 }
-
-var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns a store over client, which the caller keeps owning: Close does
 // not disconnect it. New reads the server's clock (see the package
@@ -127,20 +140,26 @@ func New(ctx context.Context, client *mongo.Client, opts Options) (*Store, error
 	if err != nil {
 		return nil, err
 	}
-	_, cancel, err := s.call(ctx) // reads the server's clock: the store has none yet
+	ctx, cancel, err := s.b.bound(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cancel()
-	s.logClock()
+	defer cancel()
+	if err := s.b.clock.sync(ctx, clockSamples); err != nil {
+		if errors.Is(err, errServerClock) {
+			return nil, fmt.Errorf("%w: mongo store: %v", inbox.ErrNotSupported, err)
+		}
+		return nil, s.b.fail(ctx, "reading the server's clock", err)
+	}
+	s.b.logClock()
 	return s, nil
 }
 
 // logClock logs the clock estimate at debug level.
-func (s *Store) logClock() {
-	bound, offset := s.clock.errorBound()
-	s.opts.Logger.Debug("mongo store: server clock read", watermill.LogFields{
-		"database": s.opts.Database, "collection": s.opts.Collection,
+func (b *backend) logClock() {
+	bound, offset := b.clock.errorBound()
+	b.opts.Logger.Debug("mongo store: server clock read", watermill.LogFields{
+		"database": b.opts.Database, "collection": b.opts.Collection,
 		"clock_offset": offset.String(), "clock_error_bound": bound.String(),
 	})
 }
@@ -155,24 +174,33 @@ func newStore(client *mongo.Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: mongo store: client is nil", inbox.ErrInvalidArgument)
 	}
-	return &Store{
+	b := &backend{
 		opts:   opts,
 		client: client,
 		coll:   client.Database(opts.Database).Collection(opts.Collection),
 		clock:  &serverClock{db: client.Database("admin"), local: opts.LocalClock},
-	}, nil
+	}
+	// No batching: see "Round trips" in the package documentation. A
+	// negative Timeout is the layer's "no bound".
+	ds, err := driver.New(b, driver.Config{Name: "mongo store", Lease: opts.Lease, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: ds, b: b}, nil
 }
 
-// Close makes every later call fail with inbox.ErrClosed. A store opened from
-// a URL disconnects its client; a store built by [New] leaves the caller's
-// client connected.
-func (s *Store) Close() error {
-	if s.closed.Swap(true) || !s.owned {
+// Close implements [driver.Driver]; the layer calls it once, from
+// [Store.Close], after which every call fails with inbox.ErrClosed. A store
+// opened from a URL disconnects its client; a store built by [New] leaves
+// the caller's client connected.
+func (b *backend) Close() error {
+	b.closed.Store(true)
+	if !b.owned {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
-	if err := s.client.Disconnect(ctx); err != nil {
+	if err := b.client.Disconnect(ctx); err != nil {
 		return fmt.Errorf("mongo store: disconnecting: %w: %v", inbox.ErrStoreUnavailable, err)
 	}
 	return nil
@@ -213,48 +241,59 @@ func (d *doc) mismatch(hash string) bool {
 	return hash != "" && d.PayloadHash != "" && d.PayloadHash != hash
 }
 
-// call fails fast on a closed store or a done context and bounds the call by
-// Options.Timeout. A store that has not read the server's clock yet (opened
-// with check=false) reads it first, within that bound. Callers defer
-// cancel.
-func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	ctx, cancel, err := s.bound(ctx)
-	if err != nil {
-		return nil, nil, err
+// ready reads the server's clock when the store has not read it yet (opened
+// with check=false), within the call's bound.
+func (b *backend) ready(ctx context.Context) error {
+	if b.clock.synced.Load() {
+		return nil
 	}
-	if !s.clock.synced.Load() {
-		if err := s.clock.sync(ctx, clockSamples); err != nil {
-			defer cancel()
-			if errors.Is(err, errServerClock) {
-				return nil, nil, fmt.Errorf("%w: mongo store: %v", inbox.ErrNotSupported, err)
-			}
-			return nil, nil, s.fail(ctx, "reading the server's clock", err)
-		}
+	err := b.clock.sync(ctx, clockSamples)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errServerClock):
+		return fmt.Errorf("%w: %v", inbox.ErrNotSupported, err)
+	case ctx.Err() != nil:
+		return ctx.Err()
 	}
-	return ctx, cancel, nil
+	return fmt.Errorf("%w: reading the server's clock: %v", inbox.ErrStoreUnavailable, err)
 }
 
-// bound is call without the clock.
-func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if s.closed.Load() {
+// fault is the error of a call to the driver that failed: the end of the
+// call's context as it is (the layer tells a canceled caller from a
+// deadline), every other fault inbox.ErrStoreUnavailable. The driver's
+// error is kept as text only, so no driver type (mongo.ErrNoDocuments
+// included) leaks through the contract.
+func fault(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: %v", inbox.ErrStoreUnavailable, err)
+}
+
+// bound is, for the calls the layer does not make (New, EnsureIndexes, the
+// check at Open), what the layer does for its own: it fails fast on a closed
+// store or a done context and bounds the call by Options.Timeout. Callers
+// defer cancel.
+func (b *backend) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if b.closed.Load() {
 		return nil, nil, fmt.Errorf("mongo store: %w", inbox.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("mongo store: %w", err)
 	}
-	if s.opts.Timeout < 0 {
+	if b.opts.Timeout < 0 {
 		ctx, cancel := context.WithCancel(ctx)
 		return ctx, cancel, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	return ctx, cancel, nil
 }
 
-// fail maps a driver error to the store's errors: a canceled context stays
-// context.Canceled; a timeout and every server or network fault wrap
-// inbox.ErrStoreUnavailable. The driver's error is kept as text only, so no
-// driver type (mongo.ErrNoDocuments included) leaks through the contract.
-func (s *Store) fail(ctx context.Context, what string, err error) error {
+// fail is fault for the calls the layer does not make: a canceled context
+// stays context.Canceled; a timeout and every server or network fault wrap
+// inbox.ErrStoreUnavailable.
+func (b *backend) fail(ctx context.Context, what string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		if errors.Is(ctxErr, context.Canceled) {
 			return fmt.Errorf("mongo store: %s: %w", what, ctxErr)
@@ -262,13 +301,6 @@ func (s *Store) fail(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("mongo store: %s: %w: no answer in time: %w", what, inbox.ErrStoreUnavailable, ctxErr)
 	}
 	return fmt.Errorf("mongo store: %s: %w: %v", what, inbox.ErrStoreUnavailable, err)
-}
-
-func (s *Store) leaseFor(d time.Duration) time.Duration {
-	if d == 0 {
-		return s.opts.Lease
-	}
-	return d
 }
 
 // deadline is now+d on the millisecond grid of BSON dates.
@@ -283,29 +315,35 @@ const claimRounds = 4
 func lte(t time.Time) bson.D { return bson.D{{Key: "$lte", Value: t}} }
 func gt(t time.Time) bson.D  { return bson.D{{Key: "$gt", Value: t}} }
 
-// TryBegin implements [inbox.LeaseStore]. See the package documentation for
-// the claim algorithm.
-func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Claim{}, err
+// Apply implements [driver.Driver]: the ops one after the other, each its
+// own round trips (the layer sends one op per call: see "Round trips" in
+// the package documentation).
+func (b *backend) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	if err := b.ready(ctx); err != nil {
+		return err
 	}
-	if err := opts.Validate(); err != nil {
-		return inbox.Claim{}, err
+	for i, op := range ops {
+		switch op.Kind {
+		case driver.Claim:
+			res[i], errs[i] = b.claim(ctx, op)
+		case driver.Complete:
+			errs[i] = b.complete(ctx, op.Key, op.LeaseID)
+		case driver.Release:
+			errs[i] = b.release(ctx, op.Key, op.LeaseID)
+		case driver.Mark:
+			errs[i] = b.mark(ctx, op.Key)
+		default:
+			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
+		}
 	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return inbox.Claim{}, err
-	}
-	defer cancel()
-	lease := s.leaseFor(opts.Lease)
-	id := opts.LeaseID
-	if id == "" {
-		id = inbox.NewLeaseID()
-	}
-	what := fmt.Sprintf("TryBegin %q", key)
+	return nil
+}
 
+// claim is TryBegin. See the package documentation for the algorithm.
+func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
+	key, id, lease := op.Key, op.LeaseID, op.Lease
 	for range claimRounds {
-		now := s.clock.now(ctx)
+		now := b.clock.now(ctx)
 		until := deadline(now, lease)
 		acquired := inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: until, Lease: lease}
 
@@ -313,7 +351,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 		// or insert a new one. Any other existing record fails the upsert
 		// with a duplicate key error on _id.
 		var d doc
-		err := s.coll.FindOneAndUpdate(ctx,
+		err := b.coll.FindOneAndUpdate(ctx,
 			bson.D{
 				{Key: "_id", Value: key},
 				{Key: "processed", Value: false},
@@ -324,50 +362,50 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 				{Key: "$set", Value: bson.D{
 					{Key: "leaseId", Value: id},
 					{Key: "leaseUntil", Value: until},
-					{Key: "owner", Value: opts.Owner},
+					{Key: "owner", Value: op.Owner},
 					{Key: "lastSeen", Value: now},
-					{Key: "expiresAt", Value: until.Add(s.opts.Retention)},
+					{Key: "expiresAt", Value: until.Add(b.opts.Retention)},
 				}},
 				{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int64(1)}}},
 				// processed: false comes from the filter's equality, which
 				// an upsert copies into the new document.
 				{Key: "$setOnInsert", Value: bson.D{
 					{Key: "firstSeen", Value: now},
-					{Key: "payloadHash", Value: opts.PayloadHash},
+					{Key: "payloadHash", Value: op.PayloadHash},
 				}},
 			},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After),
 		).Decode(&d)
 		if err == nil {
-			acquired.PayloadMismatch = d.mismatch(opts.PayloadHash)
-			if opts.PayloadHash != "" && d.PayloadHash == "" {
+			acquired.PayloadMismatch = d.mismatch(op.PayloadHash)
+			if op.PayloadHash != "" && d.PayloadHash == "" {
 				// The first hash given for a record seen without one. The
 				// condition keeps the first writer's hash if two race.
-				if _, err := s.coll.UpdateOne(ctx,
+				if _, err := b.coll.UpdateOne(ctx,
 					bson.D{{Key: "_id", Value: key}, {Key: "payloadHash", Value: ""}},
-					bson.D{{Key: "$set", Value: bson.D{{Key: "payloadHash", Value: opts.PayloadHash}}}},
+					bson.D{{Key: "$set", Value: bson.D{{Key: "payloadHash", Value: op.PayloadHash}}}},
 				); err != nil {
-					return inbox.Claim{}, s.fail(ctx, what, err)
+					return inbox.Claim{}, fault(ctx, err)
 				}
 			}
 			return acquired, nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
-			return inbox.Claim{}, s.fail(ctx, what, err)
+			return inbox.Claim{}, fault(ctx, err)
 		}
 
 		// Step 2: the record exists and step 1 could not take it. Read it.
-		err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
+		err = b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			continue // deleted since (TTL monitor): insert again
 		}
 		if err != nil {
-			return inbox.Claim{}, s.fail(ctx, what, err)
+			return inbox.Claim{}, fault(ctx, err)
 		}
 		// Judge the record at a time taken after reading it: the holder may
 		// have stamped it after this call's first reading of the clock, and a
 		// Busy caller must never be told to wait longer than the lease.
-		now = s.clock.now(ctx)
+		now = b.clock.now(ctx)
 		until = deadline(now, lease)
 		acquired.ExpiresAt = until
 		switch {
@@ -376,47 +414,49 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 			// unless someone else replaced it first.
 			fresh := doc{
 				ID: key, LeaseID: id, LeaseUntil: until, Attempts: 1,
-				FirstSeen: now, LastSeen: now, ExpiresAt: until.Add(s.opts.Retention),
-				Owner: opts.Owner, PayloadHash: opts.PayloadHash,
+				FirstSeen: now, LastSeen: now, ExpiresAt: until.Add(b.opts.Retention),
+				Owner: op.Owner, PayloadHash: op.PayloadHash,
 			}
-			res, err := s.coll.ReplaceOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: "expiresAt", Value: lte(now)}}, fresh)
+			res, err := b.coll.ReplaceOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: "expiresAt", Value: lte(now)}}, fresh)
 			if err != nil {
-				return inbox.Claim{}, s.fail(ctx, what, err)
+				return inbox.Claim{}, fault(ctx, err)
 			}
 			if res.MatchedCount == 1 {
 				return acquired, nil
 			}
 		case d.Processed:
-			return inbox.Claim{Status: inbox.Processed, PayloadMismatch: d.mismatch(opts.PayloadHash)}, nil
+			return inbox.Claim{Status: inbox.Processed, PayloadMismatch: d.mismatch(op.PayloadHash)}, nil
 		case now.Before(d.LeaseUntil):
-			if opts.LeaseID == "" || d.LeaseID != opts.LeaseID {
+			// The layer always gives a lease id: the caller's, or a new one
+			// that no record holds.
+			if d.LeaseID != id {
 				return inbox.Claim{
 					Status: inbox.Busy, ExpiresAt: d.LeaseUntil.UTC(), RetryAfter: d.LeaseUntil.Sub(now),
-					PayloadMismatch: d.mismatch(opts.PayloadHash),
+					PayloadMismatch: d.mismatch(op.PayloadHash),
 				}, nil
 			}
 			// A retry by the holder: renew the lease from now, without
 			// counting an attempt.
-			res, err := s.coll.UpdateOne(ctx,
+			res, err := b.coll.UpdateOne(ctx,
 				bson.D{{Key: "_id", Value: key}, {Key: "leaseId", Value: id}, {Key: "processed", Value: false}, {Key: "leaseUntil", Value: gt(now)}},
 				bson.D{{Key: "$set", Value: bson.D{
 					{Key: "leaseUntil", Value: until},
 					{Key: "lastSeen", Value: now},
-					{Key: "expiresAt", Value: until.Add(s.opts.Retention)},
+					{Key: "expiresAt", Value: until.Add(b.opts.Retention)},
 				}}},
 			)
 			if err != nil {
-				return inbox.Claim{}, s.fail(ctx, what, err)
+				return inbox.Claim{}, fault(ctx, err)
 			}
 			if res.MatchedCount == 1 {
-				acquired.PayloadMismatch = d.mismatch(opts.PayloadHash)
+				acquired.PayloadMismatch = d.mismatch(op.PayloadHash)
 				return acquired, nil
 			}
 		}
 		// The record changed between the steps (released, expired, taken,
 		// replaced): look again.
 	}
-	return inbox.Claim{}, fmt.Errorf("mongo store: %s: %w: the record changed under each of %d attempts to claim it", what, inbox.ErrStoreUnavailable, claimRounds)
+	return inbox.Claim{}, fmt.Errorf("%w: the record changed under each of %d attempts to claim it", inbox.ErrStoreUnavailable, claimRounds)
 }
 
 // held is the filter of a live, unprocessed record held by leaseID.
@@ -429,122 +469,92 @@ func held(key, leaseID string, now time.Time) bson.D {
 	}
 }
 
-func lost(key, leaseID string) error {
-	return fmt.Errorf("%w: key %q is not held by lease %q (released, completed, taken over after expiry, or never held)", inbox.ErrLeaseLost, key, leaseID)
+func lost(leaseID string) error {
+	return fmt.Errorf("%w: the key is not held by lease %q (released, completed, taken over after expiry, or never held)", inbox.ErrLeaseLost, leaseID)
 }
 
-// Complete implements [inbox.LeaseStore]. A holder whose lease ran out may
-// still complete while nobody else took the key.
-func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	what := fmt.Sprintf("Complete %q", key)
-	now := s.clock.now(ctx)
-	res, err := s.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
+// complete is Complete. A holder whose lease ran out may still complete
+// while nobody else took the key.
+func (b *backend) complete(ctx context.Context, key, leaseID string) error {
+	now := b.clock.now(ctx)
+	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: "processed", Value: true},
 		{Key: "leaseUntil", Value: noLease},
 		{Key: "lastSeen", Value: now},
-		{Key: "expiresAt", Value: deadline(now, s.opts.Retention)},
+		{Key: "expiresAt", Value: deadline(now, b.opts.Retention)},
 	}}})
 	if err != nil {
-		return s.fail(ctx, what, err)
+		return fault(ctx, err)
 	}
 	if res.MatchedCount == 1 {
 		return nil
 	}
 	// Not held: succeed only when this lease already completed the key.
 	var d doc
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
+	err = b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
-		return fmt.Errorf("%w: key %q has no record", inbox.ErrLeaseLost, key)
+		return fmt.Errorf("%w: the key has no record", inbox.ErrLeaseLost)
 	case err != nil:
-		return s.fail(ctx, what, err)
+		return fault(ctx, err)
 	case d.live(now) && d.Processed && d.LeaseID == leaseID:
 		return nil
 	}
-	return lost(key, leaseID)
+	return lost(leaseID)
 }
 
-// Release implements [inbox.LeaseStore].
-func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	now := s.clock.now(ctx)
-	res, err := s.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
+// release is Release.
+func (b *backend) release(ctx context.Context, key, leaseID string) error {
+	now := b.clock.now(ctx)
+	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: "leaseId", Value: ""},
 		{Key: "leaseUntil", Value: noLease},
 		{Key: "lastSeen", Value: now},
-		{Key: "expiresAt", Value: deadline(now, s.opts.Retention)},
+		{Key: "expiresAt", Value: deadline(now, b.opts.Retention)},
 	}}})
 	if err != nil {
-		return s.fail(ctx, fmt.Sprintf("Release %q", key), err)
+		return fault(ctx, err)
 	}
 	if res.MatchedCount == 0 {
-		return lost(key, leaseID)
+		return lost(leaseID)
 	}
 	return nil
 }
 
-// Extend implements [inbox.LeaseStore].
-func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+// Extend implements [driver.Driver].
+func (b *backend) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	if err := b.ready(ctx); err != nil {
 		return time.Time{}, err
 	}
-	if err := inbox.ValidateLease(lease); err != nil {
-		return time.Time{}, err
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer cancel()
-	now := s.clock.now(ctx)
+	now := b.clock.now(ctx)
 	until := deadline(now, lease)
-	res, err := s.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
+	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: "leaseUntil", Value: until},
 		{Key: "lastSeen", Value: now},
-		{Key: "expiresAt", Value: until.Add(s.opts.Retention)},
+		{Key: "expiresAt", Value: until.Add(b.opts.Retention)},
 	}}})
 	if err != nil {
-		return time.Time{}, s.fail(ctx, fmt.Sprintf("Extend %q", key), err)
+		return time.Time{}, fault(ctx, err)
 	}
 	if res.MatchedCount == 0 {
-		return time.Time{}, lost(key, leaseID)
+		return time.Time{}, lost(leaseID)
 	}
 	return until, nil
 }
 
-// Get implements [inbox.LeaseStore].
-func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
-	if err := inbox.ValidateKey(key); err != nil {
+// Get implements [driver.Driver].
+func (b *backend) Get(ctx context.Context, key string) (inbox.Record, error) {
+	if err := b.ready(ctx); err != nil {
 		return inbox.Record{}, err
 	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return inbox.Record{}, err
-	}
-	defer cancel()
-	now := s.clock.now(ctx)
+	now := b.clock.now(ctx)
 	var d doc
-	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
+	err := b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return inbox.Record{}, nil
 	}
 	if err != nil {
-		return inbox.Record{}, s.fail(ctx, fmt.Sprintf("Get %q", key), err)
+		return inbox.Record{}, fault(ctx, err)
 	}
 	if !d.live(now) {
 		return inbox.Record{}, nil
@@ -563,47 +573,13 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 	return r, nil
 }
 
-// IsProcessed implements [inbox.Store].
-func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return false, err
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer cancel()
-	now := s.clock.now(ctx)
-	err = s.coll.FindOne(ctx,
-		bson.D{{Key: "_id", Value: key}, {Key: "processed", Value: true}, {Key: "expiresAt", Value: gt(now)}},
-		options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}}),
-	).Err()
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return false, nil
-	case err != nil:
-		return false, s.fail(ctx, fmt.Sprintf("IsProcessed %q", key), err)
-	}
-	return true, nil
-}
-
-// MarkProcessed implements [inbox.Store]. It marks key processed whatever
-// lease is held on it; the holder's Complete then fails with
-// inbox.ErrLeaseLost.
-func (s *Store) MarkProcessed(ctx context.Context, key string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	ctx, cancel, err := s.call(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	what := fmt.Sprintf("MarkProcessed %q", key)
+// mark is MarkProcessed: it marks key processed whatever lease is held on
+// it; the holder's Complete then fails with inbox.ErrLeaseLost.
+func (b *backend) mark(ctx context.Context, key string) error {
 	for range claimRounds {
-		now := s.clock.now(ctx)
-		expires := deadline(now, s.opts.Retention)
-		_, err := s.coll.UpdateOne(ctx,
+		now := b.clock.now(ctx)
+		expires := deadline(now, b.opts.Retention)
+		_, err := b.coll.UpdateOne(ctx,
 			bson.D{{Key: "_id", Value: key}, {Key: "expiresAt", Value: gt(now)}},
 			bson.D{
 				{Key: "$set", Value: bson.D{
@@ -626,19 +602,19 @@ func (s *Store) MarkProcessed(ctx context.Context, key string) error {
 			return nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
-			return s.fail(ctx, what, err)
+			return fault(ctx, err)
 		}
 		// A record expired by retention but not deleted yet: replace it.
-		res, err := s.coll.ReplaceOne(ctx,
+		res, err := b.coll.ReplaceOne(ctx,
 			bson.D{{Key: "_id", Value: key}, {Key: "expiresAt", Value: lte(now)}},
 			doc{ID: key, LeaseUntil: noLease, Processed: true, FirstSeen: now, LastSeen: now, ExpiresAt: expires},
 		)
 		if err != nil {
-			return s.fail(ctx, what, err)
+			return fault(ctx, err)
 		}
 		if res.MatchedCount == 1 {
 			return nil
 		}
 	}
-	return fmt.Errorf("mongo store: %s: %w: the record changed under each of %d attempts to mark it", what, inbox.ErrStoreUnavailable, claimRounds)
+	return fmt.Errorf("%w: the record changed under each of %d attempts to mark it", inbox.ErrStoreUnavailable, claimRounds)
 }

@@ -38,7 +38,7 @@ func init() {
 
 // openURL makes a store that owns its client from a MongoDB connection
 // string with the store's parameters. Unless p.Lazy (check=false), it checks
-// the store works before returning it (Store.check).
+// the store works before returning it (backend.check).
 func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	scheme := strings.ToLower(u.Scheme)
 	if u.Fragment != "" || u.Opaque != "" {
@@ -100,11 +100,11 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	s.owned = true
+	s.b.owned = true
 	if p.Lazy {
 		return s, nil
 	}
-	if err := s.check(ctx, u); err != nil {
+	if err := s.b.check(ctx, u); err != nil {
 		_ = s.Close()
 		return nil, err
 	}

@@ -117,6 +117,9 @@ func TestBatching_cluster(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	batchedCalls(t, s)
+	// Batches whose keys are on several nodes, with operations on one key
+	// in order.
+	runBatchOrder(t, c, nil)
 }
 
 func TestBatching_canceled_while_queued(t *testing.T) {

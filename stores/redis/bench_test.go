@@ -137,7 +137,7 @@ func benchImpls(b *testing.B, timeout time.Duration) []benchImpl {
 	retUS := strconv.FormatInt(retention.Microseconds(), 10)
 	// Physical TTLs in milliseconds, as the store passes them.
 	leaseTTLms := (lease + retention).Milliseconds() + 1
-	retTTL := strconv.FormatInt(retention.Milliseconds()+1, 10)
+	retMS := strconv.FormatInt(retention.Milliseconds(), 10)
 
 	return []benchImpl{
 		{"ours", func(ctx context.Context, key string) error {
@@ -161,7 +161,7 @@ func benchImpls(b *testing.B, timeout time.Duration) []benchImpl {
 			if !set.Val() || exp.Val() <= 0 {
 				b.Fatalf("raw claim of %q: SET NX %v, PEXPIRETIME %v", key, set.Val(), exp.Val())
 			}
-			n, err := redisstore.CompleteScript.Run(ctx, c, []string{k}, "lease-id", retUS, retTTL).Int64()
+			n, err := redisstore.OpsScript.Run(ctx, c, []string{k}, retUS, retMS, "C", "lease-id").Int64()
 			if err == nil && n != 1 {
 				b.Fatalf("raw Complete(%q) = %d", key, n)
 			}

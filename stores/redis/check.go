@@ -27,16 +27,19 @@ const checkKey = "stores.Open check"
 // claim's commands on that key (SET and PEXPIRETIME allowed, the server
 // Redis 7.0 or later). ctx is bounded by the store's Timeout.
 func (s *Store) check(ctx context.Context, u *url.URL) error {
-	ctx, cancel, err := s.begin(ctx, "Open", checkKey)
-	if err != nil {
-		return err
+	d := s.d
+	if t := d.opts.Timeout; t > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > t {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, t)
+			defer cancel()
+		}
 	}
-	defer cancel()
 	target := describeTarget(u)
-	if err := s.client.Ping(ctx).Err(); err != nil {
+	if err := d.client.Ping(ctx).Err(); err != nil {
 		return checkError(ctx, target, u, "PING", err)
 	}
-	if c, ok := s.client.(*redis.Client); ok {
+	if c, ok := d.client.(*redis.Client); ok {
 		// A standalone client of a Cluster node gets MOVED for the keys of
 		// the other nodes' slots: most calls would fail. INFO may be
 		// refused by an ACL; that is not the store's business.
@@ -44,21 +47,21 @@ func (s *Store) check(ctx context.Context, u *url.URL) error {
 			return stores.Misconfigured(fmt.Sprintf("redis store: %s is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)", target), nil)
 		}
 	}
-	k := s.opts.Prefix + checkKey
-	v, err := getScript.Run(ctx, s.client, []string{k}).Result()
+	k := d.opts.Prefix + checkKey
+	v, err := getScript.Run(ctx, d.client, []string{k}).Result()
 	if err != nil {
-		return checkError(ctx, target, u, "the store's scripts (EVALSHA, EVAL) on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
+		return checkError(ctx, target, u, "the store's scripts (EVALSHA, EVAL) on keys under prefix "+fmt.Sprintf("%q", d.opts.Prefix), err)
 	}
 	// SET ... XX writes only a key that exists, and the Get script just
 	// found none live here: at most it replaces a record past its expiry.
 	// The server checks the ACL (and knows PEXPIRETIME) before it runs them.
 	if a, ok := v.([]any); ok && len(a) == 1 && a[0] == int64(0) {
-		if err := s.client.SetXX(ctx, k, "", time.Millisecond).Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return checkError(ctx, target, u, "SET on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
+		if err := d.client.SetXX(ctx, k, "", time.Millisecond).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return checkError(ctx, target, u, "SET on keys under prefix "+fmt.Sprintf("%q", d.opts.Prefix), err)
 		}
 	}
-	if err := s.client.PExpireTime(ctx, k).Err(); err != nil {
-		return checkError(ctx, target, u, "PEXPIRETIME (Redis 7.0 or later) on keys under prefix "+fmt.Sprintf("%q", s.opts.Prefix), err)
+	if err := d.client.PExpireTime(ctx, k).Err(); err != nil {
+		return checkError(ctx, target, u, "PEXPIRETIME (Redis 7.0 or later) on keys under prefix "+fmt.Sprintf("%q", d.opts.Prefix), err)
 	}
 	return nil
 }

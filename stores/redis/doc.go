@@ -7,22 +7,27 @@
 //
 // # How it works
 //
-// Every operation is on one Redis key, so it is atomic and valid on Cluster
-// whatever slot the key hashes to. A claim of a key Redis does not hold,
-// nearly every message, is native: SET key record NX PX ttl, pipelined
-// with PEXPIRETIME key in the same round trip (on Cluster both go to the
-// key's node). When SET NX wrote, the key is acquired; its lease began at
-// the time of the SET on the Redis clock, rounded down to the millisecond,
-// which the store reads back from the key's absolute expiry (PEXPIRETIME
-// minus the TTL it gave), so Claim.ExpiresAt comes from Redis's clock, not
-// the consumer's. When the key exists (a duplicate, a busy key, an expired
-// lease to take over, the holder's own retry), SET NX changes nothing and a
-// Lua script decides, one more round trip. Complete, Release, Extend, Get,
-// IsProcessed and MarkProcessed are one Lua script each. Scripts run by
-// their SHA (EVALSHA) with a fallback to EVAL when the server's script
-// cache is empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH).
-// Scripts read the clock with TIME (Redis 7 replicates scripts by their
-// effects, which makes that safe), so consumers with skewed clocks agree.
+// The store is the portable layer of [driver] (input validation, the
+// closed check, the lease default and lease ids, the per-call
+// [Options.Timeout], error mapping, batching) over a driver that speaks
+// Redis. Every operation is on one Redis key, so it is atomic and valid on
+// Cluster whatever slot the key hashes to. A claim of a key Redis does not
+// hold, nearly every message, is native: SET key record NX PX ttl,
+// pipelined with PEXPIRETIME key in the same round trip (on Cluster both go
+// to the key's node). When SET NX wrote, the key is acquired; its lease
+// began at the time of the SET on the Redis clock, rounded down to the
+// millisecond, which the store reads back from the key's absolute expiry
+// (PEXPIRETIME minus the TTL it gave), so Claim.ExpiresAt comes from
+// Redis's clock, not the consumer's. When the key exists (a duplicate, a
+// busy key, an expired lease to take over, the holder's own retry), SET NX
+// changes nothing and a Lua script decides, one more round trip. Complete,
+// Release and MarkProcessed are calls of one Lua script that applies
+// operations to a key; Extend and Get (IsProcessed is a Get) are a script
+// each. Scripts run by their SHA (EVALSHA); a server whose script cache is
+// empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH) gets the
+// same calls again with EVAL, which loads the script. Scripts that need
+// the time read it with TIME (Redis 7 replicates scripts by their effects,
+// which makes that safe), so consumers with skewed clocks agree.
 // PEXPIRETIME needs Redis 7.0 or later.
 //
 // Lease ids are made by the client ([inbox.NewLeaseID], or the caller's
@@ -30,32 +35,39 @@
 // a lost reply finds its own lease (SET NX then fails, and the script
 // renews the holder's lease) and returns Acquired again.
 //
-// Round trips and Redis work per operation:
+// Round trips and Redis work per operation, when it travels alone:
 //
 //	TryBegin of a new key                 1   SET NX PX, PEXPIRETIME
-//	TryBegin of a key that exists         2   the same, then the TryBegin script
+//	TryBegin of a key that exists         2   the same, then the script
 //	  (processed, busy, an expired lease, the holder's retry)
-//	Complete, Release, Extend, Get,       1   a script each
-//	IsProcessed, MarkProcessed
+//	Complete, Release, MarkProcessed      1   a script call each
+//	Extend, Get, IsProcessed              1   a script each
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
 // "inbox:"): a few MessagePack values one after the other, the first the
-// kind of record. A claim of a new key writes a fresh record (kind 0: lease
-// id, owner, payload hash, lease length and the TTL it was written with,
-// no time at all); the scripts derive its times from the key's expiry and
-// rewrite it in the full layout (kind 1 in flight or released, 2
-// processed: lease id, owner, payload hash, lease deadline, lease length,
-// attempts, first seen, last seen, expiry, times in microseconds of the
-// Redis clock) when they change it. scripts.go documents both. Expiry is
-// logical: every script compares the record's expiry with TIME, so a
-// processed key is processed for exactly the retention and a lease ends
-// exactly at its deadline. The physical TTL only cleans up: it is
+// kind of record. scripts.go documents the layout. A claim of a new key
+// writes a fresh record (kind 0: lease id, owner, payload hash, lease length
+// and the TTL it was written with, no time at all). Complete of a fresh
+// record, the message's usual path, is the cheapest script call: it reads
+// the record and its expiry and writes a completed fresh record (kind 3:
+// the same values, the fresh record's expiry and its own TTL), without
+// reading the clock or decoding anything. The times of both kinds are
+// derived from the key's expiry, and they live exactly as long as Redis
+// holds the key. Any other change writes the full layout (kind 1 in flight
+// or released, 2 processed: lease id, owner, payload hash, lease deadline,
+// lease length, attempts, first seen, last seen, expiry, times in
+// microseconds of the Redis clock), whose expiry is logical: every script
+// compares it with TIME, so a processed key is processed for exactly the
+// retention and a lease ends exactly at its deadline. The physical TTL is
 // lease + retention while a record is in flight (an expired lease keeps the
 // record's history, attempts and first seen, for the next TryBegin) and the
 // retention once it is processed or released, never before the logical
-// expiry. The store owns every key under its prefix: a value it did not
-// write there is an error wrapping [inbox.ErrStoreUnavailable] (WRONGTYPE,
-// or an unexpected record), never overwritten.
+// expiry. A fresh or completed record's times are those of its SET rounded
+// down to the millisecond, so its lease or retention ends up to a
+// millisecond before the full length has passed since the SET ran. The
+// store owns every key under its prefix: a value it did not write there is
+// an error wrapping [inbox.ErrStoreUnavailable] (WRONGTYPE, or an
+// unexpected record), never overwritten.
 //
 // Leases and retention are kept in whole microseconds (rounded up) and are
 // at most [MaxDuration] (100 years).
@@ -99,60 +111,38 @@
 //
 // # Batched round trips
 //
-// The claim of a new key (the native SET NX PX and PEXPIRETIME of TryBegin,
-// its first round trip), Complete and Release go through one group-commit
-// batcher per Store, without timers: a call that finds fewer than two of
-// its round trips in flight goes out at once, alone, in the caller's
-// goroutine, so one consumer waits no longer than without batching (its
-// claim never waits behind the mark of its previous message); calls that
-// arrive while two are in flight are queued and travel together in the
-// next one, as one go-redis pipeline (at most 128 calls; on Cluster, go-redis's ClusterClient
-// splits the pipeline per node). Callers that find 4096 calls queued wait for
-// room, honouring their context. Each call keeps its own result (a lost
-// lease is [inbox.ErrLeaseLost] for that call only) and its own Timeout: a
-// batch of several calls runs under a context detached from theirs with
-// the latest of their deadlines, and a caller whose context ends gets its
-// context's error (its call is not sent if it was still queued; if it was,
-// the result is dropped). A connection that fails fails every call of its
-// batch with [inbox.ErrStoreUnavailable]. Calls in one batch are sent in the
-// order they were made, so calls on one key take effect in that order. A
-// script the server lost (NOSCRIPT) is run again on its own, which loads
-// it. The script TryBegin runs for a key that exists, Extend, Get,
-// IsProcessed and MarkProcessed are one round trip each, as before. Sixteen
-// consumers of one Store therefore make far fewer round trips than calls,
-// which is what costs Redis most of its CPU per message (a system call on
-// each side per round trip).
+// TryBegin, Complete, Release and MarkProcessed go through the layer's
+// group commit (see "Batching" in [driver]), without timers: a call that
+// finds fewer than two round trips of its Store in flight goes out at once,
+// alone, in the caller's goroutine, so one consumer waits no longer than
+// without batching (its claim never waits behind the mark of its previous
+// message); calls that arrive while two are in flight are queued and
+// travel together in the next one (at most 128 calls; callers that find
+// 4096 calls queued wait for room, honouring their context). A batch is one
+// go-redis pipeline (on Cluster, go-redis's ClusterClient splits it per
+// node): the native claims of new keys and a script call for each
+// Complete, Release and MarkProcessed. The claims whose key SET NX found
+// then go together in a second pipeline, a script call each. A key that
+// appears more than once in a batch gets a single script call that applies
+// its operations in the order they were made (a Release then a claim of
+// its key acquires it; two claims of a new key give one Acquired), so calls
+// on one key take effect in that order, and no claim in the second
+// pipeline can be overtaken by a later call on its key. Extend, Get and
+// IsProcessed are not batched: one round trip each.
 //
-// # Pipelined marks (opt-in)
-//
-// By default every call is sent as soon as the store is idle, and a consumer that handles one
-// message at a time makes two per message: the TryBegin before the handler
-// (on the message's critical path) and the Complete after the ack (in the
-// background). [Options.CompleteDelay] makes Complete wait, at most that
-// long, for the next TryBegin of the same Store and travel with it in one
-// go-redis pipeline (marks first), or with other Completes when the delay
-// ends. That saves a round trip per message: a write and a read on both
-// sides, go-redis's connection check, and a wake-up of the waiting
-// goroutine; on a small machine where the consumer, Redis and the broker
-// share the cores, those system calls are a large part of a message's cost
-// (see BENCHMARKS.md at the repository root). It does not save Redis's own
-// work, the scripts. What it trades, for at most CompleteDelay:
-//
-//   - a key is marked processed later. Its lease is held meanwhile, so a
-//     duplicate arriving then finds the key busy and waits (the middleware
-//     polls) instead of being dropped at once;
-//   - a consumer that crashes in that window leaves the key unmarked: a later
-//     duplicate runs again once the lease has ended. The default flow has
-//     the same window between the ack and the mark; this widens it;
-//   - a TryBegin that carries marks waits for Redis to run their scripts
-//     first, so the claim of a message can take a little longer while the
-//     round trips saved make the whole cheaper.
-//
-// Each mark still gets its own result (a lost lease is still
-// [inbox.ErrLeaseLost]), the marks are sent under a context detached from
-// the TryBegin that carries them, and Close sends the marks still waiting.
-// A few milliseconds is enough: the next message of a busy consumer comes
-// sooner, and an idle consumer's marks go when the delay ends.
+// Each call keeps its own result (a lost lease is [inbox.ErrLeaseLost] for
+// that call only) and its own Timeout: a batch of several calls runs under
+// a context detached from theirs with the latest of their deadlines, and a
+// caller whose context ends gets its context's error (its call is not sent
+// if it was still queued; if it was, the result is dropped). A connection
+// that fails fails every call of its round trip with
+// [inbox.ErrStoreUnavailable]; on Cluster, those of the failing node.
+// Script calls that find no script (NOSCRIPT) are sent again, with EVAL,
+// in one more pipeline. Sixteen consumers of one Store therefore make far
+// fewer round trips than calls, which is what costs Redis most of its CPU
+// per message (a system call on each side per round trip).
+// [driver.Store.BatchStats] counts the round trips and the calls they
+// carried.
 //
 // # URL form
 //
@@ -165,9 +155,8 @@
 //	redis://[:sentinel-password@]sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379&password=master-password (Sentinel)
 //
 // The store's parameters are retention, lease and check (shared by every
-// store), prefix, timeout (per call), complete_delay
-// ([Options.CompleteDelay]), conn_check (true or false, see below) and
-// cluster (true or false; an addr parameter implies true). Durations are Go
+// store), prefix, timeout (per call), conn_check (true or false, see below)
+// and cluster (true or false; an addr parameter implies true). Durations are Go
 // durations that may start with days: retention=7d, retention=1d12h,
 // timeout=5s. A Cluster URL names no database, or 0.
 // master_name makes a Sentinel client ([redis.NewFailoverClient]): the
@@ -272,24 +261,29 @@
 //
 // BenchmarkTryBeginComplete runs one message's work, TryBegin then Complete
 // on a new key, three ways: this store ("ours"); the same commands (the
-// fast claim's pipeline, then the Complete script) sent by hand through
-// go-redis ("raw-lua": fixed lease id, no validation, timeout or reply
-// checks), which isolates the store's Go-side cost; and SET NX PX
-// then SET ("raw-setnx"), the two-round-trip floor with no fencing, history
-// or clock. Each runs sequentially and with 16 concurrent callers.
-// BenchmarkOverhead_paired alternates ours and raw-lua within each iteration
-// of each caller, so that load drift weighs on both alike, and reports their
-// time ratio, with the default Timeout and with Timeout off.
+// fast claim's pipeline, then the script call of Complete) sent by hand
+// through go-redis ("raw-lua": fixed lease id, no validation, timeout,
+// batching or reply checks), which isolates the store's Go-side cost; and
+// SET NX PX then SET ("raw-setnx"), the two-round-trip floor with no
+// fencing, history or clock. Each runs sequentially and with 16 concurrent
+// callers. BenchmarkOverhead_paired alternates ours and raw-lua within each
+// iteration of each caller, so that load drift weighs on both alike, and
+// reports their time ratio, with the default Timeout and with Timeout off.
 // BenchmarkTryBeginCompleteInterleaved runs the three in turn within every
 // iteration; the harness of make bench (cmd/inboxbench) uses it.
 //
 // What ours adds to raw-lua is the store's Go side: the timer of
 // [Options.Timeout] on every call (none with Timeout off), validation of the
-// key, lease id and owner, the boxing of script arguments and the lease id.
-// What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and the
-// Complete script's work (TIME, decoding and encoding the record, its
-// expiry), the price of lease fencing, attempts, history and one clock.
-// BenchmarkRedisCPU_TryBegin_new_key reports the Redis server's CPU time
-// per claim of a new key (INFO cpu before and after). The measured figures are in BENCHMARKS.md at the
-// repository root.
+// key, lease id and owner, batching, the boxing of script arguments and the
+// lease id. What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and
+// the script call of Complete, the price of lease fencing, attempts,
+// history and one clock.
+//
+// Two benchmarks report what the store costs the Redis server:
+// BenchmarkRedisCPU_TryBegin_new_key its CPU time and command time per
+// claim of a new key, on the shared test server; BenchmarkRedisCPU_message
+// its CPU time, script time and the client's round trips per message
+// (TryBegin and Complete) against Watermill's Deduplicator over Redis and a
+// bare SET NX PX, with one caller and with 16, on a server of its own. The
+// measured figures are in BENCHMARKS.md at the repository root.
 package redisstore

@@ -1,29 +1,24 @@
 package redisstore
 
-import "time"
+import (
+	"context"
 
-// The fresh record and the Complete script, for the benchmark that sends
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
+)
+
+// The fresh record and the operations script, for the benchmark that sends
 // the store's commands through go-redis directly (the overhead of the
 // store's Go side is measured against it).
 var (
-	FreshRecord    = freshRecord
-	CompleteScript = completeScript
+	FreshRecord = freshRecord
+	OpsScript   = opsScript
 )
 
-// PendingMarks is the number of Completes waiting to be sent
-// (Options.CompleteDelay).
-func PendingMarks(s *Store) int {
-	if s.marks == nil {
-		return 0
-	}
-	s.marks.mu.Lock()
-	defer s.marks.mu.Unlock()
-	return len(s.marks.pending)
+// Apply runs ops as one batch of s's driver, as the layer would send them
+// together, and returns each one's result and error.
+func Apply(ctx context.Context, s *Store, ops []driver.Op) ([]inbox.Claim, []error, error) {
+	res, errs := make([]inbox.Claim, len(ops)), make([]error, len(ops))
+	err := s.d.Apply(ctx, ops, res, errs)
+	return res, errs, err
 }
-
-// SetCompleteDelay changes the CompleteDelay of a store made with one,
-// beyond MaxCompleteDelay if need be, so that a test decides when marks go.
-func SetCompleteDelay(s *Store, d time.Duration) { s.opts.CompleteDelay = d }
-
-// OptionsOf is the Options s runs with, defaults applied.
-func OptionsOf(s *Store) Options { return s.opts }

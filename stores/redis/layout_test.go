@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -19,9 +20,11 @@ import (
 
 // The record layout of scripts.go, pinned: a fresh record is the
 // MessagePack values 0, lease id, owner, payload hash, lease (µs) and TTL
-// (ms); a record a script wrote is kind (1 in flight or released, 2
-// processed), lease id, owner, payload hash, lease deadline, lease,
-// attempts, first seen, last seen, expiry.
+// (ms); Complete of a fresh record writes 3 and the same values, then the
+// fresh record's expiry and its own TTL (ms); any other record a script
+// wrote is kind (1 in flight or released, 2 processed), lease id, owner,
+// payload hash, lease deadline, lease, attempts, first seen, last seen,
+// expiry.
 
 // unpackRecord decodes the MessagePack values of a record: strings as
 // string, integers as int64, anything else fails the test.
@@ -100,8 +103,9 @@ func packRecord(vals ...any) string {
 
 // A claim of a new key writes the fresh record with SET NX PX, its times
 // derived from the key's absolute expiry: the claim, Get and a Busy reply
-// agree to the microsecond. Complete rewrites it as a processed record of
-// the full layout, with the retention as its TTL.
+// agree to the microsecond. Complete rewrites it as a completed fresh
+// record with the retention as its TTL, its times derived from the fresh
+// record's expiry and its own.
 func TestStore_record_layout(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
@@ -142,14 +146,89 @@ func TestStore_record_layout(t *testing.T) {
 	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
 		t.Fatal(err)
 	}
+	const retMS = int64(time.Hour / time.Millisecond)
 	got = rawRecord(t, c, prefix+"k")
-	if len(got) != 10 || got[0] != int64(2) || got[1] != "lease-1" || got[2] != owner || got[3] != hash || got[4] != int64(0) ||
-		got[5] != time.Minute.Microseconds() || got[6] != int64(1) || got[7] != acquired || got[8].(int64) < acquired ||
-		got[9] != got[8].(int64)+time.Hour.Microseconds() {
-		t.Fatalf("processed record = %v, want 2, the lease id, owner, hash, 0, the lease, 1 attempt, first seen %d, last seen, last seen + 1h", got, acquired)
+	want = []any{int64(3), "lease-1", owner, hash, time.Minute.Microseconds(), ttlMS, e.Milliseconds(), retMS}
+	if !slices.Equal(got, want) {
+		t.Fatalf("completed record = %v, want %v", got, want)
 	}
-	if ttl := c.PTTL(ctx, prefix+"k").Val(); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
-		t.Fatalf("PTTL after Complete = %s, want about the retention (1h)", ttl)
+	e2, err := c.PExpireTime(ctx, prefix+"k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := time.Until(time.UnixMilli(e2.Milliseconds())); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
+		t.Fatalf("TTL after Complete = %s, want about the retention (1h)", ttl)
+	}
+	completed := (e2.Milliseconds() - retMS) * 1000
+	r, err = s.Get(ctx, "k")
+	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || r.FirstSeen.UnixMicro() != acquired ||
+		r.LastSeen.UnixMicro() != completed || r.Owner != owner || r.PayloadHash != hash || !r.LeaseUntil.IsZero() {
+		t.Fatalf("Get after Complete = %+v, %v; want processed, 1 attempt, first seen %d µs, last seen %d µs", r, err, acquired, completed)
+	}
+	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
+		t.Fatalf("Complete repeated by the completing lease: %v", err)
+	}
+	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
+		t.Fatal("a repeated Complete changed the completed record")
+	}
+}
+
+// The scripts read a completed fresh record: Processed for a claim, lease
+// lost for another lease or for a Release; MarkProcessed rewrites it in the
+// full layout, keeping its history.
+func TestStore_scripts_read_completed_fresh_records(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
+	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-1", Owner: "me", PayloadHash: "hash-1"})
+	if err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin = %+v, %v", cl, err)
+	}
+	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rawRecord(t, c, prefix+"k"); got[0] != int64(3) {
+		t.Fatalf("record after Complete = %v, want kind 3", got)
+	}
+	// A lease id of 32 bytes or more is a str 8 in the record: the short way
+	// of Complete finds it all the same.
+	long := strings.Repeat("L", inbox.MaxLeaseIDLen)
+	if cl, err := s.TryBegin(ctx, "long", inbox.BeginOptions{LeaseID: long}); err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin with a long lease id = %+v, %v", cl, err)
+	}
+	if err := s.Complete(ctx, "long", long); err != nil {
+		t.Fatal(err)
+	}
+	if got := rawRecord(t, c, prefix+"long"); got[0] != int64(3) || got[1] != long {
+		t.Fatalf("record after Complete with a long lease id = %v, want kind 3", got)
+	}
+	before, err := s.Get(ctx, "k")
+	if err != nil || before.State != inbox.StateProcessed {
+		t.Fatalf("Get = %+v, %v", before, err)
+	}
+	if got, err := s.TryBegin(ctx, "k", inbox.BeginOptions{PayloadHash: "hash-2"}); err != nil || got.Status != inbox.Processed || !got.PayloadMismatch {
+		t.Fatalf("TryBegin of the completed key = %+v, %v; want Processed with a payload mismatch", got, err)
+	}
+	if err := s.Complete(ctx, "k", "lease-2"); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Complete by another lease = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Release(ctx, "k", "lease-1"); !errors.Is(err, inbox.ErrLeaseLost) || !strings.Contains(err.Error(), "already processed") {
+		t.Fatalf("Release by the completing lease = %v, want ErrLeaseLost: already processed", err)
+	}
+	if _, err := s.Extend(ctx, "k", "lease-1", time.Minute); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Extend by the completing lease = %v, want ErrLeaseLost", err)
+	}
+	if ok, err := s.IsProcessed(ctx, "k"); err != nil || !ok {
+		t.Fatalf("IsProcessed = %v, %v", ok, err)
+	}
+	if err := s.MarkProcessed(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	got := rawRecord(t, c, prefix+"k")
+	if len(got) != 10 || got[0] != int64(2) || got[1] != "" || got[2] != "me" || got[3] != "hash-1" || got[6] != int64(1) || got[7] != before.FirstSeen.UnixMicro() {
+		t.Fatalf("record after MarkProcessed = %v, want kind 2 with the owner, hash, 1 attempt and first seen %d", got, before.FirstSeen.UnixMicro())
 	}
 }
 

@@ -24,9 +24,8 @@ func init() {
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
 
-// openURL reads the driver's own parameters (prefix, timeout,
-// complete_delay, conn_check, cluster; the mux has taken retention, lease
-// and check) and passes every other one to go-redis, which rejects those it
+// openURL reads the driver's own parameters (prefix, timeout, conn_check,
+// cluster; the mux has taken retention, lease and check) and passes every other one to go-redis, which rejects those it
 // does not know by name. master_name makes a Sentinel client (the URL's host
 // and any addr are Sentinels), addr or cluster=true a Cluster client, and a
 // standalone client otherwise. Unless p.Lazy (check=false), it checks the
@@ -39,9 +38,6 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		return nil, err
 	}
 	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
-		return nil, err
-	}
-	if opts.CompleteDelay, err = stores.PopDuration(q, "complete_delay"); err != nil {
 		return nil, err
 	}
 	connCheck, connCheckSet := false, false
@@ -87,7 +83,7 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 	rest := *u
 	rest.RawQuery = q.Encode()
 	// settings makes the client settings that differ from go-redis's
-	// defaults (see "Clients made from a URL" in the package
+	// defaults (see "Client settings" in the package
 	// documentation), on the fields of whichever options type the URL made.
 	settings := func(ctxTimeout *bool, proto *int, dialer *dialFunc, maxRetries int, dial dialFunc) {
 		*ctxTimeout = true
@@ -142,7 +138,7 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		_ = client.Close()
 		return nil, err
 	}
-	s.owns = true
+	s.d.owns = true
 	if !p.Lazy {
 		if err := s.check(ctx, u); err != nil {
 			_ = s.Close()
@@ -155,7 +151,7 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, check, prefix, timeout, complete_delay, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, check, prefix, timeout, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 

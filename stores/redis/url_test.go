@@ -98,8 +98,7 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 		"redis://127.0.0.1:6379/15?no_such_option=1",      // unknown to go-redis too
 		"redis://127.0.0.1:6379/15?timeout=-1s",           // not positive
 		"redis://127.0.0.1:6379/15?timeout=1s&timeout=2s", // repeated
-		"redis://127.0.0.1:6379/15?complete_delay=2s",     // over MaxCompleteDelay
-		"redis://127.0.0.1:6379/15?complete_delay=-1ms",   // not positive
+		"redis://127.0.0.1:6379/15?complete_delay=5ms",    // a parameter of the past
 		"redis://127.0.0.1:6379/15?cluster=maybe",
 		"redis://127.0.0.1:6379/15?conn_check=sometimes",
 		"redis://127.0.0.1:6379/3?cluster=true", // Cluster has only db 0
@@ -119,6 +118,13 @@ func TestOpenURL_rejects_bad_parameters(t *testing.T) {
 	} {
 		if _, err := stores.Open(ctx, raw); !errors.Is(err, stores.ErrInvalidURL) {
 			t.Errorf("Open(%q): %v, want ErrInvalidURL", raw, err)
+		}
+	}
+	// An unknown parameter is refused by name.
+	for _, name := range []string{"prefx", "no_such_option", "complete_delay"} {
+		_, err := stores.Open(ctx, "redis://127.0.0.1:6379/15?"+name+"=1")
+		if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), name) {
+			t.Errorf("Open with parameter %s: %v, want ErrInvalidURL naming it", name, err)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -20,12 +21,23 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/remote/internal/wire"
 )
 
 // Store is the remote [inbox.LeaseStore]. Build it with [New]. It is safe for
-// concurrent use.
+// concurrent use. The portable layer it embeds ([driver.Store]) validates
+// input, refuses calls once closed, fills in the lease id and names the
+// store, the operation and the key in errors; the protocol is its driver's.
 type Store struct {
+	*driver.Store
+	c *client
+}
+
+var _ inbox.LeaseStore = (*Store)(nil)
+
+// client is the store's [driver.Driver]: protocol v1 over HTTP.
+type client struct {
 	opts   Options
 	base   *url.URL
 	hc     *http.Client
@@ -46,8 +58,6 @@ type Store struct {
 	discFlight chan struct{} // closed when the discovery read in flight ends; nil when none is
 	discRetry  time.Duration // DiscoveryRetry; tests shorten it
 }
-
-var _ inbox.LeaseStore = (*Store)(nil)
 
 // Discovery is what the service's discovery document (GET /v1/inbox) says.
 type Discovery struct {
@@ -104,18 +114,37 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 		hc.Transport = tr
 	}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	s := &Store{opts: opts, base: base, hc: &hc, log: opts.Logger, tokenHint: tokenHint, discRetry: DiscoveryRetry}
+	c := &client{opts: opts, base: base, hc: &hc, log: opts.Logger, tokenHint: tokenHint, discRetry: DiscoveryRetry}
 	if opts.Token != "" {
-		s.auth = "Bearer " + opts.Token
-		s.tokenFrom = tokenFrom
+		c.auth = "Bearer " + opts.Token
+		c.tokenFrom = tokenFrom
 	}
-	return s, nil
+	lease := opts.Lease
+	if lease == 0 {
+		lease = serverLease
+	}
+	// No Timeout of the layer's own: Options.Timeout bounds each HTTP
+	// attempt, the caller's context the whole call. No batching: protocol
+	// v1 has no batch endpoint.
+	ds, err := driver.New(c, driver.Config{Name: "remote store", Lease: lease})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: ds, c: c}, nil
 }
 
-// Close closes idle connections; later calls fail with [inbox.ErrClosed].
-func (s *Store) Close() error {
-	s.closed.Store(true)
-	s.hc.CloseIdleConnections()
+// serverLease is the lease the layer fills in when TryBegin names none and
+// Options.Lease is zero: the client then sends no leaseSeconds, so that the
+// service grants its own default. No lease a caller could mean is this long
+// (292 years).
+const serverLease = time.Duration(math.MaxInt64)
+
+// Close implements [driver.Driver]; the layer calls it once, from
+// [Store.Close]. It closes idle connections; later calls, Discover and
+// Check included, fail with [inbox.ErrClosed].
+func (c *client) Close() error {
+	c.closed.Store(true)
+	c.hc.CloseIdleConnections()
 	return nil
 }
 
@@ -134,16 +163,18 @@ type result struct {
 	header http.Header
 }
 
-// opError builds the error of a failed call. sentinels are wrapped.
+// opError builds the error of a failed call, naming the endpoint; sentinels
+// are wrapped. The layer (or Discover) puts "remote store: " and the
+// operation in front.
 func opError(ep endpoint, format string, args ...any) error {
-	return fmt.Errorf("remote store: %s: "+format, append([]any{ep.name}, args...)...)
+	return fmt.Errorf("%s: "+format, append([]any{ep.name}, args...)...)
 }
 
 // do runs ep with body (nil for GET), retrying when ep.retry and the failure
 // is transient. uncertain is true when an earlier attempt may have reached
 // the server without its answer coming back.
-func (s *Store) do(ctx context.Context, ep endpoint, body []byte) (res result, uncertain bool, err error) {
-	if s.closed.Load() {
+func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, uncertain bool, err error) {
+	if c.closed.Load() {
 		return result{}, false, opError(ep, "%w", inbox.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
@@ -151,35 +182,35 @@ func (s *Store) do(ctx context.Context, ep endpoint, body []byte) (res result, u
 	}
 	attempts := 1
 	if ep.retry {
-		attempts += s.opts.Retries
+		attempts += c.opts.Retries
 	}
 	var lastErr error
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
 			wait := backoff(i, res.header)
-			s.log.Debug("Remote inbox call failed; retrying", watermill.LogFields{
+			c.log.Debug("Remote inbox call failed; retrying", watermill.LogFields{
 				"endpoint": ep.name, "attempt": i + 1, "wait": wait.String(), "error": lastErr.Error()})
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return result{}, uncertain, s.ctxError(ctx, ep, i, lastErr)
+				return result{}, uncertain, c.ctxError(ctx, ep, i, lastErr)
 			case <-t.C:
 			}
 		}
 		var sent bool
-		res, sent, lastErr = s.attempt(ctx, ep, body)
+		res, sent, lastErr = c.attempt(ctx, ep, body)
 		if lastErr == nil && !transientCode(res.code) {
 			return res, uncertain, nil
 		}
 		if ctx.Err() != nil {
-			return result{}, uncertain || sent, s.ctxError(ctx, ep, i+1, lastErr)
+			return result{}, uncertain || sent, c.ctxError(ctx, ep, i+1, lastErr)
 		}
 		if errors.Is(lastErr, ErrProtocol) {
 			return result{}, uncertain || sent, lastErr // a broken answer comes back broken
 		}
 		if lastErr == nil {
-			lastErr = s.statusError(ep, res)
+			lastErr = c.statusError(ep, res)
 			uncertain = true // a 5xx may come after the server acted
 		} else if sent {
 			uncertain = true
@@ -192,7 +223,7 @@ func (s *Store) do(ctx context.Context, ep endpoint, body []byte) (res result, u
 }
 
 // ctxError is the error of a call whose context ended while it was trying.
-func (s *Store) ctxError(ctx context.Context, ep endpoint, attempts int, last error) error {
+func (c *client) ctxError(ctx context.Context, ep endpoint, attempts int, last error) error {
 	cause := ctx.Err()
 	if errors.Is(cause, context.Canceled) {
 		return opError(ep, "%w after %d attempt(s)", cause, attempts)
@@ -229,13 +260,13 @@ func backoff(i int, h http.Header) time.Duration {
 
 // attempt sends one request. sent reports whether the request may have
 // reached the server (false only when the connection could not be made).
-func (s *Store) attempt(ctx context.Context, ep endpoint, body []byte) (res result, sent bool, err error) {
-	actx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res result, sent bool, err error) {
+	actx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
-	u := *s.base
+	u := *c.base
 	u.Path = ""
 	u.RawPath = ""
-	full, err := url.Parse(s.base.EscapedPath() + ep.path)
+	full, err := url.Parse(c.base.EscapedPath() + ep.path)
 	if err != nil {
 		return result{}, false, opError(ep, "%w: %w: building the request URL: %v", inbox.ErrStoreUnavailable, ErrProtocol, err)
 	}
@@ -254,10 +285,10 @@ func (s *Store) attempt(ctx context.Context, ep endpoint, body []byte) (res resu
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "watermill-inbox-remote/v1")
-	if s.auth != "" {
-		req.Header.Set("Authorization", s.auth)
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
 	}
-	resp, err := s.hc.Do(req)
+	resp, err := c.hc.Do(req)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -265,21 +296,21 @@ func (s *Store) attempt(ctx context.Context, ep endpoint, body []byte) (res resu
 		}
 		sent = !isDialError(err)
 		if actx.Err() != nil && ctx.Err() == nil {
-			return result{}, sent, opError(ep, "%w: no answer within %s (Options.Timeout)", inbox.ErrStoreUnavailable, s.opts.Timeout)
+			return result{}, sent, opError(ep, "%w: no answer within %s (Options.Timeout)", inbox.ErrStoreUnavailable, c.opts.Timeout)
 		}
 		return result{}, sent, opError(ep, "%w: %v", inbox.ErrStoreUnavailable, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, s.opts.MaxResponseBytes+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
-			return result{}, true, opError(ep, "%w: answer not read within %s (Options.Timeout)", inbox.ErrStoreUnavailable, s.opts.Timeout)
+			return result{}, true, opError(ep, "%w: answer not read within %s (Options.Timeout)", inbox.ErrStoreUnavailable, c.opts.Timeout)
 		}
 		return result{}, true, opError(ep, "%w: reading the answer: %v", inbox.ErrStoreUnavailable, err)
 	}
-	if int64(len(b)) > s.opts.MaxResponseBytes {
+	if int64(len(b)) > c.opts.MaxResponseBytes {
 		return result{code: resp.StatusCode}, true, opError(ep, "%w: %w: answer (HTTP %d) is over %d bytes (Options.MaxResponseBytes)",
-			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, s.opts.MaxResponseBytes)
+			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, c.opts.MaxResponseBytes)
 	}
 	return result{code: resp.StatusCode, body: b, header: resp.Header}, true, nil
 }
@@ -290,7 +321,7 @@ func isDialError(err error) bool {
 }
 
 // statusError is the error of a non-200 answer.
-func (s *Store) statusError(ep endpoint, res result) error {
+func (c *client) statusError(ep endpoint, res result) error {
 	var e wire.ErrorResponse
 	_ = json.Unmarshal(res.body, &e)
 	detail := http.StatusText(res.code)
@@ -313,7 +344,7 @@ func (s *Store) statusError(ep endpoint, res result) error {
 	case code == http.StatusRequestEntityTooLarge:
 		return opError(ep, "%w: request body is over the server's limit (HTTP 413 %s)", inbox.ErrInvalidArgument, detail)
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return opError(ep, "%w: %w: HTTP %d %s: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail, s.refused())
+		return opError(ep, "%w: %w: HTTP %d %s: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail, c.refused())
 	case code == http.StatusNotFound:
 		return opError(ep, "%w: %w: HTTP 404 %s", inbox.ErrStoreUnavailable, ErrEndpointNotFound, detail)
 	case code == http.StatusNotImplemented:
@@ -329,11 +360,11 @@ func (s *Store) statusError(ep endpoint, res result) error {
 
 // refused says, for an answer 401 or 403, which configuration to fix: the
 // token's source, never the token.
-func (s *Store) refused() string {
-	if s.auth == "" {
-		return "configuration error: the service requires a bearer token and none is configured: " + s.tokenHint
+func (c *client) refused() string {
+	if c.auth == "" {
+		return "configuration error: the service requires a bearer token and none is configured: " + c.tokenHint
 	}
-	return fmt.Sprintf("configuration error: the service refused the bearer token of %s: give it a token the service accepts", s.tokenFrom)
+	return fmt.Sprintf("configuration error: the service refused the bearer token of %s: give it a token the service accepts", c.tokenFrom)
 }
 
 func truncate(s string, n int) string {
@@ -378,24 +409,33 @@ const DiscoveryRetry = 5 * time.Second
 // A read that ends because the caller's context did is not remembered.
 // Concurrent callers share one read.
 func (s *Store) Discover(ctx context.Context) (*Discovery, error) {
+	d, err := s.c.discovery(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("remote store: %w", err)
+	}
+	return d, nil
+}
+
+// discovery is Discover, its errors named by endpoint only.
+func (c *client) discovery(ctx context.Context) (*Discovery, error) {
 	for {
-		s.mu.Lock()
+		c.mu.Lock()
 		switch {
-		case s.disc != nil:
-			d := s.disc
-			s.mu.Unlock()
+		case c.disc != nil:
+			d := c.disc
+			c.mu.Unlock()
 			return d, nil
-		case !s.discAbsent.IsZero() && time.Since(s.discAbsent) < discoveryRecheck:
-			s.mu.Unlock()
+		case !c.discAbsent.IsZero() && time.Since(c.discAbsent) < discoveryRecheck:
+			c.mu.Unlock()
 			return nil, nil
-		case s.discErr != nil && time.Since(s.discErrAt) < s.discRetry:
-			err, age := s.discErr, time.Since(s.discErrAt)
-			s.mu.Unlock()
+		case c.discErr != nil && time.Since(c.discErrAt) < c.discRetry:
+			err, age := c.discErr, time.Since(c.discErrAt)
+			c.mu.Unlock()
 			return nil, fmt.Errorf("%w [remembered from a discovery read %s ago: the service is asked again %s after a failure]",
-				err, age.Round(time.Millisecond), s.discRetry)
-		case s.discFlight != nil:
-			wait := s.discFlight
-			s.mu.Unlock()
+				err, age.Round(time.Millisecond), c.discRetry)
+		case c.discFlight != nil:
+			wait := c.discFlight
+			c.mu.Unlock()
 			select {
 			case <-wait:
 				continue // read what it found
@@ -404,44 +444,44 @@ func (s *Store) Discover(ctx context.Context) (*Discovery, error) {
 			}
 		}
 		flight := make(chan struct{})
-		s.discFlight = flight
-		s.mu.Unlock()
+		c.discFlight = flight
+		c.mu.Unlock()
 
-		d, absent, err := s.readDiscovery(ctx)
+		d, absent, err := c.readDiscovery(ctx)
 
-		s.mu.Lock()
-		s.discFlight = nil
+		c.mu.Lock()
+		c.discFlight = nil
 		close(flight)
 		switch {
 		case err == nil && absent:
-			s.discAbsent, s.discErr = time.Now(), nil
+			c.discAbsent, c.discErr = time.Now(), nil
 		case err == nil:
-			s.disc, s.discErr = d, nil
+			c.disc, c.discErr = d, nil
 		case ctx.Err() == nil:
-			s.discErr, s.discErrAt = err, time.Now()
+			c.discErr, c.discErrAt = err, time.Now()
 		}
-		s.mu.Unlock()
+		c.mu.Unlock()
 		if err == nil && !absent {
-			s.log.Info("Remote inbox service discovered", watermill.LogFields{
-				"base_url": s.base.String(), "version": d.Version, "auth": d.Auth, "lease_policy": d.LeasePolicy,
+			c.log.Info("Remote inbox service discovered", watermill.LogFields{
+				"base_url": c.base.String(), "version": d.Version, "auth": d.Auth, "lease_policy": d.LeasePolicy,
 				"lease_min": d.LeaseMin.String(), "lease_max": d.LeaseMax.String(), "extensions": d.Extensions})
 		}
 		return d, err
 	}
 }
 
-// forgetDiscovery drops what Discover remembers, so that the next call reads
+// forgetDiscovery drops what discovery remembers, so that the next call reads
 // the document again.
-func (s *Store) forgetDiscovery() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.disc, s.discAbsent, s.discErr, s.discErrAt = nil, time.Time{}, nil, time.Time{}
+func (c *client) forgetDiscovery() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.disc, c.discAbsent, c.discErr, c.discErrAt = nil, time.Time{}, nil, time.Time{}
 }
 
 // readDiscovery sends GET /v1/inbox. absent reports a 404: a service without
 // a discovery document.
-func (s *Store) readDiscovery(ctx context.Context) (d *Discovery, absent bool, err error) {
-	res, _, err := s.do(ctx, discoveryEP, nil)
+func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, err error) {
+	res, _, err := c.do(ctx, discoveryEP, nil)
 	if err != nil {
 		return nil, false, err
 	}
@@ -450,7 +490,7 @@ func (s *Store) readDiscovery(ctx context.Context) (d *Discovery, absent bool, e
 	case http.StatusNotFound:
 		return nil, true, nil
 	default:
-		return nil, false, s.statusError(discoveryEP, res)
+		return nil, false, c.statusError(discoveryEP, res)
 	}
 	var w wire.DiscoveryResponse
 	if err := decode(discoveryEP, res, &w); err != nil {
@@ -465,8 +505,8 @@ func (s *Store) readDiscovery(ctx context.Context) (d *Discovery, absent bool, e
 	if w.LeasePolicy != wire.PolicyClamp && w.LeasePolicy != wire.PolicyReject {
 		return nil, false, protoError(discoveryEP, "unknown leasePolicy %q", w.LeasePolicy)
 	}
-	if w.Auth == wire.AuthBearer && s.auth == "" {
-		return nil, false, opError(discoveryEP, "%w: %w: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, s.refused())
+	if w.Auth == wire.AuthBearer && c.auth == "" {
+		return nil, false, opError(discoveryEP, "%w: %w: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, c.refused())
 	}
 	return &Discovery{
 		Version: w.Version, Auth: w.Auth, LeasePolicy: w.LeasePolicy, Extensions: w.Extensions,
@@ -499,7 +539,7 @@ const CheckKey = "inbox-remote:check"
 // since it may come back. [stores.Open] calls Check unless the URL says
 // check=false; [New] does not.
 func (s *Store) Check(ctx context.Context) error {
-	s.forgetDiscovery()
+	s.c.forgetDiscovery()
 	err := func() error {
 		if _, err := s.Discover(ctx); err != nil {
 			return err
@@ -507,7 +547,7 @@ func (s *Store) Check(ctx context.Context) error {
 		_, err := s.Get(ctx, CheckKey)
 		return err
 	}()
-	base := s.base.String()
+	base := s.c.base.String()
 	switch {
 	case err == nil:
 		return nil

@@ -5,7 +5,7 @@ import "time"
 // SetDiscoveryRetry sets how long s remembers a failed discovery read
 // (DiscoveryRetry by default), so that tests need not wait 5 s.
 func SetDiscoveryRetry(s *Store, d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.discRetry = d
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	s.c.discRetry = d
 }

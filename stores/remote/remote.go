@@ -42,7 +42,7 @@
 // [inbox.ErrStoreUnavailable] only. Errors name the token's source (the
 // token file's path, the URL's token= parameter), never the token:
 //
-//	remote store: the inbox service at http://127.0.0.1:8080 refuses this client (remote store: GET /v1/inbox/{key} (key "inbox-remote:check"): inbox: store unavailable: remote store: unauthorized (missing or wrong bearer token): HTTP 401 unauthorized: wrong bearer token: configuration error: the service refused the bearer token of token_file "/run/secrets/inbox": give it a token the service accepts)
+//	remote store: the inbox service at http://127.0.0.1:8080 refuses this client (remote store: Get "inbox-remote:check": GET /v1/inbox/{key}: inbox: store unavailable: remote store: unauthorized (missing or wrong bearer token): HTTP 401 unauthorized: wrong bearer token: configuration error: the service refused the bearer token of token_file "/run/secrets/inbox": give it a token the service accepts)
 //
 // With check=false, Open sends nothing: the same mistakes fail the first
 // calls instead. [New] does no I/O either; call [Store.Check] after it to
@@ -98,9 +98,10 @@
 //     [inbox.ErrInvalidLeaseID] or [inbox.ErrInvalidArgument] by their error
 //     code; input is also checked before it is sent. Redirects are never
 //     followed.
-//   - Errors name the endpoint ("remote store: POST /v1/inbox/try-begin: ...")
-//     and wrap the sentinels of package inbox; a canceled context comes back
-//     wrapping [context.Canceled].
+//   - Errors name the operation, the key and the endpoint ("remote store:
+//     TryBegin "k": POST /v1/inbox/try-begin: ...") and wrap the sentinels
+//     of package inbox; a canceled context comes back wrapping
+//     [context.Canceled].
 //   - Leases travel in whole seconds: a lease that is not a whole number of
 //     seconds is rounded up. The lease granted is the server's leaseSeconds
 //     answer (ext.); without it, the lease asked for. Busy's RetryAfter is the
@@ -112,6 +113,23 @@
 //     every key round-trips.
 //   - IsProcessed is GET /v1/inbox/{key}; MarkProcessed is mark-processed
 //     without leaseId, the inbox ADR's unleased mark.
+//
+// # The portable layer
+//
+// [Store] embeds the layer of package
+// [github.com/watermill-inbox/inbox/stores/driver] that every store of this
+// project sits behind. It checks keys, lease ids, owners, payload hashes and
+// leases before a request is made ([inbox.ErrInvalidArgument]), refuses
+// calls after Close ([inbox.ErrClosed]), makes the lease id a TryBegin
+// without one sends, and names the store, the operation and the key in
+// errors. The layer adds no bound of its own to a call: [Options.Timeout]
+// stays the bound of each HTTP attempt, and the caller's context bounds the
+// whole call. What is the protocol's stays here: discovery, the 404 rule,
+// retries, the token, and errors that name the endpoint.
+//
+// The layer does not batch this store's calls: protocol v1 has no endpoint
+// that carries several calls, so each call is its own request, sent at once,
+// and concurrent calls travel over concurrent connections.
 //
 // # Performance
 //

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/remote/internal/wire"
 )
 
@@ -18,72 +19,82 @@ var (
 	extendEP   = endpoint{method: http.MethodPost, path: wire.Extend, name: "POST " + wire.Extend, retry: true}
 )
 
+// getEP is GET /v1/inbox/{key}; the layer names the key in errors.
 func getEP(key string) endpoint {
-	return endpoint{method: http.MethodGet, path: wire.KeyPrefix + wire.EscapeKey(key), name: fmt.Sprintf("GET /v1/inbox/{key} (key %q)", key), retry: true}
+	return endpoint{method: http.MethodGet, path: wire.KeyPrefix + wire.EscapeKey(key), name: "GET /v1/inbox/{key}", retry: true}
 }
 
-// discover reads discovery before a call to ep that needs it.
-func (s *Store) discover(ctx context.Context, ep endpoint) (*Discovery, error) {
-	d, err := s.Discover(ctx)
+// discoverFor reads discovery before a call to ep that needs it.
+func (c *client) discoverFor(ctx context.Context, ep endpoint) (*Discovery, error) {
+	d, err := c.discovery(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w (needed before %s)", err, ep.name)
 	}
 	return d, nil
 }
 
-// leaseSeconds is d in whole seconds, rounded up.
+// leaseSeconds is d in whole seconds, rounded up; nil (the service's
+// default) for serverLease.
 func leaseSeconds(d time.Duration) *int64 {
-	if d <= 0 {
+	if d <= 0 || d == serverLease {
 		return nil
 	}
-	n := int64((d + time.Second - 1) / time.Second)
+	n := int64(d / time.Second)
+	if d%time.Second != 0 {
+		n++
+	}
 	return &n
 }
 
 // post sends a JSON body to ep after reading discovery, and returns the 200
 // answer or the error of any other.
-func (s *Store) post(ctx context.Context, ep endpoint, v any) (result, bool, error) {
+func (c *client) post(ctx context.Context, ep endpoint, v any) (result, bool, error) {
 	body, err := json.Marshal(v)
 	if err != nil {
 		return result{}, false, opError(ep, "%w: encoding the request: %v", inbox.ErrInvalidArgument, err)
 	}
-	res, uncertain, err := s.do(ctx, ep, body)
+	res, uncertain, err := c.do(ctx, ep, body)
 	if err != nil {
 		return result{}, uncertain, err
 	}
 	if res.code != http.StatusOK {
-		return result{}, uncertain, s.statusError(ep, res)
+		return result{}, uncertain, c.statusError(ep, res)
 	}
 	return res, uncertain, nil
 }
 
-// TryBegin implements [inbox.LeaseStore]. It always sends a lease id (the
-// caller's or a new one), so that it can be retried safely.
-func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Claim{}, err
+// Apply implements [driver.Driver]: one request per op, in order (the layer
+// sends one op per call: protocol v1 has no batch endpoint).
+func (c *client) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	for i, op := range ops {
+		switch op.Kind {
+		case driver.Claim:
+			res[i], errs[i] = c.tryBegin(ctx, op)
+		case driver.Complete:
+			errs[i] = c.complete(ctx, op.Key, op.LeaseID)
+		case driver.Release:
+			errs[i] = c.release(ctx, op.Key, op.LeaseID)
+		case driver.Mark:
+			errs[i] = c.markProcessed(ctx, op.Key)
+		default:
+			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
+		}
 	}
-	if err := opts.Validate(); err != nil {
-		return inbox.Claim{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return inbox.Claim{}, opError(tryBeginEP, "%w", err)
-	}
-	d, err := s.discover(ctx, tryBeginEP)
+	return nil
+}
+
+// tryBegin is try-begin. It always sends a lease id (the caller's, or the
+// one the layer made), so that it can be retried safely where the service
+// honours it.
+func (c *client) tryBegin(ctx context.Context, op driver.Op) (inbox.Claim, error) {
+	d, err := c.discoverFor(ctx, tryBeginEP)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
-	lease := opts.Lease
-	if lease == 0 {
-		lease = s.opts.Lease
-	}
-	req := wire.TryBeginRequest{Key: key, Owner: opts.Owner, LeaseSeconds: leaseSeconds(lease), LeaseID: opts.LeaseID, PayloadHash: opts.PayloadHash}
-	if req.LeaseID == "" {
-		req.LeaseID = inbox.NewLeaseID()
-	}
+	req := wire.TryBeginRequest{Key: op.Key, Owner: op.Owner, LeaseSeconds: leaseSeconds(op.Lease), LeaseID: op.LeaseID, PayloadHash: op.PayloadHash}
 	ep := tryBeginEP
 	ep.retry = d.Has(wire.ExtLeaseID)
-	res, _, err := s.post(ctx, ep, req)
+	res, _, err := c.post(ctx, ep, req)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
@@ -95,7 +106,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err != nil {
 		return inbox.Claim{}, protoError(ep, "unknown status %q (want Acquired, Processed or Busy)", w.Status)
 	}
-	c := inbox.Claim{Status: st, PayloadMismatch: w.PayloadMismatch}
+	claim := inbox.Claim{Status: st, PayloadMismatch: w.PayloadMismatch}
 	switch st {
 	case inbox.Acquired:
 		if err := inbox.ValidateLeaseID(w.LeaseID); err != nil {
@@ -104,35 +115,35 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 		if w.ExpiresAt == nil {
 			return inbox.Claim{}, protoError(ep, "Acquired without expiresAt")
 		}
-		c.LeaseID, c.ExpiresAt = w.LeaseID, *w.ExpiresAt
+		claim.LeaseID, claim.ExpiresAt = w.LeaseID, *w.ExpiresAt
 		switch {
 		case w.LeaseSeconds > 0:
-			c.Lease = time.Duration(w.LeaseSeconds) * time.Second
+			claim.Lease = time.Duration(w.LeaseSeconds) * time.Second
 		case req.LeaseSeconds != nil:
-			c.Lease = time.Duration(*req.LeaseSeconds) * time.Second
+			claim.Lease = time.Duration(*req.LeaseSeconds) * time.Second
 		case d != nil && d.LeaseDefault > 0:
-			c.Lease = d.LeaseDefault
+			claim.Lease = d.LeaseDefault
 		default:
-			c.Lease = inbox.DefaultLease
+			claim.Lease = inbox.DefaultLease
 		}
 	case inbox.Busy:
 		if w.ExpiresAt == nil {
 			return inbox.Claim{}, protoError(ep, "Busy without expiresAt")
 		}
-		c.ExpiresAt = *w.ExpiresAt
+		claim.ExpiresAt = *w.ExpiresAt
 		if w.RetryAfterMs > 0 {
-			c.RetryAfter = time.Duration(w.RetryAfterMs) * time.Millisecond
+			claim.RetryAfter = time.Duration(w.RetryAfterMs) * time.Millisecond
 		} else {
-			c.RetryAfter = max(time.Until(c.ExpiresAt), 0)
+			claim.RetryAfter = max(time.Until(claim.ExpiresAt), 0)
 		}
 	}
-	return c, nil
+	return claim, nil
 }
 
 // holderCall sends a mark-processed, release or extend with a lease id and
 // returns the answered status.
-func (s *Store) holderCall(ctx context.Context, ep endpoint, req wire.LeaseRequest, ok string) (wire.StatusResponse, bool, error) {
-	res, uncertain, err := s.post(ctx, ep, req)
+func (c *client) holderCall(ctx context.Context, ep endpoint, req wire.LeaseRequest, ok string) (wire.StatusResponse, bool, error) {
+	res, uncertain, err := c.post(ctx, ep, req)
 	if err != nil {
 		return wire.StatusResponse{}, uncertain, err
 	}
@@ -146,73 +157,64 @@ func (s *Store) holderCall(ctx context.Context, ep endpoint, req wire.LeaseReque
 	return w, uncertain, nil
 }
 
-func lost(ep endpoint, key, leaseID string) error {
-	return opError(ep, "%w: key %q is not held by lease %q", inbox.ErrLeaseLost, key, leaseID)
+func lost(ep endpoint, leaseID string) error {
+	return opError(ep, "%w: the key is not held by lease %q", inbox.ErrLeaseLost, leaseID)
 }
 
-// Complete implements [inbox.LeaseStore] with mark-processed.
-func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return opError(markEP, "%w", err)
-	}
-	w, _, err := s.holderCall(ctx, markEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusProcessed)
+// complete is Complete, with mark-processed.
+func (c *client) complete(ctx context.Context, key, leaseID string) error {
+	w, _, err := c.holderCall(ctx, markEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusProcessed)
 	if err != nil {
 		return err
 	}
 	if w.Status == wire.StatusLeaseLost {
-		return lost(markEP, key, leaseID)
+		return lost(markEP, leaseID)
 	}
 	return nil
 }
 
-// Release implements [inbox.LeaseStore]. A LeaseLost heard by a retry after
-// an attempt whose answer was lost returns nil: see the package
-// documentation.
-func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return opError(releaseEP, "%w", err)
-	}
-	w, uncertain, err := s.holderCall(ctx, releaseEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusReleased)
+// release is Release. A LeaseLost heard by a retry after an attempt whose
+// answer was lost returns nil: see the package documentation.
+func (c *client) release(ctx context.Context, key, leaseID string) error {
+	w, uncertain, err := c.holderCall(ctx, releaseEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusReleased)
 	if err != nil {
 		return err
 	}
 	if w.Status == wire.StatusLeaseLost && !uncertain {
-		return lost(releaseEP, key, leaseID)
+		return lost(releaseEP, leaseID)
 	}
 	return nil
 }
 
-// Extend implements [inbox.LeaseStore]. It fails with [inbox.ErrNotSupported]
+// markProcessed is MarkProcessed: mark-processed without a lease id, the
+// inbox ADR's unleased mark.
+func (c *client) markProcessed(ctx context.Context, key string) error {
+	w, _, err := c.holderCall(ctx, markEP, wire.LeaseRequest{Key: key}, wire.StatusProcessed)
+	if err != nil {
+		return err
+	}
+	if w.Status != wire.StatusProcessed {
+		return protoError(markEP, "status %q for a mark without lease id, want Processed", w.Status)
+	}
+	return nil
+}
+
+// Extend implements [driver.Driver]. It fails with [inbox.ErrNotSupported]
 // when the service's discovery document does not list the extend extension.
-func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return time.Time{}, err
-	}
-	if err := inbox.ValidateLease(lease); err != nil {
-		return time.Time{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return time.Time{}, opError(extendEP, "%w", err)
-	}
-	d, err := s.discover(ctx, extendEP)
+func (c *client) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	d, err := c.discoverFor(ctx, extendEP)
 	if err != nil {
 		return time.Time{}, err
 	}
 	if !d.Has(wire.ExtExtend) {
 		return time.Time{}, opError(extendEP, "%w: the service does not list the extend extension in its discovery document", inbox.ErrNotSupported)
 	}
-	w, _, err := s.holderCall(ctx, extendEP, wire.LeaseRequest{Key: key, LeaseID: leaseID, LeaseSeconds: leaseSeconds(lease)}, wire.StatusExtended)
+	w, _, err := c.holderCall(ctx, extendEP, wire.LeaseRequest{Key: key, LeaseID: leaseID, LeaseSeconds: leaseSeconds(lease)}, wire.StatusExtended)
 	if err != nil {
 		return time.Time{}, err
 	}
 	if w.Status == wire.StatusLeaseLost {
-		return time.Time{}, lost(extendEP, key, leaseID)
+		return time.Time{}, lost(extendEP, leaseID)
 	}
 	if w.ExpiresAt == nil {
 		return time.Time{}, protoError(extendEP, "Extended without expiresAt")
@@ -220,20 +222,15 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 	return *w.ExpiresAt, nil
 }
 
-// Get implements [inbox.LeaseStore] with GET /v1/inbox/{key}.
-func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Record{}, err
-	}
+// Get implements [driver.Driver] with GET /v1/inbox/{key}; the layer's
+// IsProcessed is a Get too.
+func (c *client) Get(ctx context.Context, key string) (inbox.Record, error) {
 	ep := getEP(key)
-	if err := ctx.Err(); err != nil {
-		return inbox.Record{}, opError(ep, "%w", err)
-	}
-	d, err := s.discover(ctx, ep)
+	d, err := c.discoverFor(ctx, ep)
 	if err != nil {
 		return inbox.Record{}, err
 	}
-	res, _, err := s.do(ctx, ep, nil)
+	res, _, err := c.do(ctx, ep, nil)
 	if err != nil {
 		return inbox.Record{}, err
 	}
@@ -244,7 +241,7 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 		return inbox.Record{}, opError(ep, "%w: %w: HTTP 404 from a service without a discovery document: a wrong base URL, not read as NotFound",
 			inbox.ErrStoreUnavailable, ErrEndpointNotFound)
 	case res.code != http.StatusOK:
-		return inbox.Record{}, s.statusError(ep, res)
+		return inbox.Record{}, c.statusError(ep, res)
 	}
 	var w wire.RecordResponse
 	if err := decode(ep, res, &w); err != nil {
@@ -268,29 +265,4 @@ func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
 		r.LeaseUntil = *w.LeaseUntil
 	}
 	return r, nil
-}
-
-// IsProcessed implements [inbox.Store] with GET /v1/inbox/{key}.
-func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
-	r, err := s.Get(ctx, key)
-	return r.State == inbox.StateProcessed, err
-}
-
-// MarkProcessed implements [inbox.Store] with mark-processed without a lease
-// id: the inbox ADR's unleased mark.
-func (s *Store) MarkProcessed(ctx context.Context, key string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return opError(markEP, "%w", err)
-	}
-	w, _, err := s.holderCall(ctx, markEP, wire.LeaseRequest{Key: key}, wire.StatusProcessed)
-	if err != nil {
-		return err
-	}
-	if w.Status != wire.StatusProcessed {
-		return protoError(markEP, "status %q for a mark without lease id, want Processed", w.Status)
-	}
-	return nil
 }

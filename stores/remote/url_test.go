@@ -162,6 +162,12 @@ func TestClient_lease_granted_by_server(t *testing.T) {
 			t.Errorf("asked %s: granted %s, %v; want %s", asked, c.Lease, err, granted)
 		}
 	}
+	// A client without Options.Lease asks for none: the service grants its
+	// own default, not the client's.
+	dflt := newClient(t, remote.Options{URL: serve(t, server.Config{Store: newMemory(t, 0), LeaseDefault: 50 * time.Second})})
+	if c, err := dflt.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired || c.Lease != 50*time.Second {
+		t.Errorf("TryBegin without a lease = %+v, %v; want Acquired with the service's 50s default", c, err)
+	}
 	reject := newClient(t, remote.Options{URL: serve(t, server.Config{Store: newMemory(t, 0), LeaseMin: 30 * time.Second, LeasePolicy: server.PolicyReject})})
 	_, err := reject.TryBegin(ctx, "k", inbox.BeginOptions{Lease: 5 * time.Second})
 	checkErr(t, "a lease under the minimum with reject", err, "try-begin", inbox.ErrInvalidLease, inbox.ErrInvalidArgument)

@@ -338,6 +338,9 @@ func testNoDriverErrors(t *testing.T, client *mongo.Client) {
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			t.Errorf("%s of an unknown key leaks mongo.ErrNoDocuments: %v", name, err)
 		}
+		if want := "mongo store: " + name + " " + strconv.Quote(key) + ": "; err != nil && !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s of an unknown key: %q does not start with %q", name, err, want)
+		}
 	}
 	if r, err := s.Get(ctx, key); err != nil || r.State != inbox.StateNotFound {
 		t.Errorf("Get of an unknown key = %+v, %v; want NotFound, nil", r, err)

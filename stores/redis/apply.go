@@ -1,0 +1,294 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
+)
+
+// Apply implements [driver.Driver]: the batch's operations in one pipeline
+// (on Cluster, go-redis's ClusterClient splits it per node), and the claims
+// of keys that SET NX found in a second one. See "Batched round trips" in
+// the package documentation.
+//
+// In the first pipeline, a claim is the fast claim (SET NX PX of a fresh
+// record and PEXPIRETIME); Complete, Release and MarkProcessed are a call
+// of opsScript each. A key that appears more than once in the batch gets
+// one call of opsScript that applies all of its operations in their order,
+// so that no two commands of a batch touch one key: a claim sent again in
+// the second pipeline is never overtaken by a later operation on its key,
+// and a call that fails (NOSCRIPT included) fails for all of them or none.
+//
+// Errors are per command: a connection that fails fails every command of
+// the pipeline, hence every call of the batch; on Cluster, the calls of
+// one node only. Calls whose script the server does not hold (NOSCRIPT: a
+// restart, a failover, SCRIPT FLUSH) are sent again with EVAL, which loads
+// it, in one more pipeline.
+func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	seqs := sequences(ops)
+	self := indices // self[i:i+1] is the index list of ops[i] alone
+	if len(ops) > len(indices) {
+		self = make([]int, len(ops))
+		for i := range self {
+			self[i] = i
+		}
+	}
+	var calls []*scriptCall
+	var claims []fastClaim
+	p := d.client.Pipeline()
+	for i, op := range ops {
+		if idx, ok := seqs[op.Key]; ok {
+			if idx[0] == i {
+				calls = append(calls, d.call(ops, idx))
+			}
+			continue
+		}
+		if op.Kind == driver.Claim {
+			claims = append(claims, d.queueClaim(ctx, p, i, op))
+			continue
+		}
+		calls = append(calls, d.call(ops, self[i:i+1]))
+	}
+	for _, c := range calls {
+		c.cmd = opsScript.EvalSha(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
+	}
+	_, _ = p.Exec(ctx) // errors are the commands'
+	d.evalNoScript(ctx, calls)
+
+	var later []*scriptCall
+	for _, fc := range claims {
+		op := ops[fc.i]
+		ok, err := fc.set.Result()
+		if err != nil {
+			errs[fc.i] = mapErr(err)
+			continue
+		}
+		// An error of PEXPIRETIME after a SET that wrote, or a negative
+		// expiry (the key is gone already), leaves the decision to the
+		// script: it finds this lease's record, if any, and renews it.
+		if e, err := fc.exp.Result(); ok && err == nil && e >= 0 {
+			// SET NX wrote the fresh record: acquired, at the time of the
+			// SET rounded down to the millisecond (see scripts.go).
+			until := (int64(e/time.Millisecond)-fc.ttlMS)*1000 + fc.leaseUS
+			res[fc.i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(fc.leaseUS) * time.Microsecond}
+			continue
+		}
+		later = append(later, d.call(ops, self[fc.i:fc.i+1]))
+	}
+	d.results(calls, ops, res, errs)
+	if len(later) == 0 {
+		return nil
+	}
+	p = d.client.Pipeline()
+	for _, c := range later {
+		c.cmd = opsScript.EvalSha(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
+	}
+	_, _ = p.Exec(ctx)
+	d.evalNoScript(ctx, later)
+	d.results(later, ops, res, errs)
+	return nil
+}
+
+// indices holds 0, 1, 2, ...: indices[i:i+1] lists the operation i alone.
+// Read only.
+var indices = func() []int {
+	a := make([]int, maxBatch)
+	for i := range a {
+		a[i] = i
+	}
+	return a
+}()
+
+// sequences returns, for each key that appears more than once in ops, the
+// indices of its operations in order; nil when every key appears once.
+func sequences(ops []driver.Op) map[string][]int {
+	if len(ops) < 2 {
+		return nil
+	}
+	first := make(map[string]int, len(ops))
+	var seqs map[string][]int
+	for i, op := range ops {
+		j, seen := first[op.Key]
+		if !seen {
+			first[op.Key] = i
+			continue
+		}
+		if seqs == nil {
+			seqs = make(map[string][]int)
+		}
+		if _, ok := seqs[op.Key]; !ok {
+			seqs[op.Key] = []int{j}
+		}
+		seqs[op.Key] = append(seqs[op.Key], i)
+	}
+	return seqs
+}
+
+// scriptCall is one call of opsScript: the operations ops (indices into the
+// batch) on key.
+type scriptCall struct {
+	key  string
+	ops  []int
+	args []any
+	cmd  *redis.Cmd
+}
+
+// call returns the call of opsScript that applies ops[idx...], all on one
+// key, in order.
+func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
+	n := 2
+	for _, i := range idx {
+		n += argCount[ops[i].Kind]
+	}
+	args := make([]any, 2, n)
+	args[0], args[1] = d.retArgs[0], d.retArgs[1]
+	for _, i := range idx {
+		op := ops[i]
+		switch op.Kind {
+		case driver.Claim:
+			args = append(args, "B", op.LeaseID, d.leaseArg(micros(op.Lease)), op.Owner, op.PayloadHash)
+		case driver.Complete:
+			args = append(args, "C", op.LeaseID)
+		case driver.Release:
+			args = append(args, "R", op.LeaseID)
+		case driver.Mark:
+			args = append(args, "M")
+		}
+	}
+	return &scriptCall{key: ops[idx[0]].Key, ops: idx, args: args}
+}
+
+// argCount is the number of script arguments of each kind of operation.
+var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1}
+
+// leaseArg is a lease of us microseconds as a script argument.
+func (d *rdb) leaseArg(us int64) any {
+	if us == d.leaseUS {
+		return d.lease
+	}
+	return strconv.FormatInt(us, 10)
+}
+
+// fastClaim is the claim of ops[i] as SET NX PX of a fresh record and
+// PEXPIRETIME (see scripts.go).
+type fastClaim struct {
+	i              int
+	leaseUS, ttlMS int64 // the lease and the fresh record's physical TTL
+	set            *redis.BoolCmd
+	exp            *redis.DurationCmd
+}
+
+// queueClaim adds the fast claim of op, ops[i], to p.
+func (d *rdb) queueClaim(ctx context.Context, p redis.Pipeliner, i int, op driver.Op) fastClaim {
+	leaseUS := micros(op.Lease)
+	ttl := ttlMS(leaseUS + d.retUS)
+	k := d.opts.Prefix + op.Key
+	rec := freshRecord(op.LeaseID, op.Owner, op.PayloadHash, leaseUS, ttl)
+	return fastClaim{
+		i: i, leaseUS: leaseUS, ttlMS: ttl,
+		set: p.SetNX(ctx, k, rec, time.Duration(ttl)*time.Millisecond),
+		exp: p.PExpireTime(ctx, k),
+	}
+}
+
+// evalNoScript sends again with EVAL, in one pipeline, the calls whose
+// EVALSHA found no script: none of their operations was applied.
+func (d *rdb) evalNoScript(ctx context.Context, calls []*scriptCall) {
+	var redo []*scriptCall
+	for _, c := range calls {
+		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			redo = append(redo, c)
+		}
+	}
+	if len(redo) == 0 {
+		return
+	}
+	p := d.client.Pipeline()
+	for _, c := range redo {
+		c.cmd = opsScript.Eval(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
+	}
+	_, _ = p.Exec(ctx)
+}
+
+// results sets the result and error of each operation of calls.
+func (d *rdb) results(calls []*scriptCall, ops []driver.Op, res []inbox.Claim, errs []error) {
+	for _, c := range calls {
+		v, err := c.cmd.Result()
+		if err != nil {
+			err = mapErr(err)
+			for _, i := range c.ops {
+				errs[i] = err
+			}
+			continue
+		}
+		if len(c.ops) == 1 {
+			i := c.ops[0]
+			res[i], errs[i] = reply(ops[i], v)
+			continue
+		}
+		a, ok := v.([]any)
+		if !ok || len(a) != len(c.ops) {
+			for _, i := range c.ops {
+				errs[i] = badReply(v)
+			}
+			continue
+		}
+		for j, i := range c.ops {
+			res[i], errs[i] = reply(ops[i], a[j])
+		}
+	}
+}
+
+// reply decodes opsScript's reply v to op.
+func reply(op driver.Op, v any) (inbox.Claim, error) {
+	switch op.Kind {
+	case driver.Claim:
+		return claimReply(op, v)
+	case driver.Complete, driver.Release:
+		if v != int64(1) {
+			return inbox.Claim{}, holderError(op.LeaseID, v)
+		}
+	default:
+		if v != int64(1) {
+			return inbox.Claim{}, badReply(v)
+		}
+	}
+	return inbox.Claim{}, nil
+}
+
+// claimReply decodes the reply of opsScript to a claim (B).
+func claimReply(op driver.Op, v any) (inbox.Claim, error) {
+	leaseUS := micros(op.Lease)
+	if until, ok := v.(int64); ok {
+		// The short reply: acquired with the lease asked for, no mismatch.
+		if until <= 0 {
+			return inbox.Claim{}, badReply(v)
+		}
+		return inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(leaseUS) * time.Microsecond}, nil
+	}
+	var r [5]int64
+	if err := ints(v, r[:]); err != nil {
+		return inbox.Claim{}, err
+	}
+	until, granted, now, mismatch := r[1], r[2], r[3], r[4]
+	if mismatch != 0 && mismatch != 1 {
+		return inbox.Claim{}, badReply(v)
+	}
+	c := inbox.Claim{PayloadMismatch: mismatch == 1}
+	switch r[0] {
+	case 1:
+		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, fromMicros(until), time.Duration(granted)*time.Microsecond
+	case 2:
+		c.Status = inbox.Processed
+	case 3:
+		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, fromMicros(until), time.Duration(until-now)*time.Microsecond
+	default:
+		return inbox.Claim{}, badReply(v)
+	}
+	return c, nil
+}
