@@ -299,7 +299,7 @@ Commands:
 	}
 	fmt.Fprintf(&b, "  %-16s %s\n", "help [COMMAND]", "this help, or a command's flags and examples")
 	b.WriteString(`
-Flags, accepted before and after the command:
+Flags, accepted before and after the command and its KEY ("--" ends them):
   -store URL   the store; default $INBOX_STORE_URL. Errors never quote its password or token.
   -json        machine-readable output (see below)
 
