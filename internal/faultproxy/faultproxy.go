@@ -1,14 +1,15 @@
 // Package faultproxy is a loopback TCP proxy for outage tests: put it between
-// a client and a server, then cut, stall or restore the link. Tests never stop
-// the shared servers; they break the path to them instead.
+// a client and a server, then cut, stall, slow down or restore the link.
+// Tests never stop the shared servers; they break the path to them instead.
 package faultproxy
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Mode is how the proxy treats connections.
@@ -29,6 +30,7 @@ const (
 type Proxy struct {
 	ln     net.Listener
 	target string
+	delay  atomic.Int64 // time.Duration each forwarded chunk is held
 
 	mu      sync.Mutex
 	mode    Mode
@@ -88,10 +90,22 @@ func (p *Proxy) Stalled() int {
 	return len(p.stalled)
 }
 
-// Cut is SetMode(Refuse); Restore is SetMode(Pass); Stall is SetMode(Stall).
-func (p *Proxy) Cut()     { p.SetMode(Refuse) }
-func (p *Proxy) Restore() { p.SetMode(Pass) }
-func (p *Proxy) Stall()   { p.SetMode(Stall) }
+// Cut is SetMode(Refuse); Stall is SetMode(Stall); Restore is SetMode(Pass)
+// and Delay(0): the link as it was before any fault.
+func (p *Proxy) Cut()   { p.SetMode(Refuse) }
+func (p *Proxy) Stall() { p.SetMode(Stall) }
+func (p *Proxy) Restore() {
+	p.Delay(0)
+	p.SetMode(Pass)
+}
+
+// Delay makes the proxy hold every chunk of bytes it reads, in both
+// directions, for d before it passes it on: latency, not a bandwidth limit,
+// so a request and its reply take at least 2*d longer and pipelined bytes
+// still flow together. It applies to the bytes read from then on, on open
+// and new connections, in Pass mode; bytes keep their order. Zero or
+// negative forwards at once again.
+func (p *Proxy) Delay(d time.Duration) { p.delay.Store(int64(max(d, 0))) }
 
 // Close stops the proxy and closes every connection.
 func (p *Proxy) Close() {
@@ -179,11 +193,54 @@ func (p *Proxy) forward(c net.Conn) {
 	wg.Add(2)
 	pipe := func(dst, src net.Conn) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
+		p.copy(dst, src)
 		_ = dst.Close()
 		_ = src.Close()
 	}
 	go pipe(s, c)
 	go pipe(c, s)
 	wg.Wait()
+}
+
+// chunk is what one read from a connection got, and when it may go on.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// copy forwards src to dst until either fails, holding each chunk for the
+// delay that was set when it was read.
+func (p *Proxy) copy(dst, src net.Conn) {
+	ch := make(chan chunk, 64)
+	go func() {
+		defer close(ch)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				ch <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(time.Duration(p.delay.Load()))}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	failed := false
+	for c := range ch {
+		if failed {
+			continue // drain, so that the reader ends once src is closed
+		}
+		if wait := time.Until(c.due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-p.done:
+				t.Stop()
+			}
+		}
+		if _, err := dst.Write(c.b); err != nil {
+			failed = true
+			_ = src.Close()
+		}
+	}
 }

@@ -107,3 +107,46 @@ func TestProxy_restore_closes_stalled_connections(t *testing.T) {
 		t.Fatalf("new connection after Restore: %v", err)
 	}
 }
+
+// Delay holds bytes both ways: a round trip takes at least twice the delay,
+// pipelined requests share it (latency, not a rate), and Restore removes it.
+func TestProxy_delay(t *testing.T) {
+	t.Parallel()
+	p := faultproxy.New(t, echoServer(t))
+	const d = 150 * time.Millisecond
+	c, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	echo := func(lines int) time.Duration {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		for range lines {
+			if _, err := c.Write([]byte("ping\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range lines {
+			if _, err := r.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	echo(1) // the connection to the server is up
+	p.Delay(d)
+	if e := echo(1); e < 2*d {
+		t.Fatalf("a round trip with a %s delay took %s, want at least %s", d, e, 2*d)
+	}
+	// Ten pipelined lines arrive together: far less than ten round trips.
+	if e := echo(10); e < 2*d || e > 8*d {
+		t.Fatalf("ten pipelined lines with a %s delay took %s, want about %s", d, e, 2*d)
+	}
+	p.Restore()
+	if e := echo(1); e >= d {
+		t.Fatalf("a round trip after Restore took %s, want well under the %s delay", e, d)
+	}
+}

@@ -21,7 +21,9 @@ func TestConformance_tls(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{TLS: true})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), TLSConfig: srv.TLSConfig()})
 	t.Cleanup(func() { _ = c.Close() })
-	storetest.Run(t, harness(t, c))
+	storetest.Run(t, withFaults(t, harness(t, c), c, func() *redis.Options {
+		return &redis.Options{TLSConfig: srv.TLSConfig()}
+	}))
 }
 
 // TestOpenURL_rediss opens the store with a rediss:// URL: certificates are

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/remote"
@@ -18,12 +20,22 @@ import (
 )
 
 // harness runs the suite through the remote client against inboxd's handler
-// on loopback HTTP, over the backing store newBacking returns.
+// on loopback HTTP, over the backing store newBacking returns. The fault
+// cases break the link between the client and inboxd.
 func harness(newBacking func(t *testing.T, cfg storetest.Config) inbox.LeaseStore) storetest.Harness {
 	return storetest.Harness{
 		New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
 			base := serve(t, server.Config{Store: newBacking(t, cfg), LeaseMin: time.Second})
 			return newClient(t, remote.Options{URL: base})
+		},
+		Faults: func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+			base, err := url.Parse(serve(t, server.Config{Store: newBacking(t, cfg), LeaseMin: time.Second}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := faultproxy.New(t, base.Host)
+			base.Host = p.Addr()
+			return newClient(t, remote.Options{URL: base.String()}), p
 		},
 		// leaseSeconds counts whole seconds.
 		Lease:     time.Second,

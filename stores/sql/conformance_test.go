@@ -1,10 +1,14 @@
 package sqlstore_test
 
 import (
+	"database/sql"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/faultproxy"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 	"github.com/watermill-inbox/inbox/stores/storetest"
 )
@@ -24,8 +28,46 @@ func TestConformance(t *testing.T) {
 					return newStore(t, b, db, table, sqlstore.Options{Retention: cfg.Retention})
 				},
 				TimePrecision: precision,
+				Faults:        faults(b, table),
 			})
 		})
+	}
+}
+
+// faults gives the suite's fault cases a store on table over a pool of its
+// own that reaches the server through a faultproxy; nil for SQLite, which
+// has no link.
+func faults(b backend, table string) func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+	var env testenv.Service
+	switch b.dialect {
+	case sqlstore.Postgres:
+		env = testenv.Postgres
+	case sqlstore.MySQL:
+		env = testenv.MySQL
+	default:
+		return nil
+	}
+	return func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+		u, err := url.Parse(env.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := faultproxy.New(t, u.Host)
+		u.Host = p.Addr()
+		driver, dsn := "pgx", u.String()
+		if b.dialect == sqlstore.MySQL {
+			driver = "mysql"
+			if dsn, err = sqlstore.MySQLDSN(u.String()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(16) // the servers are shared
+		t.Cleanup(func() { _ = db.Close() })
+		return newStore(t, b, db, table, sqlstore.Options{Retention: cfg.Retention}), p
 	}
 }
 

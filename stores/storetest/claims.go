@@ -47,21 +47,32 @@ func (s *suite) testGeneratedLeaseID(t *testing.T) {
 	}
 }
 
-// raceBegin runs n concurrent TryBegin calls on key, released together, and
-// returns their claims.
-func raceBegin(t *testing.T, st inbox.LeaseStore, key string, n int) []inbox.Claim {
+// racers is how many calls the concurrency cases release at once: enough
+// that on a store batching its round trips they travel together.
+const racers = 64
+
+// raced is one racer's call and its answer.
+type raced struct {
+	opts  inbox.BeginOptions
+	claim inbox.Claim
+}
+
+// raceBegin runs n concurrent TryBegin calls on key, each with a lease id of
+// its own, released together, and returns their claims.
+func raceBegin(t *testing.T, st inbox.LeaseStore, key string, n int) []raced {
 	t.Helper()
 	ctx := ctxT(t)
-	claims := make([]inbox.Claim, n)
+	rs := make([]raced, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
+		rs[i].opts = inbox.BeginOptions{Lease: longLease, LeaseID: inbox.NewLeaseID(), Owner: fmt.Sprintf("racer-%d", i)}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			claims[i], errs[i] = st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease, Owner: fmt.Sprintf("racer-%d", i)})
+			rs[i].claim, errs[i] = st.TryBegin(ctx, key, rs[i].opts)
 		}()
 	}
 	close(start)
@@ -71,38 +82,59 @@ func raceBegin(t *testing.T, st inbox.LeaseStore, key string, n int) []inbox.Cla
 			t.Fatalf("racer %d: TryBegin: %v", i, err)
 		}
 	}
-	return claims
+	return rs
 }
 
-// checkOneWinner asserts exactly one Acquired and that every other claim is
-// Busy with the winner's deadline.
-func (s *suite) checkOneWinner(t *testing.T, claims []inbox.Claim) inbox.Claim {
+// checkOneWinner asserts exactly one Acquired, under the lease id its caller
+// chose, and that every other claim is Busy with the winner's deadline and
+// no lease id.
+func (s *suite) checkOneWinner(t *testing.T, rs []raced) raced {
 	t.Helper()
-	var winners []inbox.Claim
-	for _, c := range claims {
-		if c.Status == inbox.Acquired {
-			winners = append(winners, c)
+	var winners []raced
+	for _, r := range rs {
+		if r.claim.Status == inbox.Acquired {
+			winners = append(winners, r)
 		}
 	}
 	if len(winners) != 1 {
-		t.Fatalf("%d of %d concurrent TryBegin calls got Acquired, want exactly 1", len(winners), len(claims))
+		t.Fatalf("%d of %d concurrent TryBegin calls got Acquired, want exactly 1", len(winners), len(rs))
 	}
 	w := winners[0]
-	for i, c := range claims {
+	if w.claim.LeaseID != w.opts.LeaseID || w.claim.Lease != longLease || w.claim.ExpiresAt.IsZero() {
+		t.Fatalf("the winner asked for lease %q of %s and got %+v", w.opts.LeaseID, longLease, w.claim)
+	}
+	for i, r := range rs {
+		c := r.claim
 		if c.Status == inbox.Acquired {
 			continue
 		}
 		if c.Status != inbox.Busy {
 			t.Fatalf("racer %d: %v, want Busy", i, c.Status)
 		}
-		if !within(c.ExpiresAt, w.ExpiresAt, s.h.TimePrecision) {
-			t.Fatalf("racer %d: Busy ExpiresAt %s, want the winner's %s", i, c.ExpiresAt, w.ExpiresAt)
+		if c.LeaseID != "" {
+			t.Fatalf("racer %d: Busy claim carries lease id %q", i, c.LeaseID)
 		}
-		if c.RetryAfter <= 0 || c.RetryAfter > longLease+s.h.TimePrecision {
-			t.Fatalf("racer %d: Busy RetryAfter %s, want in (0, %s]", i, c.RetryAfter, longLease)
+		if !within(c.ExpiresAt, w.claim.ExpiresAt, s.h.TimePrecision) {
+			t.Fatalf("racer %d: Busy ExpiresAt %s, want the winner's %s", i, c.ExpiresAt, w.claim.ExpiresAt)
+		}
+		// The lease was taken a moment ago: most of it is left.
+		if c.RetryAfter <= longLease/2 || c.RetryAfter > longLease+s.h.TimePrecision {
+			t.Fatalf("racer %d: Busy RetryAfter %s, want in (%s, %s]", i, c.RetryAfter, longLease/2, longLease)
 		}
 	}
 	return w
+}
+
+// checkHeldBy asserts that Get shows key in progress under w's lease, after
+// the given number of acquisitions.
+func (s *suite) checkHeldBy(t *testing.T, st inbox.LeaseStore, key string, w raced, attempts int) {
+	t.Helper()
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateInProgress || r.Attempts != attempts || r.Owner != w.opts.Owner ||
+		!within(r.LeaseUntil, w.claim.ExpiresAt, s.h.TimePrecision) {
+		t.Fatalf("Get after the race = %v, %d attempts, owner %q, lease until %s; want InProgress, %d, %q, %s (the winner's)",
+			r.State, r.Attempts, r.Owner, r.LeaseUntil, attempts, w.opts.Owner, w.claim.ExpiresAt)
+	}
 }
 
 func (s *suite) skipIfNotAtomic(t *testing.T) {
@@ -117,10 +149,8 @@ func (s *suite) testConcurrentExactlyOne(t *testing.T) {
 	st := s.store(t)
 	for round := range 3 {
 		key := newKey(t, fmt.Sprintf("race-%d", round))
-		s.checkOneWinner(t, raceBegin(t, st, key, 50))
-		if r := mustGet(t, st, key); r.Attempts != 1 {
-			t.Fatalf("after the race Attempts = %d, want 1 (only the winner acquired)", r.Attempts)
-		}
+		w := s.checkOneWinner(t, raceBegin(t, st, key, racers))
+		s.checkHeldBy(t, st, key, w, 1) // only the winner acquired
 	}
 }
 
@@ -128,14 +158,16 @@ func (s *suite) testConcurrentOnExpired(t *testing.T) {
 	s.skipIfNotAtomic(t)
 	st := s.store(t)
 	key := newKey(t, "race-expired")
-	mustBegin(t, st, key, inbox.BeginOptions{Lease: s.h.Lease}, inbox.Acquired)
+	old := mustBegin(t, st, key, inbox.BeginOptions{Lease: s.h.Lease}, inbox.Acquired)
 	pollUntil(t, expireDeadline(s.h.Lease), "lease to expire", func() bool {
 		return mustGet(t, st, key).State == inbox.StateAvailable
 	})
-	s.checkOneWinner(t, raceBegin(t, st, key, 50))
-	if r := mustGet(t, st, key); r.Attempts != 2 {
-		t.Fatalf("after the race on an expired lease Attempts = %d, want 2", r.Attempts)
+	w := s.checkOneWinner(t, raceBegin(t, st, key, racers))
+	if !w.claim.ExpiresAt.After(old.ExpiresAt) {
+		t.Fatalf("the winner's deadline %s is not after the expired lease's %s", w.claim.ExpiresAt, old.ExpiresAt)
 	}
+	s.checkHeldBy(t, st, key, w, 2)
+	wantErr(t, "Complete by the expired holder after the race", st.Complete(ctxT(t), key, old.LeaseID), inbox.ErrLeaseLost)
 }
 
 func (s *suite) testConcurrentAfterRelease(t *testing.T) {
@@ -146,7 +178,8 @@ func (s *suite) testConcurrentAfterRelease(t *testing.T) {
 	if err := st.Release(ctxT(t), key, c.LeaseID); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	s.checkOneWinner(t, raceBegin(t, st, key, 50))
+	w := s.checkOneWinner(t, raceBegin(t, st, key, racers))
+	s.checkHeldBy(t, st, key, w, 2)
 }
 
 func (s *suite) testBusyFields(t *testing.T) {
@@ -205,9 +238,9 @@ func (s *suite) testProcessedAfterComplete(t *testing.T) {
 	}
 	// Processed must hold for concurrent callers too.
 	if s.h.NotAtomic == "" {
-		for i, c := range raceBegin(t, st, key, 20) {
-			if c.Status != inbox.Processed {
-				t.Fatalf("concurrent TryBegin %d after Complete = %v, want Processed", i, c.Status)
+		for i, r := range raceBegin(t, st, key, racers) {
+			if r.claim.Status != inbox.Processed || r.claim.LeaseID != "" {
+				t.Fatalf("concurrent TryBegin %d after Complete = %+v, want Processed without a lease id", i, r.claim)
 			}
 		}
 	}

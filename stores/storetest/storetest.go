@@ -24,6 +24,20 @@
 // A store states what it cannot do in the [Harness] (River's style): a case
 // that needs a missing capability is skipped with the reason, never passed in
 // silence.
+//
+// Stores that batch round trips (see package
+// github.com/watermill-inbox/inbox/stores/driver) are held to the same
+// contract per call: the concurrency cases release dozens of calls at once,
+// so that on such a store they travel in one batch, and check every call's
+// own result. The fault cases need a link to break: a store with a server
+// gives it through [Harness.Faults], typically a TCP proxy between the store
+// and its server:
+//
+//	h.Faults = func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+//		p := newProxy(t, serverAddr) // forwards a loopback port to the server
+//		s := newStoreAt(t, p.Addr(), cfg)
+//		return s, p // p has Cut, Restore and Delay
+//	}
 package storetest
 
 import (
@@ -70,6 +84,47 @@ type Harness struct {
 	// protocol server whose concurrent updates race). The concurrency cases
 	// then skip with this reason.
 	NotAtomic string
+
+	// Faults, when set, returns a store for one subtest, configured with
+	// cfg, whose link to its backend (a server, a database, a service) the
+	// suite can break, and that link. Optional: the fault cases skip
+	// without it (an in-process store has no link to break). The link
+	// must be the store's own: breaking it must not disturb other subtests.
+	// A fault case makes up to 64 calls at once on the store.
+	Faults func(t *testing.T, cfg Config) (inbox.LeaseStore, Link)
+
+	// CallTimeout is how long one call of a store that Faults returns may
+	// take while its link is cut or slowed: its own per-call bound, the
+	// retries it makes within the call included. The fault cases fail a
+	// call that takes longer (plus a margin for a loaded machine). Calls
+	// must succeed over a link that holds every byte 300ms (a round trip
+	// of at least 600ms), so the bound must allow a call the few round
+	// trips it makes and a new connection's handshake. Default 10s.
+	CallTimeout time.Duration
+}
+
+// Link is the connection between a store that [Harness.Faults] returns and
+// its backend.
+type Link interface {
+	// Cut breaks the link: the open connections are closed and new ones
+	// refused, so that calls in flight and later calls fail as on a
+	// network failure.
+	Cut()
+	// Restore puts the link back as it was before any fault: connections
+	// are accepted and bytes forwarded at once.
+	Restore()
+}
+
+// SlowLink is a [Link] that can also slow down. The case of calls canceled
+// while they wait for a round trip needs it and skips on a Link that is not
+// a SlowLink.
+type SlowLink interface {
+	Link
+	// Delay makes the link hold every byte it carries, both ways, for d
+	// before it passes it on (latency, not a bandwidth limit: pipelined
+	// bytes still flow together), so that a round trip takes at least 2*d
+	// longer. Zero forwards at once again; so does Restore.
+	Delay(d time.Duration)
 }
 
 // Config is what the suite asks of the store [Harness.New] returns.
@@ -93,6 +148,9 @@ func Run(t *testing.T, h Harness) {
 	}
 	if h.TimePrecision <= 0 {
 		h.TimePrecision = time.Millisecond
+	}
+	if h.CallTimeout <= 0 {
+		h.CallTimeout = 10 * time.Second
 	}
 	s := &suite{h: h}
 	for _, c := range s.cases() {
@@ -119,6 +177,12 @@ func (s *suite) cases() []testCase {
 		{"TryBegin_concurrent_exactly_one_acquires", s.testConcurrentExactlyOne},
 		{"TryBegin_concurrent_on_expired_lease_exactly_one_acquires", s.testConcurrentOnExpired},
 		{"TryBegin_concurrent_after_release_exactly_one_acquires", s.testConcurrentAfterRelease},
+		{"TryBegin_concurrent_new_busy_processed_keys_each_get_their_status", s.testConcurrentMixedKeys},
+		{"TryBegin_concurrent_retries_of_two_leases_one_lease_acquires", s.testConcurrentSameLeaseID},
+		{"Concurrent_calls_of_every_kind_each_get_their_result", s.testConcurrentMixedCalls},
+		{"Release_and_TryBegin_concurrent_agree_with_the_record", s.testReleaseClaimRace},
+		{"Faults_link_cut_under_load_fails_calls_cleanly", s.testLinkCut},
+		{"Faults_caller_canceled_while_waiting_gets_its_error", s.testCanceledWhileWaiting},
 		{"TryBegin_busy_reports_deadline_and_retry_after", s.testBusyFields},
 		{"TryBegin_same_lease_id_is_idempotent", s.testSameLeaseIDIdempotent},
 		{"TryBegin_after_complete_is_processed", s.testProcessedAfterComplete},

@@ -106,7 +106,11 @@ func Run(t *testing.T, srv Server) {
 		coll := Collection(t, client, "storetest")
 		storetest.Run(t, storetest.Harness{
 			New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
-				return NewStore(t, client, coll, mongostore.Options{Retention: cfg.Retention})
+				// A bound well above the default: FerretDB in-process over
+				// SQLite runs one write at a time, tens of ms each under
+				// -race, and the suite's concurrency cases make some 60
+				// calls at once while the other cases run.
+				return NewStore(t, client, coll, mongostore.Options{Retention: cfg.Retention, Timeout: 30 * time.Second})
 			},
 			TimePrecision: time.Millisecond, // BSON dates
 			NotAtomic:     srv.NotAtomic,
