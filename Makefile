@@ -75,14 +75,16 @@ cover:
 
 ## bench: the one-run benchmark harness (cmd/inboxbench, see BENCHMARKS.md):
 ## router throughput on RabbitMQ and Kafka per store, scaling with 1, 4 and 16
-## consumers, the middleware's cost per message, store round trips against the
-## raw clients. Interleaved repetitions, medians, ratios within each
-## repetition. Writes docs/bench-results.md and docs/throughput.svg. Needs the
-## services of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in
-## process (kfake). 5 to 9 minutes; BENCH_FLAGS passes more flags
+## consumers, batch sizes of the stores that batch, the middleware's cost per
+## message, store round trips against the raw clients. Interleaved
+## repetitions, medians, ratios within each repetition. Writes
+## docs/bench-results.md, docs/throughput.svg and the targets section of
+## BENCHMARKS.md (between its inboxbench:targets markers). Needs the services
+## of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in process
+## (kfake). About 15 to 20 minutes; BENCH_FLAGS passes more flags
 ## (go run ./cmd/inboxbench -h in that directory lists them).
 bench:
-	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg $(BENCH_FLAGS)
+	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md $(BENCH_FLAGS)
 
 ## bench-go: every Go benchmark of the library, BENCHCOUNT runs each,
 ## summarised by benchstat.

@@ -21,6 +21,28 @@
 //     time messages waited in-process before their claim was settled, on a
 //     busy key (reason "busy") or on a failing store ("store_backoff").
 //
+// [RegisterStore] exports how a store batches its calls (group commit: calls
+// made while a round trip is in flight travel together in the next one).
+// It takes any store of this project (they all sit on [driver.Store]) or any
+// other with a BatchStats method ([BatchStore]), and exports:
+//
+//   - <namespace>_inbox_store_batch_size: a histogram of the calls
+//     (TryBegin, Complete, Release, MarkProcessed) that each round trip to
+//     the backend carried, with the buckets of [driver.BatchSizeBounds] (1,
+//     2, 4, ..., 128, +Inf). Its _count is the round trips, its _sum the
+//     calls: _sum / _count is the mean batch size. A store that does not
+//     batch (memory, MongoDB, the remote client) has every round trip in
+//     the first bucket. Under concurrent load, sizes above 1 are round
+//     trips saved; sizes at the store's bound (128 for Redis) mean that
+//     calls wait for room in a batch.
+//   - <namespace>_inbox_store_round_trips_total: the round trips, as a
+//     counter (the histogram's _count), for rate().
+//
+// Both are read from the store's counts at each scrape and cost nothing in
+// between. Register each store once, with labels that tell it apart:
+//
+//	err := inboxmetrics.RegisterStore(prometheus.DefaultRegisterer, "", store, prometheus.Labels{"store": "orders"})
+//
 // [RegisterMemoryStore] exports the memory store's record count and
 // evictions.
 package inboxmetrics
@@ -34,6 +56,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
@@ -162,4 +185,64 @@ func RegisterMemoryStore(reg prometheus.Registerer, namespace string, s *memory.
 		Help: "Records the in-memory inbox store removed before their expiry to stay within MaxEntries.",
 	}, func() float64 { return float64(s.Stats().Evicted) })
 	return register(reg, namespace, records, evicted)
+}
+
+// BatchStore is a store that counts its round trips: every store of this
+// project, through its embedded [driver.Store].
+type BatchStore interface {
+	BatchStats() driver.BatchStats
+}
+
+// RegisterStore exports the batch sizes of s on reg:
+// <namespace>_inbox_store_batch_size (a histogram) and
+// <namespace>_inbox_store_round_trips_total (a counter); see the package
+// documentation. labels are constant labels telling stores apart (nil for
+// none); two stores on one registry need different ones. namespace
+// defaults to "watermill". The figures are read from s.BatchStats at each
+// scrape.
+func RegisterStore(reg prometheus.Registerer, namespace string, s BatchStore, labels prometheus.Labels) error {
+	switch {
+	case reg == nil:
+		return fmt.Errorf("%w: metrics: RegisterStore: Registerer is nil", inbox.ErrInvalidArgument)
+	case s == nil:
+		return fmt.Errorf("%w: metrics: RegisterStore: store is nil", inbox.ErrInvalidArgument)
+	}
+	if namespace == "" {
+		namespace = "watermill"
+	}
+	return register(reg, namespace, &batchCollector{
+		s: s,
+		size: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_batch_size"),
+			"Store calls carried by each round trip to the backend (group commit).", nil, labels),
+		trips: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_round_trips_total"),
+			"Round trips of batched store calls to the backend.", nil, labels),
+	})
+}
+
+// batchCollector turns a store's BatchStats into metrics at scrape time.
+type batchCollector struct {
+	s           BatchStore
+	size, trips *prometheus.Desc
+}
+
+func (c *batchCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.size
+	ch <- c.trips
+}
+
+func (c *batchCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.BatchStats()
+	// The count is the sum of the buckets, not st.RoundTrips: the store's
+	// counters are read one by one while calls go on, and a histogram whose
+	// buckets exceed its count would be inconsistent.
+	buckets := make(map[float64]uint64, len(driver.BatchSizeBounds))
+	var count uint64
+	for i, n := range st.Sizes {
+		count += n
+		if i < len(driver.BatchSizeBounds) {
+			buckets[float64(driver.BatchSizeBounds[i])] = count
+		}
+	}
+	ch <- prometheus.MustNewConstHistogram(c.size, count, float64(st.Calls), buckets)
+	ch <- prometheus.MustNewConstMetric(c.trips, prometheus.CounterValue, float64(count))
 }

@@ -3,7 +3,9 @@ package inboxmetrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/metrics"
 	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
@@ -116,5 +119,191 @@ watermill_inbox_memory_records{store="orders"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRegisterStore_memory_store_unbatched: the memory store sends every
+// call alone, so under concurrent calls every round trip lands in the first
+// bucket, and the histogram's count, sum and the round-trip counter are the
+// calls made.
+func TestRegisterStore_memory_store_unbatched(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	store, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := inboxmetrics.RegisterStore(reg, "app", store, prometheus.Labels{"store": "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 50
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("k%d", i)
+			c, err := store.TryBegin(context.Background(), key, inbox.BeginOptions{})
+			if err == nil {
+				err = store.Complete(context.Background(), key, c.LeaseID)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	want := `
+# HELP app_inbox_store_batch_size Store calls carried by each round trip to the backend (group commit).
+# TYPE app_inbox_store_batch_size histogram
+app_inbox_store_batch_size_bucket{store="orders",le="1"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="2"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="4"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="8"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="16"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="32"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="64"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="128"} 100
+app_inbox_store_batch_size_bucket{store="orders",le="+Inf"} 100
+app_inbox_store_batch_size_sum{store="orders"} 100
+app_inbox_store_batch_size_count{store="orders"} 100
+# HELP app_inbox_store_round_trips_total Round trips of batched store calls to the backend.
+# TYPE app_inbox_store_round_trips_total counter
+app_inbox_store_round_trips_total{store="orders"} 100
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gated is a Driver whose round trips wait until open is closed, so that
+// calls made meanwhile queue and travel together in the next round trip.
+type gated struct {
+	open    chan struct{}
+	entered chan struct{} // one value per round trip that began waiting
+}
+
+func (g *gated) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for i, op := range ops {
+		if op.Kind == driver.Claim {
+			res[i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: time.Now().Add(op.Lease), Lease: op.Lease}
+		}
+	}
+	return nil
+}
+
+func (g *gated) Extend(context.Context, string, string, time.Duration) (time.Time, error) {
+	return time.Time{}, inbox.ErrNotSupported
+}
+func (g *gated) Get(context.Context, string) (inbox.Record, error) { return inbox.Record{}, nil }
+func (g *gated) Close() error                                      { return nil }
+
+// TestRegisterStore_batching_store: calls made while a round trip is in
+// flight share the next one; the exported histogram holds the store's
+// round trips in the buckets of their sizes (cumulative), its sum is the
+// calls made, and the counter is the round trips.
+func TestRegisterStore_batching_store(t *testing.T) {
+	t.Parallel()
+	g := &gated{entered: make(chan struct{}, 1)}
+	store, err := driver.New(g, driver.Config{Name: "gated store", Lease: time.Minute, Batch: driver.Batch{MaxBatch: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	reg := prometheus.NewRegistry()
+	if err := inboxmetrics.RegisterStore(reg, "", store, nil); err != nil {
+		t.Fatal(err)
+	}
+	const callers = 24 // more than MaxBatch: the queue needs two batches
+	calls := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for round := 0; ; round++ {
+		g.open = make(chan struct{})
+		var started, done sync.WaitGroup
+		for i := range callers {
+			started.Add(1)
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				started.Done()
+				if _, err := store.TryBegin(context.Background(), fmt.Sprintf("r%d-k%d", round, i), inbox.BeginOptions{}); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		started.Wait()
+		<-g.entered // the first round trip is in flight; the others queue
+		close(g.open)
+		done.Wait()
+		select { // a later round trip of this round may have knocked too
+		case <-g.entered:
+		default:
+		}
+		calls += callers
+		if s := store.BatchStats(); s.RoundTrips < s.Calls {
+			break // some round trip carried several calls
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d concurrent calls in %d rounds, never two in one round trip", calls, round+1)
+		}
+	}
+
+	st := store.BatchStats()
+	if st.Calls != uint64(calls) {
+		t.Fatalf("store counted %d calls, %d made", st.Calls, calls)
+	}
+	if st.Sizes[0] == st.RoundTrips {
+		t.Fatalf("BatchStats %+v: every round trip of one call, though some carried several", st)
+	}
+	// The histogram, built from the store's counts: cumulative buckets at
+	// 1, 2, 4, ..., 128, the calls as its sum, the round trips as its count.
+	var want strings.Builder
+	want.WriteString("# HELP watermill_inbox_store_batch_size Store calls carried by each round trip to the backend (group commit).\n# TYPE watermill_inbox_store_batch_size histogram\n")
+	var cum uint64
+	for i, le := range driver.BatchSizeBounds {
+		cum += st.Sizes[i]
+		fmt.Fprintf(&want, "watermill_inbox_store_batch_size_bucket{le=\"%d\"} %d\n", le, cum)
+	}
+	fmt.Fprintf(&want, "watermill_inbox_store_batch_size_bucket{le=\"+Inf\"} %d\n", st.RoundTrips)
+	fmt.Fprintf(&want, "watermill_inbox_store_batch_size_sum %d\nwatermill_inbox_store_batch_size_count %d\n", calls, st.RoundTrips)
+	want.WriteString("# HELP watermill_inbox_store_round_trips_total Round trips of batched store calls to the backend.\n# TYPE watermill_inbox_store_round_trips_total counter\n")
+	fmt.Fprintf(&want, "watermill_inbox_store_round_trips_total %d\n", st.RoundTrips)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want.String())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRegisterStore_rejects_bad_arguments(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	store, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := inboxmetrics.RegisterStore(nil, "", store, nil); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Errorf("nil registerer: %v", err)
+	}
+	if err := inboxmetrics.RegisterStore(reg, "", nil, nil); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Errorf("nil store: %v", err)
+	}
+	if err := inboxmetrics.RegisterStore(reg, "", store, prometheus.Labels{"store": "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := inboxmetrics.RegisterStore(reg, "", store, prometheus.Labels{"store": "b"}); err != nil {
+		t.Errorf("a second store with other labels: %v", err)
+	}
+	if err := inboxmetrics.RegisterStore(reg, "", store, prometheus.Labels{"store": "a"}); err == nil {
+		t.Error("the same labels twice on one registry succeeded")
 	}
 }

@@ -10,11 +10,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/remote"
@@ -26,8 +29,9 @@ import (
 // Redis forgets what a crashed run left behind.
 const retention = 15 * time.Minute
 
-// env holds the stores every router trial shares: one Redis client, one
-// PostgreSQL pool and table, one SQLite file, one inboxd in front of Redis.
+// env holds the stores every router trial shares: one Redis client, the
+// floor, one PostgreSQL pool and table, one MariaDB pool and table, one
+// SQLite file, one inboxd in front of Redis.
 // Each trial gets a queue or topic of its own, and so a consumer group and
 // inbox keys of its own. close removes what the run created.
 type env struct {
@@ -36,10 +40,15 @@ type env struct {
 	redis      *redis.Client
 	redisStore *redisstore.Store
 	dedupRepo  *redisstore.ExpiringKeyRepository
+	floor      *floor
 
 	pg      *sql.DB
 	pgStore *sqlstore.Store
 	pgTable string
+
+	my      *sql.DB
+	myStore *sqlstore.Store
+	myTable string
 
 	liteDir   string
 	lite      *sql.DB
@@ -105,6 +114,7 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		if err != nil {
 			return e, err
 		}
+		e.floor = newFloor(e.redis, e.prefix()+"floor:", inbox.DefaultLease)
 	}
 	if need["remote"] {
 		e.remoteBacking, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "remote:", Retention: retention})
@@ -139,6 +149,24 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 			return e, fmt.Errorf("postgres: %w", err)
 		}
 	}
+	if need["mariadb"] {
+		cfg, err := mysqlConfig(o.mysqlURL)
+		if err != nil {
+			return e, err
+		}
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return e, fmt.Errorf("mariadb: %w", err)
+		}
+		e.my = sql.OpenDB(conn)
+		e.my.SetMaxIdleConns(32)
+		e.myTable = "inboxbench_" + e.run
+		e.myStore, err = sqlstore.New(ctx, e.my, sqlstore.Options{Dialect: sqlstore.MySQL, Table: e.myTable, AutoMigrate: true, Retention: retention})
+		if err != nil {
+			e.myTable = ""
+			return e, fmt.Errorf("mariadb: %w", err)
+		}
+	}
 	if need["sqlite"] {
 		e.liteDir, err = os.MkdirTemp("", "inboxbench-")
 		if err != nil {
@@ -157,8 +185,34 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 	return e, nil
 }
 
-// close drops what the run made: its Redis keys, its PostgreSQL table, its
-// SQLite file.
+// mysqlConfig is the go-sql-driver/mysql configuration of a
+// mysql://user:password@host:port/database URL, with the settings of the
+// SQL store's own mysql:// opener (parseTime, clientFoundRows,
+// interpolateParams); other query parameters go to the driver.
+func mysqlConfig(raw string) (*mysql.Config, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "mysql" || u.Host == "" {
+		return nil, fmt.Errorf("-mysql %q: want mysql://user:password@host:port/database", raw)
+	}
+	cfg, err := mysql.ParseDSN("/?" + u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("-mysql: %w", err)
+	}
+	cfg.Net, cfg.Addr = "tcp", u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	cfg.ParseTime, cfg.ClientFoundRows, cfg.InterpolateParams = true, true, true
+	return cfg, nil
+}
+
+// close drops what the run made: its Redis keys, its PostgreSQL and MariaDB
+// tables, its SQLite file.
 func (e *env) close(ctx context.Context) error {
 	var errs []error
 	if e.remoteStore != nil {
@@ -183,6 +237,16 @@ func (e *env) close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		errs = append(errs, e.pg.Close())
+	}
+	if e.my != nil {
+		if e.myStore != nil {
+			errs = append(errs, e.myStore.Close())
+		}
+		if e.myTable != "" {
+			_, err := e.my.ExecContext(ctx, "DROP TABLE IF EXISTS "+e.myTable)
+			errs = append(errs, err)
+		}
+		errs = append(errs, e.my.Close())
 	}
 	if e.lite != nil {
 		if e.liteStore != nil {

@@ -3,12 +3,15 @@
 //
 //  1. router throughput on RabbitMQ and on Kafka (in-process kfake) with no
 //     middleware, with Watermill's Deduplicator (in memory and over Redis)
-//     and with the inbox on memory, Redis, PostgreSQL, SQLite and the remote
-//     store over Redis, and with floor-redis (a bare SET NX PX claim per
-//     message, nothing after the handler: the least any claim on Redis can
-//     cost), each as a ratio to the no-middleware baseline of the same
-//     repetition; for the variants that use Redis, the Redis server's CPU
-//     time per message (INFO cpu before and after each trial);
+//     and with the inbox on memory, Redis, PostgreSQL, MariaDB, SQLite and
+//     the remote store over Redis, and with floor-redis (a bare SET NX PX
+//     claim per message through the stores' group commit, nothing after the
+//     handler: the least any claim on Redis can cost), each as a ratio to
+//     the no-middleware baseline of the same repetition; for the variants
+//     that use Redis, the Redis server's CPU time per message (INFO cpu
+//     before and after each trial); for the variants whose store batches,
+//     the mean calls per round trip (the store's BatchStats before and
+//     after each trial);
 //  2. scaling of the same with 4 and 16 concurrent consumers;
 //  3. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
@@ -19,14 +22,16 @@
 // Each repetition runs every variant once, in an order rotated from one
 // repetition to the next; ratios are taken within a repetition, then the
 // median over repetitions is reported. The load average is printed at the
-// start and the end.
+// start and the end. The report ends with the targets table of issue 14 (and
+// the guards of issue 13), which -benchmarks-md also writes into
+// BENCHMARKS.md, between markers, with the machine and the command.
 //
-//	go run ./cmd/inboxbench -md bench-results.md -svg docs/throughput.svg
+//	go run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md
 //
-// (`make bench` in the repository root.) Services: RabbitMQ, Redis and
-// PostgreSQL at the addresses of the tests (INBOX_TEST_AMQP_URL,
-// INBOX_TEST_REDIS_URL, INBOX_TEST_POSTGRES_URL); Kafka is an in-process
-// kfake cluster unless KAFKA_BROKERS is set.
+// (`make bench` in the repository root.) Services: RabbitMQ, Redis,
+// PostgreSQL and MariaDB at the addresses of the tests (INBOX_TEST_AMQP_URL,
+// INBOX_TEST_REDIS_URL, INBOX_TEST_POSTGRES_URL, INBOX_TEST_MYSQL_URL);
+// Kafka is an in-process kfake cluster unless KAFKA_BROKERS is set.
 package main
 
 import (
@@ -46,6 +51,7 @@ import (
 
 type options struct {
 	runID string
+	args  []string // the command line, for the report
 
 	sections      []string
 	reps          int
@@ -74,10 +80,11 @@ type options struct {
 	mysqlURL     string
 	kafkaBrokers []string
 
-	mdPath     string
-	svgPath    string
-	quiet      bool
-	cpuProfile string
+	mdPath         string
+	svgPath        string
+	benchmarksPath string
+	quiet          bool
+	cpuProfile     string
 }
 
 func envOr(name, def string) string {
@@ -108,8 +115,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.kafkaScaleN, "kafka-scale-n", 10000, "messages per Kafka trial with more than one consumer")
 	consumers := fs.String("consumers", "1,4,16", "concurrent consumers of the scaling table (1 is the main table)")
 	brokers := fs.String("brokers", "rabbitmq,kafka", "brokers: rabbitmq, kafka")
-	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,inbox-memory,inbox-redis,inbox-postgres,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
-	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,inbox-redis,inbox-postgres", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
+	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,inbox-memory,inbox-redis,inbox-postgres,inbox-mariadb,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
+	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,inbox-redis,inbox-postgres,inbox-mariadb,inbox-sqlite", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
 	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
@@ -121,10 +128,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.amqpURL, "amqp", envOr("INBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	fs.StringVar(&o.redisURL, "redis", envOr("INBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"), "Redis URL")
 	fs.StringVar(&o.postgresURL, "postgres", envOr("INBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	fs.StringVar(&o.mysqlURL, "mysql", envOr("INBOX_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"), "MariaDB or MySQL URL (round trips of the SQL store)")
+	fs.StringVar(&o.mysqlURL, "mysql", envOr("INBOX_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"), "MariaDB or MySQL URL (inbox-mariadb, and round trips of the SQL store)")
 	kafkaBrokers := fs.String("kafka", os.Getenv("KAFKA_BROKERS"), "Kafka brokers (host:port,...); empty starts an in-process kfake cluster")
 	fs.StringVar(&o.mdPath, "md", "", "also write the report to this markdown file")
 	fs.StringVar(&o.svgPath, "svg", "", "write the throughput chart to this SVG file")
+	fs.StringVar(&o.benchmarksPath, "benchmarks-md", "", "replace the targets section of this markdown file (BENCHMARKS.md), between the markers "+sectionBegin+" and "+sectionEnd+", with this run's; appended when the markers are absent")
 	fs.BoolVar(&o.quiet, "q", false, "no progress lines on stderr")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -157,6 +165,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-scale-variants must start with the baseline %q", baseline)
 	}
 	o.runID = strings.ToLower(watermill.NewShortUUID())[:8]
+	o.args = args
 	return o, nil
 }
 
@@ -248,6 +257,11 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	}
 	if o.svgPath != "" && rep.router != nil {
 		if err := os.WriteFile(o.svgPath, []byte(rep.router.chart()), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.benchmarksPath != "" {
+		if err := writeSection(o.benchmarksPath, rep.targetsSection()); err != nil {
 			return err
 		}
 	}

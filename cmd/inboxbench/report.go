@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
@@ -68,7 +69,7 @@ func describeMachine(ctx context.Context, o options) []string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		var mods []string
 		for _, d := range bi.Deps {
-			for _, p := range []string{"watermill", "watermill-amqp", "watermill-kafka", "sarama", "kfake", "go-redis", "pgx", "sqlite"} {
+			for _, p := range []string{"watermill", "watermill-amqp", "watermill-kafka", "sarama", "kfake", "go-redis", "pgx", "mysql", "sqlite"} {
 				if strings.HasSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(d.Path, "/v2"), "/v3"), "/v5"), "/"+p) ||
 					strings.HasSuffix(strings.TrimSuffix(d.Path, "/v9"), "/"+p) || strings.HasSuffix(d.Path, "/pkg/"+p) {
 					mods = append(mods, d.Path+" "+d.Version)
@@ -94,6 +95,16 @@ func describeMachine(ctx context.Context, o options) []string {
 				services = append(services, "PostgreSQL "+v)
 			}
 			_ = db.Close()
+		}
+		if cfg, err := mysqlConfig(o.mysqlURL); err == nil {
+			if conn, err := mysql.NewConnector(cfg); err == nil {
+				db := sql.OpenDB(conn)
+				var v string
+				if db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v) == nil {
+					services = append(services, "MariaDB/MySQL "+v)
+				}
+				_ = db.Close()
+			}
 		}
 		if db, err := sql.Open("sqlite", ":memory:"); err == nil {
 			var v string
@@ -129,8 +140,8 @@ func (r *report) markdown() string {
 	for _, m := range r.machine {
 		p("- %s\n", m)
 	}
-	p("\nCommand: `inboxbench %s`\n\n", strings.Join(redactArgs(os.Args[1:]), " "))
-	p("Every figure is the median over %d repetitions; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", r.opts.reps)
+	p("\nCommand: `inboxbench %s`\n\n", strings.Join(redactArgs(r.opts.args), " "))
+	p("Every figure is the median over %s; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", repetitions(r.opts.reps))
 	if r.router != nil {
 		r.router.markdown(&b)
 	}
@@ -140,6 +151,10 @@ func (r *report) markdown() string {
 	if r.roundtrip != nil {
 		r.roundtrip.markdown(&b)
 	}
+	p("## Targets\n\n")
+	p("Ratios taken within each repetition, median [range] over the repetitions; a target is met when the median meets it.\n\n")
+	r.targetsTable(&b)
+	p("\n")
 	return b.String()
 }
 
@@ -155,16 +170,18 @@ func (r *routerResults) markdown(b *strings.Builder) {
 	p("RabbitMQ: watermill-amqp's durable-queue defaults (persistent messages, prefetch 1). Kafka: watermill-kafka, one consumer-group member on a one-partition topic. ")
 	p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL). ")
 	p("Redis CPU, for the variants that use Redis, is the Redis server's CPU time (`INFO cpu`: used_cpu_sys + used_cpu_user) from just before the router starts to after the middleware has drained, divided by the messages of the trial: the whole server's, so other clients of a shared Redis and its own background work count too. ")
-	p("floor-redis claims each message with a bare `SET key 1 NX PX <lease>` and writes nothing after the handler: the least any claim on Redis can cost.\n\n")
+	p("Calls per round trip, for the variants whose store batches, is the mean number of store calls that one round trip carried (`BatchStats` of the store before and after the trial, drain included: calls over round trips); for the remote store, the round trips of inboxd's Redis store, as the remote client sends one HTTP request per call. ")
+	p("floor-redis claims each message with a bare `SET key 1 NX PX <lease>`, sent through the stores' group commit with the Redis store's bounds (one pipeline per batch), and writes nothing after the handler: the least any claim on Redis can cost.\n\n")
 	for gi, g := range r.groups {
 		if g.consumers != 1 {
 			continue
 		}
 		p("### %s (%d messages per trial)\n\n", g.broker, g.n)
-		p("| variant | msg/s | ratio to none | CPU µs/msg | Redis CPU µs/msg |\n|---|--:|--:|--:|--:|\n")
+		p("| variant | msg/s | ratio to none | CPU µs/msg | Redis CPU µs/msg | calls/round trip |\n|---|--:|--:|--:|--:|--:|\n")
 		for _, v := range g.variants {
 			rates, ratios, cpu := r.rates(gi, v), r.ratios(gi, v), r.cpuPerMsg(gi, v)
-			p("| %s | %.0f %s | %.2f %s | %.1f | %s |\n", v, median(rates), rangeOf(rates, "%.0f"), median(ratios), rangeOf(ratios, "%.2f"), median(cpu), redisCell(r.redisCPUPerMsg(gi, v), true))
+			p("| %s | %.0f %s | %.2f %s | %.1f | %s | %s |\n", v, median(rates), rangeOf(rates, "%.0f"), median(ratios), rangeOf(ratios, "%.2f"), median(cpu),
+				cell(r.redisCPUPerMsg(gi, v), "%.1f", true), cell(r.batchMeans(gi, v), "%.2f", true))
 		}
 		p("\n")
 	}
@@ -178,7 +195,7 @@ func (r *routerResults) markdown(b *strings.Builder) {
 		return
 	}
 	p("## Scaling with concurrent consumers\n\n")
-	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency); then, for the variants that use Redis, the Redis server's CPU µs per message at each concurrency (the whole server's, as above).\n\n")
+	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency); then, for the variants that use Redis, the Redis server's CPU µs per message at each concurrency (the whole server's, as above); then, for the variants whose store batches, the mean calls per round trip at each concurrency (as above).\n\n")
 	for _, broker := range r.brokers() {
 		var cols []int
 		for _, g := range r.groups {
@@ -193,12 +210,23 @@ func (r *routerResults) markdown(b *strings.Builder) {
 				break
 			}
 		}
-		redisCols := false
-		for _, c := range cols {
-			gi := r.find(broker, c)
-			for _, v := range rows {
-				if len(r.redisCPUPerMsg(gi, v)) > 0 {
-					redisCols = true
+		// Extra column groups, one column per concurrency each, shown when
+		// some row has a figure.
+		extras := []struct {
+			title  string
+			format string
+			of     func(g int, v string) []float64
+		}{
+			{"Redis CPU µs/msg", "%.1f", r.redisCPUPerMsg},
+			{"calls/round trip", "%.2f", r.batchMeans},
+		}
+		shown := make([]bool, len(extras))
+		for i, x := range extras {
+			for _, c := range cols {
+				for _, v := range rows {
+					if len(x.of(r.find(broker, c), v)) > 0 {
+						shown[i] = true
+					}
 				}
 			}
 		}
@@ -207,18 +235,22 @@ func (r *routerResults) markdown(b *strings.Builder) {
 		for _, c := range cols {
 			p(" %d consumer%s |", c, plural(c))
 		}
-		if redisCols {
-			for _, c := range cols {
-				p(" Redis CPU µs/msg, %d consumer%s |", c, plural(c))
+		for i, x := range extras {
+			if shown[i] {
+				for _, c := range cols {
+					p(" %s, %d consumer%s |", x.title, c, plural(c))
+				}
 			}
 		}
 		p("\n|---|")
 		for range cols {
 			p("--:|")
 		}
-		if redisCols {
-			for range cols {
-				p("--:|")
+		for i := range extras {
+			if shown[i] {
+				for range cols {
+					p("--:|")
+				}
 			}
 		}
 		p("\n")
@@ -232,10 +264,11 @@ func (r *routerResults) markdown(b *strings.Builder) {
 				}
 				p(" %.0f (%.2f) |", median(r.rates(gi, v)), median(r.ratios(gi, v)))
 			}
-			if redisCols {
-				for _, c := range cols {
-					gi := r.find(broker, c)
-					p(" %s |", redisCell(r.redisCPUPerMsg(gi, v), false))
+			for i, x := range extras {
+				if shown[i] {
+					for _, c := range cols {
+						p(" %s |", cell(x.of(r.find(broker, c), v), x.format, false))
+					}
 				}
 			}
 			p("\n")
@@ -244,16 +277,17 @@ func (r *routerResults) markdown(b *strings.Builder) {
 	}
 }
 
-// redisCell is the median of the Redis CPU figures xs (µs per message), with
-// their range when withRange; empty for a variant that does not use Redis.
-func redisCell(xs []float64, withRange bool) string {
+// cell is the median of xs in format, with their range when withRange;
+// empty for none (a variant that does not use Redis, or whose store does not
+// batch).
+func cell(xs []float64, format string, withRange bool) string {
 	if len(xs) == 0 {
 		return ""
 	}
 	if withRange {
-		return fmt.Sprintf("%.1f %s", median(xs), rangeOf(xs, "%.1f"))
+		return fmt.Sprintf(format+" %s", median(xs), rangeOf(xs, format))
 	}
-	return fmt.Sprintf("%.1f", median(xs))
+	return fmt.Sprintf(format, median(xs))
 }
 
 func (r *routerResults) brokers() []string {

@@ -15,6 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // trialResult is one router trial: n messages consumed by one variant.
@@ -29,6 +31,11 @@ type trialResult struct {
 	// the whole server's: other clients of a shared Redis count too.
 	redisCPU      time.Duration
 	redisMeasured bool
+	// batches counts the round trips of the variant's store (or floor) and
+	// the calls they carried over the same window as redisCPU, for variants
+	// whose store batches (batchMeasured).
+	batches       driver.BatchStats
+	batchMeasured bool
 }
 
 func (r trialResult) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -126,6 +133,13 @@ func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int
 			return trialResult{}, err
 		}
 	}
+	var counter batchCounter
+	var batch0 driver.BatchStats
+	if v.batches != nil {
+		if counter = v.batches(e); counter != nil {
+			batch0 = counter.BatchStats()
+		}
+	}
 	m := newMeter(n)
 	router.AddMiddleware(m.middleware, mw)
 	for i, sub := range ts.subs {
@@ -160,6 +174,9 @@ func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int
 			return res, err
 		}
 		res.redisCPU, res.redisMeasured = redis1-redis0, true
+	}
+	if counter != nil && waitErr == nil && closeErr == nil {
+		res.batches, res.batchMeasured = counter.BatchStats().Sub(batch0), true
 	}
 	if err := errors.Join(waitErr, closeErr); err != nil {
 		return res, err

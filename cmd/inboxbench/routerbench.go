@@ -64,6 +64,19 @@ func (r *routerResults) redisCPUPerMsg(g int, v string) []float64 {
 	return out
 }
 
+// batchMeans returns the mean calls per round trip of variant v's store in
+// group g, one per repetition; none for a variant whose store does not
+// batch.
+func (r *routerResults) batchMeans(g int, v string) []float64 {
+	var out []float64
+	for _, t := range r.trials[g][v] {
+		if t.batchMeasured {
+			out = append(out, t.batches.Mean())
+		}
+	}
+	return out
+}
+
 func (r *routerResults) find(broker string, consumers int) int {
 	for i, g := range r.groups {
 		if g.broker == broker && g.consumers == consumers {
@@ -133,17 +146,22 @@ func runRouter(ctx context.Context, o options, logf func(string, ...any)) (*rout
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
+				started := time.Now()
 				t, err := runTrial(ctx, e, brokers[g.broker], v, g.n, g.consumers, o.trialTimeout)
 				if err != nil {
 					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
 				}
 				res.trials[gi][v.name] = append(res.trials[gi][v.name], t)
-				redisCPU := ""
+				extra := ""
 				if t.redisMeasured {
-					redisCPU = fmt.Sprintf("  redis %5.1f µs/msg", float64(t.redisCPUPerMsg())/1e3)
+					extra += fmt.Sprintf("  redis %5.1f µs/msg", float64(t.redisCPUPerMsg())/1e3)
 				}
-				logf("rep %d/%d %-8s x%-2d %-21s %7.0f msg/s  cpu %5.1f µs/msg%s  drain %s",
-					rep+1, o.reps, g.broker, g.consumers, v.name, t.rate(), float64(t.cpuPerMsg())/1e3, redisCPU, t.drain.Round(time.Millisecond))
+				if t.batchMeasured {
+					extra += fmt.Sprintf("  %5.2f calls/round trip", t.batches.Mean())
+				}
+				logf("rep %d/%d %-8s x%-2d %-21s %7.0f msg/s  cpu %5.1f µs/msg%s  drain %s  trial %s",
+					rep+1, o.reps, g.broker, g.consumers, v.name, t.rate(), float64(t.cpuPerMsg())/1e3, extra,
+					t.drain.Round(time.Millisecond), time.Since(started).Round(10*time.Millisecond))
 			}
 		}
 	}

@@ -2,20 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
@@ -26,7 +24,15 @@ type variant struct {
 	// make returns the middleware for one trial, on bus for group, and what
 	// to call after the router has stopped (it drains pending marks).
 	make func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error)
+	// batches, for a variant whose store groups calls into round trips,
+	// returns what counts them (the store, or the floor): the tables give
+	// the mean calls per round trip of each trial. nil for the others.
+	batches func(e *env) batchCounter
 }
+
+// batchCounter is any store on the portable layer (stores/driver), and the
+// floor: their round trips and the calls those carried.
+type batchCounter interface{ BatchStats() driver.BatchStats }
 
 // The baseline: no middleware at all.
 const baseline = "none"
@@ -49,8 +55,8 @@ func allVariants() []variant {
 			return deduplicator(d), noClose, nil
 		}},
 		{name: "floor-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
-			return floorRedis(e.redis, e.prefix()+"floor:", inbox.DefaultLease), noClose, nil
-		}},
+			return e.floor.middleware, noClose, nil
+		}, batches: func(e *env) batchCounter { return e.floor }},
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			s, err := memory.New(memory.Options{Retention: retention})
 			if err != nil {
@@ -58,10 +64,16 @@ func allVariants() []variant {
 			}
 			return inboxMiddleware(s, bus, group, func(ctx context.Context) error { return s.Close() })
 		}},
-		inboxVariant("inbox-redis", "redis", func(e *env) inbox.LeaseStore { return e.redisStore }),
-		inboxVariant("inbox-postgres", "postgres", func(e *env) inbox.LeaseStore { return e.pgStore }),
-		inboxVariant("inbox-sqlite", "sqlite", func(e *env) inbox.LeaseStore { return e.liteStore }),
-		inboxVariant("inbox-remote-redis", "remote", func(e *env) inbox.LeaseStore { return e.remoteStore }),
+		inboxVariant("inbox-redis", "redis", func(e *env) inbox.LeaseStore { return e.redisStore }, nil),
+		inboxVariant("inbox-postgres", "postgres", func(e *env) inbox.LeaseStore { return e.pgStore }, nil),
+		inboxVariant("inbox-mariadb", "mariadb", func(e *env) inbox.LeaseStore { return e.myStore }, nil),
+		inboxVariant("inbox-sqlite", "sqlite", func(e *env) inbox.LeaseStore { return e.liteStore }, nil),
+		// The remote client sends one HTTP request per call (protocol v1 has
+		// no batch endpoint); the batching on that path is inboxd's, whose
+		// Redis store groups the requests in flight: its round trips to Redis
+		// are the ones counted.
+		inboxVariant("inbox-remote-redis", "remote", func(e *env) inbox.LeaseStore { return e.remoteStore },
+			func(e *env) any { return e.remoteBacking }),
 	}
 }
 
@@ -85,31 +97,18 @@ func deduplicator(d *wmw.Deduplicator) message.HandlerMiddleware {
 // message is reported for it.
 func (v variant) usesRedis() bool { return v.needs == "redis" || v.needs == "remote" }
 
-// floorRedis is the least any claim on Redis can cost: one bare
-// SET <prefix><uuid> 1 NX PX <lease> per message on c, nothing after the
-// handler (no mark, no release, no lease renewal). A message whose key is
-// already set is a duplicate and is acked without running the handler; a
-// failed SET nacks the message.
-func floorRedis(c *redis.Client, prefix string, lease time.Duration) message.HandlerMiddleware {
-	px := strconv.FormatInt(lease.Milliseconds(), 10)
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			// Do, not SetNX: SetNX sends EX for whole seconds.
-			err := c.Do(msg.Context(), "set", prefix+msg.UUID, "1", "nx", "px", px).Err()
-			if errors.Is(err, redis.Nil) {
-				return nil, nil // claimed before: a duplicate, acked
-			}
-			if err != nil {
-				return nil, fmt.Errorf("floor-redis claim: %w", err)
-			}
-			return h(msg)
-		}
+// inboxVariant is the inbox on the store that store returns. Its batch
+// sizes are those of counted(e), by default the store itself, when that
+// implements batchCounter (every store on stores/driver does).
+func inboxVariant(name, needs string, store func(*env) inbox.LeaseStore, counted func(*env) any) variant {
+	if counted == nil {
+		counted = func(e *env) any { return store(e) }
 	}
-}
-
-func inboxVariant(name, needs string, store func(*env) inbox.LeaseStore) variant {
 	return variant{name: name, needs: needs, make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 		return inboxMiddleware(store(e), bus, group, noClose)
+	}, batches: func(e *env) batchCounter {
+		c, _ := counted(e).(batchCounter)
+		return c
 	}}
 }
 

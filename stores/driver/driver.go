@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,7 +120,8 @@ type Driver interface {
 	// Release followed by a Claim of its key acquires it; several Claims of
 	// one key give exactly one Acquired while the lease is live); ops on
 	// different keys may be applied in any order. A non-nil return fails
-	// every op of the batch.
+	// every op of the batch. Apply must not keep the slices after it
+	// returns: the layer reuses them.
 	Apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error
 
 	// Extend is [inbox.LeaseStore.Extend].
@@ -414,16 +416,28 @@ func (s *Store) do(ctx context.Context, op Op) (inbox.Claim, error) {
 	if s.b != nil {
 		c, err = s.b.Do(cctx, op)
 	} else {
-		ops, res, errs := []Op{op}, make([]inbox.Claim, 1), make([]error, 1)
-		if err = s.apply(cctx, ops, res, errs); err == nil {
-			c, err = res[0], errs[0]
+		o := ones.Get().(*one)
+		o.ops[0] = op
+		if err = s.apply(cctx, o.ops[:], o.res[:], o.errs[:]); err == nil {
+			c, err = o.res[0], o.errs[0]
 		}
+		*o = one{}
+		ones.Put(o)
 	}
 	if err != nil {
 		return inbox.Claim{}, s.fail(cctx, name, op.Key, err)
 	}
 	return c, nil
 }
+
+// one holds the arguments of an unbatched Apply, reused through ones.
+type one struct {
+	ops  [1]Op
+	res  [1]inbox.Claim
+	errs [1]error
+}
+
+var ones = sync.Pool{New: func() any { return new(one) }}
 
 // apply is one round trip: the driver's Apply, counted.
 func (s *Store) apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error {
