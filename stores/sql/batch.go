@@ -15,18 +15,16 @@ import (
 )
 
 // batchBounds are the batching bounds of a dialect (see "Batching" in the
-// package documentation). MaxInFlight is the number of batches, hence of
-// pooled connections, in flight at once.
+// package documentation), chosen by measurement (BenchmarkBatchBounds):
+// on the servers, more batches in flight make them smaller, and the
+// statements more numerous, without more throughput; SQLite has one
+// writer, so a second batch in flight would only wait for the pool's
+// connection.
 func batchBounds(d Dialect) driver.Batch {
-	switch d {
-	case SQLite:
-		// One writer: a second batch in flight would wait for the pool's
-		// connection, and the calls it carries would travel in the next
-		// batch anyway.
+	if d == SQLite {
 		return driver.Batch{MaxBatch: 64, MaxInFlight: 1}
-	default:
-		return driver.Batch{MaxBatch: 64, MaxInFlight: 4}
 	}
+	return driver.Batch{MaxBatch: 64, MaxInFlight: 2}
 }
 
 // Apply implements [driver.Driver]. The batch is split into waves in which
@@ -315,10 +313,9 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, inTx bool, w *wave, r
 	if !inTx {
 		for _, k := range []driver.Kind{driver.Complete, driver.Release} {
 			for _, i := range w.kinds[k] {
-				if err := d.mySettleOne(ctx, ops[i], &errs[i]); err != nil {
+				if err := d.settleOne(ctx, ops[i], &res[i], &errs[i]); err != nil {
 					return err
 				}
-				res[i] = inbox.Claim{}
 			}
 		}
 	} else if err := d.mySettle(ctx, q, w, res, errs); err != nil {
@@ -339,26 +336,26 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, inTx bool, w *wave, r
 	return nil
 }
 
-// mySettleOne runs a Complete or Release alone: a fenced UPDATE that
-// affects the key's row when op's lease holds it.
-func (d *sqlDriver) mySettleOne(ctx context.Context, op driver.Op, errp *error) error {
+// settleOne runs a Complete or Release alone (MySQL and SQLite): a fenced
+// UPDATE that affects the key's row when op's lease holds it.
+func (d *sqlDriver) settleOne(ctx context.Context, op driver.Op, res *inbox.Claim, errp *error) error {
 	query := d.q.release
 	if op.Kind == driver.Complete {
 		query = d.q.complete
 	}
-	res, err := d.db.ExecContext(ctx, query, us(d.opts.Retention), op.Key, op.LeaseID)
+	r, err := d.execStmt(ctx, query, us(d.opts.Retention), op.Key, op.LeaseID)
 	if err != nil {
 		return err
 	}
-	n, err := res.RowsAffected()
+	n, err := r.RowsAffected()
 	if err != nil {
 		return err
 	}
-	*errp = nil
+	*res, *errp = inbox.Claim{}, nil
 	if n == 1 {
 		return nil
 	}
-	if op.Kind == driver.Complete {
+	if op.Kind == driver.Complete && d.opts.Dialect == MySQL {
 		// Without clientFoundRows a repeated Complete changes nothing and
 		// reports no row: ask whether this lease completed the key.
 		var (
@@ -382,7 +379,7 @@ func (d *sqlDriver) mySettleOne(ctx context.Context, op driver.Op, errp *error) 
 
 // mySettle runs the completes and releases of w in the transaction q: it
 // reads and locks their rows, decides which leases hold their keys (the
-// conditions of the fenced UPDATEs of mySettleOne), and updates those rows.
+// conditions of the fenced UPDATEs of settleOne), and updates those rows.
 func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbox.Claim, errs []error) error {
 	ops := w.ops
 	keys := make([]any, 0, len(w.kinds[driver.Complete])+len(w.kinds[driver.Release]))
@@ -456,6 +453,10 @@ type liteStep struct {
 }
 
 func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	if len(ops) == 1 && (ops[0].Kind == driver.Complete || ops[0].Kind == driver.Release) {
+		// Cheaper than the UPDATE ... RETURNING of a batch.
+		return d.settleOne(ctx, ops[0], &res[0], &errs[0])
+	}
 	ret := us(d.opts.Retention)
 	var steps []liteStep
 	for _, w := range waves(ops) {

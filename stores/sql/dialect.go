@@ -219,9 +219,9 @@ type queries struct {
 	// cleanup(batch): deletes at most batch expired rows.
 	cleanup string
 
-	// MySQL: the complete and release of a batch of one op:
+	// MySQL and SQLite: the complete and release of a batch of one op:
 	// complete(retentionUS, key, leaseID) and release(retentionUS, key,
-	// leaseID) affect one row on success; holder(key) returns state,
+	// leaseID) affect one row on success. MySQL: holder(key) returns state,
 	// lease_id, expires_at and now, to tell a repeated Complete without
 	// clientFoundRows.
 	complete, release, holder string
@@ -500,7 +500,7 @@ func liteQueries(t string) queries {
 		now  = liteNow
 	)
 	// SQLite, like PostgreSQL, evaluates every assignment on the old row.
-	return queries{
+	q := queries{
 		claimRow: `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
 		claimTail: `
 ON CONFLICT (msg_key) DO UPDATE SET
@@ -549,4 +549,9 @@ FROM ` + t + ` WHERE msg_key = ?1`,
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` AND msg_key IN (
 	SELECT msg_key FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?1)`,
 	}
+	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
+WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
+	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	return q
 }

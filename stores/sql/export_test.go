@@ -75,10 +75,7 @@ func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID strin
 			}, d.q.pg[maskComplete], func(key, id string) []any {
 				return []any{ret, "{" + pgQuote(key) + "}", "{" + pgQuote(id) + "}", 1}
 			}
-	case MySQL:
-		complete, completeArgs = d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
-	default:
-		complete, completeArgs = d.liteSettleQuery(driver.Complete, 1), func(key, id string) []any { return []any{ret, key, key, id} }
 	}
-	return d.claimsQuery(1), func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} }, complete, completeArgs
+	return d.claimsQuery(1), func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
+		d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
 }
