@@ -231,7 +231,8 @@ type queries struct {
 	// Parameters of a row: key, leaseID, owner, leaseUS, hash,
 	// leaseUS+retentionUS. The statement, built by claimsQuery, returns
 	// msg_key, state, lease_id, lease_until, payload_hash, last_seen, now
-	// per row; on MySQL it returns nothing and claimedQuery reads the rows.
+	// per row; on MySQL 8 it returns nothing, and a locking read of the rows
+	// follows it in its transaction.
 	claimRow, claimTail string
 	// markRow(key, retentionUS), markTail: likewise for marks, which
 	// return nothing.

@@ -210,6 +210,11 @@ func (s *Store) Dialect() Dialect { return s.d.opts.Dialect }
 // Table returns the store's table name.
 func (s *Store) Table() string { return s.d.opts.Table }
 
+// Close makes every later call fail with [inbox.ErrClosed], stops the
+// janitor and frees the prepared statements. It closes the *sql.DB only
+// when the store opened it (stores opened by URL). Closing twice is a no-op.
+func (s *Store) Close() error { return s.Store.Close() }
+
 // Close implements [driver.Driver]; [Store.Close] (the layer's) calls it
 // once. It stops the janitor and frees the prepared statements; it closes
 // the *sql.DB only when the store opened it (stores opened by URL).
