@@ -150,6 +150,9 @@ type querier interface {
 // ---- PostgreSQL: one statement per wave ----
 
 func (d *sqlDriver) applyPG(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	if len(ops) == 1 {
+		return d.applyOne(ctx, ops, res, errs)
+	}
 	for _, w := range waves(ops) {
 		if err := retryDeadlocks(ctx, func() error { return d.pgWave(ctx, w, res, errs) }); err != nil {
 			return err
@@ -264,16 +267,15 @@ func pgQuote(s string) string {
 // ---- MySQL and MariaDB: a batch of several ops is one transaction ----
 
 func (d *sqlDriver) applyMy(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
-	ws := waves(ops)
 	if len(ops) == 1 && (ops[0].Kind != driver.Claim || d.returning) {
-		// One statement, no transaction.
-		return retryDeadlocks(ctx, func() error { return d.myWave(ctx, d.db, false, ws[0], res, errs) })
+		return d.applyOne(ctx, ops, res, errs)
 	}
+	ws := waves(ops)
 	// InnoDB rolls a deadlocked transaction back whole: run it again whole.
 	return retryDeadlocks(ctx, func() error {
 		return d.inTx(ctx, func(tx *sql.Tx) error {
 			for _, w := range ws {
-				if err := d.myWave(ctx, tx, true, w, res, errs); err != nil {
+				if err := d.myWave(ctx, tx, w, res, errs); err != nil {
 					return err
 				}
 			}
@@ -282,9 +284,8 @@ func (d *sqlDriver) applyMy(ctx context.Context, ops []driver.Op, res []inbox.Cl
 	})
 }
 
-// myWave runs w on q: a transaction when inTx, else the database itself (w
-// then holds one op, and no MySQL 8 claim).
-func (d *sqlDriver) myWave(ctx context.Context, q querier, inTx bool, w *wave, res []inbox.Claim, errs []error) error {
+// myWave runs w in the transaction q.
+func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.Claim, errs []error) error {
 	ops := w.ops
 	ret := us(d.opts.Retention)
 	if g := w.kinds[driver.Claim]; len(g) > 0 {
@@ -310,15 +311,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, inTx bool, w *wave, r
 			return err
 		}
 	}
-	if !inTx {
-		for _, k := range []driver.Kind{driver.Complete, driver.Release} {
-			for _, i := range w.kinds[k] {
-				if err := d.settleOne(ctx, ops[i], &res[i], &errs[i]); err != nil {
-					return err
-				}
-			}
-		}
-	} else if err := d.mySettle(ctx, q, w, res, errs); err != nil {
+	if err := d.mySettle(ctx, q, w, res, errs); err != nil {
 		return err
 	}
 	if g := w.kinds[driver.Mark]; len(g) > 0 {
@@ -336,8 +329,32 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, inTx bool, w *wave, r
 	return nil
 }
 
-// settleOne runs a Complete or Release alone (MySQL and SQLite): a fenced
-// UPDATE that affects the key's row when op's lease holds it.
+// applyOne runs a batch of one op (on MySQL 8, not a claim) as one
+// statement with scalar parameters, cheaper than those of larger batches:
+// measured, the array statements of PostgreSQL and the UPDATE ... RETURNING
+// of SQLite cost a single caller a sixth and a third of its throughput.
+func (d *sqlDriver) applyOne(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	op, ret := ops[0], us(d.opts.Retention)
+	return retryDeadlocks(ctx, func() error {
+		switch op.Kind {
+		case driver.Claim:
+			w := waves(ops)[0]
+			args := []any{op.Key, op.LeaseID, op.Owner, us(op.Lease), op.PayloadHash, us(op.Lease) + ret}
+			return d.claimRows(ctx, d.db, d.stmt(ctx, d.q.claimOne), d.q.claimOne, args, w, res, errs)
+		case driver.Mark:
+			if _, err := d.execStmt(ctx, d.q.markOne, op.Key, ret); err != nil {
+				return err
+			}
+			res[0], errs[0] = inbox.Claim{}, nil
+			return nil
+		default:
+			return d.settleOne(ctx, op, &res[0], &errs[0])
+		}
+	})
+}
+
+// settleOne runs a Complete or Release alone: a fenced UPDATE that affects
+// the key's row when op's lease holds it.
 func (d *sqlDriver) settleOne(ctx context.Context, op driver.Op, res *inbox.Claim, errp *error) error {
 	query := d.q.release
 	if op.Kind == driver.Complete {
@@ -453,9 +470,8 @@ type liteStep struct {
 }
 
 func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
-	if len(ops) == 1 && (ops[0].Kind == driver.Complete || ops[0].Kind == driver.Release) {
-		// Cheaper than the UPDATE ... RETURNING of a batch.
-		return d.settleOne(ctx, ops[0], &res[0], &errs[0])
+	if len(ops) == 1 {
+		return d.applyOne(ctx, ops, res, errs)
 	}
 	ret := us(d.opts.Retention)
 	var steps []liteStep

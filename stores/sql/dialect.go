@@ -219,12 +219,14 @@ type queries struct {
 	// cleanup(batch): deletes at most batch expired rows.
 	cleanup string
 
-	// MySQL and SQLite: the complete and release of a batch of one op:
-	// complete(retentionUS, key, leaseID) and release(retentionUS, key,
-	// leaseID) affect one row on success. MySQL: holder(key) returns state,
+	// The statements of a batch of one op (applyOne): claimOne(key,
+	// leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns what a
+	// claim statement returns (below; not on MySQL 8); complete(retentionUS,
+	// key, leaseID) and release(retentionUS, key, leaseID) affect one row on
+	// success; markOne(key, retentionUS). MySQL: holder(key) returns state,
 	// lease_id, expires_at and now, to tell a repeated Complete without
 	// clientFoundRows.
-	complete, release, holder string
+	claimOne, complete, release, markOne, holder string
 
 	// claimRow, claimTail: a claim's VALUES row and what follows the rows
 	// (the conflict clause, and RETURNING where the dialect has it).
@@ -254,6 +256,10 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 		q = liteQueries(t)
 	}
 	q.t = t
+	if d != Postgres {
+		q.claimOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.claimRow, 1, q.claimTail)
+		q.markOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.markRow, 1, q.markTail)
+	}
 	return q
 }
 
@@ -283,6 +289,15 @@ const (
 	processed_at = CASE WHEN ` + pgGone + ` THEN NULL ELSE t.processed_at END,
 	payload_hash = CASE WHEN ` + pgGone + ` OR ((` + pgFree + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
 	expires_at   = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.expires_at ELSE t.expires_at END`
+
+	// The SET clauses of Complete and Release; $1 is the retention.
+	pgCompleteSet = `
+	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
+	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
+	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
+	lease_until  = NULL,
+	state        = 1`
+	pgReleaseSet = ` lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS
 
 	pgMarkSet = `
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
@@ -325,6 +340,24 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 	for mask := 1; mask < len(q.pg); mask++ {
 		q.pg[mask] = pgWaveQuery(t, mask)
 	}
+	// A batch of one op: the statements with scalar parameters are cheaper
+	// than those over arrays.
+	q.claimOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
+INSERT INTO ` + t + ` AS t (` + cols + `)
+SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + ` FROM n
+ON CONFLICT (msg_key) DO UPDATE SET` + pgClaimSet + `
+RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen)
+SELECT r.msg_key, r.state, r.lease_id, r.lease_until, r.payload_hash, r.last_seen, n.now FROM r, n`
+	q.complete = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET` + pgCompleteSet + `
+FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.expires_at > n.now`
+	q.release = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET` + pgReleaseSet + `
+FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
+	q.markOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+INSERT INTO ` + t + ` AS t (` + cols + `)
+SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint` + pgUS + ` FROM n
+ON CONFLICT (msg_key) DO UPDATE SET` + pgMarkSet
 	return q
 }
 
@@ -352,7 +385,7 @@ func pgWaveQuery(t string, mask int) string {
 	n := 0
 	param := func(cast string) string { n++; return "$" + strconv.Itoa(n) + cast }
 	arr := func(typ string) string { return param("::text::" + typ + "[]") }
-	ret := param("::bigint")
+	ret := param("::bigint") // $1, as pgCompleteSet and pgReleaseSet expect
 	ctes := []string{`n AS MATERIALIZED (SELECT clock_timestamp() AS now)`}
 	var sels []string
 	other := func(kind int, cte string) string {
@@ -371,12 +404,7 @@ RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_
 	if mask&maskComplete != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
 		ctes = append(ctes, `d AS (
-UPDATE `+t+` AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
-	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + `+ret+pgUS+` ELSE t.expires_at END,
-	lease_until  = NULL,
-	state        = 1
+UPDATE `+t+` AS t SET`+pgCompleteSet+`
 FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
 WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
 RETURNING t.msg_key)`)
@@ -385,7 +413,7 @@ RETURNING t.msg_key)`)
 	if mask&maskRelease != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
 		ctes = append(ctes, `r AS (
-UPDATE `+t+` AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + `+ret+pgUS+`
+UPDATE `+t+` AS t SET`+pgReleaseSet+`
 FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
 WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)`)

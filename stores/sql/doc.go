@@ -99,28 +99,28 @@
 // and MariaDB, one on SQLite, which has one writer). Extend, Get and IsProcessed are not batched. [Store.BatchStats]
 // counts the batches and their sizes.
 //
-// A batch is applied in waves in which each key appears once (the calls of
-// one key take effect in the order they were made: a Release then a
-// TryBegin of its key acquires it), and each wave, per dialect:
+// A batch of one call (all a single sequential caller ever makes) is the
+// one statement of its operation, with scalar parameters (on MySQL 8 a
+// claim is its short transaction). A larger batch is applied in waves in
+// which each key appears once (the calls of one key take effect in the
+// order they were made: a Release then a TryBegin of its key acquires it),
+// and each wave, per dialect:
 //
 //   - PostgreSQL: one statement, whatever the mix of operations: a
 //     data-modifying CTE per kind (the claims' upsert, the completes' and
 //     the releases' fenced UPDATE ... FROM unnest(...) RETURNING msg_key,
 //     the marks' upsert), each over the arrays of its rows, all under one
-//     clock reading. A batch of one call is the same statement with one row.
-//   - MariaDB and MySQL: a batch of one call is one statement (a MySQL 8
-//     claim its short transaction). A larger batch is one transaction:
-//     multi-row upserts for claims (with RETURNING on MariaDB; on MySQL 8
-//     followed by a locking read of their rows) and for marks, and for
-//     completes and releases a locking read of their rows, the lease check
-//     made on it, and one UPDATE per kind of the rows that passed. InnoDB
-//     breaks a deadlock by rolling the transaction back; it is run again.
-//   - SQLite: multi-row upserts for claims and marks, UPDATE ... RETURNING
-//     msg_key for completes and releases, all in one transaction when the
-//     batch has several statements (immediate with the DSN of [SQLiteDSN]).
-//     A batch of one Complete or Release is the plain fenced UPDATE, which
-//     SQLite runs faster. The statements are prepared once per number of
-//     rows.
+//     clock reading.
+//   - MariaDB and MySQL: one transaction for the whole batch: multi-row
+//     upserts for claims (with RETURNING on MariaDB; on MySQL 8 followed by
+//     a locking read of their rows) and for marks, and for completes and
+//     releases a locking read of their rows, the lease check made on it,
+//     and one UPDATE per kind of the rows that passed. InnoDB breaks a
+//     deadlock by rolling the transaction back; it is run again.
+//   - SQLite: one transaction for the whole batch (immediate with the DSN of
+//     [SQLiteDSN]): multi-row upserts for claims and marks, UPDATE ...
+//     RETURNING msg_key for completes and releases. The statements are
+//     prepared once per number of rows.
 //
 // Within a wave the rows are sorted by key, so that concurrent batches lock
 // the rows they share in the same order. Every call gets its own outcome:

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"net/url"
-	"strconv"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores/driver"
@@ -68,14 +67,6 @@ func SQLitePath(raw string) (string, error) {
 func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID string) []any, complete string, completeArgs func(key, leaseID string) []any) {
 	d := s.d
 	lease, ret := us(d.opts.Lease), us(d.opts.Retention)
-	switch d.opts.Dialect {
-	case Postgres:
-		return d.q.pg[maskClaim], func(key, id string) []any {
-				return []any{ret, "{" + pgQuote(key) + "}", "{" + pgQuote(id) + "}", `{""}`, "{" + strconv.FormatInt(lease, 10) + "}", `{""}`}
-			}, d.q.pg[maskComplete], func(key, id string) []any {
-				return []any{ret, "{" + pgQuote(key) + "}", "{" + pgQuote(id) + "}", 1}
-			}
-	}
-	return d.claimsQuery(1), func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
+	return d.q.claimOne, func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
 		d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
 }
