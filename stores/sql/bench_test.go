@@ -1,7 +1,9 @@
 package sqlstore_test
 
 import (
+	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"sync/atomic"
@@ -13,11 +15,13 @@ import (
 )
 
 // BenchmarkClaimComplete measures one message's store work, a new key's
-// TryBegin then Complete, per database:
+// TryBegin then Complete, by one caller (so every call is a batch of one),
+// per database:
 //
 //   - store: this package;
-//   - same-sql: the store's own two statements run directly through
-//     database/sql (the store's Go overhead is store minus same-sql);
+//   - same-sql: the store's own two statements (those of a batch of one)
+//     run directly through database/sql (the store's Go overhead is store
+//     minus same-sql);
 //   - insert-update: a plain INSERT of the row then an UPDATE marking it, on
 //     the same table (the floor any SQL inbox pays).
 //
@@ -46,26 +50,12 @@ func BenchmarkClaimComplete(b *testing.B) {
 				}
 			})
 			if !be.mysql8 {
-				tryBegin, complete := sqlstore.Statements(s)
-				lease, ret := (30 * time.Second).Microseconds(), (7 * 24 * time.Hour).Microseconds()
+				sameSQL := sameStatements(s, db)
 				b.Run("same-sql", func(b *testing.B) {
 					ctx := ctxT(b)
 					for b.Loop() {
 						key := fmt.Sprintf("bench:%s:same:%d", prefix, benchSeq.Add(1))
-						id := inbox.NewLeaseID()
-						var (
-							state, attempts int
-							gotID, hash     string
-							until, last, nw any
-						)
-						if err := db.QueryRowContext(ctx, tryBegin, key, id, "", lease, "", lease+ret).Scan(&state, &gotID, &until, &attempts, &hash, &last, &nw); err != nil {
-							b.Fatal(err)
-						}
-						args := []any{key, id, ret}
-						if be.dialect == sqlstore.MySQL {
-							args = []any{ret, key, id}
-						}
-						if _, err := db.ExecContext(ctx, complete, args...); err != nil {
+						if err := sameSQL(ctx, key, inbox.NewLeaseID()); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -86,6 +76,40 @@ func BenchmarkClaimComplete(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// sameStatements returns a function that runs the statements of a batch of
+// one TryBegin and of one Complete of s directly through database/sql,
+// reading every column the claim answers.
+func sameStatements(s *sqlstore.Store, db *sql.DB) func(ctx context.Context, key, leaseID string) error {
+	tryBegin, tryBeginArgs, complete, completeArgs := sqlstore.Statements(s)
+	run := func(ctx context.Context, q string, args []any) error {
+		rows, err := db.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		cols, err := rows.Columns()
+		if err != nil {
+			return err
+		}
+		dest := make([]any, len(cols))
+		for i := range dest {
+			dest[i] = new(any)
+		}
+		for rows.Next() {
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+	return func(ctx context.Context, key, leaseID string) error {
+		if err := run(ctx, tryBegin, tryBeginArgs(key, leaseID)); err != nil {
+			return err
+		}
+		return run(ctx, complete, completeArgs(key, leaseID))
 	}
 }
 
@@ -123,9 +147,8 @@ func BenchmarkClaimCompleteInterleaved(b *testing.B) {
 			db := be.open(b)
 			table := newTable(b, db, be.dialect)
 			s := newStore(b, be, db, table, sqlstore.Options{})
-			tryBegin, complete := sqlstore.Statements(s)
+			sameSQL := sameStatements(s, db)
 			ins, upd := floorStatements(be.dialect, table)
-			lease, ret := (30 * time.Second).Microseconds(), (7 * 24 * time.Hour).Microseconds()
 			var p [4]byte
 			_, _ = rand.Read(p[:])
 			prefix := hex.EncodeToString(p[:])
@@ -145,19 +168,7 @@ func BenchmarkClaimCompleteInterleaved(b *testing.B) {
 
 				key = fmt.Sprintf("bench:%s:same:%d", prefix, benchSeq.Add(1))
 				id := inbox.NewLeaseID()
-				var (
-					state, attempts int
-					gotID, hash     string
-					until, last, nw any
-				)
-				if err := db.QueryRowContext(ctx, tryBegin, key, id, "", lease, "", lease+ret).Scan(&state, &gotID, &until, &attempts, &hash, &last, &nw); err != nil {
-					b.Fatal(err)
-				}
-				args := []any{key, id, ret}
-				if be.dialect == sqlstore.MySQL {
-					args = []any{ret, key, id}
-				}
-				if _, err := db.ExecContext(ctx, complete, args...); err != nil {
+				if err := sameSQL(ctx, key, id); err != nil {
 					b.Fatal(err)
 				}
 				t2 := time.Now()

@@ -48,7 +48,7 @@ func (t target) String() string {
 // without writing anything.
 func checkTable(ctx context.Context, s *Store, t target) error {
 	if _, err := s.Get(ctx, checkKey); err != nil {
-		return openError(ctx, t, s.opts.Table, "Open", "reading table "+s.opts.Table, err)
+		return openError(ctx, t, s.Table(), "Open", "reading table "+s.Table(), err)
 	}
 	return nil
 }
@@ -211,7 +211,7 @@ func (l *lazyStore) store(ctx context.Context, op string) (*Store, error) {
 	if err != nil {
 		return nil, openError(ctx, l.t, l.opts.Table, op, "asking the server version", err)
 	}
-	s.ownsDB = true
+	s.d.ownsDB = true
 	l.s.Store(s)
 	return s, nil
 }

@@ -17,15 +17,16 @@ import (
 // it holds a transaction-scoped advisory lock). It never alters an existing
 // table. The statements are those of [DDL].
 func (s *Store) Migrate(ctx context.Context) error {
-	if err := s.enter(ctx, "Migrate"); err != nil {
+	d := s.d
+	if err := d.enter(ctx, "Migrate"); err != nil {
 		return err
 	}
-	stmts := ddl(s.opts.Dialect, s.opts.Table)
+	stmts := ddl(d.opts.Dialect, d.opts.Table)
 	var err error
-	if s.opts.Dialect == Postgres {
+	if d.opts.Dialect == Postgres {
 		h := fnv.New64a()
-		_, _ = h.Write([]byte("watermill-inbox:" + s.opts.Table))
-		err = s.inTx(ctx, func(tx *sql.Tx) error {
+		_, _ = h.Write([]byte("watermill-inbox:" + d.opts.Table))
+		err = d.inTx(ctx, func(tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
 				return err
 			}
@@ -38,12 +39,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		})
 	} else {
 		for _, q := range stmts {
-			if _, err = s.db.ExecContext(ctx, q); err != nil {
+			if _, err = d.db.ExecContext(ctx, q); err != nil {
 				break
 			}
 		}
 	}
-	return s.wrap(ctx, "Migrate", err)
+	return d.wrap(ctx, "Migrate", err)
 }
 
 // Cleanup deletes the records that have expired (processed keys past the
@@ -58,34 +59,40 @@ func (s *Store) Migrate(ctx context.Context) error {
 // claim has locked. A key claimed again between the choice of a batch and
 // its deletion is not deleted: the delete checks expiry again.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	if err := s.enter(ctx, "Cleanup"); err != nil {
+	return s.d.cleanup(ctx)
+}
+
+func (d *sqlDriver) cleanup(ctx context.Context) (int64, error) {
+	if err := d.enter(ctx, "Cleanup"); err != nil {
 		return 0, err
 	}
 	var total int64
 	for {
-		n, err := s.exec(ctx, s.q.cleanup, s.opts.CleanupBatch)
+		n, err := d.exec(ctx, d.q.cleanup, d.opts.CleanupBatch)
 		total += n
-		if s.onBatch != nil {
-			s.onBatch(n)
+		if d.onCleanupBatch != nil {
+			d.onCleanupBatch(n)
 		}
 		if err != nil {
-			return total, s.wrap(ctx, "Cleanup", err)
+			return total, d.wrap(ctx, "Cleanup", err)
 		}
-		if n < int64(s.opts.CleanupBatch) {
+		if n < int64(d.opts.CleanupBatch) {
 			return total, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return total, s.wrap(ctx, "Cleanup", err)
+			return total, d.wrap(ctx, "Cleanup", err)
 		}
 	}
 }
 
-func (s *Store) startJanitor() {
+// startJanitor starts the goroutine that runs cleanup every
+// CleanupInterval until Close.
+func (d *sqlDriver) startJanitor() {
 	ctx, cancel := context.WithCancel(context.Background())
-	s.stop, s.done = cancel, make(chan struct{})
+	d.stop, d.done = cancel, make(chan struct{})
 	go func() {
-		defer close(s.done)
-		t := time.NewTicker(s.opts.CleanupInterval)
+		defer close(d.done)
+		t := time.NewTicker(d.opts.CleanupInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -93,11 +100,11 @@ func (s *Store) startJanitor() {
 				return
 			case <-t.C:
 			}
-			n, err := s.Cleanup(ctx)
+			n, err := d.cleanup(ctx)
 			if err != nil && ctx.Err() == nil && !errors.Is(err, inbox.ErrClosed) {
-				s.opts.Logger.Error("inbox sql store: cleanup failed", err, watermill.LogFields{"table": s.opts.Table, "deleted": n})
+				d.opts.Logger.Error("inbox sql store: cleanup failed", err, watermill.LogFields{"table": d.opts.Table, "deleted": n})
 			} else if n > 0 {
-				s.opts.Logger.Debug("inbox sql store: cleanup", watermill.LogFields{"table": s.opts.Table, "deleted": n})
+				d.opts.Logger.Debug("inbox sql store: cleanup", watermill.LogFields{"table": d.opts.Table, "deleted": n})
 			}
 		}
 	}()

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/watermill-inbox/inbox"
@@ -189,24 +190,24 @@ func DDL(d Dialect, table string) (string, error) {
 
 // queries are the statements of one store, built once for its table.
 //
-// Parameters, in order, are documented per query. Durations are integer
-// microseconds. Every statement reads the database clock once: PostgreSQL
-// through a materialized clock_timestamp() (not now(), which is frozen at the
-// start of a transaction); MySQL and MariaDB through UTC_TIMESTAMP(6), which
-// is fixed for the duration of one statement; SQLite through 'now', fixed
-// for one sqlite3_step.
+// Durations are integer microseconds. Every statement reads the database
+// clock once: PostgreSQL through a materialized clock_timestamp() (not
+// now(), which is frozen at the start of a transaction); MySQL and MariaDB
+// through UTC_TIMESTAMP(6), which is fixed for the duration of one
+// statement; SQLite through 'now', fixed for one sqlite3_step (a statement
+// with RETURNING makes all its changes in its first step).
+//
+// Claims, completes, releases and marks are applied in batches (see
+// batch.go): their statements are built per batch, for its number of rows,
+// from the fragments below, except on PostgreSQL, where a batch passes its
+// rows as arrays and the statements are built once.
 type queries struct {
-	// tryBegin(key, leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns
-	// state, lease_id, lease_until, attempts, payload_hash, last_seen, now. MySQL
-	// (without RETURNING): an upsert only; read the row with selectLocked.
-	tryBegin string
-	// selectLocked(key) returns state, lease_id, lease_until, attempts,
-	// payload_hash, last_seen, now, locking the row (MySQL only).
-	selectLocked string
-	// complete(key, leaseID, retentionUS): affects one row on success.
-	complete string
-	// release(key, leaseID, retentionUS): affects one row on success.
-	release string
+	t string // the quoted table name
+
+	// pg[mask] is PostgreSQL's statement for one wave of a batch holding
+	// the kinds of operations in mask (see pgWaveQuery).
+	pg [1 << 4]string
+
 	// extend(key, leaseID, leaseUS, leaseUS+retentionUS) returns lease_until
 	// (PostgreSQL, SQLite); affects one row on MySQL, which then reads
 	// lease_until with selectLeaseUntil in the same transaction.
@@ -215,25 +216,51 @@ type queries struct {
 	// get(key) returns state, attempts, first_seen, last_seen, lease_until,
 	// owner, payload_hash, expires_at, now.
 	get string
-	// markProcessed(key, retentionUS).
-	markProcessed string
-	// holder(key) returns state, lease_id, expires_at, now (MySQL's repeated
-	// Complete without clientFoundRows).
-	holder string
 	// cleanup(batch): deletes at most batch expired rows.
 	cleanup string
+
+	// The statements of a batch of one op (applyOne): claimOne(key,
+	// leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns what a
+	// claim statement returns (below; not on MySQL 8); complete(retentionUS,
+	// key, leaseID) and release(retentionUS, key, leaseID) affect one row on
+	// success; markOne(key, retentionUS). MySQL: holder(key) returns state,
+	// lease_id, expires_at and now, to tell a repeated Complete without
+	// clientFoundRows.
+	claimOne, complete, release, markOne, holder string
+
+	// claimRow, claimTail: a claim's VALUES row and what follows the rows
+	// (the conflict clause, and RETURNING where the dialect has it).
+	// Parameters of a row: key, leaseID, owner, leaseUS, hash,
+	// leaseUS+retentionUS. The statement, built by claimsQuery, returns
+	// msg_key, state, lease_id, lease_until, payload_hash, last_seen, now
+	// per row; on MySQL 8 it returns nothing, and a locking read of the rows
+	// follows it in its transaction.
+	claimRow, claimTail string
+	// markRow(key, retentionUS), markTail: likewise for marks, which
+	// return nothing.
+	markRow, markTail string
+	// completeSet and releaseSet are the SET clauses of complete and
+	// release, whose one parameter is retentionUS.
+	completeSet, releaseSet string
 }
 
-func buildQueries(d Dialect, table string) queries {
+func buildQueries(d Dialect, table string, returning bool) queries {
 	t := quoteIdent(d, table).table
+	var q queries
 	switch d {
 	case Postgres:
-		return pgQueries(t)
+		q = pgQueries(t)
 	case MySQL:
-		return myQueries(t)
+		q = myQueries(t, returning)
 	default:
-		return liteQueries(t)
+		q = liteQueries(t)
 	}
+	q.t = t
+	if d != Postgres {
+		q.claimOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.claimRow, 1, q.claimTail)
+		q.markOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.markRow, 1, q.markTail)
+	}
+	return q
 }
 
 const cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
@@ -245,57 +272,34 @@ const cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen
 //	free: t is open and its lease ended or was released: acquire, Attempts+1;
 //	mine: t is open and held by the caller's own lease id: renew from now;
 //	else: processed, or held by another live lease: unchanged.
-func pgQueries(t string) queries {
-	const (
-		gone = `t.expires_at <= x.last_seen`
-		free = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= x.last_seen)`
-		mine = `t.state = 0 AND t.lease_id = x.lease_id`
-		us   = `::bigint * interval '1 microsecond'`
-	)
-	upd := func(s string) string { return strings.ReplaceAll(s, "x.", "EXCLUDED.") }
-	return queries{
-		tryBegin: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
-INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 0, $2, $3, n.now + $4` + us + `, 1, n.now, n.now, NULL, $5, n.now + $6` + us + ` FROM n
-ON CONFLICT (msg_key) DO UPDATE SET
-	state        = CASE WHEN ` + upd(gone) + ` THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN ` + upd(gone) + ` OR (` + upd(free) + `) THEN EXCLUDED.lease_id ELSE t.lease_id END,
-	owner        = CASE WHEN ` + upd(gone) + ` OR (` + upd(free) + `) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN ` + upd(gone) + ` OR (` + upd(free) + `) OR (` + upd(mine) + `) THEN EXCLUDED.lease_until ELSE t.lease_until END,
-	attempts     = CASE WHEN ` + upd(gone) + ` THEN 1 WHEN ` + upd(free) + ` THEN t.attempts + 1 ELSE t.attempts END,
-	first_seen   = CASE WHEN ` + upd(gone) + ` THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN ` + upd(gone) + ` OR (` + upd(free) + `) OR (` + upd(mine) + `) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN ` + upd(gone) + ` THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN ` + upd(gone) + ` OR ((` + upd(free) + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	expires_at   = CASE WHEN ` + upd(gone) + ` OR (` + upd(free) + `) OR (` + upd(mine) + `) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.state, t.lease_id, t.lease_until, t.attempts, t.payload_hash, t.last_seen)
-SELECT r.state, r.lease_id, r.lease_until, r.attempts, r.payload_hash, r.last_seen, n.now FROM r, n`,
+const (
+	pgGone = `t.expires_at <= EXCLUDED.last_seen`
+	pgFree = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)`
+	pgMine = `t.state = 0 AND t.lease_id = EXCLUDED.lease_id`
+	pgUS   = ` * interval '1 microsecond'`
 
-		complete: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET
+	pgClaimSet = `
+	state        = CASE WHEN ` + pgGone + ` THEN 0 ELSE t.state END,
+	lease_id     = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	owner        = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) THEN EXCLUDED.owner ELSE t.owner END,
+	lease_until  = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	attempts     = CASE WHEN ` + pgGone + ` THEN 1 WHEN ` + pgFree + ` THEN t.attempts + 1 ELSE t.attempts END,
+	first_seen   = CASE WHEN ` + pgGone + ` THEN EXCLUDED.first_seen ELSE t.first_seen END,
+	last_seen    = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	processed_at = CASE WHEN ` + pgGone + ` THEN NULL ELSE t.processed_at END,
+	payload_hash = CASE WHEN ` + pgGone + ` OR ((` + pgFree + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	expires_at   = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.expires_at ELSE t.expires_at END`
+
+	// The SET clauses of Complete and Release; $1 is the retention.
+	pgCompleteSet = `
 	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $3` + us + ` ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
 	lease_until  = NULL,
-	state        = 1
-FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.expires_at > n.now`,
+	state        = 1`
+	pgReleaseSet = ` lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS
 
-		release: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $3` + us + `
-FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now`,
-
-		extend: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET lease_until = n.now + $3` + us + `, last_seen = n.now, expires_at = n.now + $4` + us + `
-FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
-RETURNING t.lease_until`,
-
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, clock_timestamp()
-FROM ` + t + ` WHERE msg_key = $1`,
-
-		markProcessed: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2` + us + ` FROM n
-ON CONFLICT (msg_key) DO UPDATE SET
+	pgMarkSet = `
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
@@ -305,7 +309,27 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	lease_id     = '',
 	lease_until  = NULL,
 	state        = 1,
-	expires_at   = EXCLUDED.expires_at`,
+	expires_at   = EXCLUDED.expires_at`
+)
+
+// The kinds of operations a PostgreSQL wave statement carries, as bits of
+// its mask.
+const (
+	maskClaim = 1 << iota
+	maskComplete
+	maskRelease
+	maskMark
+)
+
+func pgQueries(t string) queries {
+	q := queries{
+		extend: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET lease_until = n.now + $3::bigint` + pgUS + `, last_seen = n.now, expires_at = n.now + $4::bigint` + pgUS + `
+FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
+RETURNING t.lease_until`,
+
+		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, clock_timestamp()
+FROM ` + t + ` WHERE msg_key = $1`,
 
 		cleanup: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 DELETE FROM ` + t + ` AS t USING n
@@ -313,6 +337,99 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 	SELECT d.msg_key FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
 	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 	}
+	for mask := 1; mask < len(q.pg); mask++ {
+		q.pg[mask] = pgWaveQuery(t, mask)
+	}
+	// A batch of one op: the statements with scalar parameters are cheaper
+	// than those over arrays.
+	q.claimOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
+INSERT INTO ` + t + ` AS t (` + cols + `)
+SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + ` FROM n
+ON CONFLICT (msg_key) DO UPDATE SET` + pgClaimSet + `
+RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen)
+SELECT r.msg_key, r.state, r.lease_id, r.lease_until, r.payload_hash, r.last_seen, n.now FROM r, n`
+	q.complete = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET` + pgCompleteSet + `
+FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.expires_at > n.now`
+	q.release = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET` + pgReleaseSet + `
+FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
+	q.markOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+INSERT INTO ` + t + ` AS t (` + cols + `)
+SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint` + pgUS + ` FROM n
+ON CONFLICT (msg_key) DO UPDATE SET` + pgMarkSet
+	return q
+}
+
+// pgWaveQuery is the one statement of a PostgreSQL wave whose operations
+// are of the kinds in mask: a data-modifying CTE per kind, each over the
+// arrays of its rows (unnest), all reading one clock. Its parameters are the
+// retention (microseconds), then per kind present, in the order claims,
+// completes, releases, marks, its arrays as array literals (text, cast in
+// the statement, so any driver passes them): claims keys, lease ids,
+// owners, lease lengths (microseconds) and payload hashes; completes and
+// releases keys, lease ids and their number; marks keys.
+//
+// The number of completes (releases) is the LIMIT of their unnest, which
+// changes nothing but the planner's estimate: a LIMIT it cannot read makes
+// it expect one row, so the UPDATE looks each key up in the primary key
+// index whatever the table's statistics. Without it, the plan that
+// PostgreSQL caches for the prepared statement, made while the table was
+// small, may hash-join the arrays with a scan of the whole table, and keep
+// doing so as the table grows. It returns one row per claim
+// (kind 1: msg_key, state, lease_id, lease_until, payload_hash, last_seen,
+// now), per complete and release that held its key (kinds 2 and 3:
+// msg_key), and per mark (kind 4: msg_key). The keys of a wave are
+// distinct, so no two CTEs touch one row.
+func pgWaveQuery(t string, mask int) string {
+	n := 0
+	param := func(cast string) string { n++; return "$" + strconv.Itoa(n) + cast }
+	arr := func(typ string) string { return param("::text::" + typ + "[]") }
+	ret := param("::bigint") // $1, as pgCompleteSet and pgReleaseSet expect
+	ctes := []string{`n AS MATERIALIZED (SELECT clock_timestamp() AS now)`}
+	var sels []string
+	other := func(kind int, cte string) string {
+		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::timestamptz FROM ` + cte
+	}
+	if mask&maskClaim != 0 {
+		k, l, o, lu, h := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("text")
+		ctes = append(ctes, `c AS (
+INSERT INTO `+t+` AS t (`+cols+`)
+SELECT u.k, 0, u.l, u.o, n.now + u.lu`+pgUS+`, 1, n.now, n.now, NULL, u.h, n.now + (u.lu + `+ret+`)`+pgUS+`
+FROM n, unnest(`+k+`, `+l+`, `+o+`, `+lu+`, `+h+`) AS u(k, l, o, lu, h)
+ON CONFLICT (msg_key) DO UPDATE SET`+pgClaimSet+`
+RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen)`)
+		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, n.now FROM c, n`)
+	}
+	if mask&maskComplete != 0 {
+		k, l, lim := arr("text"), arr("text"), param("::int")
+		ctes = append(ctes, `d AS (
+UPDATE `+t+` AS t SET`+pgCompleteSet+`
+FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
+WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+RETURNING t.msg_key)`)
+		sels = append(sels, other(2, "d"))
+	}
+	if mask&maskRelease != 0 {
+		k, l, lim := arr("text"), arr("text"), param("::int")
+		ctes = append(ctes, `r AS (
+UPDATE `+t+` AS t SET`+pgReleaseSet+`
+FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
+WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+RETURNING t.msg_key)`)
+		sels = append(sels, other(3, "r"))
+	}
+	if mask&maskMark != 0 {
+		k := arr("text")
+		ctes = append(ctes, `m AS (
+INSERT INTO `+t+` AS t (`+cols+`)
+SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + `+ret+pgUS+`
+FROM n, unnest(`+k+`) AS u(k)
+ON CONFLICT (msg_key) DO UPDATE SET`+pgMarkSet+`
+RETURNING t.msg_key)`)
+		sels = append(sels, other(4, "m"))
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\n" + strings.Join(sels, "\nUNION ALL ")
 }
 
 // MySQL and MariaDB run the assignments of ON DUPLICATE KEY UPDATE (and of
@@ -320,7 +437,7 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 // conditions read expires_at, state, lease_until and lease_id, so those are
 // assigned last, in an order where every condition still decides as it would
 // on the old row (see the comment in myQueries).
-func myQueries(t string) queries {
+func myQueries(t string, returning bool) queries {
 	const (
 		now  = `UTC_TIMESTAMP(6)`
 		xnow = `VALUES(last_seen)`
@@ -338,8 +455,9 @@ func myQueries(t string) queries {
 	//   expires_at  := new when gone (old expires_at), free (lease_until was
 	//                  just renewed, but lease_id = new and state = 0 make
 	//                  "mine" true for those rows) or mine.
-	upsert := `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?, 0, ?, ?, ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + INTERVAL ? MICROSECOND)
+	q := queries{
+		claimRow: `(?, 0, ?, ?, ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + INTERVAL ? MICROSECOND)`,
+		claimTail: `
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN ` + gone + ` THEN VALUES(first_seen) ELSE first_seen END,
@@ -350,35 +468,21 @@ ON DUPLICATE KEY UPDATE
 	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(lease_id) ELSE lease_id END,
 	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
-	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(expires_at) ELSE expires_at END`
-	return queries{
-		tryBegin:     upsert, // MariaDB appends returning, see Store.init
-		selectLocked: `SELECT state, lease_id, lease_until, attempts, payload_hash, last_seen, ` + now + ` FROM ` + t + ` WHERE msg_key = ? FOR UPDATE`,
+	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(expires_at) ELSE expires_at END`,
 
 		// state is assigned last: the conditions before it read the old one.
-		complete: `UPDATE ` + t + ` SET
+		completeSet: `
 	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN ` + now + ` ELSE last_seen END,
 	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + INTERVAL ? MICROSECOND ELSE expires_at END,
 	lease_until  = NULL,
-	state        = 1
-WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now,
+	state        = 1`,
 
-		release: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
+		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND`,
 
-		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
-		selectLeaseUntil: `SELECT lease_until FROM ` + t + ` WHERE msg_key = ?`,
-
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
-FROM ` + t + ` WHERE msg_key = ?`,
-
-		holder: `SELECT state, lease_id, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ?`,
-
+		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
 		// expires_at last: the conditions before it read the old one.
-		markProcessed: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)
+		markTail: `
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
@@ -391,8 +495,25 @@ ON DUPLICATE KEY UPDATE
 	state        = 1,
 	expires_at   = VALUES(expires_at)`,
 
+		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
+		selectLeaseUntil: `SELECT lease_until FROM ` + t + ` WHERE msg_key = ?`,
+
+		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
+FROM ` + t + ` WHERE msg_key = ?`,
+
+		holder: `SELECT state, lease_id, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ?`,
+
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?`,
 	}
+	if returning {
+		q.claimTail += "\nRETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, " + now
+	}
+	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
+WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
+	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	return q
 }
 
 // liteNow is SQLite's clock in integer microseconds since the Unix epoch.
@@ -408,9 +529,9 @@ func liteQueries(t string) queries {
 		now  = liteNow
 	)
 	// SQLite, like PostgreSQL, evaluates every assignment on the old row.
-	return queries{
-		tryBegin: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?1, 0, ?2, ?3, ` + now + ` + ?4, 1, ` + now + `, ` + now + `, NULL, ?5, ` + now + ` + ?6)
+	q := queries{
+		claimRow: `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
+		claimTail: `
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
 	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN excluded.lease_id ELSE lease_id END,
@@ -422,28 +543,19 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
 	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.expires_at ELSE expires_at END
-RETURNING state, lease_id, lease_until, attempts, payload_hash, last_seen, ` + now,
+RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, ` + now,
 
-		complete: `UPDATE ` + t + ` SET
+		completeSet: `
 	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN ` + now + ` ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + ?3 ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + ? ELSE expires_at END,
 	lease_until  = NULL,
-	state        = 1
-WHERE msg_key = ?1 AND lease_id = ?2 AND expires_at > ` + now,
+	state        = 1`,
 
-		release: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?3
-WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now,
+		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?`,
 
-		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, last_seen = ` + now + `, expires_at = ` + now + ` + ?4
-WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
-RETURNING lease_until`,
-
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
-FROM ` + t + ` WHERE msg_key = ?1`,
-
-		markProcessed: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?1, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?2)
+		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
+		markTail: `
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
@@ -456,7 +568,19 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	state        = 1,
 	expires_at   = excluded.expires_at`,
 
+		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, last_seen = ` + now + `, expires_at = ` + now + ` + ?4
+WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
+RETURNING lease_until`,
+
+		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
+FROM ` + t + ` WHERE msg_key = ?1`,
+
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` AND msg_key IN (
 	SELECT msg_key FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?1)`,
 	}
+	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
+WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
+	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	return q
 }

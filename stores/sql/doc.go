@@ -60,19 +60,19 @@
 //
 // # Statements and clocks
 //
-// Every operation is one statement where the dialect allows: TryBegin is an
-// INSERT ... ON CONFLICT DO UPDATE SET col = CASE ... RETURNING on PostgreSQL
-// and SQLite, and an INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING on
-// MariaDB 10.5+; the CASE arms decide in the statement, under the row lock,
-// whether the record expired (start afresh), is free (acquire, Attempts+1),
-// is held by the caller's own lease id (renew) or is processed or held by
-// another lease (unchanged). MySQL 8 has no RETURNING: there TryBegin is the
-// same upsert followed by a locking read in one short transaction, and
-// Extend an UPDATE and a read in one. MySQL and MariaDB run the assignments
-// of ON DUPLICATE KEY UPDATE left to right, each seeing the ones before it;
-// the statement assigns the columns its conditions read last, in an order
-// proved in the source. The store tells MariaDB from MySQL with SELECT
-// VERSION().
+// A claim is an upsert whose SET col = CASE ... arms decide in the
+// statement, under the row lock, whether the record expired (start afresh),
+// is free (acquire, Attempts+1), is held by the caller's own lease id
+// (renew) or is processed or held by another lease (unchanged): INSERT ...
+// ON CONFLICT DO UPDATE ... RETURNING on PostgreSQL and SQLite, INSERT ...
+// ON DUPLICATE KEY UPDATE ... RETURNING on MariaDB 10.5+. MySQL 8 has no
+// RETURNING: there a claim is the same upsert followed by a locking read in
+// one short transaction, and Extend an UPDATE and a read in one. Complete and
+// Release are UPDATEs fenced by the lease id; MarkProcessed an upsert. MySQL
+// and MariaDB run the assignments of ON DUPLICATE KEY UPDATE left to right,
+// each seeing the ones before it; the statement assigns the columns its
+// conditions read last, in an order proved in the source. The store tells
+// MariaDB from MySQL with SELECT VERSION().
 //
 // Deadlines come from the database clock: clock_timestamp() read once per
 // statement on PostgreSQL (now() would be frozen at the start of a
@@ -82,10 +82,53 @@
 // lease it then reports as Busy cannot be longer than the holder's, because
 // the store takes the holder's last write as the earliest possible now.
 //
-// InnoDB can deadlock concurrent upserts of one key; such statements are
-// rolled back by the server and the store runs them again (up to 8 times,
-// jittered). Connection faults, timeouts and errors that persist wrap
-// [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled.
+// InnoDB can deadlock concurrent upserts of one key; such statements (or
+// transactions) are rolled back by the server and the store runs them again
+// (up to 8 times, jittered). Connection faults, timeouts and errors that
+// persist wrap [inbox.ErrStoreUnavailable]; a canceled context wraps
+// context.Canceled.
+//
+// # Batching
+//
+// [Store] embeds the portable layer of package
+// github.com/watermill-inbox/inbox/stores/driver, which validates input and
+// maps errors for every store, and batches: a TryBegin, Complete, Release
+// or MarkProcessed that finds the store idle is sent at once, alone; calls
+// made while batches are in flight wait and travel together in the next
+// (at most 64 calls; two batches in flight at a time on PostgreSQL, MySQL
+// and MariaDB, one on SQLite, which has one writer). Extend, Get and IsProcessed are not batched. [Store.BatchStats]
+// counts the batches and their sizes.
+//
+// A batch of one call (all a single sequential caller ever makes) is the
+// one statement of its operation, with scalar parameters (on MySQL 8 a
+// claim is its short transaction). A larger batch is applied in waves in
+// which each key appears once (the calls of one key take effect in the
+// order they were made: a Release then a TryBegin of its key acquires it),
+// and each wave, per dialect:
+//
+//   - PostgreSQL: one statement, whatever the mix of operations: a
+//     data-modifying CTE per kind (the claims' upsert, the completes' and
+//     the releases' fenced UPDATE ... FROM unnest(...) RETURNING msg_key,
+//     the marks' upsert), each over the arrays of its rows, all under one
+//     clock reading.
+//   - MariaDB and MySQL: one transaction for the whole batch: multi-row
+//     upserts for claims (with RETURNING on MariaDB; on MySQL 8 followed by
+//     a locking read of their rows) and for marks, and for completes and
+//     releases a locking read of their rows, the lease check made on it,
+//     and one UPDATE per kind of the rows that passed. InnoDB breaks a
+//     deadlock by rolling the transaction back; it is run again.
+//   - SQLite: one transaction for the whole batch (immediate with the DSN of
+//     [SQLiteDSN]): multi-row upserts for claims and marks, UPDATE ...
+//     RETURNING msg_key for completes and releases. The statements are
+//     prepared once per number of rows.
+//
+// Within a wave the rows are sorted by key, so that concurrent batches lock
+// the rows they share in the same order. Every call gets its own outcome:
+// a Complete whose lease lost the key fails with [inbox.ErrLeaseLost] while
+// the others of its batch succeed. An error of the database (a lost
+// connection, a statement that fails) fails every call of the batch with
+// [inbox.ErrStoreUnavailable]; as with any store error, a call whose outcome
+// is unknown may have taken effect.
 //
 // # Cleanup
 //
@@ -130,8 +173,9 @@
 // # MySQL 8
 //
 // This project's CI has MariaDB 10.11, not MySQL 8. The statements MySQL 8
-// runs (TryBegin and Extend in a transaction) are tested against MariaDB by
-// the conformance suite (the "mysql8-path-on-mariadb" run). What differs and
+// runs (claims as an upsert and a locking read in a transaction, alone or
+// in a batch; Extend in a transaction) are tested against MariaDB by the
+// conformance suite and the batch tests (the "mysql8-path-on-mariadb" run). What differs and
 // is not tested here: MySQL 8.0.20+ warns that VALUES() in ON DUPLICATE KEY
 // UPDATE is deprecated (the statements still run); MySQL's default
 // transaction isolation and deadlock behaviour for INSERT IGNORE of a
@@ -141,10 +185,12 @@
 // # Benchmarks
 //
 // BenchmarkClaimCompleteInterleaved runs, within each iteration, a new key's
-// TryBegin plus Complete through the store, the store's same two statements
-// run directly through database/sql, and a plain INSERT then UPDATE of the
-// same row (the floor), so that load weighs on all three alike;
-// BenchmarkClaimComplete runs them as separate sub-benchmarks and adds the
-// MySQL 8 path on MariaDB. What they measured is in BENCHMARKS.md at the
-// repository root.
+// TryBegin plus Complete through the store by one caller (batches of one
+// call), the statements of those batches run directly through database/sql,
+// and a plain INSERT then UPDATE of the same row (the floor), so that load
+// weighs on all three alike; BenchmarkClaimComplete runs them as separate
+// sub-benchmarks and adds the MySQL 8 path on MariaDB.
+// BenchmarkConcurrentClaimComplete runs TryBegin plus Complete of new keys
+// from 1 and from 16 goroutines, where batching shows. What they measured
+// is in BENCHMARKS.md at the repository root.
 package sqlstore

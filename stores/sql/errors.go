@@ -73,13 +73,9 @@ func classify(err error) errKind {
 	return kindOther
 }
 
-// retry runs f again, a few times with a short jittered pause, when the
-// database rolled it back to break a deadlock (MySQL's InnoDB does so for
-// concurrent upserts of one key) or a serialization conflict.
-func (s *Store) retry(ctx context.Context, f func() error) error {
-	return retryDeadlocks(ctx, f)
-}
-
+// retryDeadlocks runs f again, a few times with a short jittered pause,
+// when the database rolled it back to break a deadlock (MySQL's InnoDB does
+// so for concurrent upserts of one key) or a serialization conflict.
 func retryDeadlocks(ctx context.Context, f func() error) error {
 	const attempts = 8
 	wait := time.Millisecond
@@ -99,13 +95,35 @@ func retryDeadlocks(ctx context.Context, f func() error) error {
 	}
 }
 
-// wrap turns a driver error into the store's error: a canceled context
-// wraps context.Canceled, a missed deadline both context.DeadlineExceeded
-// and inbox.ErrStoreUnavailable, and every other fault
-// inbox.ErrStoreUnavailable (the driver's error stays in the chain for
+// fault maps an error of the database met by a call of the layer
+// ([driver.Driver]), which wraps it in turn (naming the store, the call and
+// the key, and mapping contexts): what is specific to SQL is said here. A
+// missing table says how to create it; a deadlock that outlived its
+// retries and a lost connection say so; all wrap inbox.ErrStoreUnavailable.
+// Other errors are returned as they are (the layer reports them as
+// inbox.ErrStoreUnavailable). sql.ErrNoRows never reaches here.
+func (d *sqlDriver) fault(err error) error {
+	switch classify(err) {
+	case kindNoTable:
+		return fmt.Errorf("%w: table %s does not exist: run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
+			inbox.ErrStoreUnavailable, d.opts.Table, err)
+	case kindRetry:
+		return fmt.Errorf("%w: still deadlocked after retries: %w", inbox.ErrStoreUnavailable, err)
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return fmt.Errorf("%w: connection lost: %w", inbox.ErrStoreUnavailable, err)
+	}
+	return err
+}
+
+// wrap turns an error of the store's own methods (New, Migrate, Cleanup,
+// BeginTxClaim), which the layer does not carry, into the store's error: a
+// canceled context wraps context.Canceled, a missed deadline both
+// context.DeadlineExceeded and inbox.ErrStoreUnavailable, and every other
+// fault inbox.ErrStoreUnavailable (the driver's error stays in the chain for
 // errors.As). sql.ErrNoRows never reaches here.
-func (s *Store) wrap(ctx context.Context, op string, err error) error {
-	return wrapErr(ctx, s.opts.Dialect, s.opts.Table, op, err)
+func (d *sqlDriver) wrap(ctx context.Context, op string, err error) error {
+	return wrapErr(ctx, d.opts.Dialect, d.opts.Table, op, err)
 }
 
 func wrapErr(ctx context.Context, d Dialect, table, op string, err error) error {
@@ -144,8 +162,8 @@ type timeScanner struct {
 	valid *bool
 }
 
-func (s *Store) timeDest(t *time.Time, valid *bool) *timeScanner {
-	return &timeScanner{d: s.opts.Dialect, t: t, valid: valid}
+func (d *sqlDriver) timeDest(t *time.Time, valid *bool) *timeScanner {
+	return &timeScanner{d: d.opts.Dialect, t: t, valid: valid}
 }
 
 func (ts *timeScanner) Scan(src any) error {

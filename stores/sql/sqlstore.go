@@ -8,11 +8,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // DefaultCleanupBatch is the number of rows one cleanup statement deletes
@@ -54,6 +56,10 @@ type Options struct {
 
 	// Logger receives the janitor's errors. Optional; default no logging.
 	Logger watermill.LoggerAdapter
+
+	// batch, when set (tests and benchmarks), replaces the dialect's
+	// batching bounds.
+	batch *driver.Batch
 }
 
 func (o *Options) setDefaults() {
@@ -96,33 +102,41 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store is the SQL [inbox.LeaseStore]. It is safe for concurrent use.
+// Store is the SQL [inbox.LeaseStore]. It is safe for concurrent use. The
+// portable layer it embeds ([driver.Store]) validates input, refuses calls
+// once closed, maps errors and batches concurrent calls; the statements are
+// its driver's.
 type Store struct {
+	*driver.Store
+	d *sqlDriver
+}
+
+var _ inbox.LeaseStore = (*Store)(nil)
+
+// sqlDriver is the store's [driver.Driver]: the statements of one table.
+type sqlDriver struct {
 	db   *sql.DB
 	opts Options
 	q    queries
 	txq  txQueries // BeginTxClaim's
 
-	// returning is true when TryBegin is one statement: always on
+	// returning is true when a claim is one statement: always on
 	// PostgreSQL and SQLite, on MariaDB 10.5+; false on MySQL.
 	returning bool
 	// ownsDB makes Close close db (stores opened by URL).
 	ownsDB bool
-	// onBatch, when set (tests), sees the rows each cleanup statement
-	// deleted.
-	onBatch func(n int64)
+	// onCleanupBatch, when set (tests), sees the rows each cleanup
+	// statement deleted.
+	onCleanupBatch func(n int64)
 
 	// stmts holds prepared statements on SQLite, whose driver would
 	// otherwise parse every statement anew (query -> *sql.Stmt).
 	stmts sync.Map
 
-	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool // set by Close, which the layer calls once
 	stop   context.CancelFunc
 	done   chan struct{}
 }
-
-var _ inbox.LeaseStore = (*Store)(nil)
 
 // New returns a store over db, which must be open on a database of
 // opts.Dialect. It asks a MySQL-protocol server for its version (to tell
@@ -143,24 +157,31 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, opts: opts, q: buildQueries(opts.Dialect, opts.Table), txq: buildTxQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
+	d := &sqlDriver{db: db, opts: opts, txq: buildTxQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
 	if opts.Dialect == MySQL {
 		var version string
 		if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
-			return nil, s.wrap(ctx, "asking the server version", err)
+			return nil, d.wrap(ctx, "asking the server version", err)
 		}
-		s.returning = mariaDBReturning(version)
-		if s.returning {
-			s.q.tryBegin += "\nRETURNING state, lease_id, lease_until, attempts, payload_hash, last_seen, UTC_TIMESTAMP(6)"
-		}
+		d.returning = mariaDBReturning(version)
 	}
+	d.q = buildQueries(opts.Dialect, opts.Table, d.returning)
+	b := batchBounds(opts.Dialect)
+	if opts.batch != nil {
+		b = *opts.batch
+	}
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Batch: b})
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{Store: ds, d: d}
 	if opts.AutoMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
 		}
 	}
 	if opts.CleanupInterval > 0 {
-		s.startJanitor()
+		d.startJanitor()
 	}
 	return s, nil
 }
@@ -184,43 +205,40 @@ func mariaDBReturning(version string) bool {
 }
 
 // Dialect returns the store's dialect.
-func (s *Store) Dialect() Dialect { return s.opts.Dialect }
+func (s *Store) Dialect() Dialect { return s.d.opts.Dialect }
 
 // Table returns the store's table name.
-func (s *Store) Table() string { return s.opts.Table }
+func (s *Store) Table() string { return s.d.opts.Table }
 
-// Close stops the janitor and makes every later call fail with
-// [inbox.ErrClosed]. It closes the *sql.DB only when the store opened it
-// (stores opened by URL).
-func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
+// Close makes every later call fail with [inbox.ErrClosed], stops the
+// janitor and frees the prepared statements. It closes the *sql.DB only
+// when the store opened it (stores opened by URL). Closing twice is a no-op.
+func (s *Store) Close() error { return s.Store.Close() }
+
+// Close implements [driver.Driver]; [Store.Close] (the layer's) calls it
+// once. It stops the janitor and frees the prepared statements; it closes
+// the *sql.DB only when the store opened it (stores opened by URL).
+func (d *sqlDriver) Close() error {
+	d.closed.Store(true)
+	if d.stop != nil {
+		d.stop()
+		<-d.done
 	}
-	s.closed = true
-	stop, done := s.stop, s.done
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-		<-done
-	}
-	s.stmts.Range(func(k, v any) bool {
+	d.stmts.Range(func(k, v any) bool {
 		_ = v.(*sql.Stmt).Close()
-		s.stmts.Delete(k)
+		d.stmts.Delete(k)
 		return true
 	})
-	if s.ownsDB {
-		return s.db.Close()
+	if d.ownsDB {
+		return d.db.Close()
 	}
 	return nil
 }
 
-func (s *Store) enter(ctx context.Context, op string) error {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+// enter checks, for the store's own methods that the layer does not carry
+// (Migrate, Cleanup, BeginTxClaim), that the store is open and ctx live.
+func (d *sqlDriver) enter(ctx context.Context, op string) error {
+	if d.closed.Load() {
 		return fmt.Errorf("sql store: %s: %w", op, inbox.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
@@ -234,108 +252,38 @@ func us(d time.Duration) int64 { return d.Microseconds() }
 // stmt returns a prepared statement for q on SQLite, nil elsewhere (pgx
 // caches statements itself; go-sql-driver interpolates parameters) or when
 // preparing failed (the caller then runs q unprepared and reports its error).
-func (s *Store) stmt(ctx context.Context, q string) *sql.Stmt {
-	if s.opts.Dialect != SQLite {
+// It takes a connection of the pool: never call it while holding one (in a
+// transaction), since SQLite's pool has one.
+func (d *sqlDriver) stmt(ctx context.Context, q string) *sql.Stmt {
+	if d.opts.Dialect != SQLite {
 		return nil
 	}
-	if v, ok := s.stmts.Load(q); ok {
+	if v, ok := d.stmts.Load(q); ok {
 		return v.(*sql.Stmt)
 	}
-	st, err := s.db.PrepareContext(ctx, q)
+	st, err := d.db.PrepareContext(ctx, q)
 	if err != nil {
 		return nil
 	}
-	if v, loaded := s.stmts.LoadOrStore(q, st); loaded {
+	if v, loaded := d.stmts.LoadOrStore(q, st); loaded {
 		_ = st.Close()
 		return v.(*sql.Stmt)
 	}
 	return st
 }
 
-func (s *Store) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
-	if st := s.stmt(ctx, q); st != nil {
+func (d *sqlDriver) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := d.stmt(ctx, q); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
-	return s.db.QueryRowContext(ctx, q, args...)
+	return d.db.QueryRowContext(ctx, q, args...)
 }
 
-func (s *Store) execStmt(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	if st := s.stmt(ctx, q); st != nil {
+func (d *sqlDriver) execStmt(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := d.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return s.db.ExecContext(ctx, q, args...)
-}
-
-func (s *Store) leaseFor(d time.Duration) time.Duration {
-	if d == 0 {
-		return s.opts.Lease
-	}
-	return d
-}
-
-// TryBegin implements [inbox.LeaseStore]. A retry by the lease's holder (the
-// same [inbox.BeginOptions.LeaseID]) renews the lease for the requested
-// length from now.
-func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Claim{}, err
-	}
-	if err := opts.Validate(); err != nil {
-		return inbox.Claim{}, err
-	}
-	if err := s.enter(ctx, "TryBegin"); err != nil {
-		return inbox.Claim{}, err
-	}
-	lease := s.leaseFor(opts.Lease)
-	leaseID := opts.LeaseID
-	if leaseID == "" {
-		leaseID = inbox.NewLeaseID()
-	}
-	args := []any{key, leaseID, opts.Owner, us(lease), opts.PayloadHash, us(lease + s.opts.Retention)}
-
-	var (
-		state, attempts        int
-		gotID, hash            string
-		until, last, now       time.Time
-		untilOK, lastOK, nowOK bool
-	)
-	dest := []any{&state, &gotID, s.timeDest(&until, &untilOK), &attempts, &hash, s.timeDest(&last, &lastOK), s.timeDest(&now, &nowOK)}
-	var errTryBegin error
-	if s.returning {
-		errTryBegin = s.retry(ctx, func() error {
-			return s.queryRow(ctx, s.q.tryBegin, args...).Scan(dest...)
-		})
-	} else {
-		errTryBegin = s.retry(ctx, func() error {
-			return s.inTx(ctx, func(tx *sql.Tx) error {
-				if _, err := tx.ExecContext(ctx, s.q.tryBegin, args...); err != nil {
-					return err
-				}
-				return tx.QueryRowContext(ctx, s.q.selectLocked, key).Scan(dest...)
-			})
-		})
-	}
-	if errTryBegin != nil {
-		return inbox.Claim{}, s.wrap(ctx, "TryBegin", errTryBegin)
-	}
-	mismatch := opts.PayloadHash != "" && hash != "" && hash != opts.PayloadHash
-	switch {
-	case state == stateProcessed:
-		return inbox.Claim{Status: inbox.Processed, PayloadMismatch: mismatch}, nil
-	case gotID == leaseID:
-		// The statement acquired or renewed: a row held by the caller's
-		// lease id is always written from now.
-		return inbox.Claim{Status: inbox.Acquired, LeaseID: leaseID, ExpiresAt: until, Lease: lease, PayloadMismatch: mismatch}, nil
-	default:
-		// The clock was read when the statement began, and the statement may
-		// have waited for the holder's row lock since: the holder's write
-		// (its last_seen) happened before this reading, whatever the clock
-		// says.
-		if lastOK && last.After(now) {
-			now = last
-		}
-		return inbox.Claim{Status: inbox.Busy, ExpiresAt: until, RetryAfter: max(until.Sub(now), time.Microsecond), PayloadMismatch: mismatch}, nil
-	}
+	return d.db.ExecContext(ctx, q, args...)
 }
 
 const (
@@ -343,8 +291,8 @@ const (
 	stateProcessed = 1
 )
 
-func (s *Store) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (d *sqlDriver) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -355,11 +303,11 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
-// exec runs an UPDATE and returns the rows it matched.
-func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+// exec runs a statement and returns the rows it matched.
+func (d *sqlDriver) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	var n int64
-	err := s.retry(ctx, func() error {
-		res, err := s.execStmt(ctx, query, args...)
+	err := retryDeadlocks(ctx, func() error {
+		res, err := d.execStmt(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -369,91 +317,20 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 	return n, err
 }
 
-// Complete implements [inbox.LeaseStore].
-func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	if err := s.enter(ctx, "Complete"); err != nil {
-		return err
-	}
-	args := []any{key, leaseID, us(s.opts.Retention)}
-	if s.opts.Dialect == MySQL {
-		args = []any{us(s.opts.Retention), key, leaseID}
-	}
-	n, err := s.exec(ctx, s.q.complete, args...)
-	if err != nil {
-		return s.wrap(ctx, "Complete", err)
-	}
-	if n == 1 {
-		return nil
-	}
-	if s.opts.Dialect == MySQL {
-		// Without clientFoundRows a repeated Complete changes nothing and
-		// reports no row: ask whether this lease completed the key.
-		var (
-			state        int
-			gotID        string
-			expires, now time.Time
-			expOK, nowOK bool
-		)
-		err := s.db.QueryRowContext(ctx, s.q.holder, key).Scan(&state, &gotID, s.timeDest(&expires, &expOK), s.timeDest(&now, &nowOK))
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
-			return s.wrap(ctx, "Complete", err)
-		case state == stateProcessed && gotID == leaseID && expires.After(now):
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: key %q is not held by lease %q (expired and taken over, released, completed by another lease, or unknown)", inbox.ErrLeaseLost, key, leaseID)
-}
-
-// Release implements [inbox.LeaseStore].
-func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	if err := s.enter(ctx, "Release"); err != nil {
-		return err
-	}
-	args := []any{key, leaseID, us(s.opts.Retention)}
-	if s.opts.Dialect == MySQL {
-		args = []any{us(s.opts.Retention), key, leaseID}
-	}
-	n, err := s.exec(ctx, s.q.release, args...)
-	if err != nil {
-		return s.wrap(ctx, "Release", err)
-	}
-	if n != 1 {
-		return fmt.Errorf("%w: key %q is not held by lease %q (taken over, released, processed, or unknown)", inbox.ErrLeaseLost, key, leaseID)
-	}
-	return nil
-}
-
-// Extend implements [inbox.LeaseStore].
-func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return time.Time{}, err
-	}
-	if err := inbox.ValidateLease(lease); err != nil {
-		return time.Time{}, err
-	}
-	if err := s.enter(ctx, "Extend"); err != nil {
-		return time.Time{}, err
-	}
+// Extend implements [driver.Driver].
+func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
 	var (
 		until   time.Time
 		untilOK bool
 		found   = true
 	)
 	var err error
-	if s.opts.Dialect == MySQL {
+	if d.opts.Dialect == MySQL {
 		// No UPDATE ... RETURNING: update and read back in one transaction.
-		err = s.retry(ctx, func() error {
+		err = retryDeadlocks(ctx, func() error {
 			found = true
-			return s.inTx(ctx, func(tx *sql.Tx) error {
-				res, err := tx.ExecContext(ctx, s.q.extend, us(lease), us(lease+s.opts.Retention), key, leaseID)
+			return d.inTx(ctx, func(tx *sql.Tx) error {
+				res, err := tx.ExecContext(ctx, d.q.extend, us(lease), us(lease+d.opts.Retention), key, leaseID)
 				if err != nil {
 					return err
 				}
@@ -461,13 +338,13 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 					found = false
 					return err
 				}
-				return tx.QueryRowContext(ctx, s.q.selectLeaseUntil, key).Scan(s.timeDest(&until, &untilOK))
+				return tx.QueryRowContext(ctx, d.q.selectLeaseUntil, key).Scan(d.timeDest(&until, &untilOK))
 			})
 		})
 	} else {
-		err = s.retry(ctx, func() error {
+		err = retryDeadlocks(ctx, func() error {
 			found = true
-			err := s.queryRow(ctx, s.q.extend, key, leaseID, us(lease), us(lease+s.opts.Retention)).Scan(s.timeDest(&until, &untilOK))
+			err := d.queryRow(ctx, d.q.extend, key, leaseID, us(lease), us(lease+d.opts.Retention)).Scan(d.timeDest(&until, &untilOK))
 			if errors.Is(err, sql.ErrNoRows) {
 				found = false
 				return nil
@@ -476,42 +353,32 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 		})
 	}
 	if err != nil {
-		return time.Time{}, s.wrap(ctx, "Extend", err)
+		return time.Time{}, d.fault(err)
 	}
 	if !found {
-		return time.Time{}, fmt.Errorf("%w: key %q is not held by lease %q (taken over, released, processed, or unknown)", inbox.ErrLeaseLost, key, leaseID)
+		return time.Time{}, fmt.Errorf("%w: not held by lease %q (taken over, released, processed, or unknown)", inbox.ErrLeaseLost, leaseID)
 	}
 	return until, nil
 }
 
-// Get implements [inbox.LeaseStore].
-func (s *Store) Get(ctx context.Context, key string) (inbox.Record, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Record{}, err
-	}
-	if err := s.enter(ctx, "Get"); err != nil {
-		return inbox.Record{}, err
-	}
-	return s.get(ctx, key)
-}
-
-func (s *Store) get(ctx context.Context, key string) (inbox.Record, error) {
+// Get implements [driver.Driver].
+func (d *sqlDriver) Get(ctx context.Context, key string) (inbox.Record, error) {
 	var (
 		state, attempts                            int
 		owner, hash                                string
 		first, last, until, expires, now           time.Time
 		firstOK, lastOK, untilOK, expiresOK, nowOK bool
 	)
-	err := s.retry(ctx, func() error {
-		return s.queryRow(ctx, s.q.get, key).Scan(&state, &attempts,
-			s.timeDest(&first, &firstOK), s.timeDest(&last, &lastOK), s.timeDest(&until, &untilOK),
-			&owner, &hash, s.timeDest(&expires, &expiresOK), s.timeDest(&now, &nowOK))
+	err := retryDeadlocks(ctx, func() error {
+		return d.queryRow(ctx, d.q.get, key).Scan(&state, &attempts,
+			d.timeDest(&first, &firstOK), d.timeDest(&last, &lastOK), d.timeDest(&until, &untilOK),
+			&owner, &hash, d.timeDest(&expires, &expiresOK), d.timeDest(&now, &nowOK))
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return inbox.Record{}, nil
 	}
 	if err != nil {
-		return inbox.Record{}, s.wrap(ctx, "Get", err)
+		return inbox.Record{}, d.fault(err)
 	}
 	if !expires.After(now) {
 		return inbox.Record{}, nil // expired: logically gone, awaiting cleanup
@@ -527,32 +394,4 @@ func (s *Store) get(ctx context.Context, key string) (inbox.Record, error) {
 		r.State = inbox.StateAvailable
 	}
 	return r, nil
-}
-
-// IsProcessed implements [inbox.Store].
-func (s *Store) IsProcessed(ctx context.Context, key string) (bool, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return false, err
-	}
-	if err := s.enter(ctx, "IsProcessed"); err != nil {
-		return false, err
-	}
-	r, err := s.get(ctx, key)
-	return r.State == inbox.StateProcessed, err
-}
-
-// MarkProcessed implements [inbox.Store]. It marks key processed whatever
-// lease is held on it; the holder's Complete then fails with
-// [inbox.ErrLeaseLost].
-func (s *Store) MarkProcessed(ctx context.Context, key string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := s.enter(ctx, "MarkProcessed"); err != nil {
-		return err
-	}
-	if _, err := s.exec(ctx, s.q.markProcessed, key, us(s.opts.Retention)); err != nil {
-		return s.wrap(ctx, "MarkProcessed", err)
-	}
-	return nil
 }

@@ -109,21 +109,21 @@ func (s *Store) BeginTxClaim(ctx context.Context, key string, opts TxClaimOption
 	if err := (inbox.BeginOptions{Owner: opts.Owner}).Validate(); err != nil {
 		return nil, nil, false, err
 	}
-	if err := s.enter(ctx, "BeginTxClaim"); err != nil {
+	if err := s.d.enter(ctx, "BeginTxClaim"); err != nil {
 		return nil, nil, false, err
 	}
 	const attempts = 5
 	for i := 0; ; i++ {
 		var release func()
-		tx, release, processed, err = s.tryTxClaim(ctx, key, opts)
+		tx, release, processed, err = s.d.tryTxClaim(ctx, key, opts)
 		if err == nil || i == attempts-1 || classify(err) != kindRetry {
 			if err != nil {
-				return nil, nil, false, s.txErr(ctx, key, err)
+				return nil, nil, false, s.d.txErr(ctx, key, err)
 			}
 			if processed {
 				return nil, nil, true, nil
 			}
-			return tx, s.txEnd(ctx, tx, release), false, nil
+			return tx, s.d.txEnd(ctx, tx, release), false, nil
 		}
 		// MySQL broke a deadlock between waiting duplicates by rolling one
 		// back: nothing ran yet, claim again.
@@ -131,14 +131,14 @@ func (s *Store) BeginTxClaim(ctx context.Context, key string, opts TxClaimOption
 }
 
 // txErr maps an error of the claim: lock-wait timeouts are Busy.
-func (s *Store) txErr(ctx context.Context, key string, err error) error {
+func (s *sqlDriver) txErr(ctx context.Context, key string, err error) error {
 	if ctx.Err() == nil && classify(err) == kindLockWait {
 		return &inbox.BusyError{Key: key}
 	}
 	return s.wrap(ctx, "BeginTxClaim", err)
 }
 
-func (s *Store) txEnd(ctx context.Context, tx *sql.Tx, release func()) func(commit bool) error {
+func (s *sqlDriver) txEnd(ctx context.Context, tx *sql.Tx, release func()) func(commit bool) error {
 	return func(commit bool) error {
 		defer release()
 		if !commit {
@@ -155,7 +155,7 @@ func (s *Store) txEnd(ctx context.Context, tx *sql.Tx, release func()) func(comm
 // tryTxClaim is one attempt of BeginTxClaim. Its errors are the driver's
 // (classified by the caller), except Busy ones. release gives the
 // connection back once tx has ended.
-func (s *Store) tryTxClaim(ctx context.Context, key string, opts TxClaimOptions) (tx *sql.Tx, release func(), processed bool, err error) {
+func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOptions) (tx *sql.Tx, release func(), processed bool, err error) {
 	d := s.opts.Dialect
 	op := func(what string, err error) error { return fmt.Errorf("%s: %w", what, err) }
 

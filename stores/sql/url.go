@@ -177,7 +177,7 @@ func openDB(ctx context.Context, db *sql.DB, o urlOptions, t target) (stores.Sto
 		}
 		return fail("asking the server version or migrating", err)
 	}
-	s.ownsDB = true
+	s.d.ownsDB = true
 	if !o.lazy {
 		if err := checkTable(ctx, s, t); err != nil {
 			_ = s.Close()
