@@ -70,6 +70,13 @@ type Harness struct {
 	// protocol server whose concurrent updates race). The concurrency cases
 	// then skip with this reason.
 	NotAtomic string
+
+	// ListByScan, when not empty, states why the store's List orders the
+	// records within each page only, and may return a key on two pages (a
+	// store that lists by scanning, as Redis does with SCAN). The List cases
+	// then compare the keys of all pages as a set; every store's pages are
+	// checked to be in key order.
+	ListByScan string
 }
 
 // Config is what the suite asks of the store [Harness.New] returns.
