@@ -101,6 +101,13 @@ type Harness struct {
 	// of at least 600ms), so the bound must allow a call the few round
 	// trips it makes and a new connection's handshake. Default 10s.
 	CallTimeout time.Duration
+
+	// ListByScan, when not empty, states why the store's List orders the
+	// records within each page only, and may return a key on two pages (a
+	// store that lists by scanning, as Redis does with SCAN). The List cases
+	// then compare the keys of all pages as a set; every store's pages are
+	// checked to be in key order.
+	ListByScan string
 }
 
 // Link is the connection between a store that [Harness.Faults] returns and
