@@ -59,7 +59,8 @@
 //     caller's [inbox.BeginOptions.LeaseID] or a new one), which a server
 //     listing the leaseId extension honours, so a repeat by the holder gets
 //     Acquired again; mark-processed, release and fail, which carry their
-//     leaseId (a repeat after success is LeaseLost and changes nothing);
+//     leaseId (a repeat after success changes nothing: mark-processed
+//     answers Processed again, release and fail LeaseLost);
 //     extend, which only moves the holder's deadline again; list, which only
 //     reads. Against a server that does not list leaseId, try-begin gets one
 //     attempt. forget and force-release get one attempt: a repeat after a
