@@ -1,10 +1,6 @@
-//go:build redis_p2
-
 // The Redis-backed runs of the remote client: the conformance suite over
 // inboxd's handler over Redis, and the Redis pairs of
-// BenchmarkTryBeginComplete. Built with -tags redis_p2 until this branch
-// holds the Redis store of issue 16's contract and storetest's
-// Harness.ListByScan (branch p2-redis): then remove the constraint above.
+// BenchmarkTryBeginComplete.
 
 package remote_test
 
