@@ -659,12 +659,17 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 	if t := ib.cfg.Tracer; t != nil {
 		defer func(start time.Time) { t.Step(base, op, m.key, start, "", m.attempts, err) }(time.Now())
 	}
+	if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+		ib.health.OK()
+		return nil
+	}
+	// The retries are a function of their own, so that the frame of this
+	// one, on the lease goroutine's path for every message, stays small.
+	return ib.retry(m, base, op, giveUp, f, err)
+}
+
+func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
-		err = ib.call(base, op, ib.cfg.StoreTimeout, f)
-		if err == nil {
-			ib.health.OK()
-			return nil
-		}
 		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
@@ -684,6 +689,10 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 		case <-ib.abandon:
 			t.Stop()
 			return errAbandoned
+		}
+		if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+			ib.health.OK()
+			return nil
 		}
 	}
 }
