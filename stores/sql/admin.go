@@ -12,17 +12,17 @@ import (
 
 // recordRow is a row of recordCols and the clock, as Get and List read it.
 type recordRow struct {
-	state, attempts                                     int
-	owner, hash, reason                                 string
-	first, last, until, expires, retry, now             time.Time
-	firstOK, lastOK, untilOK, expiresOK, retryOK, nowOK bool
+	state, attempts                            int
+	owner, hash, reason, leaseID               string
+	first, last, until, expires, now           time.Time
+	firstOK, lastOK, untilOK, expiresOK, nowOK bool
 }
 
 // recordDests returns the scan destinations of r's columns.
 func (d *sqlDriver) recordDests(r *recordRow) []any {
 	return []any{&r.state, &r.attempts, d.timeDest(&r.first, &r.firstOK), d.timeDest(&r.last, &r.lastOK),
 		d.timeDest(&r.until, &r.untilOK), &r.owner, &r.hash, d.timeDest(&r.expires, &r.expiresOK), &r.reason,
-		d.timeDest(&r.retry, &r.retryOK), d.timeDest(&r.now, &r.nowOK)}
+		&r.leaseID, d.timeDest(&r.now, &r.nowOK)}
 }
 
 // record returns what Get says of the row, or false when it has expired
@@ -37,13 +37,14 @@ func (r *recordRow) record() (inbox.Record, bool) {
 		rec.State = inbox.StateProcessed
 	case r.state == stateDead:
 		rec.State = inbox.StateDead
-	case r.untilOK && r.until.After(r.now):
+	case r.untilOK && r.until.After(r.now) && r.leaseID != "":
 		rec.State = inbox.StateInProgress
 		rec.LeaseUntil = r.until
 	default:
 		rec.State = inbox.StateAvailable
-		if r.retryOK && r.retry.After(r.now) {
-			rec.RetryAt = r.retry
+		if r.untilOK && r.until.After(r.now) {
+			// A failed attempt's backoff: a lease nobody holds.
+			rec.RetryAt = r.until
 		}
 	}
 	return rec, true
@@ -130,9 +131,9 @@ func (d *sqlDriver) listQuery(opts inbox.ListOptions) (string, []any) {
 	case inbox.StateDead:
 		conds = append(conds, col("state")+" = 2")
 	case inbox.StateInProgress:
-		conds = append(conds, col("state")+" = 0 AND "+col("lease_until")+" > "+now)
-	case inbox.StateAvailable:
-		conds = append(conds, col("state")+" = 0 AND ("+col("lease_until")+" IS NULL OR "+col("lease_until")+" <= "+now+")")
+		conds = append(conds, col("state")+" = 0 AND "+col("lease_until")+" > "+now+" AND "+col("lease_id")+" <> ''")
+	case inbox.StateAvailable: // a backoff is a lease nobody holds
+		conds = append(conds, col("state")+" = 0 AND ("+col("lease_until")+" IS NULL OR "+col("lease_until")+" <= "+now+" OR "+col("lease_id")+" = '')")
 	}
 	if opts.OlderThan > 0 {
 		var age string
@@ -186,9 +187,9 @@ func (d *sqlDriver) Forget(ctx context.Context, key string) error {
 }
 
 // ForceRelease implements [driver.Driver]: an UPDATE, fenced by no lease
-// id, of an open row whose lease is live or whose backoff runs: both end
-// now (lease id cleared, attempts kept), and the row lives for the
-// retention from now.
+// id, of an open row whose lease is live or whose backoff runs (a lease
+// nobody holds): it ends now (lease id cleared, attempts kept), and the
+// row lives for the retention from now.
 func (d *sqlDriver) ForceRelease(ctx context.Context, key string) error {
 	if _, err := d.exec(ctx, d.q.forceRelease, us(d.opts.Retention), key); err != nil {
 		return d.fault(err)

@@ -129,9 +129,9 @@ func TestList_full_last_page_has_no_cursor(t *testing.T) {
 	}
 }
 
-// A table of the earlier layout (without reason and retry_at, as the
+// A table of the earlier layout (without reason, as the
 // previous version of the store made it) is reported at Open, with the
-// fix; Migrate (migrate=true) adds the columns, keeps the rows, and runs
+// fix; Migrate (migrate=true) adds the column, keeps the rows, and runs
 // again as a no-op.
 func TestOpen_earlier_layout_is_migrated(t *testing.T) {
 	for _, b := range []backend{backends[0], backends[1], backends[3]} {
@@ -151,10 +151,8 @@ func TestOpen_earlier_layout_is_migrated(t *testing.T) {
 				raw, db = "sqlite://"+path, sqltest.OpenSQLiteFile(t, path)
 			}
 			table := newTable(t, db, b.dialect)
-			for _, c := range []string{"reason", "retry_at"} {
-				if _, err := db.ExecContext(ctxT(t), "ALTER TABLE "+table+" DROP COLUMN "+c); err != nil {
-					t.Fatalf("dropping %s from %s: %v", c, table, err)
-				}
+			if _, err := db.ExecContext(ctxT(t), "ALTER TABLE "+table+" DROP COLUMN reason"); err != nil {
+				t.Fatalf("dropping reason from %s: %v", table, err)
 			}
 			insertProcessed(t, db, b.dialect, table, []string{"earlier:processed"}, time.Now().Add(time.Hour))
 			raw = withParams(raw, "table="+table)

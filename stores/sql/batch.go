@@ -87,17 +87,17 @@ func (w *wave) op(key string, k driver.Kind) (int, error) {
 // claimRow is the row a claim statement answers for its key: claimCols
 // (the key aside) and the clock.
 type claimRow struct {
-	state, attempts                 int
-	leaseID, hash, reason           string
-	until, last, retry, now         time.Time
-	untilOK, lastOK, retryOK, nowOK bool
+	state, attempts        int
+	leaseID, hash, reason  string
+	until, last, now       time.Time
+	untilOK, lastOK, nowOK bool
 }
 
 // claimDests returns the scan destinations of a claim statement's row:
 // key, then r's columns.
 func (d *sqlDriver) claimDests(key *string, r *claimRow) []any {
 	return []any{key, &r.state, &r.leaseID, d.timeDest(&r.until, &r.untilOK), &r.hash, d.timeDest(&r.last, &r.lastOK),
-		&r.attempts, &r.reason, d.timeDest(&r.retry, &r.retryOK), d.timeDest(&r.now, &r.nowOK)}
+		&r.attempts, &r.reason, d.timeDest(&r.now, &r.nowOK)}
 }
 
 // claim is op's outcome, given its row.
@@ -113,11 +113,9 @@ func (r *claimRow) claim(op driver.Op) inbox.Claim {
 		// lease id is always written from now.
 		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, r.until, op.Lease
 	default:
-		// Another live lease, or a failed attempt's backoff (never both).
-		until := r.until
-		if !r.untilOK {
-			until = r.retry
-		}
+		// Another live lease, or a failed attempt's backoff (a lease that
+		// nobody holds): until lease_until either way.
+		//
 		// The clock was read when the statement began, and the statement may
 		// have waited for the holder's row lock since: the holder's write
 		// (its last_seen) happened before this reading, whatever the clock
@@ -126,7 +124,7 @@ func (r *claimRow) claim(op driver.Op) inbox.Claim {
 		if r.lastOK && r.last.After(now) {
 			now = r.last
 		}
-		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, until, max(until.Sub(now), time.Microsecond)
+		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, r.until, max(r.until.Sub(now), time.Microsecond)
 	}
 	return c
 }
@@ -145,6 +143,14 @@ func fenced(k driver.Kind) bool {
 	return k == driver.Complete || k == driver.Release || k == driver.Fail
 }
 
+// backoffUS is the backoff of a Fail in microseconds: none for a dead key.
+func backoffUS(op driver.Op) int64 {
+	if op.Failure.Dead {
+		return 0
+	}
+	return us(op.Failure.RetryAfter)
+}
+
 // failState is the state a Fail leaves its row in.
 func failState(op driver.Op) int {
 	if op.Failure.Dead {
@@ -155,9 +161,9 @@ func failState(op driver.Op) int {
 
 // failArgs are the parameters of the failOne statement for op.
 func (d *sqlDriver) failArgs(op driver.Op) []any {
-	ret, retry := us(d.opts.Retention), us(op.Failure.RetryAfter)
+	ret, retry := us(d.opts.Retention), backoffUS(op)
 	if d.opts.Dialect == MySQL {
-		return []any{op.Failure.Reason, failState(op), retry, retry + ret, op.Key, op.LeaseID}
+		return []any{retry, op.Failure.Reason, failState(op), retry + ret, op.Key, op.LeaseID}
 	}
 	return []any{ret, op.Key, op.LeaseID, op.Failure.Reason, failState(op), retry}
 }
@@ -237,7 +243,7 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 			pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }),
 			pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),
 			pgArray(g, func(i int) string { return pgQuote(ops[i].Failure.Reason) }),
-			pgArray(g, func(i int) string { return strconv.FormatInt(us(ops[i].Failure.RetryAfter), 10) }),
+			pgArray(g, func(i int) string { return strconv.FormatInt(backoffUS(ops[i]), 10) }),
 			pgArray(g, func(i int) string { return strconv.Itoa(failState(ops[i])) }),
 			len(g))
 	}
@@ -256,7 +262,7 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 			r                     claimRow
 		)
 		if err := rows.Scan(&kind, &key, &state, &leaseID, d.timeDest(&r.until, &r.untilOK), &hash,
-			d.timeDest(&r.last, &r.lastOK), &attempts, &reason, d.timeDest(&r.retry, &r.retryOK), d.timeDest(&r.now, &r.nowOK)); err != nil {
+			d.timeDest(&r.last, &r.lastOK), &attempts, &reason, d.timeDest(&r.now, &r.nowOK)); err != nil {
 			return err
 		}
 		i, err := w.op(key, driver.Kind(kind))
@@ -527,7 +533,7 @@ func (d *sqlDriver) myFail(ctx context.Context, q querier, w *wave, held []bool,
 			errs[i] = lost(ops[i])
 			continue
 		}
-		retry := us(ops[i].Failure.RetryAfter)
+		retry := backoffUS(ops[i])
 		args = append(args, ops[i].Key, ops[i].Failure.Reason, failState(ops[i]), retry, retry+ret)
 	}
 	if len(args) == 0 {

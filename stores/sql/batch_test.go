@@ -205,7 +205,7 @@ func TestApply_crafted_batches(t *testing.T) {
 					t.Fatalf("Busy ExpiresAt %v, RetryAt %v: want the same", res[2].ExpiresAt, r.RetryAt)
 				}
 				// A later batch: still busy; the failed lease is fenced.
-				res, errs = apply(t, s, claimOp(k, "c"), failOp(k, "a", inbox.FailOptions{Dead: true}), driver.Op{Kind: driver.Release, Key: k, LeaseID: "a"})
+				res, errs = apply(t, s, claimOp(k, "c"), failOp(k, "a", inbox.FailOptions{Dead: true, RetryAfter: time.Hour}), driver.Op{Kind: driver.Release, Key: k, LeaseID: "a"})
 				if errs[0] != nil || res[0].Status != inbox.Busy || !errors.Is(errs[1], inbox.ErrLeaseLost) || !errors.Is(errs[2], inbox.ErrLeaseLost) {
 					t.Fatalf("after the backoff began: %+v %v", res, errs)
 				}
@@ -266,7 +266,7 @@ func TestApply_crafted_batches(t *testing.T) {
 				res, errs := apply(t, s,
 					failOp(keys[0], "a", inbox.FailOptions{Reason: "zero"}),
 					failOp(keys[1], "a", inbox.FailOptions{RetryAfter: time.Hour, Reason: "one"}),
-					failOp(keys[2], "a", inbox.FailOptions{Dead: true, Reason: "two"}),
+					failOp(keys[2], "a", inbox.FailOptions{Dead: true, RetryAfter: time.Hour, Reason: "two"}), // no backoff for the dead
 					failOp(keys[3], "not-a", inbox.FailOptions{Dead: true, Reason: "three"}),
 					driver.Op{Kind: driver.Release, Key: keys[4], LeaseID: "a"},
 					failOp(keys[5], "a", inbox.FailOptions{Reason: "unknown"}),
@@ -299,9 +299,6 @@ func TestApply_crafted_batches(t *testing.T) {
 }
 
 func failOp(key, leaseID string, opts inbox.FailOptions) driver.Op {
-	if opts.Dead {
-		opts.RetryAfter = 0
-	}
 	return driver.Op{Kind: driver.Fail, Key: key, LeaseID: leaseID, Failure: opts}
 }
 
@@ -356,6 +353,73 @@ func TestStore_concurrent_calls_share_round_trips(t *testing.T) {
 			if st.Calls < n || st.RoundTrips > st.Calls {
 				t.Fatalf("stats %+v", st)
 			}
+		})
+	}
+}
+
+// Concurrent Fails through the store travel in batches with claims, and
+// each gets its own outcome: a backoff, a dead key, a key given back, or
+// lease lost for a lease that does not hold its key.
+func TestStore_concurrent_fails_each_their_own(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			db := b.open(t)
+			s := newStore(t, b, db, newTable(t, db, b.dialect), sqlstore.Options{})
+			ctx := ctxT(t)
+			before := s.BatchStats()
+			const n = 48
+			var (
+				wg       sync.WaitGroup
+				mu       sync.Mutex
+				failures []error
+			)
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := batchKey(t, fmt.Sprint("cf-", i))
+					err := func() error {
+						c, err := s.TryBegin(ctx, key, inbox.BeginOptions{Lease: time.Minute})
+						if err != nil || c.Status != inbox.Acquired {
+							return fmt.Errorf("TryBegin(%s) = %+v, %v", key, c, err)
+						}
+						// i%4: given back at once, a backoff, dead, or a
+						// Fail by a lease that does not hold the key.
+						reason := fmt.Sprint("failure ", i)
+						opts, holder, want, attempts := inbox.FailOptions{Reason: reason}, c.LeaseID, inbox.Acquired, 2
+						switch i % 4 {
+						case 1:
+							opts.RetryAfter, want, attempts = time.Hour, inbox.Busy, 1
+						case 2:
+							opts.Dead, want, attempts = true, inbox.Dead, 1
+						case 3:
+							holder, want, attempts, reason = "not-"+c.LeaseID, inbox.Busy, 1, ""
+						}
+						err = s.Fail(ctx, key, holder, opts)
+						if lostWanted := i%4 == 3; (err == nil) == lostWanted || (lostWanted && !errors.Is(err, inbox.ErrLeaseLost)) {
+							return fmt.Errorf("Fail(%s, %+v) by %q: %v", key, opts, holder, err)
+						}
+						c, err = s.TryBegin(ctx, key, inbox.BeginOptions{Lease: time.Minute})
+						if err != nil || c.Status != want || c.Attempts != attempts {
+							return fmt.Errorf("TryBegin(%s) after Fail(%+v) = %+v, %v; want %v with %d attempts", key, opts, c, err, want, attempts)
+						}
+						if r, err := s.Get(ctx, key); err != nil || r.Reason != reason {
+							return fmt.Errorf("Get(%s) = %+v, %v; want the reason %q", key, r, err, reason)
+						}
+						return nil
+					}()
+					mu.Lock()
+					defer mu.Unlock()
+					failures = append(failures, err)
+				}()
+			}
+			wg.Wait()
+			if err := errors.Join(failures...); err != nil {
+				t.Fatal(err)
+			}
+			st := s.BatchStats().Sub(before)
+			t.Logf("%d calls in %d round trips", st.Calls, st.RoundTrips)
 		})
 	}
 }

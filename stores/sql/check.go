@@ -49,8 +49,8 @@ func (t target) String() string {
 func checkTable(ctx context.Context, s *Store, t target) error {
 	if _, err := s.Get(ctx, checkKey); err != nil {
 		if classify(err) == kindNoColumn && s.d.earlierLayout(ctx) {
-			return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the columns reason and retry_at): "+
-				"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the columns; so do the ALTER TABLE statements at the end of sqlstore.DDL)",
+			return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the column reason): "+
+				"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the column; so does the ALTER TABLE statement at the end of sqlstore.DDL)",
 				t.dialect, s.Table(), t), rootCause(err))
 		}
 		return openError(ctx, t, s.Table(), "Open", "reading table "+s.Table(), err)

@@ -13,9 +13,9 @@ import (
 )
 
 // Migrate creates the store's table and index when they do not exist, and
-// upgrades a table of the earlier layout (made before Fail, backoffs and
-// dead keys): it adds the columns reason and retry_at, whose defaults
-// describe every row of such a table. It never alters a table otherwise
+// upgrades a table of the earlier layout (made before Fail and dead keys):
+// it adds the column reason, whose default describes every row of such a
+// table. It never alters a table otherwise
 // (one that is not an inbox table is left as it is, and the store's
 // statements fail on it). It is idempotent and safe to run from several
 // processes at once (on PostgreSQL it holds a transaction-scoped advisory
@@ -91,7 +91,7 @@ func (d *sqlDriver) missingColumns(ctx context.Context) ([]int, error) {
 // hasEarlierColumns reports whether the table has the columns of the
 // earlier layout.
 func (d *sqlDriver) hasEarlierColumns(ctx context.Context) bool {
-	return d.probe(ctx, earlierCols) == nil
+	return d.probe(ctx, cols) == nil
 }
 
 // earlierLayout reports whether the table is of the earlier layout: its

@@ -117,8 +117,7 @@ func ddl(d Dialect, table string) []string {
 	processed_at TIMESTAMPTZ NULL,
 	payload_hash TEXT NOT NULL,
 	expires_at   TIMESTAMPTZ NOT NULL,
-	reason       TEXT NOT NULL DEFAULT '',
-	retry_at     TIMESTAMPTZ NULL
+	reason       TEXT NOT NULL DEFAULT ''
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.table + ` (expires_at)`,
 		}
@@ -139,7 +138,6 @@ func ddl(d Dialect, table string) []string {
 	payload_hash VARBINARY(128) NOT NULL,
 	expires_at   DATETIME(6) NOT NULL,
 	reason       VARBINARY(1024) NOT NULL DEFAULT '',
-	retry_at     DATETIME(6) NULL,
 	PRIMARY KEY (msg_key),
 	INDEX ` + n.index + ` (expires_at)
 ) ENGINE=InnoDB`,
@@ -160,8 +158,7 @@ func ddl(d Dialect, table string) []string {
 	processed_at INTEGER NULL,
 	payload_hash TEXT NOT NULL,
 	expires_at   INTEGER NOT NULL,
-	reason       TEXT NOT NULL DEFAULT '',
-	retry_at     INTEGER NULL
+	reason       TEXT NOT NULL DEFAULT ''
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.bare + ` (expires_at)`,
 		}
@@ -170,18 +167,15 @@ func ddl(d Dialect, table string) []string {
 }
 
 // addedColumns are the columns a table of the earlier layout (made before
-// Fail, backoffs and dead keys) lacks, with their definitions per dialect.
-// Their defaults describe every row of such a table: no reason, no backoff.
+// Fail and dead keys) lacks, with their definitions per dialect. Their
+// defaults describe every row of such a table (no failed attempt) and every
+// row the store inserts: its INSERTs do not name them.
 var addedColumns = []struct {
 	name string
 	def  map[Dialect]string
 }{
 	{"reason", map[Dialect]string{Postgres: `TEXT NOT NULL DEFAULT ''`, MySQL: `VARBINARY(1024) NOT NULL DEFAULT ''`, SQLite: `TEXT NOT NULL DEFAULT ''`}},
-	{"retry_at", map[Dialect]string{Postgres: `TIMESTAMPTZ NULL`, MySQL: `DATETIME(6) NULL`, SQLite: `INTEGER NULL`}},
 }
-
-// earlierCols are the columns of the earlier layout.
-const earlierCols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
 
 // addColumn is the statement that adds column c (one of addedColumns) to a
 // table of the earlier layout. On PostgreSQL it is idempotent (IF NOT
@@ -204,17 +198,18 @@ func addColumn(d Dialect, table string, i int) string {
 // means [DefaultTable].
 //
 // The table has one row per key: msg_key (primary key, compared byte for
-// byte), state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until,
-// attempts, first_seen, last_seen, processed_at, payload_hash, expires_at
-// (when the row may be deleted: the end of the lease, the processing or
-// the failure, or of a failed attempt's backoff, plus the retention),
-// reason (of the latest failed attempt, [inbox.FailOptions.Reason]) and
-// retry_at (the end of that attempt's backoff, NULL when none), with an
-// index on expires_at for [Store.Cleanup].
+// byte), state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until
+// (the end of the lease; with an empty lease_id, the end of a failed
+// attempt's backoff), attempts, first_seen, last_seen, processed_at,
+// payload_hash, expires_at (when the row may be deleted: the end of the
+// lease, the processing or the failure, or of a failed attempt's backoff,
+// plus the retention) and reason (of the latest failed attempt,
+// [inbox.FailOptions.Reason]), with an index on expires_at for
+// [Store.Cleanup].
 //
-// A table of the earlier layout (without reason and retry_at) is upgraded
-// by [Store.Migrate], which adds the two columns; the DDL ends with the
-// statements that do so, as comments, for users who migrate by hand.
+// A table of the earlier layout (without reason) is upgraded by
+// [Store.Migrate], which adds the column; the DDL ends with the statement
+// that does so, as a comment, for users who migrate by hand.
 func DDL(d Dialect, table string) (string, error) {
 	if err := d.Validate(); err != nil {
 		return "", err
@@ -227,7 +222,7 @@ func DDL(d Dialect, table string) (string, error) {
 	}
 	var b strings.Builder
 	b.WriteString(strings.Join(ddl(d, table), ";\n\n") + ";\n\n")
-	b.WriteString("-- A table made by an earlier version of the store, without the columns\n-- reason and retry_at, also needs:\n")
+	b.WriteString("-- A table made by an earlier version of the store, without the column\n-- reason, also needs:\n")
 	for i := range addedColumns {
 		b.WriteString("-- " + addColumn(d, table, i) + ";\n")
 	}
@@ -312,14 +307,17 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 }
 
 const (
-	cols = earlierCols + `, reason, retry_at`
+	// cols are the columns the store's INSERTs name: those of the earlier
+	// layout (reason takes its default).
+	cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
 
 	// claimCols are the columns a claim statement answers per row, before
 	// the clock reading (see claimRow in batch.go).
-	claimCols = `msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, retry_at`
+	claimCols = `msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason`
 
-	// recordCols are the columns Get and List read (see scanRecord).
-	recordCols = `state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, retry_at`
+	// recordCols are the columns Get and List read (see recordRow in
+	// admin.go).
+	recordCols = `state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id`
 )
 
 // The states of a row.
@@ -333,19 +331,22 @@ const (
 // last_seen is the statement's clock reading):
 //
 //	gone: t expired (retention or lease+retention passed): start a fresh record;
-//	free: t is open, its lease ended or was released, and no failed
-//	      attempt's backoff runs: acquire, Attempts+1, the backoff cleared;
+//	free: t is open, and its lease or its failed attempt's backoff ended
+//	      or was released: acquire, Attempts+1;
 //	mine: t is open and held by the caller's own lease id: renew from now
 //	      (a failed, released or forcibly released lease has lease_id '',
 //	      which no caller's lease id is);
 //	else: processed, dead, held by another live lease, or in a backoff:
 //	      unchanged.
 //
-// A row's lease_until and retry_at are never both set: an acquisition
-// clears retry_at, and Fail, which sets it, clears lease_until.
+// A failed attempt's backoff is a lease that nobody holds: Fail sets
+// lease_until to its end and empties lease_id (no caller's lease id is
+// empty), so a claim answers Busy until then as it does for a live lease,
+// and the conditions are those of leases alone. Get tells the two apart by
+// the lease id.
 const (
 	pgGone = `t.expires_at <= EXCLUDED.last_seen`
-	pgFree = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) AND (t.retry_at IS NULL OR t.retry_at <= EXCLUDED.last_seen)`
+	pgFree = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)`
 	pgMine = `t.state = 0 AND t.lease_id = EXCLUDED.lease_id`
 	pgUS   = ` * interval '1 microsecond'`
 
@@ -360,7 +361,6 @@ const (
 	processed_at = CASE WHEN ` + pgGone + ` THEN NULL ELSE t.processed_at END,
 	payload_hash = CASE WHEN ` + pgGone + ` OR ((` + pgFree + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
 	reason       = CASE WHEN ` + pgGone + ` THEN '' ELSE t.reason END,
-	retry_at     = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) THEN NULL ELSE t.retry_at END,
 	expires_at   = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.expires_at ELSE t.expires_at END`
 
 	// The SET clauses of Complete and Release; $1 is the retention.
@@ -382,7 +382,6 @@ const (
 	last_seen    = EXCLUDED.last_seen,
 	lease_id     = '',
 	lease_until  = NULL,
-	retry_at     = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at`
 )
@@ -416,8 +415,8 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = $1`,
 
 		forceRelease: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET lease_id = '', lease_until = NULL, retry_at = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS + `
-FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND (t.lease_until > n.now OR t.retry_at > n.now)`,
+UPDATE ` + t + ` AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS + `
+FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease_until > n.now`,
 	}
 	for mask := 1; mask < len(q.pg); mask++ {
 		q.pg[mask] = pgWaveQuery(t, mask)
@@ -426,7 +425,7 @@ FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND (t.leas
 	// than those over arrays.
 	q.claimOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
 INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + `, '', NULL FROM n
+SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + ` FROM n
 ON CONFLICT (msg_key) DO UPDATE SET` + pgClaimSet + `
 RETURNING ` + pgCols("t", claimCols) + `)
 SELECT ` + pgCols("r", claimCols) + `, n.now FROM r, n`
@@ -441,7 +440,7 @@ UPDATE ` + t + ` AS t SET` + pgFailSet("$4", "$5::smallint", "$6::bigint") + `
 FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
 	q.markOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint` + pgUS + `, '', NULL FROM n
+SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint` + pgUS + ` FROM n
 ON CONFLICT (msg_key) DO UPDATE SET` + pgMarkSet
 	return q
 }
@@ -457,11 +456,12 @@ func pgCols(alias, list string) string {
 
 // pgFailSet is the SET clause of a Fail whose reason, new state (0, or 2
 // for dead) and backoff (microseconds, 0 for none) are the expressions
-// given; $1 is the retention. The row lives for the backoff plus the
-// retention.
+// given; $1 is the retention. The backoff is a lease nobody holds: lease_id
+// empty, lease_until its end (NULL without one). The row lives for the
+// backoff plus the retention.
 func pgFailSet(reason, state, retryUS string) string {
-	return ` lease_id = '', lease_until = NULL, last_seen = n.now, reason = ` + reason + `, state = ` + state + `,
-	retry_at = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
+	return ` lease_id = '', lease_until = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), last_seen = n.now,
+	reason = ` + reason + `, state = ` + state + `, expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
 }
 
 // pgWaveQuery is the one statement of a PostgreSQL wave whose operations
@@ -494,17 +494,17 @@ func pgWaveQuery(t string, mask int) string {
 	ctes := []string{`n AS MATERIALIZED (SELECT clock_timestamp() AS now)`}
 	var sels []string
 	other := func(kind int, cte string) string {
-		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz, NULL::timestamptz FROM ` + cte
+		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM ` + cte
 	}
 	if mask&maskClaim != 0 {
 		k, l, o, lu, h := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("text")
 		ctes = append(ctes, `c AS (
 INSERT INTO `+t+` AS t (`+cols+`)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu`+pgUS+`, 1, n.now, n.now, NULL, u.h, n.now + (u.lu + `+ret+`)`+pgUS+`, '', NULL
+SELECT u.k, 0, u.l, u.o, n.now + u.lu`+pgUS+`, 1, n.now, n.now, NULL, u.h, n.now + (u.lu + `+ret+`)`+pgUS+`
 FROM n, unnest(`+k+`, `+l+`, `+o+`, `+lu+`, `+h+`) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET`+pgClaimSet+`
 RETURNING `+pgCols("t", claimCols)+`)`)
-		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, c.retry_at, n.now FROM c, n`)
+		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n`)
 	}
 	if mask&maskComplete != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
@@ -528,7 +528,7 @@ RETURNING t.msg_key)`)
 		k := arr("text")
 		ctes = append(ctes, `m AS (
 INSERT INTO `+t+` AS t (`+cols+`)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + `+ret+pgUS+`, '', NULL
+SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + `+ret+pgUS+`
 FROM n, unnest(`+k+`) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET`+pgMarkSet+`
 RETURNING t.msg_key)`)
@@ -548,8 +548,8 @@ RETURNING t.msg_key)`)
 
 // MySQL and MariaDB run the assignments of ON DUPLICATE KEY UPDATE (and of
 // a single-table UPDATE) left to right, each seeing the columns assigned
-// before it. The conditions read expires_at, state, lease_until, retry_at
-// and lease_id, so those are assigned last, in an order where every
+// before it. The conditions read expires_at, state, lease_until and
+// lease_id, so those are assigned last, in an order where every
 // condition still decides as it would on the old row (see the comment in
 // myQueries).
 func myQueries(t string, returning bool) queries {
@@ -557,15 +557,11 @@ func myQueries(t string, returning bool) queries {
 		now  = `UTC_TIMESTAMP(6)`
 		xnow = `VALUES(last_seen)`
 		gone = `expires_at <= ` + xnow
-		free = `state = 0 AND (lease_until IS NULL OR lease_until <= ` + xnow + `) AND (retry_at IS NULL OR retry_at <= ` + xnow + `)`
+		free = `state = 0 AND (lease_until IS NULL OR lease_until <= ` + xnow + `)`
 		mine = `state = 0 AND lease_id = VALUES(lease_id)`
 	)
-	// The columns assigned before retry_at (attempts, ..., last_seen) are
-	// read by no condition. Order of the last five assignments:
-	//   retry_at    := NULL when gone or free. Rows that were gone are
-	//                  still seen as such (expires_at intact); rows that
-	//                  were free still are (a NULL retry_at is free); rows
-	//                  that were neither keep theirs.
+	// The columns assigned before lease_id (attempts, ..., last_seen) are
+	// read by no condition. Order of the last four assignments:
 	//   lease_id    := new when gone or free. Rows that were neither keep the
 	//                  old id, so "mine" still reads the old value for them;
 	//                  rows that were gone or free are still seen as such by
@@ -576,7 +572,7 @@ func myQueries(t string, returning bool) queries {
 	//                  just renewed, but lease_id = new and state = 0 make
 	//                  "mine" true for those rows) or mine.
 	q := queries{
-		claimRow: `(?, 0, ?, ?, ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + INTERVAL ? MICROSECOND, '', NULL)`,
+		claimRow: `(?, 0, ?, ?, ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + INTERVAL ? MICROSECOND)`,
 		claimTail: `
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN attempts + 1 ELSE attempts END,
@@ -586,7 +582,6 @@ ON DUPLICATE KEY UPDATE
 	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
 	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
 	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + xnow + ` ELSE last_seen END,
-	retry_at     = CASE WHEN ` + gone + ` OR (` + free + `) THEN NULL ELSE retry_at END,
 	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(lease_id) ELSE lease_id END,
 	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
@@ -602,7 +597,7 @@ ON DUPLICATE KEY UPDATE
 
 		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND`,
 
-		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND, '', NULL)`,
+		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
 		// expires_at last: the conditions before it read the old one.
 		markTail: `
 ON DUPLICATE KEY UPDATE
@@ -615,7 +610,6 @@ ON DUPLICATE KEY UPDATE
 	last_seen    = VALUES(last_seen),
 	lease_id     = '',
 	lease_until  = NULL,
-	retry_at     = NULL,
 	state        = 1,
 	expires_at   = VALUES(expires_at)`,
 
@@ -633,8 +627,8 @@ FROM ` + t + ` WHERE msg_key = ?`,
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?`,
 
 		// The WHERE clause reads the old row; no assignment reads a column.
-		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, retry_at = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND (lease_until > ` + now + ` OR retry_at > ` + now + `)`,
+		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
+WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 	}
 	if returning {
 		q.claimTail += "\nRETURNING " + claimCols + ", " + now
@@ -651,11 +645,11 @@ WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
 
 // myFailSet is the SET clause of a Fail on MySQL whose reason, new state,
 // backoff and backoff plus retention (microseconds) are the expressions
-// given.
+// given (see pgFailSet).
 func myFailSet(reason, state, retryUS, expiresUS string) string {
 	const now = `UTC_TIMESTAMP(6)`
-	return ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, reason = ` + reason + `, state = ` + state + `,
-	retry_at = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
+	return ` lease_id = '', lease_until = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), last_seen = ` + now + `,
+	reason = ` + reason + `, state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
 }
 
 // liteNow is SQLite's clock in integer microseconds since the Unix epoch.
@@ -666,13 +660,13 @@ const liteNow = `(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INT
 func liteQueries(t string) queries {
 	const (
 		gone = `expires_at <= excluded.last_seen`
-		free = `state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen) AND (retry_at IS NULL OR retry_at <= excluded.last_seen)`
+		free = `state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)`
 		mine = `state = 0 AND lease_id = excluded.lease_id`
 		now  = liteNow
 	)
 	// SQLite, like PostgreSQL, evaluates every assignment on the old row.
 	q := queries{
-		claimRow: `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?, '', NULL)`,
+		claimRow: `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
 		claimTail: `
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
@@ -685,7 +679,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
 	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
 	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
-	retry_at     = CASE WHEN ` + gone + ` OR (` + free + `) THEN NULL ELSE retry_at END,
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.expires_at ELSE expires_at END
 RETURNING ` + claimCols + `, ` + now,
 
@@ -698,7 +691,7 @@ RETURNING ` + claimCols + `, ` + now,
 
 		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?`,
 
-		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?, '', NULL)`,
+		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
 		markTail: `
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE attempts END,
@@ -710,7 +703,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	last_seen    = excluded.last_seen,
 	lease_id     = '',
 	lease_until  = NULL,
-	retry_at     = NULL,
 	state        = 1,
 	expires_at   = excluded.expires_at`,
 
@@ -726,11 +718,11 @@ FROM ` + t + ` WHERE msg_key = ?1`,
 
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
 
-		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, retry_at = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?1
-WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND (lease_until > ` + now + ` OR retry_at > ` + now + `)`,
+		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?1
+WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 
-		failOne: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, reason = ?4, state = ?5,
-	retry_at = NULLIF(` + now + ` + ?6, ` + now + `), expires_at = ` + now + ` + ?6 + ?1
+		failOne: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULLIF(` + now + ` + ?6, ` + now + `), last_seen = ` + now + `,
+	reason = ?4, state = ?5, expires_at = ` + now + ` + ?6 + ?1
 WHERE msg_key = ?2 AND lease_id = ?3 AND state = 0 AND expires_at > ` + now,
 	}
 	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `

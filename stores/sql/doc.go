@@ -46,12 +46,12 @@
 // key: msg_key (primary key, compared byte for byte: TEXT COLLATE "C" on
 // PostgreSQL, VARBINARY(1024) on MySQL and MariaDB, whose default collations
 // fold case and trailing spaces, TEXT with SQLite's binary collation),
-// state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until,
-// attempts, first_seen, last_seen, processed_at, payload_hash, expires_at
-// (when the row may be deleted), reason (the latest failed attempt's
-// [inbox.FailOptions.Reason], empty when none) and retry_at (the end of that
-// attempt's backoff, NULL when none), with an index on expires_at for
-// cleanup. Times keep microseconds on PostgreSQL (timestamptz) and MySQL
+// state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until (the
+// end of the lease, or with an empty lease_id of a failed attempt's
+// backoff: see below), attempts, first_seen, last_seen, processed_at,
+// payload_hash, expires_at (when the row may be deleted) and reason (the
+// latest failed attempt's [inbox.FailOptions.Reason], empty when none),
+// with an index on expires_at for cleanup. Times keep microseconds on PostgreSQL (timestamptz) and MySQL
 // (DATETIME(6), UTC), milliseconds on SQLite (integer microseconds from
 // SQLite's millisecond clock).
 //
@@ -60,21 +60,21 @@
 // [DDL] gives the same statements to users who run their own migrations. A
 // store whose table is missing fails with [inbox.ErrStoreUnavailable] and an
 // error that says to migrate. A table made by an earlier version of the store
-// lacks reason and retry_at: stores.Open reports it as such (wrapping
+// lacks reason: stores.Open reports it as such (wrapping
 // stores.ErrMisconfigured, with the fix), and Migrate (migrate=true,
-// inboxctl migrate) adds the two columns, whose defaults describe every row
-// of such a table; DDL ends with the ALTER TABLE statements that do the
-// same, as comments. Migrate alters no table otherwise.
+// inboxctl migrate) adds the column, whose default describes every row of
+// such a table; DDL ends with the ALTER TABLE statement that does the same,
+// as a comment. Migrate alters no table otherwise.
 //
 // # Statements and clocks
 //
 // A claim is an upsert whose SET col = CASE ... arms decide in the
 // statement, under the row lock, whether the record expired (start afresh),
-// is free (open, its lease ended or released, no backoff running: acquire,
-// Attempts+1, the backoff cleared), is held by the caller's own lease id
-// (renew) or is processed, dead, held by another lease or in a backoff
-// (unchanged); the row it returns (state, lease, attempts, reason,
-// retry_at) makes the answer: INSERT ... ON CONFLICT DO UPDATE ...
+// is free (open, its lease or backoff ended or released: acquire,
+// Attempts+1), is held by the caller's own lease id (renew) or is
+// processed, dead, held by another lease or in a backoff (unchanged); the
+// row it returns (state, lease, attempts, reason) makes the answer: INSERT
+// ... ON CONFLICT DO UPDATE ...
 // RETURNING on PostgreSQL and SQLite, INSERT ... ON DUPLICATE KEY UPDATE
 // ... RETURNING on MariaDB 10.5+. MySQL 8 has no RETURNING: there a claim is
 // the same upsert followed by a locking read in one short transaction, and
@@ -82,9 +82,8 @@
 // fenced by the lease id; MarkProcessed an upsert. MySQL and MariaDB run the
 // assignments of ON DUPLICATE KEY UPDATE left to right, each seeing the ones
 // before it; the statement assigns the columns its conditions read
-// (retry_at, lease_id, lease_until, state, expires_at) last, in an order
-// proved in the source. The store tells MariaDB from MySQL with SELECT
-// VERSION().
+// (lease_id, lease_until, state, expires_at) last, in an order proved in
+// the source. The store tells MariaDB from MySQL with SELECT VERSION().
 //
 // Deadlines come from the database clock: clock_timestamp() read once per
 // statement on PostgreSQL (now() would be frozen at the start of a
@@ -103,27 +102,31 @@
 // # Failed attempts: backoff and dead keys
 //
 // Fail, fenced as Release is (the lease id must hold the key, which must be
-// open), clears the lease (lease_id empty, lease_until NULL) and records the
-// reason; attempts are kept. Without Dead it sets retry_at to the database
-// clock plus [inbox.FailOptions.RetryAfter] (NULL when zero): until then
-// every TryBegin, the failed lease's id included, answers Busy with
-// ExpiresAt = retry_at and RetryAfter the time left, and Get says
-// StateAvailable with RetryAt; the row lives until retry_at plus the
-// retention. The acquisition after the backoff clears retry_at; the reason
-// stays, as history, until the row is forgotten or expires. With Dead it
-// sets state 2: every TryBegin answers [inbox.Dead] with the reason and the
-// attempts, Complete, Release, Fail and Extend are [inbox.ErrLeaseLost] (no
-// lease id holds the row), MarkProcessed marks it processed, and the row
-// lives for the retention from the Fail.
+// open), empties the lease id and records the reason; attempts are kept.
+// Without Dead, the backoff is a lease that nobody holds: lease_until is
+// set to the database clock plus [inbox.FailOptions.RetryAfter] (NULL when
+// zero), and as no caller's lease id is empty, every TryBegin, the failed
+// lease's id included, answers Busy until then, with ExpiresAt its end and
+// RetryAfter the time left, by the very conditions that decide for leases
+// (the claim statement gains no condition for backoffs). Get and List tell
+// the backoff from a lease by the empty lease id: StateAvailable with
+// RetryAt. The row lives until the end of the backoff plus the retention.
+// The acquisition after the backoff writes its own lease over it; the
+// reason stays, as history, until the row is forgotten or expires. With
+// Dead, Fail sets state 2 (and no backoff): every TryBegin answers
+// [inbox.Dead] with the reason and the attempts, Complete, Release, Fail
+// and Extend are [inbox.ErrLeaseLost] (no lease id holds the row),
+// MarkProcessed marks it processed, and the row lives for the retention
+// from the Fail.
 //
 // # Operators: List, Forget, ForceRelease
 //
 // [Store] implements [inbox.Admin] (the operators' side, which cmd/inboxctl
 // uses). Forget is a DELETE of the key's row. ForceRelease is an UPDATE of
 // an open row whose lease is live or whose backoff runs, fenced by no lease
-// id: the lease id is cleared (the holder's Complete, Release and Extend are
-// then lease lost), lease_until and retry_at are cleared, attempts are kept;
-// a processed, dead or unknown key is left as it is.
+// id: the lease id is emptied (the holder's Complete, Release and Extend
+// are then lease lost), lease_until cleared, attempts kept; a processed,
+// dead or unknown key is left as it is.
 //
 // List is one SELECT per page in key order (ORDER BY msg_key LIMIT the page
 // plus one row, which tells whether a next page follows): keyset

@@ -39,8 +39,9 @@ type Options struct {
 	Lease time.Duration
 
 	// AutoMigrate makes [New] create the table and its index when they do
-	// not exist ([Store.Migrate]). Optional; default false: the table must
-	// exist (see [DDL]).
+	// not exist, and add the columns a table of the earlier layout lacks
+	// ([Store.Migrate]). Optional; default false: the table must exist (see
+	// [DDL]).
 	AutoMigrate bool
 
 	// CleanupInterval, when positive, starts a janitor that runs

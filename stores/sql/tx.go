@@ -32,7 +32,7 @@ type TxClaimOptions struct {
 // txQueries are the statements of [Store.BeginTxClaim], built once per store.
 type txQueries struct {
 	claim   string // claim(key, owner, retentionUS): inserts the processed row, or nothing on conflict
-	inspect string // inspect(key): state, lease_until, expires_at, retry_at, now, locking the row
+	inspect string // inspect(key): state, lease_until, expires_at, now, locking the row
 	remove  string // remove(key): deletes an expired or abandoned row before a new claim
 }
 
@@ -43,28 +43,28 @@ func buildTxQueries(d Dialect, table string) txQueries {
 		return txQueries{
 			claim: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 INSERT INTO ` + t + ` (` + cols + `)
-SELECT $1, 1, '', $2, NULL, 1, n.now, n.now, n.now, '', n.now + $3::bigint * interval '1 microsecond', '', NULL FROM n
+SELECT $1, 1, '', $2, NULL, 1, n.now, n.now, n.now, '', n.now + $3::bigint * interval '1 microsecond' FROM n
 ON CONFLICT (msg_key) DO NOTHING`,
-			inspect: `SELECT state, lease_until, expires_at, retry_at, clock_timestamp() FROM ` + t + ` WHERE msg_key = $1 FOR UPDATE`,
+			inspect: `SELECT state, lease_until, expires_at, clock_timestamp() FROM ` + t + ` WHERE msg_key = $1 FOR UPDATE`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = $1`,
 		}
 	case MySQL:
 		const now = `UTC_TIMESTAMP(6)`
 		return txQueries{
 			claim: `INSERT IGNORE INTO ` + t + ` (` + cols + `)
-VALUES (?, 1, '', ?, NULL, 1, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND, '', NULL)`,
+VALUES (?, 1, '', ?, NULL, 1, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
 			// A shared lock: INSERT IGNORE took one on the duplicate row, and
 			// asking for an exclusive one from every waiting duplicate would
 			// deadlock them.
-			inspect: `SELECT state, lease_until, expires_at, retry_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ? LOCK IN SHARE MODE`,
+			inspect: `SELECT state, lease_until, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ? LOCK IN SHARE MODE`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = ?`,
 		}
 	default:
 		return txQueries{
 			claim: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?1, 1, '', ?2, NULL, 1, ` + liteNow + `, ` + liteNow + `, ` + liteNow + `, '', ` + liteNow + ` + ?3, '', NULL)
+VALUES (?1, 1, '', ?2, NULL, 1, ` + liteNow + `, ` + liteNow + `, ` + liteNow + `, '', ` + liteNow + ` + ?3)
 ON CONFLICT (msg_key) DO NOTHING`,
-			inspect: `SELECT state, lease_until, expires_at, retry_at, ` + liteNow + ` FROM ` + t + ` WHERE msg_key = ?1`,
+			inspect: `SELECT state, lease_until, expires_at, ` + liteNow + ` FROM ` + t + ` WHERE msg_key = ?1`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
 		}
 	}
@@ -224,12 +224,11 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 		// The key has a committed row (a concurrent claim that committed was
 		// waited for): processed, expired, or a lease store's.
 		var (
-			state                          int
-			until, expires, retry, now     time.Time
-			untilOK, expOK, retryOK, nowOK bool
+			state                 int
+			until, expires, now   time.Time
+			untilOK, expOK, nowOK bool
 		)
-		err = tx.QueryRowContext(ctx, s.txq.inspect, key).Scan(&state, s.timeDest(&until, &untilOK), s.timeDest(&expires, &expOK),
-			s.timeDest(&retry, &retryOK), s.timeDest(&now, &nowOK))
+		err = tx.QueryRowContext(ctx, s.txq.inspect, key).Scan(&state, s.timeDest(&until, &untilOK), s.timeDest(&expires, &expOK), s.timeDest(&now, &nowOK))
 		if errors.Is(err, sql.ErrNoRows) {
 			continue // deleted since: claim again
 		}
@@ -237,8 +236,8 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 			return abort("reading the key's row", err)
 		}
 		// What keeps the key from this claim, until when: a live lease of
-		// the lease store on the same key, its failed attempt's backoff,
-		// or its dead record.
+		// the lease store on the same key, its failed attempt's backoff (a
+		// lease nobody holds), or its dead record.
 		var busyUntil time.Time
 		switch {
 		case !expires.After(now):
@@ -250,8 +249,6 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 			busyUntil = expires
 		case untilOK && until.After(now):
 			busyUntil = until
-		case retryOK && retry.After(now):
-			busyUntil = retry
 		}
 		if busyUntil.IsZero() {
 			// Expired, or a released or abandoned lease: start afresh.
