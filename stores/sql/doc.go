@@ -51,9 +51,9 @@
 // backoff: see below), attempts, first_seen, last_seen, processed_at,
 // payload_hash, expires_at (when the row may be deleted) and reason (the
 // latest failed attempt's [inbox.FailOptions.Reason], empty when none),
-// with an index on expires_at for cleanup. Times keep microseconds on PostgreSQL (timestamptz) and MySQL
-// (DATETIME(6), UTC), milliseconds on SQLite (integer microseconds from
-// SQLite's millisecond clock).
+// with an index on expires_at for cleanup. Times keep microseconds on
+// PostgreSQL (timestamptz) and MySQL (DATETIME(6), UTC), milliseconds on
+// SQLite (integer microseconds from SQLite's millisecond clock).
 //
 // [Store.Migrate] creates the table when it does not exist (idempotent, safe
 // from several processes at once); [Options.AutoMigrate] runs it in [New].
@@ -134,28 +134,29 @@
 // passes back unread): while others write, no key is listed twice, and a
 // key that exists and matches throughout the listing is listed. The prefix
 // is a range of the primary key, msg_key >= prefix AND msg_key < the prefix
-// with its last code point incremented, not a LIKE
-// (keys may hold % and _); the column compares bytes on every dialect, so
-// the range is exactly the keys that start with the prefix. The state
-// (InProgress and Available compare lease_until with the database clock)
-// and OlderThan (last_seen against the database clock) are conditions on
-// the rows of that range. The primary key serves the range, the order and
-// the paging, so a page of keys in any state, or in a state most rows are
-// in, reads about one page of rows. There is no index on state: it would
-// be written by every claim, Complete and Fail, which the common path would
-// pay for, and it would serve only listings of a state few rows are in
-// (dead keys among processed ones). Such a listing reads the rows of the
-// range in key order until a page is full, all of them when the state is
-// rare: about the cost of a scan of the table, or of the prefix's range.
-// Narrow it with a prefix where the key scheme allows ({bus}:{group}:...).
+// with its last code point incremented, not a LIKE (keys may hold % and
+// _); the column compares bytes on every dialect, so the range is exactly
+// the keys that start with the prefix. The state (InProgress and Available
+// compare lease_until with the database clock, and a backoff's empty lease
+// id makes it Available) and OlderThan (last_seen against the database
+// clock) are conditions on the rows of that range. The primary key serves
+// the range, the order and the paging, so a page of keys in any state, or
+// in a state most rows are in, reads about one page of rows. There is no
+// index on state: it would be written by every claim, Complete and Fail,
+// which the common path would pay for, and it would serve only listings of
+// a state few rows are in (dead keys among processed ones). Such a listing
+// reads the rows of the range in key order until a page is full, all of
+// them when the state is rare: about the cost of a scan of the table, or
+// of the prefix's range. Narrow it with a prefix where the key scheme
+// allows ({bus}:{group}:...).
 //
 // # Batching
 //
 // [Store] embeds the portable layer of package
 // github.com/watermill-inbox/inbox/stores/driver, which validates input and
 // maps errors for every store, and batches: a TryBegin, Complete, Release,
-// Fail or MarkProcessed that finds the store idle is sent at once, alone; calls
-// made while batches are in flight wait and travel together in the next
+// Fail or MarkProcessed that finds the store idle is sent at once, alone;
+// calls made while batches are in flight wait and travel together in the next
 // (at most 64 calls; two batches in flight at a time on PostgreSQL, MySQL
 // and MariaDB, one on SQLite, which has one writer). Extend, Get,
 // IsProcessed and the operators' calls are not batched. [Store.BatchStats]
