@@ -86,7 +86,8 @@ Complete then fails with ErrLeaseLost); release it, or wait for it, instead.`,
 that may, then open the store without migrate=true. It connects to the -store
 URL (postgres://, postgresql://, mysql://, sqlite://) and creates the table
 (the URL's table parameter, default inbox) and its index when they do not
-exist; an existing table is never altered. With -print it connects to nothing
+exist, and adds the columns a table of an earlier layout lacks; nothing else
+of an existing table is altered. With -print it connects to nothing
 and prints the statements for the URL's dialect and table, to apply with the
 team's own migration tool. Other stores have no schema: their URLs are a
 usage error.`,
@@ -335,7 +336,7 @@ func (r *runner) migrate(ctx context.Context, printDDL bool) error {
 			Migrated bool   `json:"migrated"`
 		}{label, dialect, table, true})
 	}
-	_, err = fmt.Fprintf(r.env.Stdout, "migrated %s: table %s and its index exist (created if they were missing; an existing table is never altered)\n", label, table)
+	_, err = fmt.Fprintf(r.env.Stdout, "migrated %s: table %s and its index exist (created if they were missing, the columns of an earlier layout added; nothing else is altered)\n", label, table)
 	return err
 }
 
