@@ -60,8 +60,11 @@
 // are RFC 3339 in UTC, on the store's clock.
 //
 // With -json, output is JSON objects, one a line: ls prints one per record
-// (nothing when none matches; "jq -s" makes an array), so that a long
-// listing streams; get prints one record; release and forget print
+// (nothing when none matches; "jq -s" makes an array), in key order over all
+// pages (a store that lists by scanning, such as Redis, orders each page
+// only, so ls collects the records up to -limit first; there -limit keeps
+// the first records found, not the first by key); get prints one
+// record; release and forget print
 // {"key", "before", "after"} with the record before and after. A record's
 // fields are those of protocol v1's GET /v1/inbox/{key} answer, so that the
 // same parser reads inboxd's and inboxctl's records: key, status (NotFound,

@@ -149,6 +149,7 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		return err
 	}
 	var items []inbox.ListItem
+	seen := map[string]struct{}{}
 	more := false
 	for {
 		left := o.limit - len(items)
@@ -157,18 +158,18 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		if err != nil {
 			return fmt.Errorf("ls on %s: %w", label, err)
 		}
-		page := p.Items
-		if len(page) > left { // more than asked: keep what -limit allows
-			page, more = page[:left], true
-		}
-		if r.json {
-			for _, it := range page {
-				if err := r.writeJSON(keyedJSON{Key: it.Key, recordJSON: toJSON(it.Record)}); err != nil {
-					return err
-				}
+		for _, it := range p.Items {
+			// A store that lists by scanning (Redis) may give a key twice.
+			if _, dup := seen[it.Key]; dup {
+				continue
 			}
+			if len(items) == o.limit { // more than asked: keep what -limit allows
+				more = true
+				break
+			}
+			seen[it.Key] = struct{}{}
+			items = append(items, it)
 		}
-		items = append(items, page...)
 		if len(items) >= o.limit {
 			more = more || p.Next != ""
 			break
@@ -181,10 +182,16 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		}
 		opts.Cursor = p.Next
 	}
-	if !r.json {
-		if err := writeTable(r.env.Stdout, items); err != nil {
-			return err
+	// In key order over all pages: a scanning store orders each page only.
+	slices.SortFunc(items, func(a, b inbox.ListItem) int { return strings.Compare(a.Key, b.Key) })
+	if r.json {
+		for _, it := range items {
+			if err := r.writeJSON(keyedJSON{Key: it.Key, recordJSON: toJSON(it.Record)}); err != nil {
+				return err
+			}
 		}
+	} else if err := writeTable(r.env.Stdout, items); err != nil {
+		return err
 	}
 	if more {
 		fmt.Fprintf(r.env.Stderr, "inboxctl: stopped at -limit %d; more records may match (raise -limit, or narrow with -state, -prefix, -older-than)\n", o.limit)
