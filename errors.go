@@ -56,7 +56,38 @@ var (
 	// ErrPayloadMismatch: a known key arrived with different content, and the
 	// middleware is configured to refuse such messages.
 	ErrPayloadMismatch = errors.New("inbox: payload differs from the one recorded for the key")
+
+	// ErrDead: the message's key is dead: its handler failed on every one of
+	// the attempts the middleware allows (MaxAttempts). It is not transient:
+	// route it to a poison queue. [DeadError] carries the details.
+	ErrDead = errors.New("inbox: message is dead")
 )
+
+// DeadError is returned by the middleware for a dead key: by the attempt
+// that reached MaxAttempts and marked it dead (Err is then the handler's
+// error), and by every later delivery of the key (Err is nil). It matches
+// [ErrDead], and Err, with errors.Is.
+type DeadError struct {
+	// Key is the inbox key.
+	Key string
+	// Attempts is the key's attempt count.
+	Attempts int
+	// Reason is the reason recorded with the key (the failing handler's
+	// error text).
+	Reason string
+	// Err is the handler's error when this delivery made the key dead.
+	Err error
+}
+
+func (e *DeadError) Error() string {
+	return fmt.Sprintf("inbox: key %q is dead after %d attempts: %s", e.Key, e.Attempts, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrDead) true.
+func (e *DeadError) Is(target error) bool { return target == ErrDead }
+
+// Unwrap returns the handler's error, if any.
+func (e *DeadError) Unwrap() error { return e.Err }
 
 // BusyError is returned by the middleware when a key stayed busy for the
 // whole in-process wait. It matches [ErrBusy] with errors.Is.

@@ -28,6 +28,9 @@ const (
 
 	// MaxPayloadHashLen is the longest [BeginOptions.PayloadHash], in bytes.
 	MaxPayloadHashLen = 128
+
+	// MaxReasonLen is the longest [FailOptions.Reason], in bytes.
+	MaxReasonLen = 1024
 )
 
 // Store is the minimal inbox contract of the ADR: ask before the handler, mark
@@ -58,10 +61,14 @@ type LeaseStore interface {
 	//     finish with Complete or Release (or let the lease expire);
 	//   - [Busy]: another lease is live; Claim.ExpiresAt and Claim.RetryAfter
 	//     say when it ends;
-	//   - [Processed]: the key was completed within the retention.
+	//   - [Processed]: the key was completed within the retention;
+	//   - [Dead]: a failed attempt marked the key dead ([LeaseStore.Fail]
+	//     with Dead); Claim.Reason says why.
 	// A TryBegin that carries the LeaseID of the live lease returns Acquired
 	// again, which makes a retried call idempotent. Each acquisition of a new
-	// lease increments [Record.Attempts].
+	// lease increments [Record.Attempts]; Claim.Attempts returns the count.
+	// A key whose failed attempt set a backoff ([FailOptions.RetryAfter])
+	// answers Busy until the backoff ends.
 	TryBegin(ctx context.Context, key string, opts BeginOptions) (Claim, error)
 
 	// Complete marks key processed under leaseID. It fails with
@@ -74,6 +81,15 @@ type LeaseStore interface {
 	// TryBegin acquires it at once. It fails with [ErrLeaseLost] when leaseID
 	// no longer holds the key.
 	Release(ctx context.Context, key, leaseID string) error
+
+	// Fail ends a failed attempt under leaseID and records opts.Reason:
+	// the key is given back unmarked, acquirable again once
+	// opts.RetryAfter has passed (until then TryBegin answers Busy with the
+	// time left), or, with opts.Dead, marked [StateDead]: every TryBegin
+	// then answers [Dead] until the retention ends or an operator forgets
+	// the key ([Admin.Forget]). It fails with [ErrLeaseLost] when leaseID no
+	// longer holds the key.
+	Fail(ctx context.Context, key, leaseID string, opts FailOptions) error
 
 	// Extend pushes the lease's deadline to lease from now (store clock) and
 	// returns the new deadline. It fails with [ErrLeaseLost] when leaseID no
@@ -122,13 +138,18 @@ const (
 	Acquired Status = iota + 1
 	// Processed: the key was completed within the retention; skip the message.
 	Processed
-	// Busy: another caller holds a live lease.
+	// Busy: another caller holds a live lease, or a failed attempt's
+	// backoff has not ended.
 	Busy
+	// Dead: the key was marked dead by a failed attempt; the message is not
+	// to be processed until an operator forgets the key.
+	Dead
 )
 
-var statusNames = [...]string{Acquired: "Acquired", Processed: "Processed", Busy: "Busy"}
+var statusNames = [...]string{Acquired: "Acquired", Processed: "Processed", Busy: "Busy", Dead: "Dead"}
 
-// String returns the protocol v1 name of s ("Acquired", "Processed", "Busy").
+// String returns the protocol v1 name of s ("Acquired", "Processed", "Busy",
+// and "Dead", an extension of the protocol).
 func (s Status) String() string {
 	if s > 0 && int(s) < len(statusNames) {
 		return statusNames[s]
@@ -165,8 +186,16 @@ type Claim struct {
 	// from BeginOptions.Lease when the store clamps leases.
 	Lease time.Duration
 
-	// RetryAfter is the time the live lease has left, when Status is Busy.
+	// RetryAfter is the time the live lease or the backoff has left, when
+	// Status is Busy.
 	RetryAfter time.Duration
+
+	// Attempts is the key's count of acquired leases ([Record.Attempts])
+	// after this call: with Acquired, this acquisition included.
+	Attempts int
+
+	// Reason is the reason the key was marked dead, when Status is Dead.
+	Reason string
 
 	// PayloadMismatch is true when TryBegin carried a PayloadHash and the key
 	// already has a different one on record: the same key with other content.
@@ -187,12 +216,14 @@ const (
 	StateInProgress
 	// StateProcessed: the key was completed within the retention.
 	StateProcessed
+	// StateDead: a failed attempt marked the key dead ([FailOptions.Dead]).
+	StateDead
 )
 
-var stateNames = [...]string{StateNotFound: "NotFound", StateAvailable: "Available", StateInProgress: "InProgress", StateProcessed: "Processed"}
+var stateNames = [...]string{StateNotFound: "NotFound", StateAvailable: "Available", StateInProgress: "InProgress", StateProcessed: "Processed", StateDead: "Dead"}
 
 // String returns the protocol v1 name of s ("NotFound", "Available",
-// "InProgress", "Processed").
+// "InProgress", "Processed", and "Dead", an extension of the protocol).
 func (s State) String() string {
 	if s >= 0 && int(s) < len(stateNames) {
 		return stateNames[s]
@@ -234,4 +265,97 @@ type Record struct {
 
 	// PayloadHash is the first BeginOptions.PayloadHash seen for the key.
 	PayloadHash string
+
+	// RetryAt is the end of the backoff of the latest failed attempt
+	// ([FailOptions.RetryAfter]) while it lasts (State is StateAvailable and
+	// TryBegin answers Busy until then), else zero.
+	RetryAt time.Time
+
+	// Reason is the [FailOptions.Reason] of the latest failed attempt: why
+	// the key is dead when State is StateDead. Empty when no attempt failed
+	// with a reason.
+	Reason string
+}
+
+// FailOptions are the parameters of [LeaseStore.Fail].
+type FailOptions struct {
+	// RetryAfter is how long the key stays unacquirable after the failed
+	// attempt: TryBegin answers Busy with the time left. Zero gives it back
+	// at once, as Release does; negative is [ErrInvalidArgument].
+	RetryAfter time.Duration
+
+	// Dead marks the key [StateDead] instead: TryBegin answers [Dead] until
+	// the retention ends or the key is forgotten. RetryAfter is then
+	// ignored.
+	Dead bool
+
+	// Reason says why the attempt failed (the handler's error, never a
+	// payload), for [Record.Reason] and [Claim.Reason]. At most
+	// [MaxReasonLen] bytes of valid UTF-8 without NUL; see [TruncateReason].
+	Reason string
+}
+
+// Admin is the operators' side of a store, used by cmd/inboxctl: it lists
+// records and ends them by key, without holding a lease. Every store of
+// this project implements it.
+type Admin interface {
+	// List returns one page of the records that opts selects, ordered by
+	// key. A page may hold fewer than opts.Limit records while
+	// ListPage.Next is not empty (a store that scans filters after
+	// scanning): keep calling with Next until it is empty.
+	List(ctx context.Context, opts ListOptions) (ListPage, error)
+
+	// Forget deletes key's record, whatever its state, so that the next
+	// delivery of the message runs the handler as if it were new: the
+	// replay path for dead keys. Forgetting an unknown key succeeds.
+	Forget(ctx context.Context, key string) error
+
+	// ForceRelease ends the live lease or the backoff of key, whoever holds
+	// it, so that the next TryBegin acquires it at once (the old holder's
+	// Complete, Release and Extend then fail with ErrLeaseLost). A key that
+	// has neither, or is processed or dead, is left as it is.
+	ForceRelease(ctx context.Context, key string) error
+}
+
+// Defaults and bounds of [ListOptions.Limit].
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// ListOptions select the records of [Admin.List].
+type ListOptions struct {
+	// State keeps the records in this state; StateNotFound, the zero value,
+	// keeps every state.
+	State State
+
+	// Prefix keeps the keys that start with it (byte for byte).
+	Prefix string
+
+	// OlderThan keeps the records whose LastSeen is at least this long ago
+	// on the store's clock (a stuck lease, an old dead key). Zero keeps
+	// every age.
+	OlderThan time.Duration
+
+	// Limit bounds the records of a page: zero means [DefaultListLimit],
+	// at most [MaxListLimit].
+	Limit int
+
+	// Cursor continues a listing: the Next of the previous page, "" to
+	// start.
+	Cursor string
+}
+
+// ListPage is one page of [Admin.List].
+type ListPage struct {
+	// Items are the records of the page, ordered by key.
+	Items []ListItem
+	// Next is the cursor of the next page, "" when the listing is done.
+	Next string
+}
+
+// ListItem is one record of a [ListPage].
+type ListItem struct {
+	Key string
+	Record
 }

@@ -109,6 +109,56 @@ func (o BeginOptions) Validate() error {
 	return nil
 }
 
+// Validate checks o for [LeaseStore.Fail]: RetryAfter not negative, Reason
+// within [MaxReasonLen] bytes of valid UTF-8 without NUL. Errors wrap
+// [ErrInvalidArgument].
+func (o FailOptions) Validate() error {
+	if o.RetryAfter < 0 {
+		return fmt.Errorf("%w: retry after %s is negative", ErrInvalidArgument, o.RetryAfter)
+	}
+	if len(o.Reason) > MaxReasonLen || !validText(o.Reason) {
+		return fmt.Errorf("%w: reason must be valid UTF-8 without NUL of at most %d bytes, got %d bytes (see TruncateReason)", ErrInvalidArgument, MaxReasonLen, len(o.Reason))
+	}
+	return nil
+}
+
+// TruncateReason makes s a valid [FailOptions.Reason] of at most n bytes
+// (and at most MaxReasonLen): invalid UTF-8 and NUL bytes become U+FFFD,
+// and a longer text is cut at a rune boundary and ends with "...".
+func TruncateReason(s string, n int) string {
+	n = min(n, MaxReasonLen)
+	if !validText(s) {
+		s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	}
+	if len(s) <= n {
+		return s
+	}
+	cut := max(n-3, 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."[:min(3, n)]
+}
+
+// Validate checks o for [Admin.List]: a known State, a Limit within
+// [0, MaxListLimit], a Prefix and Cursor of valid UTF-8 without NUL, no
+// negative OlderThan. Errors wrap [ErrInvalidArgument].
+func (o ListOptions) Validate() error {
+	switch {
+	case o.State < StateNotFound || o.State > StateDead:
+		return fmt.Errorf("%w: list: unknown state %d", ErrInvalidArgument, int(o.State))
+	case o.Limit < 0 || o.Limit > MaxListLimit:
+		return fmt.Errorf("%w: list: limit %d is outside [0, %d]", ErrInvalidArgument, o.Limit, MaxListLimit)
+	case o.OlderThan < 0:
+		return fmt.Errorf("%w: list: older than %s is negative", ErrInvalidArgument, o.OlderThan)
+	case len(o.Prefix) > MaxKeyLen || !validText(o.Prefix):
+		return fmt.Errorf("%w: list: prefix must be valid UTF-8 without NUL of at most %d bytes", ErrInvalidArgument, MaxKeyLen)
+	case len(o.Cursor) > 4*MaxKeyLen || !validText(o.Cursor):
+		return fmt.Errorf("%w: list: malformed cursor", ErrInvalidArgument)
+	}
+	return nil
+}
+
 // NewLeaseID returns a random lease id: 32 hex digits (128 bits from
 // crypto/rand). Stores use it when [BeginOptions.LeaseID] is empty; clients
 // use it to make TryBegin retryable.

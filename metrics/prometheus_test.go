@@ -207,6 +207,11 @@ func (g *gated) Extend(context.Context, string, string, time.Duration) (time.Tim
 }
 func (g *gated) Get(context.Context, string) (inbox.Record, error) { return inbox.Record{}, nil }
 func (g *gated) Close() error                                      { return nil }
+func (g *gated) List(context.Context, inbox.ListOptions) (inbox.ListPage, error) {
+	return inbox.ListPage{}, nil
+}
+func (g *gated) Forget(context.Context, string) error       { return nil }
+func (g *gated) ForceRelease(context.Context, string) error { return nil }
 
 // TestRegisterStore_batching_store: calls made while a round trip is in
 // flight share the next one; the exported histogram holds the store's

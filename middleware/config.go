@@ -3,6 +3,7 @@ package inboxmw
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"time"
@@ -106,6 +107,27 @@ type Config struct {
 	// a few calls a second per consumer.
 	FailOpen bool
 
+	// MaxAttempts marks a key dead when the attempt that reaches it fails:
+	// the store records the handler's error, the middleware returns an
+	// [inbox.DeadError] (not transient: route it to a poison queue outside
+	// the inbox), and later deliveries of the key get the same error without
+	// running the handler, until an operator forgets the key (inboxctl
+	// forget). The store counts attempts (acquired leases) across consumers
+	// and restarts. Optional; default 0: unlimited. Needs an
+	// [inbox.LeaseStore].
+	MaxAttempts int
+
+	// Backoff is how long a key stays unclaimable after its attempt-th
+	// attempt failed: the store answers Busy until then, so a redelivery
+	// waits in-process (at most MaxBusyWait) instead of spinning through the
+	// broker. Optional; default [DefaultBackoff]; ExponentialBackoff(base, 0)
+	// turns it off.
+	Backoff func(attempt int) time.Duration
+
+	// Tracer receives each message's claim and store calls. Optional;
+	// default none. inboxotel.New(tracerProvider) records them as spans.
+	Tracer Tracer
+
 	// MissingKey says what happens to a message without an id. Optional;
 	// default MissingKeyProcess.
 	MissingKey MissingKeyPolicy
@@ -154,6 +176,30 @@ func (c *Config) setDefaults() {
 	}
 	if c.Metrics == nil {
 		c.Metrics = NopMetrics{}
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+}
+
+// DefaultBackoff is the default of Config.Backoff: full-jitter exponential
+// backoff, a duration drawn from [0, min(1 min, 1 s × 2^attempt)).
+var DefaultBackoff = ExponentialBackoff(time.Second, time.Minute)
+
+// ExponentialBackoff returns full-jitter exponential backoff for
+// Config.Backoff: after the attempt-th failed attempt, a duration drawn
+// uniformly from [0, min(limit, base × 2^attempt)). A zero limit or base
+// turns backoff off.
+func ExponentialBackoff(base, limit time.Duration) func(attempt int) time.Duration {
+	return func(attempt int) time.Duration {
+		if base <= 0 || limit <= 0 {
+			return 0
+		}
+		d := limit
+		if attempt >= 0 && attempt < 62 && base <= limit>>attempt {
+			d = base << attempt
+		}
+		return rand.N(d)
 	}
 }
 
@@ -212,6 +258,11 @@ func (c Config) Validate() error {
 	}
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %s is negative", c.StoreTimeout)
+	}
+	if _, tx := c.Store.(TxStore); c.MaxAttempts < 0 {
+		bad("MaxAttempts %d is negative", c.MaxAttempts)
+	} else if _, leased := c.Store.(inbox.LeaseStore); c.MaxAttempts > 0 && (tx || !leased) {
+		bad("MaxAttempts needs an inbox.LeaseStore: a TxStore or a plain Store counts no attempts")
 	}
 	if c.MissingKey != MissingKeyProcess && c.MissingKey != MissingKeyReject {
 		bad("MissingKey %d is not a MissingKeyPolicy", c.MissingKey)

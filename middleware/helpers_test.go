@@ -108,8 +108,8 @@ type faultyStore struct {
 	extendErrOnce  atomic.Bool // extendErr applies to the first lease only
 	firstLease     atomic.Pointer[string]
 	completeCtxErr atomic.Pointer[error] // ctx.Err() seen by the last Complete
-	releases       atomic.Int32
-	failReleases   atomic.Int32 // the next N Releases fail
+	releases       atomic.Int32          // Releases and Fails: the lease given back
+	failReleases   atomic.Int32          // the next N Releases or Fails fail
 	tryBegins      atomic.Int32
 	busyAnswers    atomic.Int32
 }
@@ -168,6 +168,14 @@ func (f *faultyStore) Release(ctx context.Context, key, leaseID string) error {
 		return errDown
 	}
 	return f.LeaseStore.Release(ctx, key, leaseID)
+}
+
+func (f *faultyStore) Fail(ctx context.Context, key, leaseID string, o inbox.FailOptions) error {
+	f.releases.Add(1)
+	if f.down.Load() || f.failReleases.Add(-1) >= 0 {
+		return errDown
+	}
+	return f.LeaseStore.Fail(ctx, key, leaseID, o)
 }
 
 func (f *faultyStore) Extend(ctx context.Context, key, leaseID string, d time.Duration) (time.Time, error) {

@@ -1,6 +1,9 @@
 package inboxmw
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Outcome is what happened to a message, or to its key's mark, as counted by
 // [Metrics].
@@ -28,6 +31,13 @@ const (
 	OutcomeNoKey Outcome = "no_key"
 	// OutcomePayloadMismatch: a known key arrived with different content.
 	OutcomePayloadMismatch Outcome = "payload_mismatch"
+	// OutcomeDead: the key is dead (Config.MaxAttempts): the handler failed
+	// on the last attempt allowed, or did not run for a key marked dead
+	// before; the middleware returned an inbox.DeadError.
+	OutcomeDead Outcome = "dead"
+	// OutcomeAcquired: the key was claimed and the handler runs. Reported to
+	// a Tracer only: the mark counts processed or released.
+	OutcomeAcquired Outcome = "acquired"
 	// OutcomeLeaseLost: the lease was lost (expired and taken over, or not
 	// renewable in time); the handler's context was canceled.
 	OutcomeLeaseLost Outcome = "lease_lost"
@@ -44,6 +54,7 @@ const (
 	OpTryBegin      = "try_begin"
 	OpComplete      = "complete"
 	OpRelease       = "release"
+	OpFail          = "fail"
 	OpExtend        = "extend"
 	OpIsProcessed   = "is_processed"
 	OpMarkProcessed = "mark_processed"
@@ -88,3 +99,15 @@ func (NopMetrics) StoreCall(string, time.Duration, error) {}
 
 // Waited implements [Metrics].
 func (NopMetrics) Waited(string, string, time.Duration) {}
+
+// Tracer receives the steps of each message, for tracing; package
+// inboxotel (inbox/otel) records them as OpenTelemetry spans. Calls must be
+// cheap and safe for concurrent use.
+type Tracer interface {
+	// Step reports a step that ran from start until now: "claim", with the
+	// outcome that settled it, or a store call after the handler
+	// ("complete", "release", "fail", "mark_processed") with its error. ctx
+	// is the message's context, key is "" for a message without an id, and
+	// attempt is the key's attempt count from the claim.
+	Step(ctx context.Context, step, key string, start time.Time, outcome Outcome, attempt int, err error)
+}

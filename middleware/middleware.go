@@ -70,6 +70,7 @@ func New(cfg Config) (*Inbox, error) {
 	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
 		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
+
 	switch s := cfg.Store.(type) {
 	case TxStore:
 		ib.txs = s
@@ -89,23 +90,29 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 // msgCall is one message going through the middleware.
 type msgCall struct {
-	ib      *Inbox
-	h       message.HandlerFunc
-	msg     *message.Message
-	handler string
-	key     string
+	ib       *Inbox
+	h        message.HandlerFunc
+	msg      *message.Message
+	handler  string
+	key      string
+	attempts int       // the key's attempts, as the claim returned them
+	start    time.Time // for Config.Tracer
 }
 
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context())}
+	if ib.cfg.Tracer != nil {
+		m.start = time.Now()
+	}
 	key, _, err := ib.keys.KeyString(msg)
 	if err != nil {
 		return m.keyError(err)
 	}
 	m.key = key
 	if !ib.track() {
+		m.traced("closed")
 		return nil, errClosed
 	}
 	defer ib.pending.Done()
@@ -133,10 +140,11 @@ func (m *msgCall) keyError(err error) ([]*message.Message, error) {
 	if !errors.Is(err, inbox.ErrNoKey) {
 		// A configuration problem (no alias, oversized segments): refusing
 		// keeps the message for a fixed deployment.
+		m.traced("key_error")
 		ib.log.Error("Cannot build the inbox key; message nacked", err, m.fields())
 		return nil, err
 	}
-	ib.m.Outcome(m.handler, OutcomeNoKey)
+	m.settle(OutcomeNoKey)
 	if ib.cfg.MissingKey == MissingKeyReject {
 		ib.log.Error("Message has no idempotency key; rejected (MissingKeyReject)", err, m.fields())
 		return nil, err
@@ -158,6 +166,7 @@ func (m *msgCall) keyError(err error) ([]*message.Message, error) {
 // without deduplication.
 func (m *msgCall) storeFailed(op string, err error) error {
 	if ctx := m.msg.Context(); ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		m.traced("canceled")
 		return err // shutting down: the router does not log cancellations
 	}
 	m.ib.m.Outcome(m.handler, OutcomeStoreError)
@@ -167,27 +176,53 @@ func (m *msgCall) storeFailed(op string, err error) error {
 		err = fmt.Errorf("inbox %s %q: %w", op, m.key, err)
 	}
 	if m.ib.cfg.FailOpen {
-		m.ib.m.Outcome(m.handler, OutcomeFailOpen)
+		m.settle(OutcomeFailOpen)
 		m.ib.health.Fail("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, m.fields())
 		return nil
 	}
+	m.traced(OutcomeStoreError)
 	m.ib.health.Fail("Inbox store failed; message nacked for redelivery", err, m.fields())
 	return err
 }
 
 // duplicate acks a message whose key is processed, without the handler.
 func (m *msgCall) duplicate() ([]*message.Message, error) {
-	m.ib.m.Outcome(m.handler, OutcomeDuplicate)
+	m.settle(OutcomeDuplicate)
 	m.ib.log.Debug("Duplicate message skipped: key already processed", m.fields())
 	return nil, nil
 }
 
 // busy reports a key that stayed busy for the whole wait.
 func (m *msgCall) busy(retryAfter time.Duration) error {
-	m.ib.m.Outcome(m.handler, OutcomeBusy)
-	m.ib.log.Info("Inbox key busy: another consumer holds its lease; message nacked for redelivery",
+	m.settle(OutcomeBusy)
+	m.ib.log.Info("Inbox key busy (another consumer's lease, or a failed attempt's backoff); message nacked for redelivery",
 		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String()}))
 	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter}
+}
+
+// dead reports a dead key (Config.MaxAttempts): err is the handler's error
+// when this attempt made it dead, nil for a later delivery.
+func (m *msgCall) dead(reason string, err error) error {
+	m.settle(OutcomeDead)
+	msg := "Inbox key is dead: message refused without running the handler (inboxctl forget replays it)"
+	if err != nil {
+		msg = "Handler failed on the last attempt allowed (MaxAttempts): inbox key marked dead"
+	}
+	m.ib.log.Error(msg, err, m.fields().Add(watermill.LogFields{"attempts": m.attempts, "reason": reason}))
+	return &inbox.DeadError{Key: m.key, Attempts: m.attempts, Reason: reason, Err: err}
+}
+
+// settle counts how the claim was settled, and traces it.
+func (m *msgCall) settle(o Outcome) {
+	m.ib.m.Outcome(m.handler, o)
+	m.traced(o)
+}
+
+// traced reports how the claim was settled to Config.Tracer.
+func (m *msgCall) traced(o Outcome) {
+	if t := m.ib.cfg.Tracer; t != nil {
+		t.Step(m.msg.Context(), "claim", m.key, m.start, o, m.attempts, nil)
+	}
 }
 
 // call runs one store call bounded by StoreTimeout and times it.
@@ -200,11 +235,25 @@ func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f f
 	return err
 }
 
-// runHandler runs the handler with the message's context set to ctx, and
-// restores it. If the handler panics or exits its goroutine
+// ctxKey is the context key of the message's inbox key.
+type ctxKey struct{}
+
+// KeyFromCtx returns the inbox key of the message whose handler got ctx
+// (the key inboxctl takes), or "" outside the middleware and for a message
+// without an id.
+func KeyFromCtx(ctx context.Context) string {
+	k, _ := ctx.Value(ctxKey{}).(string)
+	return k
+}
+
+// runHandler runs the handler with the message's context set to ctx, the
+// key in it, and restores it. If the handler panics or exits its goroutine
 // (runtime.Goexit), abort runs first, then the panic or the exit goes on.
 func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out []*message.Message, err error) {
 	orig := m.msg.Context()
+	if m.key != "" {
+		ctx = context.WithValue(ctx, ctxKey{}, m.key)
+	}
 	m.msg.SetContext(ctx)
 	returned := false
 	defer func() {
@@ -213,10 +262,10 @@ func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out [
 			return
 		}
 		if r := recover(); r != nil {
-			abort("handler panicked")
+			abort(fmt.Sprintf("handler panicked: %v", r))
 			panic(r)
 		}
-		abort("handler exited its goroutine")
+		abort("handler exited its goroutine (runtime.Goexit)")
 	}()
 	out, err = m.h(m.msg)
 	returned = true
@@ -242,6 +291,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	}
 
 	claim, sent, err := m.claim(ctx, opts)
+	m.attempts = claim.Attempts
 	if errors.Is(err, inbox.ErrBusy) {
 		return nil, err
 	}
@@ -255,6 +305,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
 		ib.log.Error("Known inbox key arrived with a different payload", inbox.ErrPayloadMismatch, m.fields())
 		if ib.cfg.PayloadHash == PayloadHashReject {
+			m.traced(OutcomePayloadMismatch)
 			if claim.Status == inbox.Acquired {
 				l := m.newLease(claim, opts, sent)
 				l.release("payload mismatch", l.failGiveUp())
@@ -265,7 +316,10 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	switch claim.Status {
 	case inbox.Processed:
 		return m.duplicate()
+	case inbox.Dead:
+		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
+		m.traced(OutcomeAcquired)
 		return m.newLease(claim, opts, sent).run()
 	}
 	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
@@ -381,6 +435,7 @@ type lease struct {
 	interval time.Duration // heartbeat period
 	deadline time.Time     // when the lease ends unless renewed (monotonic)
 	lost     bool          // the lease is no longer ours
+	killed   bool          // the failed attempt marked the key dead
 
 	handled  chan string    // "" when the handler succeeded, else why it failed
 	released sync.WaitGroup // done when watch has released after a failed handler
@@ -414,8 +469,11 @@ func (l *lease) run() ([]*message.Message, error) {
 	out, err := l.runHandler(hctx, l.failed)
 	if err != nil {
 		// Synchronous: Kafka's subscriber redelivers in-process at once, so
-		// the key must be free before the middleware returns.
-		l.failed("handler failed")
+		// the key must be given back before the middleware returns.
+		l.failed(err.Error())
+		if l.killed {
+			return out, l.dead(inbox.TruncateReason(err.Error(), 512), err)
+		}
 		return out, err
 	}
 	// The handler's context stays live until the router acks or nacks: the
@@ -424,7 +482,7 @@ func (l *lease) run() ([]*message.Message, error) {
 	return out, nil
 }
 
-// failed tells watch that the handler failed and waits for the release.
+// failed tells watch that the handler failed (why) and waits for the Fail.
 func (l *lease) failed(why string) {
 	l.cancel(errHandlerReturned)
 	l.released.Add(1)
@@ -448,7 +506,7 @@ func (l *lease) watch() {
 		select {
 		case why := <-handled:
 			if why != "" {
-				l.release(why, l.failGiveUp())
+				l.fail(why)
 				l.released.Done()
 				return
 			}
@@ -540,22 +598,51 @@ func (l *lease) failGiveUp() time.Time {
 // retrying a failure until giveUp: a key left claimed waits for its lease
 // to end before the next delivery can run it.
 func (l *lease) release(why string, giveUp time.Time) {
+	l.giveBack(OpRelease, why, giveUp, func(ctx context.Context) error {
+		return l.ib.leases.Release(ctx, l.key, l.id)
+	})
+}
+
+// fail ends the failed attempt (why: the handler's error): the store keeps
+// the key from the next attempt for Config.Backoff, or marks it dead when
+// this attempt was the last one allowed (Config.MaxAttempts). A store
+// without Fail (an older remote service) releases instead.
+func (l *lease) fail(why string) {
 	if l.lost {
 		return
 	}
-	err := l.ib.persist(&l.msgCall, l.base, OpRelease, giveUp, func(ctx context.Context) error {
-		return l.ib.leases.Release(ctx, l.key, l.id)
+	cfg := l.ib.cfg
+	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
+	if opts.Dead = cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
+		opts.RetryAfter = cfg.Backoff(l.attempts)
+	}
+	err := l.giveBack(OpFail, why, l.failGiveUp(), func(ctx context.Context) error {
+		return l.ib.leases.Fail(ctx, l.key, l.id, opts)
 	})
-	f := l.fields().Add(watermill.LogFields{"reason": why})
+	if errors.Is(err, inbox.ErrNotSupported) {
+		l.release(why, l.failGiveUp())
+	}
+	l.killed = opts.Dead && err == nil
+}
+
+// giveBack makes a Release or a Fail through persist, and logs its end.
+func (l *lease) giveBack(op, why string, giveUp time.Time, f func(context.Context) error) error {
+	if l.lost {
+		return nil
+	}
+	err := l.ib.persist(&l.msgCall, l.base, op, giveUp, f)
+	fields := l.fields().Add(watermill.LogFields{"reason": why})
 	switch {
 	case err == nil:
 		l.ib.m.Outcome(l.handler, OutcomeReleased)
-		l.ib.log.Debug("Inbox lease released", f)
+		l.ib.log.Debug("Inbox lease given back", fields)
 	case errors.Is(err, inbox.ErrLeaseLost):
-		l.ib.log.Debug("Inbox lease already gone at its release", f)
+		l.ib.log.Debug("Inbox lease already gone when given back", fields)
+	case errors.Is(err, inbox.ErrNotSupported):
 	default:
-		l.ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, f)
+		l.ib.health.Fail("Inbox "+op+" failed; the key stays claimed until its lease ends", err, fields)
 	}
+	return err
 }
 
 // ---- After the handler: the mark and the release, shared by the flows ---
@@ -568,13 +655,21 @@ var errAbandoned = errors.New("inbox: middleware closed before the mark")
 // passes, or Close gives up waiting (errAbandoned). A failed mark never
 // nacks the message: that would run the handler again. It returns nil when
 // the call landed, else the last error.
-func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) error {
+func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) (err error) {
+	if t := ib.cfg.Tracer; t != nil {
+		defer func(start time.Time) { t.Step(base, op, m.key, start, "", m.attempts, err) }(time.Now())
+	}
+	if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+		ib.health.OK()
+		return nil
+	}
+	// The retries are a function of their own, so that the frame of this
+	// one, on the lease goroutine's path for every message, stays small.
+	return ib.retry(m, base, op, giveUp, f, err)
+}
+
+func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
-		err := ib.call(base, op, ib.cfg.StoreTimeout, f)
-		if err == nil {
-			ib.health.OK()
-			return nil
-		}
 		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
@@ -594,6 +689,10 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 		case <-ib.abandon:
 			t.Stop()
 			return errAbandoned
+		}
+		if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+			ib.health.OK()
+			return nil
 		}
 	}
 }
@@ -636,7 +735,8 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	if done {
 		return m.duplicate()
 	}
-	out, err := m.h(m.msg)
+	m.traced(OutcomeAcquired)
+	out, err := m.runHandler(m.msg.Context(), func(string) {})
 	if err != nil {
 		return out, err
 	}
@@ -683,6 +783,7 @@ func (m *msgCall) handleTx() ([]*message.Message, error) {
 	case claim.Status == inbox.Processed:
 		return m.duplicate()
 	}
+	m.traced(OutcomeAcquired)
 	return m.runTx(claim, true)
 }
 
@@ -795,13 +896,17 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // IsTransient reports whether err, returned by the middleware, means "try
 // again later" rather than "this message is bad": the key was busy, the store
-// was unavailable, or the middleware was closing. Use it to keep such messages
+// was unavailable, or the middleware was closing. A dead key
+// ([inbox.ErrDead]) is not transient. Use it to keep such messages
 // out of a poison queue, which would ack them and lose their only copy:
 //
 //	poison, err := wmw.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
 //		return !inboxmw.IsTransient(err)
 //	})
 func IsTransient(err error) bool {
+	if errors.Is(err, inbox.ErrDead) {
+		return false // whatever the handler's error it wraps
+	}
 	return errors.Is(err, inbox.ErrBusy) || errors.Is(err, inbox.ErrStoreUnavailable) ||
 		errors.Is(err, inbox.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -289,8 +289,10 @@ func TestInbox_panic_releases_the_lease(t *testing.T) {
 			store := newFaulty(t)
 			rec := newRecorder()
 			// A long lease: if the panic left the key claimed, the redelivery
-			// would wait for it and then fail with ErrBusy, not succeed at once.
-			ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: time.Minute, MaxBusyWait: -1})
+			// would wait for it and then fail with ErrBusy, not succeed at once
+			// (no backoff after the failed attempt, so nothing else delays it).
+			ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Lease: time.Minute, MaxBusyWait: -1,
+				Backoff: inboxmw.ExponentialBackoff(time.Second, 0)})
 			led := newLedger()
 			var calls atomic.Int32
 			h := func(m *message.Message) ([]*message.Message, error) {

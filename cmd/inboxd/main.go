@@ -23,7 +23,9 @@
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
 //
 // Retention is the store's: a URL parameter of INBOX_STORE_URL
-// (memory://?retention=7d). The store URL's check parameter is honoured:
+// (memory://?retention=7d). inboxd reads it too, to tell clients that do
+// not read the status Dead when a dead key's record expires (see below).
+// The store URL's check parameter is honoured:
 // by default inboxd checks at start that its store works, and exits with
 // the reason if it does not; check=false starts it anyway (/readyz then
 // answers 503 until the store does).
@@ -63,19 +65,38 @@
 // and durations in them are strings as Go prints them ("30s", "1.5ms"), not
 // nanoseconds.
 //
+// Besides the ADR's try-begin, mark-processed, release and GET, and the
+// extend extension, the discovery document (GET /v1/inbox) lists two
+// extensions of issue 16 (stores/remote/openapi.yaml has their exact form):
+//
+//   - fail: POST /v1/inbox/fail ends a failed attempt under its lease with
+//     a backoff (the key is Busy until it ends) or dead; try-begin answers
+//     attempts, and Dead (with the reason) to a request with acceptDead;
+//     GET answers reason and retryAt, and Dead with ?acceptDead=true. A
+//     client that does not say acceptDead (one older than the extension) is
+//     told Busy, and InProgress, until the dead record expires (its last
+//     write plus the store URL's retention, 7 days without one), so it
+//     never runs a dead key's handler.
+//   - admin: POST /v1/inbox/list, /v1/inbox/forget and
+//     /v1/inbox/force-release, the operators' side (cmd/inboxctl over an
+//     http:// store URL), under the same bearer token as every other call.
+//
 // # Metrics
 //
 // inbox_server_requests_total{endpoint, code, status} counts answers;
 // inbox_server_request_duration_seconds{endpoint} times them. endpoint is
-// try-begin, mark-processed, release, extend, get, discovery, healthz,
-// readyz, metrics or other (an unknown path). code is the HTTP status code.
-// status says what the answer was, in one vocabulary across endpoints:
+// try-begin, mark-processed, release, extend, fail, list, forget,
+// force-release, get, discovery, healthz, readyz, metrics or other (an
+// unknown path). code is the HTTP status code. status says what the answer
+// was, in one vocabulary across endpoints:
 //
 //   - a 200 answer of the protocol: its v1 status, as in its body: Acquired,
-//     Processed or Busy (try-begin); Processed or LeaseLost
+//     Processed, Busy or Dead (try-begin); Processed or LeaseLost
 //     (mark-processed); Released or LeaseLost (release); Extended or
-//     LeaseLost (extend); NotFound, Available, InProgress or Processed (get);
-//   - a 200 answer without a v1 status (discovery, healthz, readyz,
+//     LeaseLost (extend); Released, Dead or LeaseLost (fail); Forgotten
+//     (forget); Released (force-release); NotFound, Available, InProgress,
+//     Processed or Dead (get);
+//   - a 200 answer without a v1 status (discovery, list, healthz, readyz,
 //     metrics): OK;
 //   - an error (4xx, 5xx): its error code, as in the error field of its
 //     body: invalid_json, invalid_key, invalid_lease, invalid_lease_id,
@@ -278,7 +299,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		}
 	}()
 	h, err := server.New(server.Config{
-		Store: store, Tokens: s.tokens, Logger: log,
+		Store: store, Tokens: s.tokens, Logger: log, Retention: storeRetention(s.storeURL),
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
 		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout,
 	})
@@ -344,6 +365,21 @@ wait:
 	}
 	log.Info("inboxd stopped")
 	return nil
+}
+
+// storeRetention is the retention parameter of a store URL, zero (the
+// server's default, every store's) when it has none; the store, opened
+// already, has refused a malformed one.
+func storeRetention(raw string) time.Duration {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return 0
+	}
+	d, err := stores.PopDuration(u.Query(), "retention")
+	if err != nil {
+		return 0
+	}
+	return d
 }
 
 // loopback reports whether a listen address serves the local machine only.

@@ -347,6 +347,76 @@ func TestRun_endpoints_health_ready_metrics(t *testing.T) {
 	}
 }
 
+// The fail and admin extensions through inboxd: a key made dead through
+// the remote client; a client that does not read Dead is told Busy until
+// the record expires, by the store URL's retention (1h here, not the 7-day
+// default); the admin calls work over http://.
+func TestRun_fail_and_admin_extensions(t *testing.T) {
+	t.Parallel()
+	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": "memory://?retention=1h"})
+	ctx := context.Background()
+	s, err := remote.New(remote.Options{URL: "http://" + addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d, err := s.Discover(ctx)
+	if err != nil || !d.Has("fail") || !d.Has("admin") {
+		t.Fatalf("discovery %+v, %v: want the fail and admin extensions", d, err)
+	}
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired || c.Attempts != 1 {
+		t.Fatalf("TryBegin = %+v, %v", c, err)
+	}
+	if err := s.Fail(ctx, "k", c.LeaseID, inbox.FailOptions{Dead: true, Reason: "poison"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || c.Status != inbox.Dead || c.Reason != "poison" {
+		t.Fatalf("TryBegin of the dead key = %+v, %v; want Dead with the reason", c, err)
+	}
+	resp, err := http.Post("http://"+addr+"/v1/inbox/try-begin", "application/json", strings.NewReader(`{"key":"k"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var busy struct {
+		Status       string
+		RetryAfterMs int64
+	}
+	err = json.NewDecoder(resp.Body).Decode(&busy)
+	resp.Body.Close()
+	if left := time.Duration(busy.RetryAfterMs) * time.Millisecond; err != nil || busy.Status != "Busy" || left <= 59*time.Minute || left > time.Hour {
+		t.Fatalf("try-begin of a dead key without acceptDead = %+v, %v; want Busy for the hour of the store URL's retention", busy, err)
+	}
+	p, err := s.List(ctx, inbox.ListOptions{State: inbox.StateDead})
+	if err != nil || len(p.Items) != 1 || p.Items[0].Key != "k" {
+		t.Fatalf("List(Dead) = %+v, %v", p, err)
+	}
+	if err := s.Forget(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired || c.Attempts != 1 {
+		t.Fatalf("TryBegin after Forget = %+v, %v; want a new record", c, err)
+	}
+	if err := s.ForceRelease(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, "k"); err != nil || r.State != inbox.StateAvailable {
+		t.Fatalf("Get after ForceRelease = %+v, %v; want Available", r, err)
+	}
+}
+
+func TestStoreRetention(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]time.Duration{
+		"memory://?retention=1h": time.Hour, "redis://h:6379/0?prefix=x&retention=7d": 7 * 24 * time.Hour,
+		"memory://": 0, "memory://?retention=soon": 0, "%zz": 0,
+	} {
+		if got := storeRetention(raw); got != want {
+			t.Errorf("storeRetention(%q) = %s, want %s", raw, got, want)
+		}
+	}
+}
+
 func TestParse_errors_name_the_setting(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]struct {

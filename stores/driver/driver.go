@@ -65,12 +65,14 @@ const (
 	Release
 	// Mark is [inbox.Store.MarkProcessed].
 	Mark
+	// Fail is [inbox.LeaseStore.Fail].
+	Fail
 )
 
-var kindNames = [...]string{Claim: "TryBegin", Complete: "Complete", Release: "Release", Mark: "MarkProcessed"}
+var kindNames = [...]string{Claim: "TryBegin", Complete: "Complete", Release: "Release", Mark: "MarkProcessed", Fail: "Fail"}
 
 // String returns the name of the store method k stands for ("TryBegin",
-// "Complete", "Release", "MarkProcessed").
+// "Complete", "Release", "MarkProcessed", "Fail").
 func (k Kind) String() string {
 	if k > 0 && int(k) < len(kindNames) {
 		return kindNames[k]
@@ -84,23 +86,28 @@ type Op struct {
 	Key  string
 
 	// LeaseID is, for a Claim, the id of the lease to grant, never empty
-	// (the layer picks one when the caller did not), and for Complete and
-	// Release the holder's.
+	// (the layer picks one when the caller did not), and for Complete,
+	// Release and Fail the holder's.
 	LeaseID string
 
-	// Lease is the length of a Claim's lease: positive, the default applied.
+	// Lease is the length of a Claim's lease: positive, the default
+	// (Config.Lease) applied; zero only when Config.Lease is zero, for a
+	// backend that picks its own default.
 	Lease time.Duration
 
 	// Owner and PayloadHash are the Claim's [inbox.BeginOptions] fields.
 	Owner       string
 	PayloadHash string
+
+	// Failure holds a Fail's options.
+	Failure inbox.FailOptions
 }
 
 // Driver is what a backend implements. Its methods are called only with
 // validated arguments, on a store that was not closed, under a context that
 // bounds the call. Errors that are the outcome of one call wrap a sentinel
-// of package inbox: [inbox.ErrLeaseLost] for a Complete or Release whose
-// lease no longer holds the key, [inbox.ErrNotSupported],
+// of package inbox: [inbox.ErrLeaseLost] for a Complete, Release or Fail
+// whose lease no longer holds the key, [inbox.ErrNotSupported],
 // [inbox.ErrStoreUnavailable] (a backend error whose cause is known, such
 // as a full store); a closed client wraps [inbox.ErrClosed]. Any other
 // error is taken for a failure of the backend and reported as
@@ -123,6 +130,12 @@ type Driver interface {
 	// Get is [inbox.LeaseStore.Get].
 	Get(ctx context.Context, key string) (inbox.Record, error)
 
+	// List, Forget and ForceRelease are [inbox.Admin]'s. List gets options
+	// with the Limit default applied.
+	List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error)
+	Forget(ctx context.Context, key string) error
+	ForceRelease(ctx context.Context, key string) error
+
 	// Close releases what the driver holds. The layer calls it once, from
 	// [Store.Close].
 	Close() error
@@ -133,8 +146,9 @@ type Config struct {
 	// Name names the store in errors, e.g. "redis store". Required.
 	Name string
 
-	// Lease is the lease granted when TryBegin asks for none. Required;
-	// positive.
+	// Lease is the lease granted when TryBegin asks for none. Optional:
+	// zero passes Op.Lease zero on to the driver, for a backend that picks
+	// its default itself (a remote service).
 	Lease time.Duration
 
 	// MaxLease is the longest lease TryBegin and Extend accept; longer ones
@@ -180,7 +194,10 @@ type Store struct {
 	stats  batchStats
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore = (*Store)(nil)
+	_ inbox.Admin      = (*Store)(nil)
+)
 
 // New returns the portable store over d.
 func New(d Driver, cfg Config) (*Store, error) {
@@ -189,8 +206,8 @@ func New(d Driver, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: driver is nil", inbox.ErrInvalidArgument)
 	case cfg.Name == "":
 		return nil, fmt.Errorf("%w: driver.Config.Name is required", inbox.ErrInvalidArgument)
-	case cfg.Lease <= 0:
-		return nil, fmt.Errorf("%w: %s: default lease %s must be positive", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
+	case cfg.Lease < 0:
+		return nil, fmt.Errorf("%w: %s: default lease %s is negative", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
 	case cfg.MaxLease < 0 || (cfg.MaxLease > 0 && cfg.Lease > cfg.MaxLease):
 		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
 	}
@@ -233,7 +250,7 @@ func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOption
 	if err != nil {
 		return inbox.Claim{}, err
 	}
-	if c.Status < inbox.Acquired || c.Status > inbox.Busy || (c.Status == inbox.Acquired && c.LeaseID == "") {
+	if c.Status < inbox.Acquired || c.Status > inbox.Dead || (c.Status == inbox.Acquired && c.LeaseID == "") {
 		return inbox.Claim{}, s.fail(ctx, "TryBegin", key, fmt.Errorf("%w: the driver answered %+v", inbox.ErrStoreUnavailable, c))
 	}
 	return c, nil
@@ -254,6 +271,21 @@ func (s *Store) Release(ctx context.Context, key, leaseID string) error {
 		return err
 	}
 	_, err := s.do(ctx, Op{Kind: Release, Key: key, LeaseID: leaseID})
+	return err
+}
+
+// Fail implements [inbox.LeaseStore].
+func (s *Store) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return err
+	}
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	if opts.Dead {
+		opts.RetryAfter = 0
+	}
+	_, err := s.do(ctx, Op{Kind: Fail, Key: key, LeaseID: leaseID, Failure: opts})
 	return err
 }
 
@@ -317,6 +349,51 @@ func (s *Store) get(ctx context.Context, op, key string) (inbox.Record, error) {
 		return inbox.Record{}, s.fail(cctx, op, key, err)
 	}
 	return r, nil
+}
+
+// List implements [inbox.Admin].
+func (s *Store) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	if err := opts.Validate(); err != nil {
+		return inbox.ListPage{}, err
+	}
+	if opts.Limit == 0 {
+		opts.Limit = inbox.DefaultListLimit
+	}
+	cctx, cancel, err := s.begin(ctx, "List", opts.Prefix)
+	if err != nil {
+		return inbox.ListPage{}, err
+	}
+	defer cancel()
+	p, err := s.d.List(cctx, opts)
+	if err != nil {
+		return inbox.ListPage{}, s.fail(cctx, "List", opts.Prefix, err)
+	}
+	return p, nil
+}
+
+// Forget implements [inbox.Admin].
+func (s *Store) Forget(ctx context.Context, key string) error {
+	return s.byKey(ctx, "Forget", key, s.d.Forget)
+}
+
+// ForceRelease implements [inbox.Admin].
+func (s *Store) ForceRelease(ctx context.Context, key string) error {
+	return s.byKey(ctx, "ForceRelease", key, s.d.ForceRelease)
+}
+
+func (s *Store) byKey(ctx context.Context, op, key string, f func(context.Context, string) error) error {
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	cctx, cancel, err := s.begin(ctx, op, key)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := f(cctx, key); err != nil {
+		return s.fail(cctx, op, key, err)
+	}
+	return nil
 }
 
 // checkLease refuses a lease longer than Config.MaxLease.

@@ -62,6 +62,14 @@ func (f *fake) Get(ctx context.Context, _ string) (inbox.Record, error) {
 	return inbox.Record{State: inbox.StateProcessed}, nil
 }
 
+func (f *fake) List(context.Context, inbox.ListOptions) (inbox.ListPage, error) {
+	return inbox.ListPage{}, nil
+}
+
+func (f *fake) Forget(context.Context, string) error { return nil }
+
+func (f *fake) ForceRelease(context.Context, string) error { return nil }
+
 func (f *fake) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -94,7 +102,6 @@ func TestNew_refuses_bad_config(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]driver.Config{
 		"no name":          {Lease: time.Second},
-		"no lease":         {Name: "x"},
 		"lease over max":   {Name: "x", Lease: time.Hour, MaxLease: time.Minute},
 		"negative max":     {Name: "x", Lease: time.Second, MaxLease: -1},
 		"negative default": {Name: "x", Lease: -time.Second},
@@ -150,6 +157,13 @@ func TestStore_validates_before_the_driver(t *testing.T) {
 		"release nul":   s.Release(ctx, "k\x00", "l"),
 		"mark empty":    s.MarkProcessed(ctx, ""),
 		"is processed":  errOf(s.IsProcessed(ctx, "")),
+		"fail negative": s.Fail(ctx, "k", "l", inbox.FailOptions{RetryAfter: -1}),
+		"fail reason":   s.Fail(ctx, "k", "l", inbox.FailOptions{Reason: strings.Repeat("r", inbox.MaxReasonLen+1)}),
+		"fail nul":      s.Fail(ctx, "k", "l", inbox.FailOptions{Reason: "a\x00"}),
+		"list limit":    errOf(s.List(ctx, inbox.ListOptions{Limit: inbox.MaxListLimit + 1})),
+		"list state":    errOf(s.List(ctx, inbox.ListOptions{State: 99})),
+		"forget empty":  s.Forget(ctx, ""),
+		"force empty":   s.ForceRelease(ctx, ""),
 	} {
 		if !errors.Is(err, inbox.ErrInvalidArgument) {
 			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)

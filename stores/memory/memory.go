@@ -31,7 +31,9 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,7 +104,10 @@ type record struct {
 	key        string
 	elem       *list.Element // the record's place in Store.order
 	processed  bool
-	leaseID    string        // the current or last lease; after Complete the completing one; "" after Release or MarkProcessed
+	dead       bool
+	reason     string        // of the latest Fail
+	retryAt    time.Time     // the backoff of the latest Fail ends; zero when none
+	leaseID    string        // the current or last lease; after Complete the completing one; "" after Release, Fail or MarkProcessed
 	lease      time.Duration // length of the current lease, reused when its holder retries TryBegin
 	leaseUntil time.Time     // zero when released or processed
 	expiresAt  time.Time     // the record is gone from this time on
@@ -117,6 +122,8 @@ func (r *record) state(now time.Time) inbox.State {
 	switch {
 	case r.processed:
 		return inbox.StateProcessed
+	case r.dead:
+		return inbox.StateDead
 	case !r.leaseUntil.IsZero() && now.Before(r.leaseUntil):
 		return inbox.StateInProgress
 	default:
@@ -279,6 +286,8 @@ func (m *mem) Apply(_ context.Context, ops []driver.Op, res []inbox.Claim, errs 
 			errs[i] = m.release(now, op.Key, op.LeaseID)
 		case driver.Mark:
 			errs[i] = m.markProcessed(now, op.Key)
+		case driver.Fail:
+			errs[i] = m.fail(now, op.Key, op.LeaseID, op.Failure)
 		}
 	}
 	return nil
@@ -293,18 +302,29 @@ func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
 		}
 	}
 	mismatch := op.PayloadHash != "" && r.payload != "" && op.PayloadHash != r.payload
+	c := inbox.Claim{PayloadMismatch: mismatch, Attempts: r.attempts}
 	switch r.state(now) {
 	case inbox.StateProcessed:
-		return inbox.Claim{Status: inbox.Processed, PayloadMismatch: mismatch}, nil
+		c.Status = inbox.Processed
+		return c, nil
+	case inbox.StateDead:
+		c.Status, c.Reason = inbox.Dead, r.reason
+		return c, nil
 	case inbox.StateInProgress:
 		if op.LeaseID != r.leaseID {
-			return inbox.Claim{Status: inbox.Busy, ExpiresAt: m.wall(r.leaseUntil), RetryAfter: r.leaseUntil.Sub(now), PayloadMismatch: mismatch}, nil
+			c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, m.wall(r.leaseUntil), r.leaseUntil.Sub(now)
+			return c, nil
 		}
 		// A retry by the holder: renew from now, so that the caller's own
 		// reckoning of the deadline (from its retry) holds.
 		m.setLease(r, now, r.lease)
 	default:
+		if now.Before(r.retryAt) { // a failed attempt's backoff
+			c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, m.wall(r.retryAt), r.retryAt.Sub(now)
+			return c, nil
+		}
 		r.leaseID = op.LeaseID
+		r.retryAt = time.Time{}
 		m.setLease(r, now, op.Lease)
 		r.attempts++
 		r.owner = op.Owner
@@ -313,7 +333,8 @@ func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
 		}
 	}
 	m.touch(r, now)
-	return inbox.Claim{Status: inbox.Acquired, LeaseID: r.leaseID, ExpiresAt: m.wall(r.leaseUntil), Lease: r.lease, PayloadMismatch: mismatch}, nil
+	c.Status, c.LeaseID, c.ExpiresAt, c.Lease, c.Attempts = inbox.Acquired, r.leaseID, m.wall(r.leaseUntil), r.lease, r.attempts
+	return c, nil
 }
 
 // holder returns key's record if leaseID holds it (its lease live, or
@@ -356,6 +377,26 @@ func (m *mem) release(now time.Time, key, leaseID string) error {
 	return nil
 }
 
+// fail ends a failed attempt: the key is given back after opts.RetryAfter,
+// or marked dead.
+func (m *mem) fail(now time.Time, key, leaseID string, opts inbox.FailOptions) error {
+	r, err := m.holder(now, key, leaseID)
+	if err != nil {
+		return err
+	}
+	if r.processed {
+		return fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
+	}
+	r.leaseID, r.reason, r.dead = "", opts.Reason, opts.Dead
+	m.endLease(r, now)
+	if !opts.Dead && opts.RetryAfter > 0 {
+		r.retryAt = now.Add(opts.RetryAfter)
+		r.expiresAt = r.retryAt.Add(m.opts.Retention)
+	}
+	m.touch(r, now)
+	return nil
+}
+
 // markProcessed marks key processed whatever lease is held on it.
 func (m *mem) markProcessed(now time.Time, key string) error {
 	r := m.find(key, now)
@@ -365,7 +406,7 @@ func (m *mem) markProcessed(now time.Time, key string) error {
 			return err
 		}
 	}
-	r.processed = true
+	r.processed, r.dead, r.retryAt = true, false, time.Time{}
 	r.leaseID = ""
 	m.endLease(r, now)
 	m.touch(r, now)
@@ -398,6 +439,11 @@ func (m *mem) Get(_ context.Context, key string) (inbox.Record, error) {
 	if r == nil {
 		return inbox.Record{}, nil
 	}
+	return m.record(r, now), nil
+}
+
+// record returns what Get reports of r at now.
+func (m *mem) record(r *record, now time.Time) inbox.Record {
 	rec := inbox.Record{
 		State:       r.state(now),
 		Attempts:    r.attempts,
@@ -405,11 +451,68 @@ func (m *mem) Get(_ context.Context, key string) (inbox.Record, error) {
 		LastSeen:    r.lastSeen,
 		Owner:       r.owner,
 		PayloadHash: r.payload,
+		Reason:      r.reason,
 	}
 	if rec.State == inbox.StateInProgress {
 		rec.LeaseUntil = m.wall(r.leaseUntil)
 	}
-	return rec, nil
+	if rec.State == inbox.StateAvailable && now.Before(r.retryAt) {
+		rec.RetryAt = m.wall(r.retryAt)
+	}
+	return rec
+}
+
+// List implements [driver.Driver]: the live records, filtered, sorted by
+// key, from the one after the cursor (the last key of the previous page).
+func (m *mem) List(_ context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	seenBefore := m.wall(now).Add(-opts.OlderThan)
+	var keys []string
+	for k, r := range m.recs {
+		if k > opts.Cursor && strings.HasPrefix(k, opts.Prefix) && !r.expired(now) &&
+			(opts.State == inbox.StateNotFound || r.state(now) == opts.State) && !r.lastSeen.After(seenBefore) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var p inbox.ListPage
+	if len(keys) > opts.Limit {
+		keys = keys[:opts.Limit]
+		p.Next = keys[len(keys)-1]
+	}
+	for _, k := range keys {
+		p.Items = append(p.Items, inbox.ListItem{Key: k, Record: m.record(m.recs[k], now)})
+	}
+	return p, nil
+}
+
+// Forget implements [driver.Driver].
+func (m *mem) Forget(_ context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.recs[key]; r != nil {
+		m.remove(r)
+	}
+	return nil
+}
+
+// ForceRelease implements [driver.Driver].
+func (m *mem) ForceRelease(_ context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	r := m.find(key, now)
+	if r == nil || r.processed || r.dead {
+		return nil
+	}
+	if r.state(now) == inbox.StateInProgress || now.Before(r.retryAt) {
+		r.leaseID, r.retryAt = "", time.Time{}
+		m.endLease(r, now)
+		m.touch(r, now)
+	}
+	return nil
 }
 
 func init() {

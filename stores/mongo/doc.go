@@ -14,15 +14,25 @@
 //
 //	{
 //	  _id:         <key>,
-//	  leaseId:     <id of the current or last lease; "" once released or marked by MarkProcessed>,
+//	  leaseId:     <id of the current or last lease; "" once released, failed, forcibly
+//	                released or marked by MarkProcessed>,
 //	  leaseUntil:  <date: the lease's deadline; the epoch when there is no lease>,
 //	  processed:   <bool>,
+//	  dead:        <bool: a failed attempt marked the key dead (Fail with Dead)>,
+//	  reason:      <string: the reason of the latest Fail; "" when none>,
+//	  retryAt:     <date: the end of the latest Fail's backoff; the epoch when none; an
+//	                acquisition, MarkProcessed and ForceRelease reset it>,
 //	  attempts:    <int64: leases acquired>,
 //	  firstSeen:   <date>, lastSeen: <date>,
 //	  expiresAt:   <date: the record is gone after this: lease deadline + retention while
-//	                leased, completion + retention once processed, release + retention>,
+//	                leased, completion + retention once processed, release + retention,
+//	                backoff end + retention after a Fail, Fail + retention once dead>,
 //	  owner:       <string>, payloadHash: <string: the first non-empty hash seen>
 //	}
+//
+// The layout is that of this version; records written by an earlier one
+// (without dead, reason and retryAt) are not read correctly: start with an
+// empty collection.
 //
 // Expiry is logical: every query compares expiresAt (and leaseUntil) with the
 // current time itself, so a record past its retention is NotFound at once,
@@ -39,37 +49,73 @@
 // update, $$NOW or transaction is used, because FerretDB runs none of them.
 // TryBegin is:
 //
-//  1. FindOneAndUpdate with upsert on {_id: key, processed: false,
-//     leaseUntil <= now, expiresAt > now}: it takes a live record whose lease
-//     ended or was released ($inc attempts, new leaseId and leaseUntil), or,
+//  1. FindOneAndUpdate with upsert on {_id: key, processed: false, dead:
+//     false, leaseUntil <= now, retryAt <= now, expiresAt > now}: it takes a
+//     live record whose lease ended or was released and whose backoff is
+//     over ($inc attempts, new leaseId and leaseUntil, retryAt reset), or,
 //     when no document has the key, inserts a new one. One round trip for a
-//     new key.
+//     new key. The returned document gives Claim.Attempts.
 //  2. When a document with the key exists but does not match (processed,
-//     leased, or past its retention), the upsert's insert fails with a
-//     duplicate key error on _id (E11000): that is how races between
-//     inserts, and between an insert and an update, are resolved. The store
-//     then reads the document and answers Processed or Busy (with the
-//     holder's deadline and the time it has left); a retry by the holder
-//     (same BeginOptions.LeaseID) renews its lease with a conditional update
-//     on {leaseId, leaseUntil > now} without counting an attempt; a record
-//     past its retention is replaced by a fresh one with a conditional
-//     replace on {expiresAt <= now}.
+//     dead, leased, in a backoff, or past its retention), the upsert's
+//     insert fails with a duplicate key error on _id (E11000): that is how
+//     races between inserts, and between an insert and an update, are
+//     resolved. The store then reads the document and answers Processed,
+//     Dead (with the reason), or Busy (with the holder's deadline, or the
+//     backoff's end, and the time left); a retry by the holder (same
+//     BeginOptions.LeaseID) renews its lease with a conditional update on
+//     {leaseId, leaseUntil > now} without counting an attempt; a record past
+//     its retention is replaced by a fresh one with a conditional replace on
+//     {expiresAt <= now}.
 //  3. When the record changed between those steps, TryBegin starts over, at
 //     most 4 times, then fails with inbox.ErrStoreUnavailable.
 //
-// Complete, Release and Extend are one conditional update on {_id: key,
-// leaseId, processed: false, expiresAt > now} (fencing by lease id); a
-// Complete that matches nothing reads the record to tell a repeated Complete
-// by the completing lease (success) from a lost lease ([inbox.ErrLeaseLost]).
-// MarkProcessed is an upsert on {_id, expiresAt > now}, with the same
-// duplicate key fallback for records past their retention.
+// Complete, Release, Fail and Extend are one conditional update on {_id:
+// key, leaseId, processed: false, expiresAt > now} (fencing by lease id: a
+// failed, released or dead record has leaseId ""); a Complete that matches
+// nothing reads the record to tell a repeated Complete by the completing
+// lease (success) from a lost lease ([inbox.ErrLeaseLost]). Fail clears the
+// lease, records the reason, and sets either retryAt (now + RetryAfter,
+// rounded up to the millisecond, so the backoff never ends early) or dead.
+// MarkProcessed is an upsert on {_id, expiresAt > now} that also clears dead
+// and retryAt, with the same duplicate key fallback for records past their
+// retention.
+//
+// # Admin
+//
+// [Store] implements [inbox.Admin] (cmd/inboxctl uses it):
+//
+//   - List is one find on {_id: {$gte: prefix, $lt: end}, expiresAt > now}
+//     plus conditions for the state (processed, dead, leaseUntil against
+//     now) and the age (lastSeen <= now - OlderThan), sorted by _id, limited
+//     to Limit+1 documents: the extra one says whether a next page exists.
+//     The prefix is a range of _id, not a regular expression, since keys may
+//     hold any character: end is the prefix with its last code point
+//     incremented, and strings compare byte for byte (MongoDB without a
+//     collation, as FerretDB), which for UTF-8 is code point order. The
+//     cursor (ListPage.Next) is the last _id of the page; the next page
+//     starts after it.
+//   - Forget is a deleteOne on _id.
+//   - ForceRelease is one conditional update on {_id, processed: false,
+//     dead: false, expiresAt > now, $or: [leaseUntil > now, retryAt > now]}
+//     that clears leaseId, leaseUntil and retryAt and keeps attempts; any
+//     other record matches nothing and is left as it is.
+//
+// No index is added for List: on mongod the _id index serves the prefix
+// range and the order, and the state and age conditions are checked on the
+// documents the range walks, so a page costs the records between its first
+// and its last match, which is a full walk of the prefix for a rare state
+// (dead keys among millions). An index on the state would instead cost
+// every claim, which rewrites leaseUntil, for the sake of an operator's
+// command; list by a narrow prefix instead. FerretDB 1.24 scans the
+// collection for every List, as for every conditional write.
 //
 // # The portable layer, and round trips
 //
 // [Store] embeds the layer of package
 // [github.com/watermill-inbox/inbox/stores/driver] that every store of this
-// project sits behind. It checks keys, lease ids, owners, payload hashes and
-// leases before anything is sent ([inbox.ErrInvalidArgument]), refuses calls
+// project sits behind. It checks keys, lease ids, owners, payload hashes,
+// leases, failure reasons and list options before anything is sent
+// ([inbox.ErrInvalidArgument]), applies List's default limit, refuses calls
 // after Close ([inbox.ErrClosed]), fills in Options.Lease and a new lease id
 // when TryBegin names none, bounds each call by Options.Timeout (the
 // caller's own deadline when it is sooner), and maps errors to the sentinels
@@ -113,7 +159,9 @@
 //
 //	guarantee                                   FerretDB v1.24.2 (SQLite)   mongod
 //	functional cases (claims, leases, fencing,  verified                    not verified here
-//	  retention, Get, keys, bad input, ctx)
+//	  retention, Get, keys, bad input, ctx,
+//	  attempts, Fail, backoff, dead, List,
+//	  Forget, ForceRelease)
 //	concurrent TryBegin: exactly one acquires   NOT held: FerretDB's        not verified here
 //	  (fresh key, expired lease, released key)    updates are not atomic      (expected: atomic
 //	                                              under concurrency; the      single-document

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -212,6 +213,9 @@ type doc struct {
 	LeaseID     string    `bson:"leaseId"`
 	LeaseUntil  time.Time `bson:"leaseUntil"`
 	Processed   bool      `bson:"processed"`
+	Dead        bool      `bson:"dead"`
+	Reason      string    `bson:"reason"`
+	RetryAt     time.Time `bson:"retryAt"`
 	Attempts    int64     `bson:"attempts"`
 	FirstSeen   time.Time `bson:"firstSeen"`
 	LastSeen    time.Time `bson:"lastSeen"`
@@ -221,7 +225,8 @@ type doc struct {
 }
 
 // noLease is the leaseUntil of a record without a lease (released,
-// processed): the epoch, so "leaseUntil <= now" matches it.
+// processed), and the retryAt of one without a backoff: the epoch, so
+// "leaseUntil <= now" and "retryAt <= now" match it.
 var noLease = time.Unix(0, 0).UTC()
 
 func (d *doc) live(now time.Time) bool { return now.Before(d.ExpiresAt) }
@@ -230,11 +235,33 @@ func (d *doc) state(now time.Time) inbox.State {
 	switch {
 	case d.Processed:
 		return inbox.StateProcessed
+	case d.Dead:
+		return inbox.StateDead
 	case now.Before(d.LeaseUntil):
 		return inbox.StateInProgress
 	default:
 		return inbox.StateAvailable
 	}
+}
+
+// record is what Get and List report of d at now.
+func (d *doc) record(now time.Time) inbox.Record {
+	r := inbox.Record{
+		State:       d.state(now),
+		Attempts:    int(d.Attempts),
+		FirstSeen:   d.FirstSeen.UTC(),
+		LastSeen:    d.LastSeen.UTC(),
+		Owner:       d.Owner,
+		PayloadHash: d.PayloadHash,
+		Reason:      d.Reason,
+	}
+	if r.State == inbox.StateInProgress {
+		r.LeaseUntil = d.LeaseUntil.UTC()
+	}
+	if r.State == inbox.StateAvailable && now.Before(d.RetryAt) {
+		r.RetryAt = d.RetryAt.UTC()
+	}
+	return r
 }
 
 func (d *doc) mismatch(hash string) bool {
@@ -332,6 +359,8 @@ func (b *backend) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim,
 			errs[i] = b.release(ctx, op.Key, op.LeaseID)
 		case driver.Mark:
 			errs[i] = b.mark(ctx, op.Key)
+		case driver.Fail:
+			errs[i] = b.failAttempt(ctx, op.Key, op.LeaseID, op.Failure)
 		default:
 			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
 		}
@@ -347,36 +376,42 @@ func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) 
 		until := deadline(now, lease)
 		acquired := inbox.Claim{Status: inbox.Acquired, LeaseID: id, ExpiresAt: until, Lease: lease}
 
-		// Step 1: take a live record that is free (lease ended or released),
-		// or insert a new one. Any other existing record fails the upsert
-		// with a duplicate key error on _id.
+		// Step 1: take a live record that is free (lease ended or released,
+		// no backoff running, neither processed nor dead), or insert a new
+		// one. Any other existing record fails the upsert with a duplicate
+		// key error on _id.
 		var d doc
 		err := b.coll.FindOneAndUpdate(ctx,
 			bson.D{
 				{Key: "_id", Value: key},
 				{Key: "processed", Value: false},
+				{Key: "dead", Value: false},
 				{Key: "leaseUntil", Value: lte(now)},
+				{Key: "retryAt", Value: lte(now)},
 				{Key: "expiresAt", Value: gt(now)},
 			},
 			bson.D{
 				{Key: "$set", Value: bson.D{
 					{Key: "leaseId", Value: id},
 					{Key: "leaseUntil", Value: until},
+					{Key: "retryAt", Value: noLease},
 					{Key: "owner", Value: op.Owner},
 					{Key: "lastSeen", Value: now},
 					{Key: "expiresAt", Value: until.Add(b.opts.Retention)},
 				}},
 				{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int64(1)}}},
-				// processed: false comes from the filter's equality, which
-				// an upsert copies into the new document.
+				// processed: false and dead: false come from the filter's
+				// equalities, which an upsert copies into the new document.
 				{Key: "$setOnInsert", Value: bson.D{
 					{Key: "firstSeen", Value: now},
 					{Key: "payloadHash", Value: op.PayloadHash},
+					{Key: "reason", Value: ""},
 				}},
 			},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After),
 		).Decode(&d)
 		if err == nil {
+			acquired.Attempts = int(d.Attempts)
 			acquired.PayloadMismatch = d.mismatch(op.PayloadHash)
 			if op.PayloadHash != "" && d.PayloadHash == "" {
 				// The first hash given for a record seen without one. The
@@ -413,7 +448,7 @@ func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) 
 			// Expired by retention but not deleted yet: start a fresh record,
 			// unless someone else replaced it first.
 			fresh := doc{
-				ID: key, LeaseID: id, LeaseUntil: until, Attempts: 1,
+				ID: key, LeaseID: id, LeaseUntil: until, RetryAt: noLease, Attempts: 1,
 				FirstSeen: now, LastSeen: now, ExpiresAt: until.Add(b.opts.Retention),
 				Owner: op.Owner, PayloadHash: op.PayloadHash,
 			}
@@ -422,17 +457,20 @@ func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) 
 				return inbox.Claim{}, fault(ctx, err)
 			}
 			if res.MatchedCount == 1 {
+				acquired.Attempts = 1
 				return acquired, nil
 			}
 		case d.Processed:
-			return inbox.Claim{Status: inbox.Processed, PayloadMismatch: d.mismatch(op.PayloadHash)}, nil
+			return inbox.Claim{Status: inbox.Processed, Attempts: int(d.Attempts), PayloadMismatch: d.mismatch(op.PayloadHash)}, nil
+		case d.Dead:
+			return inbox.Claim{Status: inbox.Dead, Attempts: int(d.Attempts), Reason: d.Reason, PayloadMismatch: d.mismatch(op.PayloadHash)}, nil
 		case now.Before(d.LeaseUntil):
 			// The layer always gives a lease id: the caller's, or a new one
 			// that no record holds.
 			if d.LeaseID != id {
 				return inbox.Claim{
 					Status: inbox.Busy, ExpiresAt: d.LeaseUntil.UTC(), RetryAfter: d.LeaseUntil.Sub(now),
-					PayloadMismatch: d.mismatch(op.PayloadHash),
+					Attempts: int(d.Attempts), PayloadMismatch: d.mismatch(op.PayloadHash),
 				}, nil
 			}
 			// A retry by the holder: renew the lease from now, without
@@ -449,9 +487,17 @@ func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) 
 				return inbox.Claim{}, fault(ctx, err)
 			}
 			if res.MatchedCount == 1 {
+				acquired.Attempts = int(d.Attempts)
 				acquired.PayloadMismatch = d.mismatch(op.PayloadHash)
 				return acquired, nil
 			}
+		case now.Before(d.RetryAt):
+			// A failed attempt's backoff: Busy for every caller, the failed
+			// lease's too (its leaseId was cleared).
+			return inbox.Claim{
+				Status: inbox.Busy, ExpiresAt: d.RetryAt.UTC(), RetryAfter: d.RetryAt.Sub(now),
+				Attempts: int(d.Attempts), PayloadMismatch: d.mismatch(op.PayloadHash),
+			}, nil
 		}
 		// The record changed between the steps (released, expired, taken,
 		// replaced): look again.
@@ -521,6 +567,37 @@ func (b *backend) release(ctx context.Context, key, leaseID string) error {
 	return nil
 }
 
+// failAttempt is Fail: it ends the failed attempt of leaseID, recording
+// the reason, with the key available again once opts.RetryAfter has passed
+// (a backoff), or dead. The record lives for the retention after the
+// backoff, or after the Fail for a dead key.
+func (b *backend) failAttempt(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+	now := b.clock.now(ctx)
+	retryAt := noLease
+	expires := deadline(now, b.opts.Retention)
+	if !opts.Dead && opts.RetryAfter > 0 {
+		// Rounded up to the millisecond: the backoff never ends early.
+		retryAt = deadline(now, opts.RetryAfter+time.Millisecond-1)
+		expires = retryAt.Add(b.opts.Retention)
+	}
+	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
+		{Key: "leaseId", Value: ""},
+		{Key: "leaseUntil", Value: noLease},
+		{Key: "dead", Value: opts.Dead},
+		{Key: "reason", Value: opts.Reason},
+		{Key: "retryAt", Value: retryAt},
+		{Key: "lastSeen", Value: now},
+		{Key: "expiresAt", Value: expires},
+	}}})
+	if err != nil {
+		return fault(ctx, err)
+	}
+	if res.MatchedCount == 0 {
+		return lost(leaseID)
+	}
+	return nil
+}
+
 // Extend implements [driver.Driver].
 func (b *backend) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
 	if err := b.ready(ctx); err != nil {
@@ -559,18 +636,7 @@ func (b *backend) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if !d.live(now) {
 		return inbox.Record{}, nil
 	}
-	r := inbox.Record{
-		State:       d.state(now),
-		Attempts:    int(d.Attempts),
-		FirstSeen:   d.FirstSeen.UTC(),
-		LastSeen:    d.LastSeen.UTC(),
-		Owner:       d.Owner,
-		PayloadHash: d.PayloadHash,
-	}
-	if r.State == inbox.StateInProgress {
-		r.LeaseUntil = d.LeaseUntil.UTC()
-	}
-	return r, nil
+	return d.record(now), nil
 }
 
 // mark is MarkProcessed: it marks key processed whatever lease is held on
@@ -584,8 +650,10 @@ func (b *backend) mark(ctx context.Context, key string) error {
 			bson.D{
 				{Key: "$set", Value: bson.D{
 					{Key: "processed", Value: true},
+					{Key: "dead", Value: false},
 					{Key: "leaseId", Value: ""},
 					{Key: "leaseUntil", Value: noLease},
+					{Key: "retryAt", Value: noLease},
 					{Key: "lastSeen", Value: now},
 					{Key: "expiresAt", Value: expires},
 				}},
@@ -594,6 +662,7 @@ func (b *backend) mark(ctx context.Context, key string) error {
 					{Key: "firstSeen", Value: now},
 					{Key: "owner", Value: ""},
 					{Key: "payloadHash", Value: ""},
+					{Key: "reason", Value: ""},
 				}},
 			},
 			options.UpdateOne().SetUpsert(true),
@@ -607,7 +676,7 @@ func (b *backend) mark(ctx context.Context, key string) error {
 		// A record expired by retention but not deleted yet: replace it.
 		res, err := b.coll.ReplaceOne(ctx,
 			bson.D{{Key: "_id", Value: key}, {Key: "expiresAt", Value: lte(now)}},
-			doc{ID: key, LeaseUntil: noLease, Processed: true, FirstSeen: now, LastSeen: now, ExpiresAt: expires},
+			doc{ID: key, LeaseUntil: noLease, RetryAt: noLease, Processed: true, FirstSeen: now, LastSeen: now, ExpiresAt: expires},
 		)
 		if err != nil {
 			return fault(ctx, err)
@@ -617,4 +686,126 @@ func (b *backend) mark(ctx context.Context, key string) error {
 		}
 	}
 	return fmt.Errorf("%w: the record changed under each of %d attempts to mark it", inbox.ErrStoreUnavailable, claimRounds)
+}
+
+// List implements [driver.Driver]: one find on the _id range of the prefix
+// (and after the cursor, the last _id of the previous page), with the
+// state and age as conditions, sorted by _id; one document more than the
+// limit tells whether a next page exists.
+func (b *backend) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	if err := b.ready(ctx); err != nil {
+		return inbox.ListPage{}, err
+	}
+	now := b.clock.now(ctx)
+	filter := bson.D{{Key: "_id", Value: idRange(opts.Prefix, opts.Cursor)}, {Key: "expiresAt", Value: gt(now)}}
+	switch opts.State {
+	case inbox.StateProcessed:
+		filter = append(filter, bson.E{Key: "processed", Value: true})
+	case inbox.StateDead:
+		filter = append(filter, bson.E{Key: "processed", Value: false}, bson.E{Key: "dead", Value: true})
+	case inbox.StateInProgress:
+		filter = append(filter, bson.E{Key: "processed", Value: false}, bson.E{Key: "dead", Value: false}, bson.E{Key: "leaseUntil", Value: gt(now)})
+	case inbox.StateAvailable:
+		filter = append(filter, bson.E{Key: "processed", Value: false}, bson.E{Key: "dead", Value: false}, bson.E{Key: "leaseUntil", Value: lte(now)})
+	}
+	if opts.OlderThan > 0 {
+		filter = append(filter, bson.E{Key: "lastSeen", Value: lte(now.Add(-opts.OlderThan))})
+	}
+	cur, err := b.coll.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(opts.Limit)+1))
+	if err != nil {
+		return inbox.ListPage{}, fault(ctx, err)
+	}
+	var docs []doc
+	if err := cur.All(ctx, &docs); err != nil {
+		return inbox.ListPage{}, fault(ctx, err)
+	}
+	var p inbox.ListPage
+	if len(docs) > opts.Limit {
+		docs = docs[:opts.Limit]
+		p.Next = docs[len(docs)-1].ID
+	}
+	p.Items = make([]inbox.ListItem, len(docs))
+	for i := range docs {
+		p.Items[i] = inbox.ListItem{Key: docs[i].ID, Record: docs[i].record(now)}
+	}
+	return p, nil
+}
+
+// idRange is the condition on _id of a listing: the keys that start with
+// prefix, after cursor. It is a range, not a regular expression, since keys
+// may hold any character: strings compare byte for byte in MongoDB (without
+// a collation) as in Go.
+func idRange(prefix, cursor string) bson.D {
+	r := bson.D{{Key: "$gte", Value: prefix}}
+	if cursor >= prefix && cursor != "" {
+		r = bson.D{{Key: "$gt", Value: cursor}}
+	}
+	if end, ok := prefixEnd(prefix); ok {
+		r = append(r, bson.E{Key: "$lt", Value: end})
+	}
+	return r
+}
+
+// prefixEnd returns the least valid UTF-8 string above every string that
+// starts with prefix (valid UTF-8): prefix with its last code point
+// incremented, surrogates skipped; ok is false when there is none (prefix
+// empty, or made of U+10FFFF only). UTF-8 orders code points as bytes, so
+// the strings in [prefix, end) are exactly those that start with prefix,
+// and end stays a string every server takes.
+func prefixEnd(prefix string) (end string, ok bool) {
+	for prefix != "" {
+		r, size := utf8.DecodeLastRuneInString(prefix)
+		prefix = prefix[:len(prefix)-size]
+		switch {
+		case r == utf8.MaxRune:
+			continue // no code point above it: increment the one before
+		case r == 0xD7FF:
+			r = 0xE000 // past the surrogates
+		default:
+			r++
+		}
+		return prefix + string(r), true
+	}
+	return "", false
+}
+
+// Forget implements [driver.Driver]: the document is deleted.
+func (b *backend) Forget(ctx context.Context, key string) error {
+	if _, err := b.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: key}}); err != nil {
+		return fault(ctx, err)
+	}
+	return nil
+}
+
+// ForceRelease implements [driver.Driver]: a conditional update of a live,
+// unprocessed, not dead record whose lease or backoff runs; any other
+// record (or none) matches nothing and is left as it is.
+func (b *backend) ForceRelease(ctx context.Context, key string) error {
+	if err := b.ready(ctx); err != nil {
+		return err
+	}
+	now := b.clock.now(ctx)
+	_, err := b.coll.UpdateOne(ctx,
+		bson.D{
+			{Key: "_id", Value: key},
+			{Key: "processed", Value: false},
+			{Key: "dead", Value: false},
+			{Key: "expiresAt", Value: gt(now)},
+			{Key: "$or", Value: bson.A{
+				bson.D{{Key: "leaseUntil", Value: gt(now)}},
+				bson.D{{Key: "retryAt", Value: gt(now)}},
+			}},
+		},
+		bson.D{{Key: "$set", Value: bson.D{
+			{Key: "leaseId", Value: ""},
+			{Key: "leaseUntil", Value: noLease},
+			{Key: "retryAt", Value: noLease},
+			{Key: "lastSeen", Value: now},
+			{Key: "expiresAt", Value: deadline(now, b.opts.Retention)},
+		}}},
+	)
+	if err != nil {
+		return fault(ctx, err)
+	}
+	return nil
 }

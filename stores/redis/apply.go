@@ -17,12 +17,13 @@ import (
 // the package documentation.
 //
 // In the first pipeline, a claim is the fast claim (SET NX PX of a fresh
-// record and PEXPIRETIME); Complete, Release and MarkProcessed are a call
-// of opsScript each. A key that appears more than once in the batch gets
-// one call of opsScript that applies all of its operations in their order,
-// so that no two commands of a batch touch one key: a claim sent again in
-// the second pipeline is never overtaken by a later operation on its key,
-// and a call that fails (NOSCRIPT included) fails for all of them or none.
+// record and PEXPIRETIME); Complete, Release, Fail and MarkProcessed are a
+// call of opsScript each. A key that appears more than once in the batch
+// gets one call of opsScript that applies all of its operations in their
+// order, so that no two commands of a batch touch one key: a claim sent
+// again in the second pipeline is never overtaken by a later operation on
+// its key, and a call that fails (NOSCRIPT included) fails for all of them
+// or none.
 //
 // Errors are per command: a connection that fails fails every command of
 // the pipeline, hence every call of the batch; on Cluster, the calls of
@@ -75,7 +76,7 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 			// SET NX wrote the fresh record: acquired, at the time of the
 			// SET rounded down to the millisecond (see scripts.go).
 			until := (int64(e/time.Millisecond)-fc.ttlMS)*1000 + fc.leaseUS
-			res[fc.i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(fc.leaseUS) * time.Microsecond}
+			res[fc.i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(fc.leaseUS) * time.Microsecond, Attempts: 1}
 			continue
 		}
 		later = append(later, d.call(ops, self[fc.i:fc.i+1]))
@@ -156,6 +157,12 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 			args = append(args, "C", op.LeaseID)
 		case driver.Release:
 			args = append(args, "R", op.LeaseID)
+		case driver.Fail:
+			dead := "0"
+			if op.Failure.Dead {
+				dead = "1"
+			}
+			args = append(args, "F", op.LeaseID, strconv.FormatInt(micros(min(op.Failure.RetryAfter, MaxDuration)), 10), dead, op.Failure.Reason)
 		case driver.Mark:
 			args = append(args, "M")
 		}
@@ -164,7 +171,7 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 }
 
 // argCount is the number of script arguments of each kind of operation.
-var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1}
+var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5}
 
 // leaseArg is a lease of us microseconds as a script argument.
 func (d *rdb) leaseArg(us int64) any {
@@ -249,7 +256,7 @@ func reply(op driver.Op, v any) (inbox.Claim, error) {
 	switch op.Kind {
 	case driver.Claim:
 		return claimReply(op, v)
-	case driver.Complete, driver.Release:
+	case driver.Complete, driver.Release, driver.Fail:
 		if v != int64(1) {
 			return inbox.Claim{}, holderError(op.LeaseID, v)
 		}
@@ -261,32 +268,39 @@ func reply(op driver.Op, v any) (inbox.Claim, error) {
 	return inbox.Claim{}, nil
 }
 
-// claimReply decodes the reply of opsScript to a claim (B).
+// claimReply decodes the reply of opsScript to a claim (B): {status,
+// until, lease, now, mismatch, attempts} and, when dead, the reason.
 func claimReply(op driver.Op, v any) (inbox.Claim, error) {
-	leaseUS := micros(op.Lease)
-	if until, ok := v.(int64); ok {
-		// The short reply: acquired with the lease asked for, no mismatch.
-		if until <= 0 {
-			return inbox.Claim{}, badReply(v)
-		}
-		return inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(leaseUS) * time.Microsecond}, nil
-	}
-	var r [5]int64
-	if err := ints(v, r[:]); err != nil {
-		return inbox.Claim{}, err
-	}
-	until, granted, now, mismatch := r[1], r[2], r[3], r[4]
-	if mismatch != 0 && mismatch != 1 {
+	a, ok := v.([]any)
+	var r [6]int64
+	if !ok || len(a) < 6 || ints(a[:6], r[:]) != nil {
 		return inbox.Claim{}, badReply(v)
 	}
-	c := inbox.Claim{PayloadMismatch: mismatch == 1}
-	switch r[0] {
+	status, until, granted, now, mismatch, attempts := r[0], r[1], r[2], r[3], r[4], r[5]
+	n := 6 // the values of the reply: 7 with a dead key's reason
+	if status == 4 {
+		n = 7
+	}
+	if len(a) != n || (mismatch != 0 && mismatch != 1) || attempts < 0 {
+		return inbox.Claim{}, badReply(v)
+	}
+	c := inbox.Claim{PayloadMismatch: mismatch == 1, Attempts: int(attempts)}
+	switch status {
 	case 1:
+		if until <= 0 || granted <= 0 {
+			return inbox.Claim{}, badReply(v)
+		}
 		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, fromMicros(until), time.Duration(granted)*time.Microsecond
 	case 2:
 		c.Status = inbox.Processed
 	case 3:
 		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, fromMicros(until), time.Duration(until-now)*time.Microsecond
+	case 4:
+		reason, ok := a[6].(string)
+		if !ok {
+			return inbox.Claim{}, badReply(v)
+		}
+		c.Status, c.Reason = inbox.Dead, reason
 	default:
 		return inbox.Claim{}, badReply(v)
 	}

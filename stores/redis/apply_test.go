@@ -41,6 +41,10 @@ func holderOp(kind driver.Kind, key, lease string) driver.Op {
 	return driver.Op{Kind: kind, Key: key, LeaseID: lease}
 }
 
+func failOp(key, lease string, opts inbox.FailOptions) driver.Op {
+	return driver.Op{Kind: driver.Fail, Key: key, LeaseID: lease, Failure: opts}
+}
+
 // batchOrderCases are batches whose operations on one key must take effect
 // in their order: before runs first, alone; then batch, as one Apply.
 var batchOrderCases = []struct {
@@ -85,6 +89,30 @@ var batchOrderCases = []struct {
 		[]driver.Op{claimOp("new", "a"), holderOp(driver.Release, "k", "nobody"), claimOp("held", "b"),
 			holderOp(driver.Complete, "done", "y"), claimOp("k", "c"), claimOp("k", "d")},
 		[]outcome{"Acquired", "lost", "Busy", "ok", "Acquired", "Busy"}, inbox.StateInProgress},
+	// Fail takes its place in the order like Release: a backoff makes the
+	// claims after it Busy, dead makes them Dead, and the failed lease is
+	// fenced off.
+	{"claim then fail with a backoff", nil,
+		[]driver.Op{claimOp("k", "a"), failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute}), claimOp("k", "a")},
+		[]outcome{"Acquired", "ok", "Busy"}, inbox.StateAvailable},
+	{"fail without a backoff then another's claim", []driver.Op{claimOp("k", "a")},
+		[]driver.Op{failOp("k", "a", inbox.FailOptions{Reason: "r"}), claimOp("k", "b")},
+		[]outcome{"ok", "Acquired"}, inbox.StateInProgress},
+	{"claim of a held key then the holder's dead fail", []driver.Op{claimOp("k", "a")},
+		[]driver.Op{claimOp("k", "b"), failOp("k", "a", inbox.FailOptions{Dead: true}), claimOp("k", "c")},
+		[]outcome{"Busy", "ok", "Dead"}, inbox.StateDead},
+	{"fail then the failed lease's complete", []driver.Op{claimOp("k", "a")},
+		[]driver.Op{failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute}), holderOp(driver.Complete, "k", "a"), failOp("k", "a", inbox.FailOptions{})},
+		[]outcome{"ok", "lost", "lost"}, inbox.StateAvailable},
+	{"complete then fail", nil,
+		[]driver.Op{claimOp("k", "a"), holderOp(driver.Complete, "k", "a"), failOp("k", "a", inbox.FailOptions{Dead: true})},
+		[]outcome{"Acquired", "ok", "lost"}, inbox.StateProcessed},
+	{"dead then mark", []driver.Op{claimOp("k", "a")},
+		[]driver.Op{failOp("k", "a", inbox.FailOptions{Dead: true}), {Kind: driver.Mark, Key: "k"}, claimOp("k", "b")},
+		[]outcome{"ok", "ok", "Processed"}, inbox.StateProcessed},
+	{"fail alone, among other keys", []driver.Op{claimOp("k", "a"), claimOp("held", "x")},
+		[]driver.Op{claimOp("new", "n"), failOp("k", "a", inbox.FailOptions{Dead: true}), failOp("held", "y", inbox.FailOptions{})},
+		[]outcome{"Acquired", "ok", "lost"}, inbox.StateDead},
 	{"claim of a held key alone", []driver.Op{claimOp("k", "a")},
 		[]driver.Op{claimOp("k", "b")},
 		[]outcome{"Busy"}, inbox.StateInProgress},

@@ -109,7 +109,7 @@ func checkError(ctx context.Context, target string, u *url.URL, what string, err
 	case redis.HasErrorPrefix(err, "AUTH") && strings.Contains(err.Error(), "without any password configured"):
 		return stores.Misconfigured(fmt.Sprintf("redis store: %s has no password for user %s, but the URL gives one: remove it from the URL, or set one on the server (requirepass)", target, user), err)
 	case redis.IsPermissionError(err):
-		return stores.Misconfigured(fmt.Sprintf("redis store: user %s may not run %s at %s: grant it in the server's ACL (the store needs EVALSHA, EVAL, PING, SET, PEXPIRETIME and its keys' commands on ~prefix*)", user, what, target), err)
+		return stores.Misconfigured(fmt.Sprintf("redis store: user %s may not run %s at %s: grant it in the server's ACL (the store needs EVALSHA, EVAL, PING, SET, PEXPIRETIME and its keys' commands on ~prefix*, and for the operators' List and Forget SCAN and DEL)", user, what, target), err)
 	case redis.HasErrorPrefix(err, "DB index is out of range") || redis.HasErrorPrefix(err, "SELECT is not allowed in cluster mode"):
 		return stores.Misconfigured(fmt.Sprintf("redis store: the database in the URL's path %q does not exist at %s: use /0 (Cluster has only 0; a standalone server 0 to 15 unless configured otherwise)", u.Path, target), err)
 	case redis.IsReadOnlyError(err):

@@ -21,10 +21,11 @@
 // Redis's clock, not the consumer's. When the key exists (a duplicate, a
 // busy key, an expired lease to take over, the holder's own retry), SET NX
 // changes nothing and a Lua script decides, one more round trip. Complete,
-// Release and MarkProcessed are calls of one Lua script that applies
-// operations to a key; Extend and Get (IsProcessed is a Get) are a script
-// each. Scripts run by their SHA (EVALSHA); a server whose script cache is
-// empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH) gets the
+// Release, Fail and MarkProcessed are calls of one Lua script that applies
+// operations to a key; Extend, Get (IsProcessed is a Get) and ForceRelease
+// are a script each, Forget a DEL, and List a SCAN (see "Operators"
+// below). Scripts run by their SHA (EVALSHA); a server whose script cache
+// is empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH) gets the
 // same calls again with EVAL, which loads the script. Scripts that need
 // the time read it with TIME (Redis 7 replicates scripts by their effects,
 // which makes that safe), so consumers with skewed clocks agree.
@@ -39,9 +40,17 @@
 //
 //	TryBegin of a new key                 1   SET NX PX, PEXPIRETIME
 //	TryBegin of a key that exists         2   the same, then the script
-//	  (processed, busy, an expired lease, the holder's retry)
-//	Complete, Release, MarkProcessed      1   a script call each
-//	Extend, Get, IsProcessed              1   a script each
+//	  (processed, busy, dead, in a backoff, an expired lease, the
+//	  holder's retry)
+//	Complete, Release, Fail,              1   a script call each
+//	  MarkProcessed
+//	Extend, Get, IsProcessed,             1   a script each
+//	  ForceRelease
+//	Forget                                1   DEL
+//	List, one page                        2+  at most 16 SCAN calls, a
+//	                                          pipeline of the Get script
+//	                                          after each round of them (on
+//	                                          Cluster, CLUSTER SLOTS first)
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
 // "inbox:"): a few MessagePack values one after the other, the first the
@@ -53,15 +62,18 @@
 // the same values, the fresh record's expiry and its own TTL), without
 // reading the clock or decoding anything. The times of both kinds are
 // derived from the key's expiry, and they live exactly as long as Redis
-// holds the key. Any other change writes the full layout (kind 1 in flight
-// or released, 2 processed: lease id, owner, payload hash, lease deadline,
-// lease length, attempts, first seen, last seen, expiry, times in
+// holds the key; they hold no reason and no backoff, which only a Fail
+// writes. Any other change writes the full layout (kind 1 in flight,
+// released or in a backoff, 2 processed, 4 dead: lease id, owner, payload
+// hash, lease deadline, lease length, attempts, first seen, last seen,
+// expiry, the latest Fail's reason and the end of its backoff, times in
 // microseconds of the Redis clock), whose expiry is logical: every script
 // compares it with TIME, so a processed key is processed for exactly the
 // retention and a lease ends exactly at its deadline. The physical TTL is
 // lease + retention while a record is in flight (an expired lease keeps the
-// record's history, attempts and first seen, for the next TryBegin) and the
-// retention once it is processed or released, never before the logical
+// record's history, attempts and first seen, for the next TryBegin), the
+// end of the backoff + retention after a Fail with one, and the retention
+// once it is processed, released or dead, never before the logical
 // expiry. A fresh or completed record's times are those of its SET rounded
 // down to the millisecond, so its lease or retention ends up to a
 // millisecond before the full length has passed since the SET ran. The
@@ -88,9 +100,76 @@
 // that hangs is bounded by the client's ReadTimeout and WriteTimeout (3 s by
 // default) for each of its retries.
 //
-// A Release whose reply is lost, retried by go-redis (MaxRetries), fails
-// with [inbox.ErrLeaseLost] although the lease was released: the next
-// TryBegin acquires the key at once all the same.
+// A Release or Fail whose reply is lost, retried by go-redis (MaxRetries),
+// fails with [inbox.ErrLeaseLost] although the first one took effect: the
+// key is released, in its backoff or dead all the same.
+//
+// # Failed attempts: backoff and dead keys
+//
+// Every TryBegin answer carries the key's attempts (Claim.Attempts): 1 for
+// the native claim of a new key, otherwise the count in the record. A
+// Fail is fenced like a Release (a script call, batched like one) and
+// records its reason in the record, which Get and List report as
+// Record.Reason until the record is forgotten or expires; the next
+// acquisition keeps it as history.
+//
+// Fail with a backoff (FailOptions.RetryAfter) clears the lease and keeps
+// the end of the backoff, "retry at", on the Redis clock: until then every
+// TryBegin, the failed lease's own included, answers Busy with ExpiresAt
+// the retry at and RetryAfter the time left, and Get reports the key
+// Available with Record.RetryAt. The first acquisition after it clears the
+// retry at. The record lives until the retry at plus the retention. A
+// backoff longer than [MaxDuration] is MaxDuration.
+//
+// Fail with Dead writes a dead record (kind 4) that lives for the retention
+// from the Fail: TryBegin answers Dead with its reason and attempts for
+// every caller; Complete, Release, Fail and Extend fail with
+// [inbox.ErrLeaseLost] ("the key is dead") and change nothing;
+// MarkProcessed marks it processed; IsProcessed is false. An operator
+// replays it with Forget.
+//
+// None of this costs the message's usual path anything: the claim of a new
+// key and the Complete of its fresh record send what they sent before.
+//
+// # Operators: List, Forget, ForceRelease
+//
+// The store implements [inbox.Admin] (cmd/inboxctl uses it). Forget is a
+// DEL of the key's record. ForceRelease is a script: a live lease or a
+// running backoff ends (the lease id is cleared, attempts and reason are
+// kept, the key is available at once, kept for the retention); a key that
+// is processed, dead, absent or neither leased nor backing off is left
+// alone.
+//
+// List walks the keys with SCAN, MATCH [Options.Prefix] followed by
+// ListOptions.Prefix (both literal: the glob characters *, ?, [, ] and the
+// backslash are escaped), and reads the matched records with the Get script,
+// one pipelined call per key, so logical expiry applies (an expired record is
+// not listed) and each item is the record Get gives; it then keeps the
+// records in the state asked for whose last seen is at least OlderThan before
+// the Redis clock. A page makes at most 16 SCAN calls, each with COUNT the
+// room left on the page, doubled (up to 1000) after a call that found no key
+// under the prefixes, so a prefix that few keys match is still walked in few
+// pages; and as many pipelines as rounds of SCAN calls (one, unless filters
+// drop records). Items are ordered by key within a page, not across pages:
+// the listing follows SCAN's order. Next is SCAN's cursor, followed by the
+// keys that the last SCAN call returned beyond the page's limit (they open
+// the next page); "" when the scan is over. A page may hold fewer items than
+// the limit, even none, while Next is not empty. SCAN's guarantees carry
+// over: on a server that stays the same (no failover), a key that exists
+// from the first page to the last is listed, and a key may be listed twice
+// (when Redis resizes its table during the listing). A listing costs Redis
+// one SCAN step per COUNT keys of the whole database, matched or not, and a
+// script call per matched key.
+//
+// On Cluster, List scans the masters one after the other, ordered by
+// address (go-redis's ClusterClient.ForEachMaster, which reloads the
+// cluster's slots on each page), and Next names the master it is at with
+// its SCAN cursor. A cursor whose master is gone (a failover, a node
+// removed) is refused with [inbox.ErrInvalidArgument]: start the listing
+// again. While slots migrate between masters, a listing may miss or repeat
+// the keys that move. List needs a *redis.Client (standalone or Sentinel)
+// or a *redis.ClusterClient; on any other client, such as a Ring, it fails
+// with [inbox.ErrNotSupported], since SCAN would reach one shard only.
 //
 // # Durability: what survives a Redis restart
 //
@@ -111,24 +190,24 @@
 //
 // # Batched round trips
 //
-// TryBegin, Complete, Release and MarkProcessed go through the layer's
+// TryBegin, Complete, Release, Fail and MarkProcessed go through the layer's
 // group commit (see "Batching" in [driver]), without timers: a call that
 // finds fewer than two round trips of its Store in flight goes out at once,
 // alone, in the caller's goroutine, so one consumer waits no longer than
 // without batching (its claim never waits behind the mark of its previous
-// message); calls that arrive while two are in flight are queued and
-// travel together in the next one (at most 128 calls; callers that find
-// 4096 calls queued wait for room, honouring their context). A batch is one
-// go-redis pipeline (on Cluster, go-redis's ClusterClient splits it per
-// node): the native claims of new keys and a script call for each
-// Complete, Release and MarkProcessed. The claims whose key SET NX found
-// then go together in a second pipeline, a script call each. A key that
-// appears more than once in a batch gets a single script call that applies
-// its operations in the order they were made (a Release then a claim of
-// its key acquires it; two claims of a new key give one Acquired), so calls
-// on one key take effect in that order, and no claim in the second
-// pipeline can be overtaken by a later call on its key. Extend, Get and
-// IsProcessed are not batched: one round trip each.
+// message); calls that arrive while two are in flight are queued and travel
+// together in the next one (at most 128 calls; callers that find 4096 calls
+// queued wait for room, honouring their context). A batch is one go-redis
+// pipeline (on Cluster, go-redis's ClusterClient splits it per node): the
+// native claims of new keys and a script call for each Complete, Release,
+// Fail and MarkProcessed. The claims whose key SET NX found then go together
+// in a second pipeline, a script call each. A key that appears more than once
+// in a batch gets a single script call that applies its operations in the
+// order they were made (a Release then a claim of its key acquires it; two
+// claims of a new key give one Acquired), so calls on one key take effect in
+// that order, and no claim in the second pipeline can be overtaken by a later
+// call on its key. Extend, Get, IsProcessed and the operators' calls are not
+// batched.
 //
 // Each call keeps its own result (a lost lease is [inbox.ErrLeaseLost] for
 // that call only) and its own Timeout: a batch of several calls runs under
@@ -156,23 +235,22 @@
 //
 // The store's parameters are retention, lease and check (shared by every
 // store), prefix, timeout (per call), conn_check (true or false, see below)
-// and cluster (true or false; an addr parameter implies true). Durations are Go
-// durations that may start with days: retention=7d, retention=1d12h,
-// timeout=5s. A Cluster URL names no database, or 0.
-// master_name makes a Sentinel client ([redis.NewFailoverClient]): the
-// URL's host and every addr are then Sentinels, the user info is the
-// Sentinels' and the username and password parameters the master's.
-// route_by_latency, route_randomly and replica_only are refused with it:
-// the store writes on every call, so it talks to the master only. Every
-// other parameter goes to go-redis's [redis.ParseURL],
-// [redis.ParseClusterURL] or [redis.ParseFailoverURL], so its options (dial_timeout, read_timeout,
-// pool_size, max_retries, ...) can be set too, and an unknown parameter is an
-// error naming it. Pool sizes (pool_size, min_idle_conns, max_idle_conns,
-// max_active_conns, max_concurrent_dials) must be within [0, 100000]:
-// go-redis panics on a negative one. The store made from a URL enables
-// ContextTimeoutEnabled,
-// owns its client and closes it on Close; errors quote the URL with its
-// password masked.
+// and cluster (true or false; an addr parameter implies true). Durations are
+// Go durations that may start with days: retention=7d, retention=1d12h,
+// timeout=5s. A Cluster URL names no database, or 0. master_name makes a
+// Sentinel client ([redis.NewFailoverClient]): the URL's host and every addr
+// are then Sentinels, the user info is the Sentinels' and the username and
+// password parameters the master's. route_by_latency, route_randomly and
+// replica_only are refused with it: the store writes on every call, so it
+// talks to the master only. Every other parameter goes to go-redis's
+// [redis.ParseURL], [redis.ParseClusterURL] or [redis.ParseFailoverURL], so
+// its options (dial_timeout, read_timeout, pool_size, max_retries, ...) can
+// be set too, and an unknown parameter is an error naming it. Pool sizes
+// (pool_size, min_idle_conns, max_idle_conns, max_active_conns,
+// max_concurrent_dials) must be within [0, 100000]: go-redis panics on a
+// negative one. The store made from a URL enables ContextTimeoutEnabled, owns
+// its client and closes it on Close; errors quote the URL with its password
+// masked.
 //
 // # Checks at Open
 //

@@ -269,6 +269,12 @@ func allOps(ctx context.Context, st inbox.LeaseStore, key, leaseID string) map[s
 	_, errs["Get"] = st.Get(ctx, key)
 	_, errs["IsProcessed"] = st.IsProcessed(ctx, key)
 	errs["MarkProcessed"] = st.MarkProcessed(ctx, key)
+	errs["Fail"] = st.Fail(ctx, key, leaseID, inbox.FailOptions{RetryAfter: time.Second})
+	if a, ok := st.(inbox.Admin); ok {
+		errs["Forget"] = a.Forget(ctx, key)
+		errs["ForceRelease"] = a.ForceRelease(ctx, key)
+		_, errs["List"] = a.List(ctx, inbox.ListOptions{Prefix: key})
+	}
 	return errs
 }
 

@@ -22,9 +22,9 @@ import (
 // MessagePack values 0, lease id, owner, payload hash, lease (µs) and TTL
 // (ms); Complete of a fresh record writes 3 and the same values, then the
 // fresh record's expiry and its own TTL (ms); any other record a script
-// wrote is kind (1 in flight or released, 2 processed), lease id, owner,
-// payload hash, lease deadline, lease, attempts, first seen, last seen,
-// expiry.
+// wrote is kind (1 in flight, released or in a backoff, 2 processed, 4
+// dead), lease id, owner, payload hash, lease deadline, lease, attempts,
+// first seen, last seen, expiry, reason, retry at.
 
 // unpackRecord decodes the MessagePack values of a record: strings as
 // string, integers as int64, anything else fails the test.
@@ -227,8 +227,9 @@ func TestStore_scripts_read_completed_fresh_records(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := rawRecord(t, c, prefix+"k")
-	if len(got) != 10 || got[0] != int64(2) || got[1] != "" || got[2] != "me" || got[3] != "hash-1" || got[6] != int64(1) || got[7] != before.FirstSeen.UnixMicro() {
-		t.Fatalf("record after MarkProcessed = %v, want kind 2 with the owner, hash, 1 attempt and first seen %d", got, before.FirstSeen.UnixMicro())
+	if len(got) != 12 || got[0] != int64(2) || got[1] != "" || got[2] != "me" || got[3] != "hash-1" || got[6] != int64(1) || got[7] != before.FirstSeen.UnixMicro() ||
+		got[10] != "" || got[11] != int64(0) {
+		t.Fatalf("record after MarkProcessed = %v, want kind 2 with the owner, hash, 1 attempt, first seen %d, no reason, no backoff", got, before.FirstSeen.UnixMicro())
 	}
 }
 
@@ -265,7 +266,7 @@ func TestStore_scripts_read_fresh_records(t *testing.T) {
 			t.Fatalf("TryBegin by the holder = %+v, %v; want Acquired with the lease's own length (1m) and a mismatch", cl, err)
 		}
 		got := rawRecord(t, c, prefix+"a")
-		if len(got) != 10 || got[0] != int64(1) || got[1] != "lease-1" || got[2] != "old-owner" || got[3] != "hash-1" ||
+		if len(got) != 12 || got[0] != int64(1) || got[1] != "lease-1" || got[2] != "old-owner" || got[3] != "hash-1" ||
 			got[4] != cl.ExpiresAt.UnixMicro() || got[6] != int64(1) || got[7] != acquired {
 			t.Fatalf("record after the holder's retry = %v", got)
 		}
@@ -409,5 +410,203 @@ func TestStore_new_key_claim_is_native(t *testing.T) {
 	step("TryBegin of a released key", "set pexpiretime evalsha", claim("b", "lease-5", inbox.Acquired))
 	if cl.ExpiresAt.IsZero() || math.Abs(time.Until(cl.ExpiresAt).Seconds()-inbox.DefaultLease.Seconds()) > 5 {
 		t.Fatalf("ExpiresAt %v, want about the default lease from now", cl.ExpiresAt)
+	}
+}
+
+// Fail writes the full layout with its reason. With a backoff: kind 1
+// without lease id or deadline, the retry at, and an expiry the retention
+// after it (the TTL to match); TryBegin answers Busy until exactly the
+// retry at, for any lease, and Get reports it. ForceRelease clears the
+// retry at; the next acquisition counts an attempt and keeps the reason.
+// Dead is kind 4, kept for the retention, and MarkProcessed makes it kind
+// 2, the reason kept as history.
+func TestStore_record_layout_fail(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	const ret = time.Hour
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: ret})
+	claim := func(id string, want inbox.Status) inbox.Claim {
+		t.Helper()
+		cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: id, Owner: "me", PayloadHash: "hash-1", Lease: time.Minute})
+		if err != nil || cl.Status != want {
+			t.Fatalf("TryBegin(%s) = %+v, %v; want %v", id, cl, err, want)
+		}
+		return cl
+	}
+	// expiry checks that the record's logical expiry is ex and that Redis
+	// keeps it a little longer.
+	expiry := func(ex int64) {
+		t.Helper()
+		e, err := c.PExpireTime(ctx, prefix+"k").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if us := e.Milliseconds() * 1000; us <= ex || us > ex+10_000 {
+			t.Fatalf("physical expiry %d µs, want just past the logical expiry %d µs", us, ex)
+		}
+	}
+	first := claim("lease-1", inbox.Acquired)
+	acquired := first.ExpiresAt.UnixMicro() - time.Minute.Microseconds()
+	if err := s.Fail(ctx, "k", "lease-1", inbox.FailOptions{RetryAfter: 10 * time.Minute, Reason: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	got := rawRecord(t, c, prefix+"k")
+	if len(got) != 12 {
+		t.Fatalf("record after Fail = %v, want 12 values", got)
+	}
+	failed, retryAt := got[8].(int64), got[11].(int64)
+	want := []any{int64(1), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(1), acquired, failed,
+		retryAt + ret.Microseconds(), "boom", failed + (10 * time.Minute).Microseconds()}
+	if !slices.Equal(got, want) {
+		t.Fatalf("record after Fail with a backoff = %v, want %v", got, want)
+	}
+	expiry(want[9].(int64))
+	for _, id := range []string{"lease-1", "lease-2"} {
+		b := claim(id, inbox.Busy)
+		if b.ExpiresAt.UnixMicro() != retryAt || b.RetryAfter <= 0 || b.RetryAfter > 10*time.Minute || b.Attempts != 1 {
+			t.Fatalf("TryBegin(%s) in the backoff = %+v; want Busy until %d µs, 1 attempt", id, b, retryAt)
+		}
+	}
+	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
+		t.Fatal("a Busy TryBegin changed the record in a backoff")
+	}
+	r, err := s.Get(ctx, "k")
+	if err != nil || r.State != inbox.StateAvailable || r.RetryAt.UnixMicro() != retryAt || r.Reason != "boom" ||
+		r.Attempts != 1 || r.LastSeen.UnixMicro() != failed || !r.LeaseUntil.IsZero() {
+		t.Fatalf("Get in the backoff = %+v, %v", r, err)
+	}
+
+	if err := s.ForceRelease(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	got = rawRecord(t, c, prefix+"k")
+	released := got[8].(int64)
+	want = []any{int64(1), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(1), acquired, released,
+		released + ret.Microseconds(), "boom", int64(0)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("record after ForceRelease = %v, want %v", got, want)
+	}
+	expiry(want[9].(int64))
+	second := claim("lease-3", inbox.Acquired)
+	if second.Attempts != 2 {
+		t.Fatalf("claim after ForceRelease: %+v, want attempt 2", second)
+	}
+	got = rawRecord(t, c, prefix+"k")
+	if got[0] != int64(1) || got[1] != "lease-3" || got[4] != second.ExpiresAt.UnixMicro() || got[6] != int64(2) || got[10] != "boom" || got[11] != int64(0) {
+		t.Fatalf("record after the second claim = %v, want lease-3, attempt 2, the reason kept, no backoff", got)
+	}
+
+	if err := s.Fail(ctx, "k", "lease-3", inbox.FailOptions{Dead: true, Reason: "poison"}); err != nil {
+		t.Fatal(err)
+	}
+	got = rawRecord(t, c, prefix+"k")
+	died := got[8].(int64)
+	want = []any{int64(4), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(2), acquired, died,
+		died + ret.Microseconds(), "poison", int64(0)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("dead record = %v, want %v", got, want)
+	}
+	expiry(want[9].(int64))
+	if d := claim("lease-4", inbox.Dead); d.Reason != "poison" || d.Attempts != 2 {
+		t.Fatalf("TryBegin of the dead key = %+v", d)
+	}
+	for name, err := range map[string]error{
+		"Complete": s.Complete(ctx, "k", "lease-3"),
+		"Release":  s.Release(ctx, "k", "lease-3"),
+		"Fail":     s.Fail(ctx, "k", "lease-3", inbox.FailOptions{}),
+	} {
+		if !errors.Is(err, inbox.ErrLeaseLost) || !strings.Contains(err.Error(), "dead") {
+			t.Errorf("%s of the dead key = %v, want ErrLeaseLost: dead", name, err)
+		}
+	}
+	if _, err := s.Extend(ctx, "k", "lease-3", time.Minute); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Errorf("Extend of the dead key = %v, want ErrLeaseLost", err)
+	}
+	if err := s.ForceRelease(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
+		t.Fatal("calls on the dead key changed its record")
+	}
+	if err := s.MarkProcessed(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	got = rawRecord(t, c, prefix+"k")
+	marked := got[8].(int64)
+	want = []any{int64(2), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(2), acquired, marked,
+		marked + ret.Microseconds(), "poison", int64(0)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("record after MarkProcessed of the dead key = %v, want %v", got, want)
+	}
+}
+
+// A Fail without a backoff ends the lease with no retry at: the next claim
+// acquires at once. A dead record whose logical expiry has passed is
+// absent, though Redis still holds it.
+func TestStore_record_layout_fail_without_backoff_and_dead_expiry(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
+	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-1"})
+	if err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin = %+v, %v", cl, err)
+	}
+	if err := s.Fail(ctx, "k", "lease-1", inbox.FailOptions{Reason: "transient"}); err != nil {
+		t.Fatal(err)
+	}
+	got := rawRecord(t, c, prefix+"k")
+	if len(got) != 12 || got[0] != int64(1) || got[1] != "" || got[9] != got[8].(int64)+time.Hour.Microseconds() || got[10] != "transient" || got[11] != int64(0) {
+		t.Fatalf("record after Fail without a backoff = %v", got)
+	}
+	if cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Acquired || cl.Attempts != 2 {
+		t.Fatalf("TryBegin after Fail without a backoff = %+v, %v; want Acquired, attempt 2", cl, err)
+	}
+
+	now := time.Now().UnixMicro()
+	past := packRecord(int64(4), "", "me", "", int64(0), int64(0), int64(3), now-2e6, now-1e6, now-1000, "poison", int64(0))
+	if err := c.Set(ctx, prefix+"gone", past, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, "gone"); err != nil || r.State != inbox.StateNotFound {
+		t.Fatalf("Get of an expired dead record = %+v, %v; want NotFound", r, err)
+	}
+	if cl, err := s.TryBegin(ctx, "gone", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Acquired || cl.Attempts != 1 {
+		t.Fatalf("TryBegin of an expired dead record = %+v, %v; want Acquired, attempt 1", cl, err)
+	}
+}
+
+// Records of kinds 1 and 2 written before the reason and the retry at
+// existed (ten values) read as without either, and the next change writes
+// the current layout.
+func TestStore_scripts_read_records_without_reason(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
+	now := time.Now().UnixMicro()
+	ex := now + time.Hour.Microseconds()
+	if err := c.Set(ctx, prefix+"released", packRecord(int64(1), "", "me", "h", int64(0), int64(1000), int64(3), now-2000, now-1000, ex), time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, prefix+"done", packRecord(int64(2), "", "me", "h", int64(0), int64(1000), int64(1), now-2000, now-1000, ex), time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, "released"); err != nil || r.State != inbox.StateAvailable || r.Attempts != 3 || r.Reason != "" || !r.RetryAt.IsZero() {
+		t.Fatalf("Get of a released record without reason = %+v, %v", r, err)
+	}
+	if cl, err := s.TryBegin(ctx, "done", inbox.BeginOptions{}); err != nil || cl.Status != inbox.Processed || cl.Attempts != 1 {
+		t.Fatalf("TryBegin of a processed record without reason = %+v, %v", cl, err)
+	}
+	cl, err := s.TryBegin(ctx, "released", inbox.BeginOptions{LeaseID: "lease-1"})
+	if err != nil || cl.Status != inbox.Acquired || cl.Attempts != 4 {
+		t.Fatalf("TryBegin of a released record without reason = %+v, %v; want Acquired, attempt 4", cl, err)
+	}
+	if got := rawRecord(t, c, prefix+"released"); len(got) != 12 || got[10] != "" || got[11] != int64(0) {
+		t.Fatalf("record after the claim = %v, want the current layout", got)
 	}
 }

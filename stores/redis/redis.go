@@ -211,7 +211,8 @@ func badReply(v any) error {
 	return fmt.Errorf("%w: unexpected script reply %#v", inbox.ErrStoreUnavailable, v)
 }
 
-// holderError maps the negative codes of Complete, Release and Extend.
+// holderError maps the negative codes of Complete, Release, Fail and
+// Extend.
 func holderError(leaseID string, v any) error {
 	switch v {
 	case int64(-1):
@@ -220,6 +221,8 @@ func holderError(leaseID string, v any) error {
 		return fmt.Errorf("%w: the key is not held by lease %q", inbox.ErrLeaseLost, leaseID)
 	case int64(-3):
 		return fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
+	case int64(-4):
+		return fmt.Errorf("%w: the key is dead", inbox.ErrLeaseLost)
 	}
 	return badReply(v)
 }
@@ -259,25 +262,34 @@ func (d *rdb) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if err != nil {
 		return inbox.Record{}, mapErr(err)
 	}
+	r, _, err := record(v)
+	return r, err
+}
+
+// record decodes the reply of getScript: the record (State NotFound when
+// absent) and the Redis clock when it was read.
+func record(v any) (inbox.Record, time.Time, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
-		return inbox.Record{}, badReply(v)
+		return inbox.Record{}, time.Time{}, badReply(v)
 	}
 	if len(a) == 1 && a[0] == int64(0) {
-		return inbox.Record{}, nil
+		return inbox.Record{}, time.Time{}, nil
 	}
-	if len(a) != 9 {
-		return inbox.Record{}, badReply(v)
+	if len(a) != 11 {
+		return inbox.Record{}, time.Time{}, badReply(v)
 	}
 	var n [7]int64
 	if err := ints(a[:7], n[:]); err != nil {
-		return inbox.Record{}, badReply(v)
+		return inbox.Record{}, time.Time{}, badReply(v)
 	}
+	retryAt, ok0 := a[10].(int64)
 	owner, ok1 := a[7].(string)
 	hash, ok2 := a[8].(string)
-	now, processed, until, attempts, first, last := n[1], n[2], n[3], n[4], n[5], n[6]
-	if n[0] != 1 || !ok1 || !ok2 || (processed != 0 && processed != 1) || until < 0 || attempts < 0 || first < 0 || last < 0 {
-		return inbox.Record{}, badReply(v)
+	reason, ok3 := a[9].(string)
+	now, kind, until, attempts, first, last := n[1], n[2], n[3], n[4], n[5], n[6]
+	if n[0] != 1 || !ok0 || !ok1 || !ok2 || !ok3 || until < 0 || attempts < 0 || first < 0 || last < 0 || retryAt < 0 {
+		return inbox.Record{}, time.Time{}, badReply(v)
 	}
 	r := inbox.Record{
 		Attempts:    int(attempts),
@@ -285,14 +297,22 @@ func (d *rdb) Get(ctx context.Context, key string) (inbox.Record, error) {
 		LastSeen:    fromMicros(last),
 		Owner:       owner,
 		PayloadHash: hash,
+		Reason:      reason,
 	}
 	switch {
-	case processed == 1:
+	case kind == 2:
 		r.State = inbox.StateProcessed
+	case kind == 4:
+		r.State = inbox.StateDead
+	case kind != 0 && kind != 1:
+		return inbox.Record{}, time.Time{}, badReply(v)
 	case until > now:
 		r.State, r.LeaseUntil = inbox.StateInProgress, fromMicros(until)
 	default:
 		r.State = inbox.StateAvailable
+		if retryAt > now {
+			r.RetryAt = fromMicros(retryAt)
+		}
 	}
-	return r, nil
+	return r, fromMicros(now), nil
 }

@@ -9,21 +9,26 @@ import "github.com/redis/go-redis/v9"
 //
 //	kind 0, fresh: id, ow, ph, ln, ttl
 //	kind 3, completed fresh: id, ow, ph, ln, ttl, E1, ttl2
-//	kind 1, in flight or released: id, ow, ph, lu, ln, at, fs, ls, ex
+//	kind 1, in flight, released or in a backoff: id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra
 //	kind 2, processed: the same fields as kind 1
+//	kind 4, dead: the same fields as kind 1
 //
 // with
 //
 //	id   lease id: of the live or expired lease; after Complete the
-//	     completing lease's; "" after Release or MarkProcessed
+//	     completing lease's; "" after Release, Fail, MarkProcessed or
+//	     ForceRelease
 //	ow   owner of the latest acquisition
 //	ph   first non-empty payload hash, "" while there is none
-//	lu   lease deadline, 0 when released or processed
+//	lu   lease deadline, 0 when released, failed, processed or dead
 //	ln   length of the current lease
 //	at   attempts (leases acquired)
 //	fs   first seen
 //	ls   last seen
 //	ex   logical expiry of the whole record
+//	rs   reason of the latest Fail, "" when none
+//	ra   retry at: the end of the backoff of the latest Fail, 0 when none;
+//	     cleared by the next acquisition
 //	ttl  the physical TTL, in milliseconds, the fresh record was written with
 //	E1   the absolute expiry of the fresh record, in milliseconds
 //	ttl2 the physical TTL, in milliseconds, the completed record was written
@@ -32,15 +37,22 @@ import "github.com/redis/go-redis/v9"
 // Strings are MessagePack str (fixstr, str 8, 16 or 32), numbers unsigned
 // integers (the client writes positive fixint or uint 64, the scripts'
 // cmsgpack.pack the smallest that fits). Times and durations are integers
-// of microseconds on the Redis clock, except ttl, E1 and ttl2.
+// of microseconds on the Redis clock, except ttl, E1 and ttl2. A record of
+// kind 1 or 2 without rs and ra (the layout before they were added) reads
+// as rs "" and ra 0.
 //
 // Kinds 0 and 3 hold no time of their own: their times are derived from the
 // key's absolute expiry E (PEXPIRETIME, milliseconds of the Redis clock,
 // exact and the same for every reader), and they are live exactly as long as
-// Redis holds the key (their logical expiry is E). A record of kind 1 or 2
-// holds its times, and is absent once the clock (TIME) reaches ex, whatever
-// its physical TTL (set one millisecond past ex, so Redis never drops a
-// record before the scripts stop seeing it).
+// Redis holds the key (their logical expiry is E); they never hold a reason
+// or a backoff (rs "", ra 0: a Fail writes kind 1 or 4). A record of kind
+// 1, 2 or 4 holds its times, and is absent once the clock (TIME) reaches
+// ex, whatever its physical TTL (set one millisecond past ex, so Redis
+// never drops a record before the scripts stop seeing it). ex is lu plus
+// the retention while a lease is in flight, max(now, ra) plus the
+// retention after a Fail with a backoff, and now plus the retention after
+// any other change (Complete, Release, a dead Fail, MarkProcessed,
+// ForceRelease).
 //
 // A fresh record is what the client writes when it claims a key Redis does
 // not hold, natively: SET key record NX PX ttl, pipelined with PEXPIRETIME
@@ -59,7 +71,7 @@ import "github.com/redis/go-redis/v9"
 // PEXPIRETIME) and ttl2, written with SET PX ttl2, no TIME and no decoding.
 // It was processed at c = (E - ttl2) * 1000 (E its own expiry), the time of
 // the SET rounded down to the millisecond: first seen (E1 - ttl) * 1000,
-// last seen c, attempts 1. Every other change writes kind 1 or 2.
+// last seen c, attempts 1. Every other change writes kind 1, 2 or 4.
 //
 // Each script is on one key (KEYS[1]), so it is atomic and runs on Redis
 // Cluster; the fast claim's two commands are on one key too, so a Cluster
@@ -71,12 +83,14 @@ import "github.com/redis/go-redis/v9"
 // strings itself, cheaper than calls of tonumber), the key, load and save.
 //
 // load returns nil when the key has no live record, else kind, id, ow, ph,
-// lu, ln, at, fs, ls, ex (kinds 0 and 3 converted as described above, kind
-// 3 as kind 2). A value of another shape is an error reply naming it.
+// lu, ln, at, fs, ls, ex, rs, ra (kinds 0 and 3 converted as described
+// above, kind 3 as kind 2). A value of another shape is an error reply
+// naming it.
 //
-// save writes a record of kind 1 or 2 with a physical TTL one millisecond
-// past ex. Numbers handed to redis.call are formatted with %.17g, so the
-// TTL is formatted here; cmsgpack.pack writes integral numbers as integers.
+// save writes a record of kind 1, 2 or 4 with a physical TTL one
+// millisecond past ex. Numbers handed to redis.call are formatted with
+// %.17g, so the TTL is formatted here; cmsgpack.pack writes integral
+// numbers as integers.
 const clock = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -84,39 +98,40 @@ local k = KEYS[1]
 local function load()
   local v = redis.call('GET', k)
   if not v then return nil end
-  local kind, id, ow, ph, x, y, at, fs, ls, ex = cmsgpack.unpack(v)
+  local kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra = cmsgpack.unpack(v)
   if (kind == 0 or kind == 3) and type(id) == 'string' and type(x) == 'number' and type(y) == 'number' then
     -- x is the lease, y the TTL the fresh record was written with
     local e = redis.call('PEXPIRETIME', k)
     if e < 0 then return nil end
     if kind == 0 then
       local a = (e - y) * 1000
-      return 0, id, ow, ph, a + x, x, 1, a, a, e * 1000
+      return 0, id, ow, ph, a + x, x, 1, a, a, e * 1000, '', 0
     end
     if type(at) == 'number' and type(fs) == 'number' then
       -- at is the fresh record's expiry, fs the TTL of this one
-      return 2, id, ow, ph, 0, x, 1, (at - y) * 1000, (e - fs) * 1000, e * 1000
+      return 2, id, ow, ph, 0, x, 1, (at - y) * 1000, (e - fs) * 1000, e * 1000, '', 0
     end
   end
-  if (kind ~= 1 and kind ~= 2) or type(id) ~= 'string' or type(ex) ~= 'number' then
+  if rs == nil and ra == nil then rs, ra = '', 0 end
+  if (kind ~= 1 and kind ~= 2 and kind ~= 4) or type(id) ~= 'string' or type(ex) ~= 'number' or type(ra) ~= 'number' then
     return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
   end
   if ex <= now then return nil end
-  return kind, id, ow, ph, x, y, at, fs, ls, ex
+  return kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra
 end
-local function save(kind, id, ow, ph, lu, ln, at, fs, ls, ex)
-  redis.call('SET', k, cmsgpack.pack(kind, id, ow, ph, lu, ln, at, fs, ls, ex), 'PX', string.format('%d', math.ceil((ex - now) / 1000) + 1))
+local function save(kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra)
+  redis.call('SET', k, cmsgpack.pack(kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra), 'PX', string.format('%d', math.ceil((ex - now) / 1000) + 1))
 end
 `
 
 // checked makes a script return load's error reply, if any.
 const checked = `
-local kind, id, ow, ph, lu, ln, at, fs, ls, ex = load()
+local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra = load()
 if type(kind) == 'table' then return kind end
 `
 
 // opsScript applies a sequence of operations to one key, in order: the
-// TryBegin of a key that SET NX found, Complete, Release and
+// TryBegin of a key that SET NX found, Complete, Release, Fail and
 // MarkProcessed, alone or, when one batch carries several operations on a
 // key, all of them in one call.
 //
@@ -126,19 +141,20 @@ if type(kind) == 'table' then return kind end
 //	B lease-id lease-µs owner payload-hash   TryBegin
 //	C lease-id                               Complete
 //	R lease-id                               Release
+//	F lease-id retry-after-µs dead reason    Fail (dead "1" or "0")
 //	M                                        MarkProcessed
 //
 // Replies, one per operation (one operation: its reply; several: an array
 // of them):
 //
-//   - B: the lease deadline, an integer, when it acquired the key with the
-//     lease asked for and no payload mismatch; otherwise {status, lease
-//     until, lease, now, mismatch} with status 1 Acquired, 2 Processed, 3
-//     Busy.
-//   - C: 1 completed (now or before, by this lease), -1 no record, -2
-//     another lease holds the key.
-//   - R: 1 released, -1 no record, -2 another lease holds the key, -3
-//     processed.
+//   - B: {status, until, lease, now, mismatch, attempts}, with status 1
+//     Acquired (until the lease deadline, lease its length), 2 Processed, 3
+//     Busy (until the end of the live lease or of the backoff), and for 4
+//     Dead the reason as a seventh element.
+//   - C: 1 completed (now or before, by this lease).
+//   - R, F: 1 released, or failed.
+//   - C, R, F: -1 no record, -2 another lease holds the key, -3 processed
+//     (R, F), -4 dead.
 //   - M: 1.
 //
 // A Complete alone takes a short way first: a fresh record of its lease
@@ -171,61 +187,79 @@ end
 local ret = tonumber(ARGV[1])
 
 local function begin(lid, lease, owner, hash)
-  local kind, id, ow, ph, lu, ln, at, fs, ls, ex = load()
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra = load()
   if type(kind) == 'table' then return kind end
   if kind == nil then
     lu = now + lease
-    save(1, lid, owner, hash, lu, lease, 1, now, now, lu + ret)
-    return lu
+    save(1, lid, owner, hash, lu, lease, 1, now, now, lu + ret, '', 0)
+    return {1, lu, lease, now, 0, 1}
   end
   local mm = 0
   if hash ~= '' and ph ~= '' and ph ~= hash then mm = 1 end
-  if kind == 2 then
-    return {2, 0, 0, now, mm}
-  end
+  if kind == 2 then return {2, 0, 0, now, mm, at} end
+  if kind == 4 then return {4, 0, 0, now, mm, at, rs} end
   if lu > now then
-    if id ~= lid then
-      return {3, lu, 0, now, mm}
-    end
+    if id ~= lid then return {3, lu, 0, now, mm, at} end
     -- A retry by the holder: renew from now with the lease's own length.
     lu = now + ln
-    save(1, id, ow, ph, lu, ln, at, fs, now, lu + ret)
-    return {1, lu, ln, now, mm}
+    save(1, id, ow, ph, lu, ln, at, fs, now, lu + ret, rs, 0)
+    return {1, lu, ln, now, mm, at}
   end
+  -- A failed attempt's backoff: busy for every caller until it ends.
+  if ra > now then return {3, ra, 0, now, mm, at} end
   lu = now + lease
   if ph == '' then ph = hash end
-  save(1, lid, owner, ph, lu, lease, at + 1, fs, now, lu + ret)
-  if mm == 0 then return lu end
-  return {1, lu, lease, now, mm}
+  save(1, lid, owner, ph, lu, lease, at + 1, fs, now, lu + ret, rs, 0)
+  return {1, lu, lease, now, mm, at + 1}
+end
+
+-- holder returns the record if lid holds the key, else the error code.
+local function holder(lid)
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra = load()
+  if type(kind) == 'table' then return kind end
+  if kind == nil then return -1 end
+  if kind == 4 then return -4 end
+  if id ~= lid then return -2 end
+  return kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra
 end
 
 local function complete(lid)
-  local kind, id, ow, ph, lu, ln, at, fs, ls, ex = load()
-  if type(kind) == 'table' then return kind end
-  if kind == nil then return -1 end
-  if id ~= lid then return -2 end
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = holder(lid)
+  if type(kind) ~= 'number' or kind < 0 then return kind end
   if kind == 2 then return 1 end
-  save(2, id, ow, ph, 0, ln, at, fs, now, now + ret)
+  save(2, id, ow, ph, 0, ln, at, fs, now, now + ret, rs, 0)
   return 1
 end
 
 local function release(lid)
-  local kind, id, ow, ph, lu, ln, at, fs, ls, ex = load()
-  if type(kind) == 'table' then return kind end
-  if kind == nil then return -1 end
-  if id ~= lid then return -2 end
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = holder(lid)
+  if type(kind) ~= 'number' or kind < 0 then return kind end
   if kind == 2 then return -3 end
-  save(1, '', ow, ph, 0, ln, at, fs, now, now + ret)
+  save(1, '', ow, ph, 0, ln, at, fs, now, now + ret, rs, 0)
+  return 1
+end
+
+local function fail(lid, after, dead, reason)
+  local kind, id, ow, ph, lu, ln, at, fs = holder(lid)
+  if type(kind) ~= 'number' or kind < 0 then return kind end
+  if kind == 2 then return -3 end
+  if dead == '1' then
+    save(4, '', ow, ph, 0, ln, at, fs, now, now + ret, reason, 0)
+  elseif after > 0 then
+    save(1, '', ow, ph, 0, ln, at, fs, now, now + after + ret, reason, now + after)
+  else
+    save(1, '', ow, ph, 0, ln, at, fs, now, now + ret, reason, 0)
+  end
   return 1
 end
 
 local function mark()
-  local kind, id, ow, ph, lu, ln, at, fs, ls, ex = load()
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = load()
   if type(kind) == 'table' then return kind end
   if kind == nil then
-    save(2, '', '', '', 0, 0, 0, now, now, now + ret)
+    save(2, '', '', '', 0, 0, 0, now, now, now + ret, '', 0)
   else
-    save(2, '', ow, ph, 0, ln, at, fs, now, now + ret)
+    save(2, '', ow, ph, 0, ln, at, fs, now, now + ret, rs, 0)
   end
   return 1
 end
@@ -243,6 +277,9 @@ while i <= #ARGV do
   elseif op == 'R' then
     r = release(ARGV[i + 1])
     i = i + 2
+  elseif op == 'F' then
+    r = fail(ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4])
+    i = i + 5
   elseif op == 'M' then
     r = mark()
     i = i + 1
@@ -257,22 +294,35 @@ return out
 `)
 
 // Extend: ARGV = lease id, lease (µs), retention (µs). Reply: the new lease
-// deadline, or -1 no record, -2 another lease holds the key, -3 processed.
+// deadline, or -1 no record, -2 another lease holds the key, -3 processed,
+// -4 dead.
 var extendScript = redis.NewScript(clock + checked + `
 if kind == nil then return -1 end
+if kind == 4 then return -4 end
 if id ~= ARGV[1] then return -2 end
 if kind == 2 then return -3 end
 local lease = tonumber(ARGV[2])
 lu = now + lease
-save(1, id, ow, ph, lu, lease, at, fs, now, lu + ARGV[3])
+save(1, id, ow, ph, lu, lease, at, fs, now, lu + ARGV[3], rs, 0)
 return lu
 `)
 
-// Get: no ARGV. Reply: {0} when absent, else {1, now, processed, lease
-// until, attempts, first seen, last seen, owner, payload hash}.
+// Get: no ARGV. Reply: {0} when absent, else {1, now, kind, lease until,
+// attempts, first seen, last seen, owner, payload hash, reason, retry at},
+// kind 0 or 1 (in flight or available), 2 (processed) or 4 (dead). List
+// reads each record with it too.
 var getScript = redis.NewScript(clock + checked + `
 if kind == nil then return {0} end
-local pr = 0
-if kind == 2 then pr = 1 end
-return {1, now, pr, lu, at, fs, ls, ow, ph}
+return {1, now, kind, lu, at, fs, ls, ow, ph, rs, ra}
+`)
+
+// ForceRelease: ARGV = retention (µs). A live lease or a running backoff
+// ends: the record becomes available now (lease id cleared, attempts and
+// reason kept), kept for the retention. Reply: 1 released, 0 nothing to
+// release (absent, processed, dead, or neither leased nor backing off).
+var forceReleaseScript = redis.NewScript(clock + checked + `
+if kind == nil or kind == 2 or kind == 4 then return 0 end
+if lu <= now and ra <= now then return 0 end
+save(1, '', ow, ph, 0, ln, at, fs, now, now + ARGV[1], rs, 0)
+return 1
 `)

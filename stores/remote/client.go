@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -34,7 +33,10 @@ type Store struct {
 	c *client
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore = (*Store)(nil)
+	_ inbox.Admin      = (*Store)(nil)
+)
 
 // client is the store's [driver.Driver]: protocol v1 over HTTP.
 type client struct {
@@ -71,7 +73,8 @@ type Discovery struct {
 	// [LeaseMin, LeaseMax].
 	LeasePolicy string
 	// Extensions lists the protocol extensions the service implements
-	// ("extend", "leaseId", "payloadHash", "payloadMismatch").
+	// ("extend", "leaseId", "payloadHash", "payloadMismatch", "fail",
+	// "admin").
 	Extensions []string
 }
 
@@ -119,25 +122,17 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 		c.auth = "Bearer " + opts.Token
 		c.tokenFrom = tokenFrom
 	}
-	lease := opts.Lease
-	if lease == 0 {
-		lease = serverLease
-	}
 	// No Timeout of the layer's own: Options.Timeout bounds each HTTP
 	// attempt, the caller's context the whole call. No batching: protocol
-	// v1 has no batch endpoint.
-	ds, err := driver.New(c, driver.Config{Name: "remote store", Lease: lease})
+	// v1 has no batch endpoint. A zero Lease reaches the driver as a zero
+	// Op.Lease: the request then names no lease, and the service grants
+	// its default.
+	ds, err := driver.New(c, driver.Config{Name: "remote store", Lease: opts.Lease})
 	if err != nil {
 		return nil, err
 	}
 	return &Store{Store: ds, c: c}, nil
 }
-
-// serverLease is the lease the layer fills in when TryBegin names none and
-// Options.Lease is zero: the client then sends no leaseSeconds, so that the
-// service grants its own default. No lease a caller could mean is this long
-// (292 years).
-const serverLease = time.Duration(math.MaxInt64)
 
 // Close implements [driver.Driver]; the layer calls it once, from
 // [Store.Close]. It closes idle connections; later calls, Discover and
@@ -152,8 +147,13 @@ func (c *client) Close() error {
 type endpoint struct {
 	method string
 	path   string // escaped, relative to the base
+	query  string // raw query, "" for none
 	name   string // for errors: "POST /v1/inbox/try-begin"
 	retry  bool   // safe to repeat
+
+	// maxBody bounds the answer's body; zero means
+	// Options.MaxResponseBytes.
+	maxBody int64
 }
 
 // result is one answered attempt.
@@ -270,7 +270,7 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 	if err != nil {
 		return result{}, false, opError(ep, "%w: %w: building the request URL: %v", inbox.ErrStoreUnavailable, ErrProtocol, err)
 	}
-	u.Path, u.RawPath = full.Path, full.RawPath
+	u.Path, u.RawPath, u.RawQuery = full.Path, full.RawPath, ep.query
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -301,16 +301,20 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 		return result{}, sent, opError(ep, "%w: %v", inbox.ErrStoreUnavailable, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
+	limit := c.opts.MaxResponseBytes
+	if ep.maxBody > 0 {
+		limit = ep.maxBody
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
 			return result{}, true, opError(ep, "%w: answer not read within %s (Options.Timeout)", inbox.ErrStoreUnavailable, c.opts.Timeout)
 		}
 		return result{}, true, opError(ep, "%w: reading the answer: %v", inbox.ErrStoreUnavailable, err)
 	}
-	if int64(len(b)) > c.opts.MaxResponseBytes {
+	if int64(len(b)) > limit {
 		return result{code: resp.StatusCode}, true, opError(ep, "%w: %w: answer (HTTP %d) is over %d bytes (Options.MaxResponseBytes)",
-			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, c.opts.MaxResponseBytes)
+			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, limit)
 	}
 	return result{code: resp.StatusCode, body: b, header: resp.Header}, true, nil
 }

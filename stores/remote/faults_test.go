@@ -503,7 +503,8 @@ func TestClient_sends_keys_escaped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"/v1/inbox", "/v1/inbox/%2E%2E", "/v1/inbox/a%2F%2E%2Fb", "/v1/inbox/%252e", "/v1/inbox/%3Fx%23y", "/v1/inbox/%C3%A9"}
+	want := []string{"/v1/inbox", "/v1/inbox/%2E%2E?acceptDead=true", "/v1/inbox/a%2F%2E%2Fb?acceptDead=true", "/v1/inbox/%252e?acceptDead=true",
+		"/v1/inbox/%3Fx%23y?acceptDead=true", "/v1/inbox/%C3%A9?acceptDead=true"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("request URIs\n got %q\nwant %q", got, want)
 	}

@@ -58,14 +58,23 @@
 //     try-begin, because the client always sends its own leaseId (the
 //     caller's [inbox.BeginOptions.LeaseID] or a new one), which a server
 //     listing the leaseId extension honours, so a repeat by the holder gets
-//     Acquired again; mark-processed and release, which carry their leaseId;
-//     extend, which only moves the holder's deadline again. Against a server
-//     that does not list leaseId, try-begin gets one attempt.
+//     Acquired again; mark-processed, release and fail, which carry their
+//     leaseId (a repeat after success changes nothing: mark-processed
+//     answers Processed again, release and fail LeaseLost);
+//     extend, which only moves the holder's deadline again; list, which only
+//     reads. Against a server that does not list leaseId, try-begin gets one
+//     attempt. forget and force-release get one attempt: a repeat after a
+//     lost answer could delete, or end the lease of, a record that a
+//     consumer made in between.
 //   - A release whose first attempt went out but whose answer was lost, and
 //     whose retry then hears LeaseLost, returns nil: the lease is gone either
 //     way (released by the lost attempt, or lost before), which is what the
 //     caller asked for. A first attempt that hears LeaseLost returns
-//     [inbox.ErrLeaseLost] as usual.
+//     [inbox.ErrLeaseLost] as usual. The same holds for a fail with a
+//     backoff. A fail with Dead in that case reads the key: nil when it is
+//     dead, else [inbox.ErrLeaseLost], so a caller is never told that a key
+//     is dead when it is not (the middleware then returns the handler's
+//     error, and the next delivery finds the key as it is).
 //   - Answers are read up to [Options.MaxResponseBytes]; status enums are
 //     strict: an unknown status, a status the endpoint cannot answer, a
 //     missing required field or malformed JSON is an error that names it and
@@ -80,7 +89,10 @@
 //     minute. Concurrent calls share one read. It uses Extend only
 //     when the document lists the extend extension, else Extend fails with
 //     [inbox.ErrNotSupported] (the middleware then turns heartbeats off with
-//     a log line). A 404 on GET /v1/inbox/{key} means NotFound only from a
+//     a log line). Likewise Fail needs the fail extension (without it, Fail
+//     fails with [inbox.ErrNotSupported] naming it, and the middleware
+//     releases instead), and List, Forget and ForceRelease ([inbox.Admin])
+//     need the admin extension. A 404 on GET /v1/inbox/{key} means NotFound only from a
 //     server whose discovery document was read; otherwise, as on every other
 //     endpoint, a 404 is a configuration error (a wrong base URL) wrapping
 //     [ErrEndpointNotFound] and [inbox.ErrStoreUnavailable], so a wrong URL
@@ -103,8 +115,10 @@
 //     of package inbox; a canceled context comes back wrapping
 //     [context.Canceled].
 //   - Leases travel in whole seconds: a lease that is not a whole number of
-//     seconds is rounded up. The lease granted is the server's leaseSeconds
-//     answer (ext.); without it, the lease asked for. Busy's RetryAfter is the
+//     seconds is rounded up. A TryBegin without a lease, on a client without
+//     [Options.Lease], sends no leaseSeconds: the service grants its default.
+//     The lease granted is the server's leaseSeconds answer (ext.); without
+//     it, the lease asked for. Busy's RetryAfter is the
 //     server's retryAfterMs (ext.); without it, the time left until
 //     expiresAt on the local clock (clocks must then agree).
 //   - Times are RFC 3339 with fractions: as precise as the server's store.
@@ -113,6 +127,17 @@
 //     every key round-trips.
 //   - IsProcessed is GET /v1/inbox/{key}; MarkProcessed is mark-processed
 //     without leaseId, the inbox ADR's unleased mark.
+//   - Every try-begin says "acceptDead": true and every GET
+//     ?acceptDead=true, so a service with the fail extension answers Dead
+//     (with the reason) for a dead key; a service without it ignores both.
+//     Claim.Attempts is the service's attempts, zero from a service that
+//     does not send it. A service with the fail extension answers a client
+//     that does not say acceptDead (an older one) Busy until the dead
+//     record expires, so that client never runs a dead key's handler.
+//   - Fail's RetryAfter and List's OlderThan travel in whole milliseconds,
+//     rounded up. A list answer may hold up to [inbox.MaxListLimit] records:
+//     it is read up to Options.MaxResponseBytes plus 8 KiB per record asked
+//     for.
 //
 // # The portable layer
 //

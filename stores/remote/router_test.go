@@ -206,16 +206,16 @@ func TestRouter_store_faults_nack_and_mark_nothing(t *testing.T) {
 	}
 }
 
-// A handler that fails is never marked, even when the release fails too: the
-// key waits for its lease to end.
-func TestRouter_failed_handler_with_failing_release_is_not_marked(t *testing.T) {
+// A handler that fails is never marked, even when giving the lease back
+// (fail) fails too: the key waits for its lease to end.
+func TestRouter_failed_handler_with_failing_fail_is_not_marked(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, remote.Options{Timeout: 300 * time.Millisecond, Retries: -1})
-	r.in.on("/v1/inbox/release", status(500, `{"error":"internal_error","message":"x"}`))
+	r.in.on("/v1/inbox/fail", status(500, `{"error":"internal_error","message":"x"}`))
 	f := startFlow(t, r.client, r.backing)
 	f.fail.Store(true)
 	f.publish(t, "o-2")
-	testenv.Eventually(t, 10*time.Second, "the release attempted", func() bool { return r.in.count("/v1/inbox/release") >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the fail attempted", func() bool { return r.in.count("/v1/inbox/fail") >= 1 })
 	if rec := f.record(t, "o-2"); rec.State == inbox.StateProcessed {
 		t.Fatalf("a failed handler's key was marked: %+v", rec)
 	}

@@ -17,12 +17,31 @@ var (
 	markEP     = endpoint{method: http.MethodPost, path: wire.MarkProcessed, name: "POST " + wire.MarkProcessed, retry: true}
 	releaseEP  = endpoint{method: http.MethodPost, path: wire.Release, name: "POST " + wire.Release, retry: true}
 	extendEP   = endpoint{method: http.MethodPost, path: wire.Extend, name: "POST " + wire.Extend, retry: true}
+	// fail is retried: a repeat with the same leaseId changes nothing (it
+	// is LeaseLost once the first landed); see failAttempt for what a
+	// LeaseLost after a lost answer means.
+	failEP = endpoint{method: http.MethodPost, path: wire.Fail, name: "POST " + wire.Fail, retry: true}
+	// list only reads. Its answer holds up to MaxListLimit records: its
+	// bound is set per call.
+	listEP = endpoint{method: http.MethodPost, path: wire.List, name: "POST " + wire.List, retry: true}
+	// forget and force-release are not retried: a repeat after a lost
+	// answer could delete, or end the lease of, a record that a consumer
+	// made in between.
+	forgetEP = endpoint{method: http.MethodPost, path: wire.Forget, name: "POST " + wire.Forget}
+	forceEP  = endpoint{method: http.MethodPost, path: wire.ForceRelease, name: "POST " + wire.ForceRelease}
 )
 
-// getEP is GET /v1/inbox/{key}; the layer names the key in errors.
+// getEP is GET /v1/inbox/{key}?acceptDead=true; the layer names the key in
+// errors. The query asks a server with the fail extension for the status
+// Dead; one without it ignores the query.
 func getEP(key string) endpoint {
-	return endpoint{method: http.MethodGet, path: wire.KeyPrefix + wire.EscapeKey(key), name: "GET /v1/inbox/{key}", retry: true}
+	return endpoint{method: http.MethodGet, path: wire.KeyPrefix + wire.EscapeKey(key), query: wire.AcceptDeadQuery,
+		name: "GET /v1/inbox/{key}", retry: true}
 }
+
+// maxListItemBytes bounds one item of a list answer: a key, a reason, an
+// owner and a payload hash at their limits, JSON-escaped, and the times.
+const maxListItemBytes = 8 << 10
 
 // discoverFor reads discovery before a call to ep that needs it.
 func (c *client) discoverFor(ctx context.Context, ep endpoint) (*Discovery, error) {
@@ -34,9 +53,9 @@ func (c *client) discoverFor(ctx context.Context, ep endpoint) (*Discovery, erro
 }
 
 // leaseSeconds is d in whole seconds, rounded up; nil (the service's
-// default) for serverLease.
+// default) for zero.
 func leaseSeconds(d time.Duration) *int64 {
-	if d <= 0 || d == serverLease {
+	if d <= 0 {
 		return nil
 	}
 	n := int64(d / time.Second)
@@ -76,6 +95,8 @@ func (c *client) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, 
 			errs[i] = c.release(ctx, op.Key, op.LeaseID)
 		case driver.Mark:
 			errs[i] = c.markProcessed(ctx, op.Key)
+		case driver.Fail:
+			errs[i] = c.failAttempt(ctx, op.Key, op.LeaseID, op.Failure)
 		default:
 			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
 		}
@@ -85,13 +106,14 @@ func (c *client) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, 
 
 // tryBegin is try-begin. It always sends a lease id (the caller's, or the
 // one the layer made), so that it can be retried safely where the service
-// honours it.
+// honours it, and acceptDead, so that a service with the fail extension
+// answers Dead for a dead key (one without it ignores the field).
 func (c *client) tryBegin(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	d, err := c.discoverFor(ctx, tryBeginEP)
 	if err != nil {
 		return inbox.Claim{}, err
 	}
-	req := wire.TryBeginRequest{Key: op.Key, Owner: op.Owner, LeaseSeconds: leaseSeconds(op.Lease), LeaseID: op.LeaseID, PayloadHash: op.PayloadHash}
+	req := wire.TryBeginRequest{Key: op.Key, Owner: op.Owner, LeaseSeconds: leaseSeconds(op.Lease), LeaseID: op.LeaseID, PayloadHash: op.PayloadHash, AcceptDead: true}
 	ep := tryBeginEP
 	ep.retry = d.Has(wire.ExtLeaseID)
 	res, _, err := c.post(ctx, ep, req)
@@ -104,9 +126,13 @@ func (c *client) tryBegin(ctx context.Context, op driver.Op) (inbox.Claim, error
 	}
 	st, err := inbox.ParseStatus(w.Status)
 	if err != nil {
-		return inbox.Claim{}, protoError(ep, "unknown status %q (want Acquired, Processed or Busy)", w.Status)
+		return inbox.Claim{}, protoError(ep, "unknown status %q (want Acquired, Processed, Busy or Dead)", w.Status)
 	}
-	claim := inbox.Claim{Status: st, PayloadMismatch: w.PayloadMismatch}
+	if w.Attempts < 0 {
+		return inbox.Claim{}, protoError(ep, "negative attempts %d", w.Attempts)
+	}
+	// attempts is the fail extension's: zero from a service without it.
+	claim := inbox.Claim{Status: st, Attempts: w.Attempts, PayloadMismatch: w.PayloadMismatch}
 	switch st {
 	case inbox.Acquired:
 		if err := inbox.ValidateLeaseID(w.LeaseID); err != nil {
@@ -136,13 +162,15 @@ func (c *client) tryBegin(ctx context.Context, op driver.Op) (inbox.Claim, error
 		} else {
 			claim.RetryAfter = max(time.Until(claim.ExpiresAt), 0)
 		}
+	case inbox.Dead:
+		claim.Reason = w.Reason
 	}
 	return claim, nil
 }
 
-// holderCall sends a mark-processed, release or extend with a lease id and
-// returns the answered status.
-func (c *client) holderCall(ctx context.Context, ep endpoint, req wire.LeaseRequest, ok string) (wire.StatusResponse, bool, error) {
+// holderCall sends a mark-processed, release, extend or fail with a lease
+// id and returns the answered status.
+func (c *client) holderCall(ctx context.Context, ep endpoint, req any, ok string) (wire.StatusResponse, bool, error) {
 	res, uncertain, err := c.post(ctx, ep, req)
 	if err != nil {
 		return wire.StatusResponse{}, uncertain, err
@@ -182,6 +210,57 @@ func (c *client) release(ctx context.Context, key, leaseID string) error {
 	}
 	if w.Status == wire.StatusLeaseLost && !uncertain {
 		return lost(releaseEP, leaseID)
+	}
+	return nil
+}
+
+// failAttempt is Fail, with fail. It fails with [inbox.ErrNotSupported]
+// when the service does not list the fail extension (the middleware then
+// releases instead).
+//
+// A fail whose answer was lost, and whose retry then hears LeaseLost, is
+// ambiguous: the lost attempt may have landed, or the lease was gone
+// before it. For a backoff it returns nil, as release does: the lease is
+// gone either way, which is what the caller asked. For dead, it reads the
+// key: nil when the key is dead (whoever made it so), else
+// [inbox.ErrLeaseLost], so a caller is never told a key is dead when it is
+// not.
+func (c *client) failAttempt(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+	d, err := c.discoverFor(ctx, failEP)
+	if err != nil {
+		return err
+	}
+	if !d.Has(wire.ExtFail) {
+		return opError(failEP, "%w: the service does not list the fail extension in its discovery document", inbox.ErrNotSupported)
+	}
+	req := wire.FailRequest{Key: key, LeaseID: leaseID, Dead: opts.Dead, Reason: opts.Reason}
+	if opts.RetryAfter > 0 {
+		ms := int64((opts.RetryAfter + time.Millisecond - 1) / time.Millisecond) // rounded up: never shorter
+		req.RetryAfterMs = &ms
+	}
+	ok := wire.StatusReleased
+	if opts.Dead {
+		ok = wire.StatusDead
+	}
+	w, uncertain, err := c.holderCall(ctx, failEP, req, ok)
+	if err != nil {
+		return err
+	}
+	if w.Status != wire.StatusLeaseLost {
+		return nil
+	}
+	if !uncertain {
+		return lost(failEP, leaseID)
+	}
+	if !opts.Dead {
+		return nil
+	}
+	r, err := c.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("%w (reading the key after a LeaseLost that followed a lost answer)", err)
+	}
+	if r.State != inbox.StateDead {
+		return lost(failEP, leaseID)
 	}
 	return nil
 }
@@ -247,9 +326,14 @@ func (c *client) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if err := decode(ep, res, &w); err != nil {
 		return inbox.Record{}, err
 	}
+	return parseRecord(ep, w)
+}
+
+// parseRecord reads a GET answer, or a list item.
+func parseRecord(ep endpoint, w wire.RecordResponse) (inbox.Record, error) {
 	state, err := inbox.ParseState(w.Status)
 	if err != nil {
-		return inbox.Record{}, protoError(ep, "unknown status %q (want NotFound, Available, InProgress or Processed)", w.Status)
+		return inbox.Record{}, protoError(ep, "unknown status %q (want NotFound, Available, InProgress, Processed or Dead)", w.Status)
 	}
 	if state == inbox.StateNotFound {
 		return inbox.Record{}, nil
@@ -260,9 +344,102 @@ func (c *client) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if w.Attempts < 0 {
 		return inbox.Record{}, protoError(ep, "negative attempts %d", w.Attempts)
 	}
-	r := inbox.Record{State: state, Attempts: w.Attempts, FirstSeen: *w.FirstSeen, LastSeen: *w.LastSeen, Owner: w.Owner, PayloadHash: w.PayloadHash}
+	r := inbox.Record{State: state, Attempts: w.Attempts, FirstSeen: *w.FirstSeen, LastSeen: *w.LastSeen,
+		Owner: w.Owner, PayloadHash: w.PayloadHash, Reason: w.Reason}
 	if w.LeaseUntil != nil && state == inbox.StateInProgress {
 		r.LeaseUntil = *w.LeaseUntil
 	}
+	if w.RetryAt != nil && state == inbox.StateAvailable {
+		r.RetryAt = *w.RetryAt
+	}
 	return r, nil
+}
+
+// admin reads discovery before a call to ep of the admin extension, and
+// fails with inbox.ErrNotSupported when the service does not list it.
+func (c *client) admin(ctx context.Context, ep endpoint) error {
+	d, err := c.discoverFor(ctx, ep)
+	if err != nil {
+		return err
+	}
+	if !d.Has(wire.ExtAdmin) {
+		return opError(ep, "%w: the service does not list the admin extension in its discovery document", inbox.ErrNotSupported)
+	}
+	return nil
+}
+
+// List implements [driver.Driver] with list (admin extension).
+func (c *client) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	ep := listEP
+	if err := c.admin(ctx, ep); err != nil {
+		return inbox.ListPage{}, err
+	}
+	limit := int64(opts.Limit)
+	req := wire.ListRequest{Prefix: opts.Prefix, Cursor: opts.Cursor, Limit: &limit}
+	if opts.State != inbox.StateNotFound {
+		req.State = opts.State.String()
+	}
+	if opts.OlderThan > 0 {
+		ms := int64((opts.OlderThan + time.Millisecond - 1) / time.Millisecond) // rounded up: never younger than asked
+		req.OlderThanMs = &ms
+	}
+	ep.maxBody = c.opts.MaxResponseBytes + limit*maxListItemBytes
+	res, _, err := c.post(ctx, ep, req)
+	if err != nil {
+		return inbox.ListPage{}, err
+	}
+	var w wire.ListResponse
+	if err := decode(ep, res, &w); err != nil {
+		return inbox.ListPage{}, err
+	}
+	if w.Items == nil {
+		return inbox.ListPage{}, protoError(ep, "no items")
+	}
+	if len(w.Items) > opts.Limit {
+		return inbox.ListPage{}, protoError(ep, "%d items, over the limit of %d asked", len(w.Items), opts.Limit)
+	}
+	p := inbox.ListPage{Next: w.Next, Items: make([]inbox.ListItem, len(w.Items))}
+	for i, it := range w.Items {
+		if err := inbox.ValidateKey(it.Key); err != nil {
+			return inbox.ListPage{}, protoError(ep, "item %d: %v", i, err)
+		}
+		r, err := parseRecord(ep, it.RecordResponse)
+		if err != nil {
+			return inbox.ListPage{}, err
+		}
+		if r.State == inbox.StateNotFound {
+			return inbox.ListPage{}, protoError(ep, "item %d (%q) is NotFound", i, it.Key)
+		}
+		p.Items[i] = inbox.ListItem{Key: it.Key, Record: r}
+	}
+	return p, nil
+}
+
+// Forget implements [driver.Driver] with forget (admin extension).
+func (c *client) Forget(ctx context.Context, key string) error {
+	return c.keyCall(ctx, forgetEP, key, wire.StatusForgotten)
+}
+
+// ForceRelease implements [driver.Driver] with force-release (admin
+// extension).
+func (c *client) ForceRelease(ctx context.Context, key string) error {
+	return c.keyCall(ctx, forceEP, key, wire.StatusReleased)
+}
+
+func (c *client) keyCall(ctx context.Context, ep endpoint, key, ok string) error {
+	if err := c.admin(ctx, ep); err != nil {
+		return err
+	}
+	res, _, err := c.post(ctx, ep, wire.KeyRequest{Key: key})
+	if err != nil {
+		return err
+	}
+	var w wire.StatusResponse
+	if err := decode(ep, res, &w); err != nil {
+		return err
+	}
+	if w.Status != ok {
+		return protoError(ep, "unknown status %q (want %s)", w.Status, ok)
+	}
+	return nil
 }

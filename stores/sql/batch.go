@@ -29,7 +29,8 @@ func batchBounds(d Dialect) driver.Batch {
 
 // Apply implements [driver.Driver]. The batch is split into waves in which
 // each key appears once ([driver.Waves]), applied in turn; a wave is one
-// statement per kind of operation (one statement in all on PostgreSQL).
+// statement per kind of operation (one statement in all on PostgreSQL;
+// on SQLite one per Fail).
 // Errors of the database fail the batch.
 func (d *sqlDriver) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	var err error
@@ -50,7 +51,7 @@ func (d *sqlDriver) Apply(ctx context.Context, ops []driver.Op, res []inbox.Clai
 // wave is one wave of a batch: ops whose keys are distinct, grouped by kind.
 type wave struct {
 	ops   []driver.Op            // the batch's
-	kinds [driver.Mark + 1][]int // indexes in ops per kind, keys in byte order
+	kinds [driver.Fail + 1][]int // indexes in ops per kind, keys in byte order
 	at    map[string]int         // key -> index in ops
 }
 
@@ -83,25 +84,38 @@ func (w *wave) op(key string, k driver.Kind) (int, error) {
 	return i, nil
 }
 
-// claimRow is the row a claim statement answers for its key.
+// claimRow is the row a claim statement answers for its key: claimCols
+// (the key aside) and the clock.
 type claimRow struct {
-	state                  int
-	leaseID, hash          string
+	state, attempts        int
+	leaseID, hash, reason  string
 	until, last, now       time.Time
 	untilOK, lastOK, nowOK bool
 }
 
+// claimDests returns the scan destinations of a claim statement's row:
+// key, then r's columns.
+func (d *sqlDriver) claimDests(key *string, r *claimRow) []any {
+	return []any{key, &r.state, &r.leaseID, d.timeDest(&r.until, &r.untilOK), &r.hash, d.timeDest(&r.last, &r.lastOK),
+		&r.attempts, &r.reason, d.timeDest(&r.now, &r.nowOK)}
+}
+
 // claim is op's outcome, given its row.
 func (r *claimRow) claim(op driver.Op) inbox.Claim {
-	mismatch := op.PayloadHash != "" && r.hash != "" && r.hash != op.PayloadHash
+	c := inbox.Claim{Attempts: r.attempts, PayloadMismatch: op.PayloadHash != "" && r.hash != "" && r.hash != op.PayloadHash}
 	switch {
 	case r.state == stateProcessed:
-		return inbox.Claim{Status: inbox.Processed, PayloadMismatch: mismatch}
+		c.Status = inbox.Processed
+	case r.state == stateDead:
+		c.Status, c.Reason = inbox.Dead, r.reason
 	case r.leaseID == op.LeaseID:
 		// The statement acquired or renewed: a row held by the caller's
 		// lease id is always written from now.
-		return inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: r.until, Lease: op.Lease, PayloadMismatch: mismatch}
+		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, r.until, op.Lease
 	default:
+		// Another live lease, or a failed attempt's backoff (a lease that
+		// nobody holds): until lease_until either way.
+		//
 		// The clock was read when the statement began, and the statement may
 		// have waited for the holder's row lock since: the holder's write
 		// (its last_seen) happened before this reading, whatever the clock
@@ -110,29 +124,60 @@ func (r *claimRow) claim(op driver.Op) inbox.Claim {
 		if r.lastOK && r.last.After(now) {
 			now = r.last
 		}
-		return inbox.Claim{Status: inbox.Busy, ExpiresAt: r.until, RetryAfter: max(r.until.Sub(now), time.Microsecond), PayloadMismatch: mismatch}
+		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, r.until, max(r.until.Sub(now), time.Microsecond)
 	}
+	return c
 }
 
-// lost is the error of a Complete or Release whose lease does not hold its
-// key.
+// lost is the error of a Complete, Release or Fail whose lease does not
+// hold its key.
 func lost(op driver.Op) error {
 	if op.Kind == driver.Complete {
-		return fmt.Errorf("%w: not held by lease %q (expired and taken over, released, completed by another lease, or unknown)", inbox.ErrLeaseLost, op.LeaseID)
+		return fmt.Errorf("%w: not held by lease %q (expired and taken over, released, failed, completed by another lease, or unknown)", inbox.ErrLeaseLost, op.LeaseID)
 	}
-	return fmt.Errorf("%w: not held by lease %q (taken over, released, processed, or unknown)", inbox.ErrLeaseLost, op.LeaseID)
+	return fmt.Errorf("%w: not held by lease %q (taken over, released, failed, processed, or unknown)", inbox.ErrLeaseLost, op.LeaseID)
+}
+
+// fenced reports whether ops of kind k are fenced by their lease id.
+func fenced(k driver.Kind) bool {
+	return k == driver.Complete || k == driver.Release || k == driver.Fail
+}
+
+// backoffUS is the backoff of a Fail in microseconds: none for a dead key.
+func backoffUS(op driver.Op) int64 {
+	if op.Failure.Dead {
+		return 0
+	}
+	return us(op.Failure.RetryAfter)
+}
+
+// failState is the state a Fail leaves its row in.
+func failState(op driver.Op) int {
+	if op.Failure.Dead {
+		return stateDead
+	}
+	return stateOpen
+}
+
+// failArgs are the parameters of the failOne statement for op.
+func (d *sqlDriver) failArgs(op driver.Op) []any {
+	ret, retry := us(d.opts.Retention), backoffUS(op)
+	if d.opts.Dialect == MySQL {
+		return []any{retry, op.Failure.Reason, failState(op), retry + ret, op.Key, op.LeaseID}
+	}
+	return []any{ret, op.Key, op.LeaseID, op.Failure.Reason, failState(op), retry}
 }
 
 // unanswered settles the ops of kind k of w that the database answered no
-// row for (answered[i] false): a Complete or Release whose lease did not
-// hold its key, or a claim or mark that went wrong.
+// row for (answered[i] false): a Complete, Release or Fail whose lease did
+// not hold its key, or a claim or mark that went wrong.
 func (w *wave) unanswered(k driver.Kind, answered []bool, res []inbox.Claim, errs []error) {
 	for _, i := range w.kinds[k] {
 		if answered[i] {
 			continue
 		}
 		res[i] = inbox.Claim{}
-		if k == driver.Complete || k == driver.Release {
+		if fenced(k) {
 			errs[i] = lost(w.ops[i])
 		} else {
 			errs[i] = fmt.Errorf("%w: the %s statement answered no row for the key", inbox.ErrStoreUnavailable, k)
@@ -162,7 +207,7 @@ func (d *sqlDriver) applyPG(ctx context.Context, ops []driver.Op, res []inbox.Cl
 }
 
 // pgMask is the bit of each kind in the mask of pgWaveQuery.
-var pgMask = [...]int{driver.Claim: maskClaim, driver.Complete: maskComplete, driver.Release: maskRelease, driver.Mark: maskMark}
+var pgMask = [...]int{driver.Claim: maskClaim, driver.Complete: maskComplete, driver.Release: maskRelease, driver.Mark: maskMark, driver.Fail: maskFail}
 
 // pgWave runs w as one statement (pgWaveQuery).
 func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs []error) error {
@@ -192,6 +237,16 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 		mask |= pgMask[driver.Mark]
 		args = append(args, pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }))
 	}
+	if g := w.kinds[driver.Fail]; len(g) > 0 {
+		mask |= pgMask[driver.Fail]
+		args = append(args,
+			pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }),
+			pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),
+			pgArray(g, func(i int) string { return pgQuote(ops[i].Failure.Reason) }),
+			pgArray(g, func(i int) string { return strconv.FormatInt(backoffUS(ops[i]), 10) }),
+			pgArray(g, func(i int) string { return strconv.Itoa(failState(ops[i])) }),
+			len(g))
+	}
 	rows, err := d.db.QueryContext(ctx, d.q.pg[mask], args...)
 	if err != nil {
 		return err
@@ -200,14 +255,14 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 	answered := make([]bool, len(ops))
 	for rows.Next() {
 		var (
-			kind          int
-			key           string
-			state         sql.NullInt64
-			leaseID, hash sql.NullString
-			r             claimRow
+			kind                  int
+			key                   string
+			state, attempts       sql.NullInt64
+			leaseID, hash, reason sql.NullString
+			r                     claimRow
 		)
 		if err := rows.Scan(&kind, &key, &state, &leaseID, d.timeDest(&r.until, &r.untilOK), &hash,
-			d.timeDest(&r.last, &r.lastOK), d.timeDest(&r.now, &r.nowOK)); err != nil {
+			d.timeDest(&r.last, &r.lastOK), &attempts, &reason, d.timeDest(&r.now, &r.nowOK)); err != nil {
 			return err
 		}
 		i, err := w.op(key, driver.Kind(kind))
@@ -218,13 +273,14 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 		res[i], errs[i] = inbox.Claim{}, nil
 		if kind == int(driver.Claim) {
 			r.state, r.leaseID, r.hash = int(state.Int64), leaseID.String, hash.String
+			r.attempts, r.reason = int(attempts.Int64), reason.String
 			res[i] = r.claim(ops[i])
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for k := driver.Claim; k <= driver.Mark; k++ {
+	for k := driver.Claim; k <= driver.Fail; k++ {
 		w.unanswered(k, answered, res, errs)
 	}
 	return nil
@@ -303,7 +359,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 			for j, i := range g {
 				keys[j] = ops[i].Key
 			}
-			query = "SELECT msg_key, state, lease_id, lease_until, payload_hash, last_seen, UTC_TIMESTAMP(6) FROM " + d.q.t +
+			query = "SELECT " + claimCols + ", UTC_TIMESTAMP(6) FROM " + d.q.t +
 				" WHERE msg_key IN (" + placeholders(len(g)) + ") FOR UPDATE"
 			args = keys
 		}
@@ -348,19 +404,24 @@ func (d *sqlDriver) applyOne(ctx context.Context, ops []driver.Op, res []inbox.C
 			res[0], errs[0] = inbox.Claim{}, nil
 			return nil
 		default:
-			return d.settleOne(ctx, op, &res[0], &errs[0])
+			return d.settleOne(ctx, d.execStmt, op, &res[0], &errs[0])
 		}
 	})
 }
 
-// settleOne runs a Complete or Release alone: a fenced UPDATE that affects
-// the key's row when op's lease holds it.
-func (d *sqlDriver) settleOne(ctx context.Context, op driver.Op, res *inbox.Claim, errp *error) error {
-	query := d.q.release
-	if op.Kind == driver.Complete {
+// settleOne runs a Complete, Release or Fail alone, through exec (the
+// database's, or a transaction's): a fenced UPDATE that affects the key's
+// row when op's lease holds it.
+func (d *sqlDriver) settleOne(ctx context.Context, exec func(ctx context.Context, query string, args ...any) (sql.Result, error),
+	op driver.Op, res *inbox.Claim, errp *error) error {
+	query, args := d.q.release, []any{us(d.opts.Retention), op.Key, op.LeaseID}
+	switch op.Kind {
+	case driver.Complete:
 		query = d.q.complete
+	case driver.Fail:
+		query, args = d.q.failOne, d.failArgs(op)
 	}
-	r, err := d.execStmt(ctx, query, us(d.opts.Retention), op.Key, op.LeaseID)
+	r, err := exec(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -394,13 +455,14 @@ func (d *sqlDriver) settleOne(ctx context.Context, op driver.Op, res *inbox.Clai
 	return nil
 }
 
-// mySettle runs the completes and releases of w in the transaction q: it
-// reads and locks their rows, decides which leases hold their keys (the
-// conditions of the fenced UPDATEs of settleOne), and updates those rows.
+// mySettle runs the completes, releases and fails of w in the transaction
+// q: it reads and locks their rows, decides which leases hold their keys
+// (the conditions of the fenced UPDATEs of settleOne), and updates those
+// rows, with one statement per kind.
 func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbox.Claim, errs []error) error {
 	ops := w.ops
-	keys := make([]any, 0, len(w.kinds[driver.Complete])+len(w.kinds[driver.Release]))
-	for _, k := range []driver.Kind{driver.Complete, driver.Release} {
+	keys := make([]any, 0, len(w.kinds[driver.Complete])+len(w.kinds[driver.Release])+len(w.kinds[driver.Fail]))
+	for _, k := range []driver.Kind{driver.Complete, driver.Release, driver.Fail} {
 		for _, i := range w.kinds[k] {
 			keys = append(keys, ops[i].Key)
 		}
@@ -427,7 +489,7 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 		}
 		i, ok := w.at[key]
 		if !ok {
-			return fmt.Errorf("the read of the rows to complete or release answered a row for key %q, which it was not given", key)
+			return fmt.Errorf("the read of the rows to complete, release or fail answered a row for key %q, which it was not given", key)
 		}
 		held[i] = gotID == ops[i].LeaseID && expires.After(now) && (ops[i].Kind == driver.Complete || state == stateOpen)
 	}
@@ -455,7 +517,33 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 			return err
 		}
 	}
-	return nil
+	return d.myFail(ctx, q, w, held, res, errs)
+}
+
+// myFail updates the rows of the fails of w whose leases hold their keys
+// (held), in one UPDATE joined with the rows of their values. A
+// multiple-table UPDATE does not promise its assignments' order; none of
+// them reads a column.
+func (d *sqlDriver) myFail(ctx context.Context, q querier, w *wave, held []bool, res []inbox.Claim, errs []error) error {
+	ops, ret := w.ops, us(d.opts.Retention)
+	var args []any
+	for _, i := range w.kinds[driver.Fail] {
+		res[i], errs[i] = inbox.Claim{}, nil
+		if !held[i] {
+			errs[i] = lost(ops[i])
+			continue
+		}
+		retry := backoffUS(ops[i])
+		args = append(args, ops[i].Key, ops[i].Failure.Reason, failState(ops[i]), retry, retry+ret)
+	}
+	if len(args) == 0 {
+		return nil
+	}
+	query := "UPDATE " + d.q.t + " AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex" +
+		strings.Repeat(" UNION ALL SELECT ?, ?, ?, ?, ?", len(args)/5-1) +
+		") AS u ON t.msg_key = u.k SET" + myFailSet("u.r", "u.s", "u.ra", "u.ex")
+	_, err := q.ExecContext(ctx, query, args...)
+	return err
 }
 
 // ---- SQLite: a batch of several ops is one immediate transaction ----
@@ -464,6 +552,7 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 type liteStep struct {
 	w     *wave
 	kind  driver.Kind
+	op    int // a Fail's index in w.ops: fails are a statement each
 	query string
 	args  []any
 	st    *sql.Stmt // prepared, or nil
@@ -505,6 +594,11 @@ func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.
 			}
 			steps = append(steps, liteStep{w: w, kind: driver.Mark, args: args, query: d.marksQuery(len(g))})
 		}
+		// The failOne statement per Fail, prepared once: each carries
+		// values of its own, and SQLite runs in process.
+		for _, i := range w.kinds[driver.Fail] {
+			steps = append(steps, liteStep{w: w, kind: driver.Fail, op: i, query: d.q.failOne})
+		}
 	}
 	// Prepare before taking the connection: the pool has one.
 	for j := range steps {
@@ -536,6 +630,15 @@ func (d *sqlDriver) liteStep(ctx context.Context, tx *sql.Tx, s liteStep, res []
 	}
 	if s.kind == driver.Claim {
 		return d.claimRows(ctx, q, st, s.query, s.args, s.w, res, errs)
+	}
+	if s.kind == driver.Fail {
+		exec := q.ExecContext
+		if st != nil {
+			exec = func(ctx context.Context, _ string, args ...any) (sql.Result, error) {
+				return st.ExecContext(ctx, args...)
+			}
+		}
+		return d.settleOne(ctx, exec, s.w.ops[s.op], &res[s.op], &errs[s.op])
 	}
 	if s.kind == driver.Mark {
 		var err error
@@ -588,8 +691,8 @@ func (d *sqlDriver) liteStep(ctx context.Context, tx *sql.Tx, s liteStep, res []
 // ---- shared by MySQL and SQLite ----
 
 // claimRows runs a claim statement (st when prepared, else query on q) that
-// answers msg_key, state, lease_id, lease_until, payload_hash, last_seen and
-// now per row, and sets the outcome of the claims of w.
+// answers claimCols and now per row, and sets the outcome of the claims of
+// w.
 func (d *sqlDriver) claimRows(ctx context.Context, q querier, st *sql.Stmt, query string, args []any, w *wave, res []inbox.Claim, errs []error) error {
 	var (
 		rows *sql.Rows
@@ -610,8 +713,7 @@ func (d *sqlDriver) claimRows(ctx context.Context, q querier, st *sql.Stmt, quer
 			key string
 			r   claimRow
 		)
-		if err := rows.Scan(&key, &r.state, &r.leaseID, d.timeDest(&r.until, &r.untilOK), &r.hash,
-			d.timeDest(&r.last, &r.lastOK), d.timeDest(&r.now, &r.nowOK)); err != nil {
+		if err := rows.Scan(d.claimDests(&key, &r)...); err != nil {
 			return err
 		}
 		i, err := w.op(key, driver.Claim)

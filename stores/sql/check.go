@@ -48,6 +48,11 @@ func (t target) String() string {
 // without writing anything.
 func checkTable(ctx context.Context, s *Store, t target) error {
 	if _, err := s.Get(ctx, checkKey); err != nil {
+		if classify(err) == kindNoColumn && s.d.earlierLayout(ctx) {
+			return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the column reason): "+
+				"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the column; so does the ALTER TABLE statement at the end of sqlstore.DDL)",
+				t.dialect, s.Table(), t), rootCause(err))
+		}
 		return openError(ctx, t, s.Table(), "Open", "reading table "+s.Table(), err)
 	}
 	return nil
@@ -189,7 +194,10 @@ type lazyStore struct {
 	closed bool
 }
 
-var _ stores.Store = (*lazyStore)(nil)
+var (
+	_ stores.Store = (*lazyStore)(nil)
+	_ inbox.Admin  = (*lazyStore)(nil)
+)
 
 // store returns the store, making it when none was made yet.
 func (l *lazyStore) store(ctx context.Context, op string) (*Store, error) {
@@ -267,6 +275,57 @@ func (l *lazyStore) Release(ctx context.Context, key, leaseID string) error {
 		return err
 	}
 	return s.Release(ctx, key, leaseID)
+}
+
+// Fail implements [inbox.LeaseStore].
+func (l *lazyStore) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+	if err := inbox.ValidateHolder(key, leaseID); err != nil {
+		return err
+	}
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	s, err := l.store(ctx, "Fail")
+	if err != nil {
+		return err
+	}
+	return s.Fail(ctx, key, leaseID, opts)
+}
+
+// List implements [inbox.Admin].
+func (l *lazyStore) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	if err := opts.Validate(); err != nil {
+		return inbox.ListPage{}, err
+	}
+	s, err := l.store(ctx, "List")
+	if err != nil {
+		return inbox.ListPage{}, err
+	}
+	return s.List(ctx, opts)
+}
+
+// Forget implements [inbox.Admin].
+func (l *lazyStore) Forget(ctx context.Context, key string) error {
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	s, err := l.store(ctx, "Forget")
+	if err != nil {
+		return err
+	}
+	return s.Forget(ctx, key)
+}
+
+// ForceRelease implements [inbox.Admin].
+func (l *lazyStore) ForceRelease(ctx context.Context, key string) error {
+	if err := inbox.ValidateKey(key); err != nil {
+		return err
+	}
+	s, err := l.store(ctx, "ForceRelease")
+	if err != nil {
+		return err
+	}
+	return s.ForceRelease(ctx, key)
 }
 
 // Extend implements [inbox.LeaseStore].

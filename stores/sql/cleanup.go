@@ -12,39 +12,112 @@ import (
 	"github.com/watermill-inbox/inbox"
 )
 
-// Migrate creates the store's table and index when they do not exist. It is
-// idempotent and safe to run from several processes at once (on PostgreSQL
-// it holds a transaction-scoped advisory lock). It never alters an existing
-// table. The statements are those of [DDL].
+// Migrate creates the store's table and index when they do not exist, and
+// upgrades a table of the earlier layout (made before Fail and dead keys):
+// it adds the column reason, whose default describes every row of such a
+// table. It never alters a table otherwise
+// (one that is not an inbox table is left as it is, and the store's
+// statements fail on it). It is idempotent and safe to run from several
+// processes at once (on PostgreSQL it holds a transaction-scoped advisory
+// lock). The statements are those of [DDL].
 func (s *Store) Migrate(ctx context.Context) error {
 	d := s.d
 	if err := d.enter(ctx, "Migrate"); err != nil {
 		return err
 	}
-	stmts := ddl(d.opts.Dialect, d.opts.Table)
-	var err error
-	if d.opts.Dialect == Postgres {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte("watermill-inbox:" + d.opts.Table))
-		err = d.inTx(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
-				return err
-			}
-			for _, q := range stmts {
-				if _, err := tx.ExecContext(ctx, q); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	} else {
-		for _, q := range stmts {
-			if _, err = d.db.ExecContext(ctx, q); err != nil {
-				break
-			}
+	err := d.runDDL(ctx, ddl(d.opts.Dialect, d.opts.Table))
+	if err == nil {
+		var missing []int
+		if missing, err = d.missingColumns(ctx); err == nil && len(missing) > 0 && d.hasEarlierColumns(ctx) {
+			err = d.addColumns(ctx, missing)
 		}
 	}
 	return d.wrap(ctx, "Migrate", err)
+}
+
+// runDDL runs stmts: on PostgreSQL in one transaction holding an advisory
+// lock of the table's, so that concurrent migrations wait for each other.
+func (d *sqlDriver) runDDL(ctx context.Context, stmts []string) error {
+	if d.opts.Dialect != Postgres {
+		for _, q := range stmts {
+			if _, err := d.db.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("watermill-inbox:" + d.opts.Table))
+	return d.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
+			return err
+		}
+		for _, q := range stmts {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// probe reads no row of the columns cols of the table: it fails when one
+// of them does not exist.
+func (d *sqlDriver) probe(ctx context.Context, cols string) error {
+	rows, err := d.db.QueryContext(ctx, "SELECT "+cols+" FROM "+d.q.t+" WHERE 1 = 0")
+	if err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// missingColumns returns the indexes in addedColumns of the columns the
+// table lacks.
+func (d *sqlDriver) missingColumns(ctx context.Context) ([]int, error) {
+	var missing []int
+	for i, c := range addedColumns {
+		err := d.probe(ctx, c.name)
+		switch {
+		case err == nil:
+		case classify(err) == kindNoColumn:
+			missing = append(missing, i)
+		default:
+			return nil, err
+		}
+	}
+	return missing, nil
+}
+
+// hasEarlierColumns reports whether the table has the columns of the
+// earlier layout.
+func (d *sqlDriver) hasEarlierColumns(ctx context.Context) bool {
+	return d.probe(ctx, cols) == nil
+}
+
+// earlierLayout reports whether the table is of the earlier layout: its
+// columns, without some of those added since.
+func (d *sqlDriver) earlierLayout(ctx context.Context) bool {
+	missing, err := d.missingColumns(ctx)
+	return err == nil && len(missing) > 0 && d.hasEarlierColumns(ctx)
+}
+
+// addColumns adds the columns of addedColumns at the indexes missing. On
+// MySQL and SQLite, whose ALTER TABLE has no IF NOT EXISTS, a column that
+// a concurrent migration added first is no error.
+func (d *sqlDriver) addColumns(ctx context.Context, missing []int) error {
+	stmts := make([]string, len(missing))
+	for j, i := range missing {
+		stmts[j] = addColumn(d.opts.Dialect, d.opts.Table, i)
+	}
+	if d.opts.Dialect == Postgres {
+		return d.runDDL(ctx, stmts)
+	}
+	for _, q := range stmts {
+		if _, err := d.db.ExecContext(ctx, q); err != nil && classify(err) != kindDuplicateColumn {
+			return err
+		}
+	}
+	return nil
 }
 
 // Cleanup deletes the records that have expired (processed keys past the

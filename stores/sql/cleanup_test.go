@@ -200,3 +200,65 @@ func TestCleanup_janitor_removes_expired_and_stops_on_close(t *testing.T) {
 		})
 	}
 }
+
+// Cleanup deletes a dead record once the retention from its Fail has
+// passed, and a record in a backoff once the backoff and the retention
+// after it have; a record of a longer retention stays.
+func TestCleanup_dead_and_backoff_records(t *testing.T) {
+	for _, b := range []backend{backends[0], backends[1], backends[3]} {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			db := b.open(t)
+			table := newTable(t, db, b.dialect)
+			const retention, backoff = 50 * time.Millisecond, 2 * time.Second
+			s := newStore(t, b, db, table, sqlstore.Options{Retention: retention})
+			live := newStore(t, b, db, table, sqlstore.Options{Retention: time.Hour})
+			fail := func(st *sqlstore.Store, key string, opts inbox.FailOptions) {
+				t.Helper()
+				c, err := st.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: time.Minute})
+				if err == nil {
+					err = st.Fail(ctxT(t), key, c.LeaseID, opts)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			fail(s, "dead", inbox.FailOptions{Dead: true, Reason: "poison"})
+			fail(s, "backoff", inbox.FailOptions{RetryAfter: backoff, Reason: "later"})
+			fail(live, "live-dead", inbox.FailOptions{Dead: true})
+			count := func(key string) int { return countRows(t, db, table, "msg_key = '"+key+"'") }
+			poll := func(what string, done func() bool) {
+				t.Helper()
+				deadline := time.Now().Add(30 * time.Second)
+				for !done() {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: not within 30s", what)
+					}
+					time.Sleep(20 * time.Millisecond) // polling interval
+				}
+			}
+			poll("the dead record to be cleaned up", func() bool {
+				if _, err := s.Cleanup(ctxT(t)); err != nil {
+					t.Fatal(err)
+				}
+				return count("dead") == 0
+			})
+			if elapsed := time.Since(start); elapsed < backoff && count("backoff") != 1 {
+				t.Fatalf("the record in a backoff of %s was deleted %s after its Fail", backoff, elapsed)
+			}
+			poll("the record in a backoff to be cleaned up", func() bool {
+				if _, err := s.Cleanup(ctxT(t)); err != nil {
+					t.Fatal(err)
+				}
+				return count("backoff") == 0
+			})
+			if elapsed := time.Since(start); elapsed < backoff+retention {
+				t.Fatalf("the record in a backoff of %s was deleted %s after its Fail", backoff, elapsed)
+			}
+			if count("live-dead") != 1 {
+				t.Fatal("Cleanup deleted a dead record within its retention")
+			}
+		})
+	}
+}

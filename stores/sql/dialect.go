@@ -116,7 +116,8 @@ func ddl(d Dialect, table string) []string {
 	last_seen    TIMESTAMPTZ NOT NULL,
 	processed_at TIMESTAMPTZ NULL,
 	payload_hash TEXT NOT NULL,
-	expires_at   TIMESTAMPTZ NOT NULL
+	expires_at   TIMESTAMPTZ NOT NULL,
+	reason       TEXT NOT NULL DEFAULT ''
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.table + ` (expires_at)`,
 		}
@@ -136,6 +137,7 @@ func ddl(d Dialect, table string) []string {
 	processed_at DATETIME(6) NULL,
 	payload_hash VARBINARY(128) NOT NULL,
 	expires_at   DATETIME(6) NOT NULL,
+	reason       VARBINARY(1024) NOT NULL DEFAULT '',
 	PRIMARY KEY (msg_key),
 	INDEX ` + n.index + ` (expires_at)
 ) ENGINE=InnoDB`,
@@ -155,12 +157,37 @@ func ddl(d Dialect, table string) []string {
 	last_seen    INTEGER NOT NULL,
 	processed_at INTEGER NULL,
 	payload_hash TEXT NOT NULL,
-	expires_at   INTEGER NOT NULL
+	expires_at   INTEGER NOT NULL,
+	reason       TEXT NOT NULL DEFAULT ''
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.bare + ` (expires_at)`,
 		}
 	}
 	return nil
+}
+
+// addedColumns are the columns a table of the earlier layout (made before
+// Fail and dead keys) lacks, with their definitions per dialect. Their
+// defaults describe every row of such a table (no failed attempt) and every
+// row the store inserts: its INSERTs do not name them.
+var addedColumns = []struct {
+	name string
+	def  map[Dialect]string
+}{
+	{"reason", map[Dialect]string{Postgres: `TEXT NOT NULL DEFAULT ''`, MySQL: `VARBINARY(1024) NOT NULL DEFAULT ''`, SQLite: `TEXT NOT NULL DEFAULT ''`}},
+}
+
+// addColumn is the statement that adds column c (one of addedColumns) to a
+// table of the earlier layout. On PostgreSQL it is idempotent (IF NOT
+// EXISTS); MySQL 8 and SQLite have no such clause, so Migrate adds only the
+// columns it found missing, and takes a duplicate column for success.
+func addColumn(d Dialect, table string, i int) string {
+	c := addedColumns[i]
+	ifNot := ""
+	if d == Postgres {
+		ifNot = "IF NOT EXISTS "
+	}
+	return `ALTER TABLE ` + quoteIdent(d, table).table + ` ADD COLUMN ` + ifNot + c.name + ` ` + c.def[d]
 }
 
 // DDL returns the SQL that creates the store's table and index for dialect d,
@@ -171,10 +198,18 @@ func ddl(d Dialect, table string) []string {
 // means [DefaultTable].
 //
 // The table has one row per key: msg_key (primary key, compared byte for
-// byte), state (0 open, 1 processed), lease_id, owner, lease_until,
-// attempts, first_seen, last_seen, processed_at, payload_hash and
-// expires_at (when the row may be deleted: lease end or processing time plus
-// the retention), with an index on expires_at for [Store.Cleanup].
+// byte), state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until
+// (the end of the lease; with an empty lease_id, the end of a failed
+// attempt's backoff), attempts, first_seen, last_seen, processed_at,
+// payload_hash, expires_at (when the row may be deleted: the end of the
+// lease, the processing or the failure, or of a failed attempt's backoff,
+// plus the retention) and reason (of the latest failed attempt,
+// [inbox.FailOptions.Reason]), with an index on expires_at for
+// [Store.Cleanup].
+//
+// A table of the earlier layout (without reason) is upgraded by
+// [Store.Migrate], which adds the column; the DDL ends with the statement
+// that does so, as a comment, for users who migrate by hand.
 func DDL(d Dialect, table string) (string, error) {
 	if err := d.Validate(); err != nil {
 		return "", err
@@ -185,7 +220,13 @@ func DDL(d Dialect, table string) (string, error) {
 	if err := ValidateTable(table); err != nil {
 		return "", err
 	}
-	return strings.Join(ddl(d, table), ";\n\n") + ";\n", nil
+	var b strings.Builder
+	b.WriteString(strings.Join(ddl(d, table), ";\n\n") + ";\n\n")
+	b.WriteString("-- A table made by an earlier version of the store, without the column\n-- reason, also needs:\n")
+	for i := range addedColumns {
+		b.WriteString("-- " + addColumn(d, table, i) + ";\n")
+	}
+	return b.String(), nil
 }
 
 // queries are the statements of one store, built once for its table.
@@ -197,7 +238,7 @@ func DDL(d Dialect, table string) (string, error) {
 // statement; SQLite through 'now', fixed for one sqlite3_step (a statement
 // with RETURNING makes all its changes in its first step).
 //
-// Claims, completes, releases and marks are applied in batches (see
+// Claims, completes, releases, fails and marks are applied in batches (see
 // batch.go): their statements are built per batch, for its number of rows,
 // from the fragments below, except on PostgreSQL, where a batch passes its
 // rows as arrays and the statements are built once.
@@ -206,35 +247,37 @@ type queries struct {
 
 	// pg[mask] is PostgreSQL's statement for one wave of a batch holding
 	// the kinds of operations in mask (see pgWaveQuery).
-	pg [1 << 4]string
+	pg [1 << 5]string
 
 	// extend(key, leaseID, leaseUS, leaseUS+retentionUS) returns lease_until
 	// (PostgreSQL, SQLite); affects one row on MySQL, which then reads
 	// lease_until with selectLeaseUntil in the same transaction.
 	extend           string
 	selectLeaseUntil string
-	// get(key) returns state, attempts, first_seen, last_seen, lease_until,
-	// owner, payload_hash, expires_at, now.
+	// get(key) returns recordCols, then now.
 	get string
 	// cleanup(batch): deletes at most batch expired rows.
 	cleanup string
+	// forget(key) deletes the key's row; forceRelease(retentionUS, key)
+	// ends its live lease or running backoff.
+	forget, forceRelease string
 
 	// The statements of a batch of one op (applyOne): claimOne(key,
 	// leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns what a
 	// claim statement returns (below; not on MySQL 8); complete(retentionUS,
 	// key, leaseID) and release(retentionUS, key, leaseID) affect one row on
-	// success; markOne(key, retentionUS). MySQL: holder(key) returns state,
+	// success; failOne likewise, with the parameters of failArgs;
+	// markOne(key, retentionUS). MySQL: holder(key) returns state,
 	// lease_id, expires_at and now, to tell a repeated Complete without
 	// clientFoundRows.
-	claimOne, complete, release, markOne, holder string
+	claimOne, complete, release, failOne, markOne, holder string
 
 	// claimRow, claimTail: a claim's VALUES row and what follows the rows
 	// (the conflict clause, and RETURNING where the dialect has it).
 	// Parameters of a row: key, leaseID, owner, leaseUS, hash,
 	// leaseUS+retentionUS. The statement, built by claimsQuery, returns
-	// msg_key, state, lease_id, lease_until, payload_hash, last_seen, now
-	// per row; on MySQL 8 it returns nothing, and a locking read of the rows
-	// follows it in its transaction.
+	// claimCols and now per row; on MySQL 8 it returns nothing, and a
+	// locking read of the rows follows it in its transaction.
 	claimRow, claimTail string
 	// markRow(key, retentionUS), markTail: likewise for marks, which
 	// return nothing.
@@ -263,15 +306,44 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 	return q
 }
 
-const cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
+const (
+	// cols are the columns the store's INSERTs name: those of the earlier
+	// layout (reason takes its default).
+	cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
+
+	// claimCols are the columns a claim statement answers per row, before
+	// the clock reading (see claimRow in batch.go).
+	claimCols = `msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason`
+
+	// recordCols are the columns Get and List read (see recordRow in
+	// admin.go).
+	recordCols = `state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id`
+)
+
+// The states of a row.
+const (
+	stateOpen      = 0 // available, leased, or in a failed attempt's backoff
+	stateProcessed = 1
+	stateDead      = 2
+)
 
 // The TryBegin decision, on the existing row t and the would-be row x (whose
 // last_seen is the statement's clock reading):
 //
 //	gone: t expired (retention or lease+retention passed): start a fresh record;
-//	free: t is open and its lease ended or was released: acquire, Attempts+1;
-//	mine: t is open and held by the caller's own lease id: renew from now;
-//	else: processed, or held by another live lease: unchanged.
+//	free: t is open, and its lease or its failed attempt's backoff ended
+//	      or was released: acquire, Attempts+1;
+//	mine: t is open and held by the caller's own lease id: renew from now
+//	      (a failed, released or forcibly released lease has lease_id '',
+//	      which no caller's lease id is);
+//	else: processed, dead, held by another live lease, or in a backoff:
+//	      unchanged.
+//
+// A failed attempt's backoff is a lease that nobody holds: Fail sets
+// lease_until to its end and empties lease_id (no caller's lease id is
+// empty), so a claim answers Busy until then as it does for a live lease,
+// and the conditions are those of leases alone. Get tells the two apart by
+// the lease id.
 const (
 	pgGone = `t.expires_at <= EXCLUDED.last_seen`
 	pgFree = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)`
@@ -288,6 +360,7 @@ const (
 	last_seen    = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.last_seen ELSE t.last_seen END,
 	processed_at = CASE WHEN ` + pgGone + ` THEN NULL ELSE t.processed_at END,
 	payload_hash = CASE WHEN ` + pgGone + ` OR ((` + pgFree + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN ` + pgGone + ` THEN '' ELSE t.reason END,
 	expires_at   = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.expires_at ELSE t.expires_at END`
 
 	// The SET clauses of Complete and Release; $1 is the retention.
@@ -304,6 +377,7 @@ const (
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
 	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
 	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
 	last_seen    = EXCLUDED.last_seen,
 	lease_id     = '',
@@ -319,6 +393,7 @@ const (
 	maskComplete
 	maskRelease
 	maskMark
+	maskFail
 )
 
 func pgQueries(t string) queries {
@@ -328,7 +403,7 @@ UPDATE ` + t + ` AS t SET lease_until = n.now + $3::bigint` + pgUS + `, last_see
 FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.lease_until`,
 
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, clock_timestamp()
+		get: `SELECT ` + recordCols + `, clock_timestamp()
 FROM ` + t + ` WHERE msg_key = $1`,
 
 		cleanup: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
@@ -336,6 +411,12 @@ DELETE FROM ` + t + ` AS t USING n
 WHERE t.expires_at <= n.now AND t.msg_key IN (
 	SELECT d.msg_key FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
 	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+
+		forget: `DELETE FROM ` + t + ` WHERE msg_key = $1`,
+
+		forceRelease: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS + `
+FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease_until > n.now`,
 	}
 	for mask := 1; mask < len(q.pg); mask++ {
 		q.pg[mask] = pgWaveQuery(t, mask)
@@ -346,13 +427,16 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 INSERT INTO ` + t + ` AS t (` + cols + `)
 SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + ` FROM n
 ON CONFLICT (msg_key) DO UPDATE SET` + pgClaimSet + `
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen)
-SELECT r.msg_key, r.state, r.lease_id, r.lease_until, r.payload_hash, r.last_seen, n.now FROM r, n`
+RETURNING ` + pgCols("t", claimCols) + `)
+SELECT ` + pgCols("r", claimCols) + `, n.now FROM r, n`
 	q.complete = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + t + ` AS t SET` + pgCompleteSet + `
 FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.expires_at > n.now`
 	q.release = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + t + ` AS t SET` + pgReleaseSet + `
+FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
+	q.failOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE ` + t + ` AS t SET` + pgFailSet("$4", "$5::smallint", "$6::bigint") + `
 FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
 	q.markOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 INSERT INTO ` + t + ` AS t (` + cols + `)
@@ -361,35 +445,56 @@ ON CONFLICT (msg_key) DO UPDATE SET` + pgMarkSet
 	return q
 }
 
+// pgCols qualifies each column of list (comma-separated) with alias.
+func pgCols(alias, list string) string {
+	cs := strings.Split(list, ", ")
+	for i, c := range cs {
+		cs[i] = alias + "." + c
+	}
+	return strings.Join(cs, ", ")
+}
+
+// pgFailSet is the SET clause of a Fail whose reason, new state (0, or 2
+// for dead) and backoff (microseconds, 0 for none) are the expressions
+// given; $1 is the retention. The backoff is a lease nobody holds: lease_id
+// empty, lease_until its end (NULL without one). The row lives for the
+// backoff plus the retention.
+func pgFailSet(reason, state, retryUS string) string {
+	return ` lease_id = '', lease_until = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), last_seen = n.now,
+	reason = ` + reason + `, state = ` + state + `, expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
+}
+
 // pgWaveQuery is the one statement of a PostgreSQL wave whose operations
 // are of the kinds in mask: a data-modifying CTE per kind, each over the
 // arrays of its rows (unnest), all reading one clock. Its parameters are the
 // retention (microseconds), then per kind present, in the order claims,
-// completes, releases, marks, its arrays as array literals (text, cast in
-// the statement, so any driver passes them): claims keys, lease ids,
-// owners, lease lengths (microseconds) and payload hashes; completes and
-// releases keys, lease ids and their number; marks keys.
+// completes, releases, marks, fails, its arrays as array literals (text,
+// cast in the statement, so any driver passes them): claims keys, lease
+// ids, owners, lease lengths (microseconds) and payload hashes; completes
+// and releases keys, lease ids and their number; marks keys; fails keys,
+// lease ids, reasons, backoffs (microseconds), new states and their
+// number.
 //
-// The number of completes (releases) is the LIMIT of their unnest, which
-// changes nothing but the planner's estimate: a LIMIT it cannot read makes
-// it expect one row, so the UPDATE looks each key up in the primary key
-// index whatever the table's statistics. Without it, the plan that
+// The number of completes (releases, fails) is the LIMIT of their unnest,
+// which changes nothing but the planner's estimate: a LIMIT it cannot read
+// makes it expect one row, so the UPDATE looks each key up in the primary
+// key index whatever the table's statistics. Without it, the plan that
 // PostgreSQL caches for the prepared statement, made while the table was
 // small, may hash-join the arrays with a scan of the whole table, and keep
-// doing so as the table grows. It returns one row per claim
-// (kind 1: msg_key, state, lease_id, lease_until, payload_hash, last_seen,
-// now), per complete and release that held its key (kinds 2 and 3:
-// msg_key), and per mark (kind 4: msg_key). The keys of a wave are
-// distinct, so no two CTEs touch one row.
+// doing so as the table grows. It returns one row per claim (kind 1:
+// msg_key, then claimCols but msg_key, then now), per complete, release
+// and fail that held its key (kinds 2, 3 and 5: msg_key), and per mark
+// (kind 4: msg_key). The keys of a wave are distinct, so no two CTEs touch
+// one row.
 func pgWaveQuery(t string, mask int) string {
 	n := 0
 	param := func(cast string) string { n++; return "$" + strconv.Itoa(n) + cast }
 	arr := func(typ string) string { return param("::text::" + typ + "[]") }
-	ret := param("::bigint") // $1, as pgCompleteSet and pgReleaseSet expect
+	ret := param("::bigint") // $1, as pgCompleteSet, pgReleaseSet and pgFailSet expect
 	ctes := []string{`n AS MATERIALIZED (SELECT clock_timestamp() AS now)`}
 	var sels []string
 	other := func(kind int, cte string) string {
-		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::timestamptz FROM ` + cte
+		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM ` + cte
 	}
 	if mask&maskClaim != 0 {
 		k, l, o, lu, h := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("text")
@@ -398,8 +503,8 @@ INSERT INTO `+t+` AS t (`+cols+`)
 SELECT u.k, 0, u.l, u.o, n.now + u.lu`+pgUS+`, 1, n.now, n.now, NULL, u.h, n.now + (u.lu + `+ret+`)`+pgUS+`
 FROM n, unnest(`+k+`, `+l+`, `+o+`, `+lu+`, `+h+`) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET`+pgClaimSet+`
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen)`)
-		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, n.now FROM c, n`)
+RETURNING `+pgCols("t", claimCols)+`)`)
+		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n`)
 	}
 	if mask&maskComplete != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
@@ -429,14 +534,24 @@ ON CONFLICT (msg_key) DO UPDATE SET`+pgMarkSet+`
 RETURNING t.msg_key)`)
 		sels = append(sels, other(4, "m"))
 	}
+	if mask&maskFail != 0 {
+		k, l, r, ra, s, lim := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("smallint"), param("::int")
+		ctes = append(ctes, `f AS (
+UPDATE `+t+` AS t SET`+pgFailSet("u.r", "u.s", "u.ra")+`
+FROM n, (SELECT * FROM unnest(`+k+`, `+l+`, `+r+`, `+ra+`, `+s+`) LIMIT `+lim+`) AS u(k, l, r, ra, s)
+WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+RETURNING t.msg_key)`)
+		sels = append(sels, other(5, "f"))
+	}
 	return "WITH " + strings.Join(ctes, ",\n") + "\n" + strings.Join(sels, "\nUNION ALL ")
 }
 
 // MySQL and MariaDB run the assignments of ON DUPLICATE KEY UPDATE (and of
-// UPDATE) left to right, each seeing the columns assigned before it. The
-// conditions read expires_at, state, lease_until and lease_id, so those are
-// assigned last, in an order where every condition still decides as it would
-// on the old row (see the comment in myQueries).
+// a single-table UPDATE) left to right, each seeing the columns assigned
+// before it. The conditions read expires_at, state, lease_until and
+// lease_id, so those are assigned last, in an order where every
+// condition still decides as it would on the old row (see the comment in
+// myQueries).
 func myQueries(t string, returning bool) queries {
 	const (
 		now  = `UTC_TIMESTAMP(6)`
@@ -445,7 +560,8 @@ func myQueries(t string, returning bool) queries {
 		free = `state = 0 AND (lease_until IS NULL OR lease_until <= ` + xnow + `)`
 		mine = `state = 0 AND lease_id = VALUES(lease_id)`
 	)
-	// Order of the last four assignments:
+	// The columns assigned before lease_id (attempts, ..., last_seen) are
+	// read by no condition. Order of the last four assignments:
 	//   lease_id    := new when gone or free. Rows that were neither keep the
 	//                  old id, so "mine" still reads the old value for them;
 	//                  rows that were gone or free are still seen as such by
@@ -464,6 +580,7 @@ ON DUPLICATE KEY UPDATE
 	owner        = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(owner) ELSE owner END,
 	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
 	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
+	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
 	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + xnow + ` ELSE last_seen END,
 	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(lease_id) ELSE lease_id END,
 	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(lease_until) ELSE lease_until END,
@@ -488,6 +605,7 @@ ON DUPLICATE KEY UPDATE
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE owner END,
 	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
 	processed_at = CASE WHEN expires_at > VALUES(last_seen) AND state = 1 THEN processed_at ELSE VALUES(processed_at) END,
 	last_seen    = VALUES(last_seen),
 	lease_id     = '',
@@ -499,21 +617,39 @@ ON DUPLICATE KEY UPDATE
 WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
 		selectLeaseUntil: `SELECT lease_until FROM ` + t + ` WHERE msg_key = ?`,
 
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
+		get: `SELECT ` + recordCols + `, ` + now + `
 FROM ` + t + ` WHERE msg_key = ?`,
 
 		holder: `SELECT state, lease_id, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ?`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?`,
+
+		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?`,
+
+		// The WHERE clause reads the old row; no assignment reads a column.
+		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
+WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 	}
 	if returning {
-		q.claimTail += "\nRETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, " + now
+		q.claimTail += "\nRETURNING " + claimCols + ", " + now
 	}
 	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
 WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
 	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
 WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	// No assignment reads a column. Parameters: see failArgs.
+	q.failOne = `UPDATE ` + t + ` SET` + myFailSet("?", "?", "?", "?") + `
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
 	return q
+}
+
+// myFailSet is the SET clause of a Fail on MySQL whose reason, new state,
+// backoff and backoff plus retention (microseconds) are the expressions
+// given (see pgFailSet).
+func myFailSet(reason, state, retryUS, expiresUS string) string {
+	const now = `UTC_TIMESTAMP(6)`
+	return ` lease_id = '', lease_until = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), last_seen = ` + now + `,
+	reason = ` + reason + `, state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
 }
 
 // liteNow is SQLite's clock in integer microseconds since the Unix epoch.
@@ -542,8 +678,9 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.last_seen ELSE last_seen END,
 	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
 	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.expires_at ELSE expires_at END
-RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, ` + now,
+RETURNING ` + claimCols + `, ` + now,
 
 		completeSet: `
 	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
@@ -561,6 +698,7 @@ ON CONFLICT (msg_key) DO UPDATE SET
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE owner END,
 	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
 	processed_at = CASE WHEN expires_at > excluded.last_seen AND state = 1 THEN processed_at ELSE excluded.processed_at END,
 	last_seen    = excluded.last_seen,
 	lease_id     = '',
@@ -572,11 +710,20 @@ ON CONFLICT (msg_key) DO UPDATE SET
 WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
 RETURNING lease_until`,
 
-		get: `SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, ` + now + `
+		get: `SELECT ` + recordCols + `, ` + now + `
 FROM ` + t + ` WHERE msg_key = ?1`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` AND msg_key IN (
 	SELECT msg_key FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?1)`,
+
+		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
+
+		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?1
+WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
+
+		failOne: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULLIF(` + now + ` + ?6, ` + now + `), last_seen = ` + now + `,
+	reason = ?4, state = ?5, expires_at = ` + now + ` + ?6 + ?1
+WHERE msg_key = ?2 AND lease_id = ?3 AND state = 0 AND expires_at > ` + now,
 	}
 	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
 WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now

@@ -46,33 +46,44 @@
 // key: msg_key (primary key, compared byte for byte: TEXT COLLATE "C" on
 // PostgreSQL, VARBINARY(1024) on MySQL and MariaDB, whose default collations
 // fold case and trailing spaces, TEXT with SQLite's binary collation),
-// state, lease_id, owner, lease_until, attempts, first_seen, last_seen,
-// processed_at, payload_hash, and expires_at (when the row may be deleted),
+// state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until (the
+// end of the lease, or with an empty lease_id of a failed attempt's
+// backoff: see below), attempts, first_seen, last_seen, processed_at,
+// payload_hash, expires_at (when the row may be deleted) and reason (the
+// latest failed attempt's [inbox.FailOptions.Reason], empty when none),
 // with an index on expires_at for cleanup. Times keep microseconds on
 // PostgreSQL (timestamptz) and MySQL (DATETIME(6), UTC), milliseconds on
 // SQLite (integer microseconds from SQLite's millisecond clock).
 //
 // [Store.Migrate] creates the table when it does not exist (idempotent, safe
-// from several processes at once, never alters a table); [Options.AutoMigrate]
-// runs it in [New]. [DDL] gives the same statements to users who run their own
-// migrations. A store whose table is missing fails with
-// [inbox.ErrStoreUnavailable] and an error that says to migrate.
+// from several processes at once); [Options.AutoMigrate] runs it in [New].
+// [DDL] gives the same statements to users who run their own migrations. A
+// store whose table is missing fails with [inbox.ErrStoreUnavailable] and an
+// error that says to migrate. A table made by an earlier version of the store
+// lacks reason: stores.Open reports it as such (wrapping
+// stores.ErrMisconfigured, with the fix), and Migrate (migrate=true,
+// inboxctl migrate) adds the column, whose default describes every row of
+// such a table; DDL ends with the ALTER TABLE statement that does the same,
+// as a comment. Migrate alters no table otherwise.
 //
 // # Statements and clocks
 //
 // A claim is an upsert whose SET col = CASE ... arms decide in the
 // statement, under the row lock, whether the record expired (start afresh),
-// is free (acquire, Attempts+1), is held by the caller's own lease id
-// (renew) or is processed or held by another lease (unchanged): INSERT ...
-// ON CONFLICT DO UPDATE ... RETURNING on PostgreSQL and SQLite, INSERT ...
-// ON DUPLICATE KEY UPDATE ... RETURNING on MariaDB 10.5+. MySQL 8 has no
-// RETURNING: there a claim is the same upsert followed by a locking read in
-// one short transaction, and Extend an UPDATE and a read in one. Complete and
-// Release are UPDATEs fenced by the lease id; MarkProcessed an upsert. MySQL
-// and MariaDB run the assignments of ON DUPLICATE KEY UPDATE left to right,
-// each seeing the ones before it; the statement assigns the columns its
-// conditions read last, in an order proved in the source. The store tells
-// MariaDB from MySQL with SELECT VERSION().
+// is free (open, its lease or backoff ended or released: acquire,
+// Attempts+1), is held by the caller's own lease id (renew) or is
+// processed, dead, held by another lease or in a backoff (unchanged); the
+// row it returns (state, lease, attempts, reason) makes the answer: INSERT
+// ... ON CONFLICT DO UPDATE ...
+// RETURNING on PostgreSQL and SQLite, INSERT ... ON DUPLICATE KEY UPDATE
+// ... RETURNING on MariaDB 10.5+. MySQL 8 has no RETURNING: there a claim is
+// the same upsert followed by a locking read in one short transaction, and
+// Extend an UPDATE and a read in one. Complete, Release and Fail are UPDATEs
+// fenced by the lease id; MarkProcessed an upsert. MySQL and MariaDB run the
+// assignments of ON DUPLICATE KEY UPDATE left to right, each seeing the ones
+// before it; the statement assigns the columns its conditions read
+// (lease_id, lease_until, state, expires_at) last, in an order proved in
+// the source. The store tells MariaDB from MySQL with SELECT VERSION().
 //
 // Deadlines come from the database clock: clock_timestamp() read once per
 // statement on PostgreSQL (now() would be frozen at the start of a
@@ -88,15 +99,67 @@
 // persist wrap [inbox.ErrStoreUnavailable]; a canceled context wraps
 // context.Canceled.
 //
+// # Failed attempts: backoff and dead keys
+//
+// Fail, fenced as Release is (the lease id must hold the key, which must be
+// open), empties the lease id and records the reason; attempts are kept.
+// Without Dead, the backoff is a lease that nobody holds: lease_until is
+// set to the database clock plus [inbox.FailOptions.RetryAfter] (NULL when
+// zero), and as no caller's lease id is empty, every TryBegin, the failed
+// lease's id included, answers Busy until then, with ExpiresAt its end and
+// RetryAfter the time left, by the very conditions that decide for leases
+// (the claim statement gains no condition for backoffs). Get and List tell
+// the backoff from a lease by the empty lease id: StateAvailable with
+// RetryAt. The row lives until the end of the backoff plus the retention.
+// The acquisition after the backoff writes its own lease over it; the
+// reason stays, as history, until the row is forgotten or expires. With
+// Dead, Fail sets state 2 (and no backoff): every TryBegin answers
+// [inbox.Dead] with the reason and the attempts, Complete, Release, Fail
+// and Extend are [inbox.ErrLeaseLost] (no lease id holds the row),
+// MarkProcessed marks it processed, and the row lives for the retention
+// from the Fail.
+//
+// # Operators: List, Forget, ForceRelease
+//
+// [Store] implements [inbox.Admin] (the operators' side, which cmd/inboxctl
+// uses). Forget is a DELETE of the key's row. ForceRelease is an UPDATE of
+// an open row whose lease is live or whose backoff runs, fenced by no lease
+// id: the lease id is emptied (the holder's Complete, Release and Extend
+// are then lease lost), lease_until cleared, attempts kept; a processed,
+// dead or unknown key is left as it is.
+//
+// List is one SELECT per page in key order (ORDER BY msg_key LIMIT the page
+// plus one row, which tells whether a next page follows): keyset
+// pagination, whose cursor is the last key of the page (a string the caller
+// passes back unread): while others write, no key is listed twice, and a
+// key that exists and matches throughout the listing is listed. The prefix
+// is a range of the primary key, msg_key >= prefix AND msg_key < the prefix
+// with its last code point incremented, not a LIKE (keys may hold % and
+// _); the column compares bytes on every dialect, so the range is exactly
+// the keys that start with the prefix. The state (InProgress and Available
+// compare lease_until with the database clock, and a backoff's empty lease
+// id makes it Available) and OlderThan (last_seen against the database
+// clock) are conditions on the rows of that range. The primary key serves
+// the range, the order and the paging, so a page of keys in any state, or
+// in a state most rows are in, reads about one page of rows. There is no
+// index on state: it would be written by every claim, Complete and Fail,
+// which the common path would pay for, and it would serve only listings of
+// a state few rows are in (dead keys among processed ones). Such a listing
+// reads the rows of the range in key order until a page is full, all of
+// them when the state is rare: about the cost of a scan of the table, or
+// of the prefix's range. Narrow it with a prefix where the key scheme
+// allows ({bus}:{group}:...).
+//
 // # Batching
 //
 // [Store] embeds the portable layer of package
 // github.com/watermill-inbox/inbox/stores/driver, which validates input and
-// maps errors for every store, and batches: a TryBegin, Complete, Release
-// or MarkProcessed that finds the store idle is sent at once, alone; calls
-// made while batches are in flight wait and travel together in the next
+// maps errors for every store, and batches: a TryBegin, Complete, Release,
+// Fail or MarkProcessed that finds the store idle is sent at once, alone;
+// calls made while batches are in flight wait and travel together in the next
 // (at most 64 calls; two batches in flight at a time on PostgreSQL, MySQL
-// and MariaDB, one on SQLite, which has one writer). Extend, Get and IsProcessed are not batched. [Store.BatchStats]
+// and MariaDB, one on SQLite, which has one writer). Extend, Get,
+// IsProcessed and the operators' calls are not batched. [Store.BatchStats]
 // counts the batches and their sizes.
 //
 // A batch of one call (all a single sequential caller ever makes) is the
@@ -107,20 +170,24 @@
 // and each wave, per dialect:
 //
 //   - PostgreSQL: one statement, whatever the mix of operations: a
-//     data-modifying CTE per kind (the claims' upsert, the completes' and
-//     the releases' fenced UPDATE ... FROM unnest(...) RETURNING msg_key,
-//     the marks' upsert), each over the arrays of its rows, all under one
-//     clock reading.
+//     data-modifying CTE per kind (the claims' upsert, the completes',
+//     releases' and fails' fenced UPDATE ... FROM unnest(...) RETURNING
+//     msg_key, the marks' upsert), each over the arrays of its rows, all
+//     under one clock reading.
 //   - MariaDB and MySQL: one transaction for the whole batch: multi-row
 //     upserts for claims (with RETURNING on MariaDB; on MySQL 8 followed by
-//     a locking read of their rows) and for marks, and for completes and
-//     releases a locking read of their rows, the lease check made on it,
-//     and one UPDATE per kind of the rows that passed. InnoDB breaks a
-//     deadlock by rolling the transaction back; it is run again.
+//     a locking read of their rows) and for marks, and for completes,
+//     releases and fails a locking read of their rows, the lease check made
+//     on it, and one UPDATE per kind of the rows that passed (the fails'
+//     joined with a derived table of their values: reason, state, backoff).
+//     InnoDB breaks a deadlock by rolling the transaction back; it is run
+//     again.
 //   - SQLite: one transaction for the whole batch (immediate with the DSN of
 //     [SQLiteDSN]): multi-row upserts for claims and marks, UPDATE ...
-//     RETURNING msg_key for completes and releases. The statements are
-//     prepared once per number of rows.
+//     RETURNING msg_key for completes and releases, and the single
+//     statement of a Fail for each fail (they carry values of their own,
+//     and SQLite runs in the process). The statements are prepared once per
+//     number of rows.
 //
 // Within a wave the rows are sorted by key, so that concurrent batches lock
 // the rows they share in the same order. Every call gets its own outcome:
@@ -133,7 +200,10 @@
 // # Cleanup
 //
 // Reads compare expires_at with the clock, so expired rows are invisible at
-// once; [Store.Cleanup] deletes them in statements of at most
+// once (dead rows after the retention from their Fail, rows in a backoff
+// after the backoff plus the retention, as every other row after the end
+// of its lease or processing plus the retention); [Store.Cleanup] deletes
+// them in statements of at most
 // [Options.CleanupBatch] rows until none is left, alongside claims (on
 // PostgreSQL it skips rows locked by a claim; every delete checks expiry
 // again, so a key claimed in the meantime stays). [Options.CleanupInterval]
@@ -167,8 +237,9 @@
 //
 // The transactional mode may share a table with a lease [Store] but not its
 // keys: a key leased by the store is busy for the transactional mode until
-// the lease ends, and a key the transactional mode marked is processed for
-// the store.
+// the lease ends (a key in a failed attempt's backoff until the backoff
+// ends, a dead key until it expires or is forgotten), and a key the
+// transactional mode marked is processed for the store.
 //
 // # MySQL 8
 //

@@ -22,11 +22,13 @@ import (
 type errKind int
 
 const (
-	kindOther     errKind = iota
-	kindRetry             // deadlock or serialization failure: the statement was rolled back, run it again
-	kindLockWait          // lock wait timeout
-	kindNoTable           // the table does not exist
-	kindDuplicate         // unique violation
+	kindOther           errKind = iota
+	kindRetry                   // deadlock or serialization failure: the statement was rolled back, run it again
+	kindLockWait                // lock wait timeout
+	kindNoTable                 // the table does not exist
+	kindDuplicate               // unique violation
+	kindNoColumn                // a column does not exist
+	kindDuplicateColumn         // ALTER TABLE ADD COLUMN of a column that exists
 )
 
 func classify(err error) errKind {
@@ -41,6 +43,10 @@ func classify(err error) errKind {
 			return kindNoTable
 		case "23505":
 			return kindDuplicate
+		case "42703":
+			return kindNoColumn
+		case "42701":
+			return kindDuplicateColumn
 		}
 		return kindOther
 	}
@@ -55,6 +61,10 @@ func classify(err error) errKind {
 			return kindNoTable
 		case 1062: // ER_DUP_ENTRY
 			return kindDuplicate
+		case 1054: // ER_BAD_FIELD_ERROR
+			return kindNoColumn
+		case 1060: // ER_DUP_FIELDNAME
+			return kindDuplicateColumn
 		}
 		return kindOther
 	}
@@ -66,8 +76,13 @@ func classify(err error) errKind {
 		case sqlite3.SQLITE_CONSTRAINT:
 			return kindDuplicate
 		}
-		if strings.Contains(lite.Error(), "no such table") {
+		switch msg := lite.Error(); {
+		case strings.Contains(msg, "no such table"):
 			return kindNoTable
+		case strings.Contains(msg, "no such column"):
+			return kindNoColumn
+		case strings.Contains(msg, "duplicate column name"):
+			return kindDuplicateColumn
 		}
 	}
 	return kindOther
@@ -106,6 +121,9 @@ func (d *sqlDriver) fault(err error) error {
 	switch classify(err) {
 	case kindNoTable:
 		return fmt.Errorf("%w: table %s does not exist: run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
+			inbox.ErrStoreUnavailable, d.opts.Table, err)
+	case kindNoColumn:
+		return fmt.Errorf("%w: table %s lacks a column of this version of the store (a table of an earlier layout): run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
 			inbox.ErrStoreUnavailable, d.opts.Table, err)
 	case kindRetry:
 		return fmt.Errorf("%w: still deadlocked after retries: %w", inbox.ErrStoreUnavailable, err)

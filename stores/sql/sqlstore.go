@@ -39,8 +39,9 @@ type Options struct {
 	Lease time.Duration
 
 	// AutoMigrate makes [New] create the table and its index when they do
-	// not exist ([Store.Migrate]). Optional; default false: the table must
-	// exist (see [DDL]).
+	// not exist, and add the columns a table of the earlier layout lacks
+	// ([Store.Migrate]). Optional; default false: the table must exist (see
+	// [DDL]).
 	AutoMigrate bool
 
 	// CleanupInterval, when positive, starts a janitor that runs
@@ -111,7 +112,10 @@ type Store struct {
 	d *sqlDriver
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore = (*Store)(nil)
+	_ inbox.Admin      = (*Store)(nil)
+)
 
 // sqlDriver is the store's [driver.Driver]: the statements of one table.
 type sqlDriver struct {
@@ -286,11 +290,6 @@ func (d *sqlDriver) execStmt(ctx context.Context, q string, args ...any) (sql.Re
 	return d.db.ExecContext(ctx, q, args...)
 }
 
-const (
-	stateOpen      = 0
-	stateProcessed = 1
-)
-
 func (d *sqlDriver) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -363,16 +362,9 @@ func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.
 
 // Get implements [driver.Driver].
 func (d *sqlDriver) Get(ctx context.Context, key string) (inbox.Record, error) {
-	var (
-		state, attempts                            int
-		owner, hash                                string
-		first, last, until, expires, now           time.Time
-		firstOK, lastOK, untilOK, expiresOK, nowOK bool
-	)
+	var r recordRow
 	err := retryDeadlocks(ctx, func() error {
-		return d.queryRow(ctx, d.q.get, key).Scan(&state, &attempts,
-			d.timeDest(&first, &firstOK), d.timeDest(&last, &lastOK), d.timeDest(&until, &untilOK),
-			&owner, &hash, d.timeDest(&expires, &expiresOK), d.timeDest(&now, &nowOK))
+		return d.queryRow(ctx, d.q.get, key).Scan(d.recordDests(&r)...)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return inbox.Record{}, nil
@@ -380,18 +372,6 @@ func (d *sqlDriver) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if err != nil {
 		return inbox.Record{}, d.fault(err)
 	}
-	if !expires.After(now) {
-		return inbox.Record{}, nil // expired: logically gone, awaiting cleanup
-	}
-	r := inbox.Record{Attempts: attempts, FirstSeen: first, LastSeen: last, Owner: owner, PayloadHash: hash}
-	switch {
-	case state == stateProcessed:
-		r.State = inbox.StateProcessed
-	case untilOK && until.After(now):
-		r.State = inbox.StateInProgress
-		r.LeaseUntil = until
-	default:
-		r.State = inbox.StateAvailable
-	}
-	return r, nil
+	rec, _ := r.record()
+	return rec, nil
 }

@@ -80,8 +80,9 @@ ON CONFLICT (msg_key) DO NOTHING`,
 // When the row exists and is committed, it decides by the row: processed
 // (processed is true; tx and end are nil and the connection is given back),
 // expired or an ended lease of this store (deleted and claimed afresh), or a
-// live lease of this store (an [*inbox.BusyError] with the lease's
-// RetryAfter). A concurrent claim of key blocks on the uncommitted row: it
+// live lease of this store, the backoff of its failed attempt or a key it
+// marked dead (an [*inbox.BusyError] with the time the lease, the backoff
+// or the dead record has left). A concurrent claim of key blocks on the uncommitted row: it
 // sees the key processed when the other transaction commits, claims it when
 // that one rolls back, and after opts.LockTimeout fails with an
 // [*inbox.BusyError] (as does, on SQLite, a wait for the pool's connection
@@ -234,23 +235,31 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 		if err != nil {
 			return abort("reading the key's row", err)
 		}
+		// What keeps the key from this claim, until when: a live lease of
+		// the lease store on the same key, its failed attempt's backoff (a
+		// lease nobody holds), or its dead record.
+		var busyUntil time.Time
 		switch {
-		case !expires.After(now), state != stateProcessed && !(untilOK && until.After(now)):
+		case !expires.After(now):
+		case state == stateProcessed:
+			_ = tx.Rollback()
+			release()
+			return nil, nil, true, nil
+		case state == stateDead:
+			busyUntil = expires
+		case untilOK && until.After(now):
+			busyUntil = until
+		}
+		if busyUntil.IsZero() {
 			// Expired, or a released or abandoned lease: start afresh.
 			if _, err := tx.ExecContext(ctx, s.txq.remove, key); err != nil {
 				return abort("removing the expired row", err)
 			}
 			continue
-		case state == stateProcessed:
-			_ = tx.Rollback()
-			release()
-			return nil, nil, true, nil
-		default:
-			// A live lease of the lease store on the same key.
-			_ = tx.Rollback()
-			release()
-			return nil, nil, false, &inbox.BusyError{Key: key, RetryAfter: until.Sub(now)}
 		}
+		_ = tx.Rollback()
+		release()
+		return nil, nil, false, &inbox.BusyError{Key: key, RetryAfter: busyUntil.Sub(now)}
 	}
 	return abort("claim", errors.New("the key's row kept changing"))
 }

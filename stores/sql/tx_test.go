@@ -113,3 +113,54 @@ func TestBeginTxClaim_bad_input_and_closed(t *testing.T) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+// A key of the lease store that a failed attempt left in a backoff, or
+// marked dead, is busy for the transactional mode, as a live lease is; an
+// ended backoff is claimed afresh.
+func TestBeginTxClaim_backoff_and_dead_keys_are_busy(t *testing.T) {
+	for _, b := range txBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			db := b.open(t)
+			s := newStore(t, b, db, newTable(t, db, b.dialect), sqlstore.Options{Retention: time.Hour})
+			ctx := ctxT(t)
+			fail := func(key string, opts inbox.FailOptions) {
+				t.Helper()
+				c, err := s.TryBegin(ctx, key, inbox.BeginOptions{})
+				if err == nil {
+					err = s.Fail(ctx, key, c.LeaseID, opts)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			fail("tx:backoff", inbox.FailOptions{RetryAfter: time.Hour})
+			fail("tx:dead", inbox.FailOptions{Dead: true, Reason: "poison"})
+			fail("tx:ended", inbox.FailOptions{RetryAfter: time.Millisecond})
+			for _, key := range []string{"tx:backoff", "tx:dead"} {
+				_, _, processed, err := s.BeginTxClaim(ctx, key, txOpts)
+				var busy *inbox.BusyError
+				if !errors.As(err, &busy) || processed || busy.RetryAfter < 59*time.Minute {
+					t.Fatalf("BeginTxClaim(%s) = %v, %v; want an *inbox.BusyError of about an hour", key, processed, err)
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				_, end, processed, err := s.BeginTxClaim(ctx, "tx:ended", txOpts)
+				if err == nil && !processed {
+					if err := end(true); err != nil {
+						t.Fatal(err)
+					}
+					break
+				}
+				if !errors.Is(err, inbox.ErrBusy) || time.Now().After(deadline) {
+					t.Fatalf("BeginTxClaim after the backoff = %v, %v; want a claim", processed, err)
+				}
+				time.Sleep(5 * time.Millisecond) // polling interval
+			}
+			if r, err := s.Get(ctx, "tx:dead"); err != nil || r.State != inbox.StateDead || r.Reason != "poison" {
+				t.Fatalf("the dead key after BeginTxClaim: %+v, %v", r, err)
+			}
+		})
+	}
+}

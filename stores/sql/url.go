@@ -41,7 +41,8 @@ import (
 //	sql store (postgres): database app does not exist at 127.0.0.1:5432: create it, or fix the URL's path (FATAL: database "app" does not exist (SQLSTATE 3D000))
 //
 // Likewise for a role the server refuses, a table of another layout, a
-// missing right, a SQLite path that cannot be opened or is not a database. A
+// table of the earlier layout of this store (the fix: migrate), a missing
+// right, a SQLite path that cannot be opened or is not a database. A
 // server that does not answer wraps [inbox.ErrStoreUnavailable] only
 // ("sql store (postgres): Open: cannot reach database test at
 // 127.0.0.1:5432 as user postgres: ...").

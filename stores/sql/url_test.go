@@ -506,6 +506,31 @@ func TestOpen_check_false_waits_for_the_server(t *testing.T) {
 			}
 			p.Restore()
 			roundTrip(t, s)
+			// The operators' side too (on MySQL, the store made by the first
+			// call).
+			a, ok := s.(inbox.Admin)
+			if !ok {
+				t.Fatalf("%T does not implement inbox.Admin", s)
+			}
+			if pg, err := a.List(ctx, inbox.ListOptions{Prefix: "url:"}); err != nil || len(pg.Items) != 1 || pg.Items[0].State != inbox.StateProcessed {
+				t.Fatalf("List = %+v, %v; want url:key, processed", pg, err)
+			}
+			if err := a.ForceRelease(ctx, "url:key"); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Forget(ctx, "url:key"); err != nil {
+				t.Fatal(err)
+			}
+			c, err := s.TryBegin(ctx, "url:key", inbox.BeginOptions{})
+			if err != nil || c.Status != inbox.Acquired || c.Attempts != 1 {
+				t.Fatalf("TryBegin after Forget = %+v, %v", c, err)
+			}
+			if err := s.Fail(ctx, "url:key", c.LeaseID, inbox.FailOptions{Dead: true, Reason: "r"}); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.Get(ctx, "url:key"); err != nil || r.State != inbox.StateDead {
+				t.Fatalf("Get after Fail = %+v, %v", r, err)
+			}
 		})
 	}
 }

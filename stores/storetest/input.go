@@ -27,6 +27,7 @@ func badKeyCalls(st inbox.LeaseStore, key string) []call {
 		{"Get", func(ctx context.Context) error { _, err := st.Get(ctx, key); return err }, inbox.ErrInvalidKey},
 		{"IsProcessed", func(ctx context.Context) error { _, err := st.IsProcessed(ctx, key); return err }, inbox.ErrInvalidKey},
 		{"MarkProcessed", func(ctx context.Context) error { return st.MarkProcessed(ctx, key) }, inbox.ErrInvalidKey},
+		{"Fail", func(ctx context.Context) error { return st.Fail(ctx, key, id, inbox.FailOptions{}) }, inbox.ErrInvalidKey},
 	}
 }
 
@@ -91,6 +92,13 @@ func (s *suite) testBadInput(t *testing.T) {
 		{"Extend", func(ctx context.Context) error { _, err := st.Extend(ctx, key, "", longLease); return err }, inbox.ErrInvalidLeaseID},
 		{"Extend", func(ctx context.Context) error { _, err := st.Extend(ctx, key, c.LeaseID, 0); return err }, inbox.ErrInvalidLease},
 		{"Extend", func(ctx context.Context) error { _, err := st.Extend(ctx, key, c.LeaseID, -time.Second); return err }, inbox.ErrInvalidLease},
+		{"Fail empty lease id", func(ctx context.Context) error { return st.Fail(ctx, key, "", inbox.FailOptions{}) }, inbox.ErrInvalidLeaseID},
+		{"Fail negative backoff", func(ctx context.Context) error {
+			return st.Fail(ctx, key, c.LeaseID, inbox.FailOptions{RetryAfter: -time.Second})
+		}, inbox.ErrInvalidArgument},
+		{"Fail over-long reason", func(ctx context.Context) error {
+			return st.Fail(ctx, key, c.LeaseID, inbox.FailOptions{Reason: strings.Repeat("r", inbox.MaxReasonLen+1)})
+		}, inbox.ErrInvalidArgument},
 	})
 	if r := mustGet(t, st, fresh); r.State != inbox.StateNotFound {
 		t.Fatalf("a refused TryBegin created a record: %+v", r)
@@ -126,6 +134,7 @@ func (s *suite) testCanceledContext(t *testing.T) {
 		"Get":           func() error { _, err := st.Get(canceled, key); return err },
 		"IsProcessed":   func() error { _, err := st.IsProcessed(canceled, key); return err },
 		"MarkProcessed": func() error { return st.MarkProcessed(canceled, key) },
+		"Fail":          func() error { return st.Fail(canceled, key, c.LeaseID, inbox.FailOptions{Dead: true}) },
 	}
 	for name, f := range calls {
 		err := f()

@@ -101,6 +101,13 @@ type Harness struct {
 	// of at least 600ms), so the bound must allow a call the few round
 	// trips it makes and a new connection's handshake. Default 10s.
 	CallTimeout time.Duration
+
+	// ListByScan, when not empty, states why the store's List orders the
+	// records within each page only, and may return a key on two pages (a
+	// store that lists by scanning, as Redis does with SCAN). The List cases
+	// then compare the keys of all pages as a set; every store's pages are
+	// checked to be in key order.
+	ListByScan string
 }
 
 // Link is the connection between a store that [Harness.Faults] returns and
@@ -206,6 +213,15 @@ func (s *suite) cases() []testCase {
 		{"Keys_max_length", s.testKeyMaxLength},
 		{"Bad_input_rejected_without_change", s.testBadInput},
 		{"Canceled_context_fails_without_change", s.testCanceledContext},
+		{"TryBegin_returns_attempts", s.testAttemptsReturned},
+		{"Fail_with_backoff_is_busy_until_it_ends", s.testFailBackoff},
+		{"Fail_without_backoff_frees_key_and_fences", s.testFailNoBackoff},
+		{"Fail_dead_answers_dead_until_forgotten", s.testFailDead},
+		{"Fail_dead_key_expires_with_retention", s.testDeadRetention},
+		{"Admin_List_filters_by_prefix_state_and_age", s.testListFilters},
+		{"Admin_List_pages_with_cursor", s.testListPages},
+		{"Admin_Forget_makes_key_new", s.testForget},
+		{"Admin_ForceRelease_frees_lease_and_backoff", s.testForceRelease},
 	}
 }
 
@@ -290,7 +306,8 @@ func pollUntil(t *testing.T, deadline time.Duration, what string, f func() bool)
 func (s *suite) sameRecord(a, b inbox.Record) bool {
 	p := s.h.TimePrecision
 	return a.State == b.State && a.Attempts == b.Attempts && a.Owner == b.Owner && a.PayloadHash == b.PayloadHash &&
-		within(a.FirstSeen, b.FirstSeen, p) && within(a.LastSeen, b.LastSeen, p) && within(a.LeaseUntil, b.LeaseUntil, p)
+		within(a.FirstSeen, b.FirstSeen, p) && within(a.LastSeen, b.LastSeen, p) && within(a.LeaseUntil, b.LeaseUntil, p) &&
+		within(a.RetryAt, b.RetryAt, p) && a.Reason == b.Reason
 }
 
 // expireDeadline bounds how long the suite waits for a lease or retention of

@@ -165,7 +165,8 @@ func TestServerAndClient_follow_openapi_during_storetest(t *testing.T) {
 			"tryBegin 200 Acquired", "tryBegin 200 Busy", "tryBegin 200 Processed", "markProcessed 200 Processed",
 			"markProcessed 200 LeaseLost", "release 200 Released", "release 200 LeaseLost", "extend 200 Extended",
 			"extend 200 LeaseLost", "getRecord 200 NotFound", "getRecord 200 Available", "getRecord 200 InProgress",
-			"getRecord 200 Processed", "discovery 200 ",
+			"getRecord 200 Processed", "discovery 200 ", "tryBegin 200 Dead", "getRecord 200 Dead", "fail 200 Released",
+			"fail 200 Dead", "fail 200 LeaseLost", "list 200 ", "forget 200 Forgotten", "forceRelease 200 Released",
 		} {
 			if seen[want] == 0 {
 				t.Errorf("the suite never produced %q, so it was never checked; seen: %v", want, seen)
@@ -251,6 +252,25 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 		{"GET", "/readyz", ``, false, 200},
 		{"GET", "/metrics", ``, false, 200},
 		{"GET", "/v1/inbox", ``, false, 200},
+		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L"}`, false, 401},
+		{"POST", "/v1/inbox/fail", `{"key":"k"}`, true, 400},
+		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","retryAfterMs":-1}`, true, 400},
+		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","reason":"` + strings.Repeat("r", 1025) + `"}`, true, 400},
+		{"POST", "/v1/inbox/list", `{}`, false, 401},
+		{"POST", "/v1/inbox/list", `{"state":"Sleeping"}`, true, 400},
+		{"POST", "/v1/inbox/list", `{"limit":1001}`, true, 400},
+		{"POST", "/v1/inbox/forget", `{}`, true, 400},
+		{"POST", "/v1/inbox/force-release", `{"key":""}`, false, 401},
+		{"POST", "/v1/inbox/force-release", `{"key":""}`, true, 400},
+		{"PUT", "/v1/inbox/fail", `{}`, true, 405},
+		// A client before the fail extension, and a dead key: Busy, and
+		// InProgress, until the record expires.
+		{"POST", "/v1/inbox/try-begin", `{"key":"dead","leaseId":"D"}`, true, 200},
+		{"POST", "/v1/inbox/fail", `{"key":"dead","leaseId":"D","dead":true,"reason":"r"}`, true, 200},
+		{"POST", "/v1/inbox/try-begin", `{"key":"dead"}`, true, 200},
+		{"GET", "/v1/inbox/dead", ``, true, 200},
+		{"GET", "/v1/inbox/dead?acceptDead=true", ``, true, 200},
+		{"POST", "/v1/inbox/list", `{"state":"Dead","limit":1}`, true, 200},
 	} {
 		if got := send(c.method, c.path, c.body, c.auth); got != c.code {
 			t.Errorf("%s %s %s = %d, want %d", c.method, c.path, c.body, got, c.code)
@@ -278,8 +298,24 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 			}
 		}
 	}
-	_ = v
+	for _, want := range []string{"tryBegin 200 Busy", "getRecord 200 InProgress", "getRecord 200 Dead", "list 200 "} {
+		if v.seen[want] == 0 {
+			t.Errorf("no %q answer was checked; seen %v", want, v.seen)
+		}
+	}
+	// A store without admin operations: 501 on the admin endpoints.
+	m, _ := memory.New(memory.Options{})
+	t.Cleanup(func() { _ = m.Close() })
+	_, base = newValidator(t, server.Config{Store: plain{m}}, true)
+	for _, path := range []string{"/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release"} {
+		if got := send("POST", path, `{"key":"k"}`, false); got != 501 {
+			t.Errorf("%s over a store without admin operations = %d, want 501", path, got)
+		}
+	}
 }
+
+// plain hides the memory store's admin operations.
+type plain struct{ inbox.LeaseStore }
 
 // Keys that need escaping round-trip through the documented path form.
 func TestKeyPath_follows_openapi(t *testing.T) {

@@ -39,8 +39,19 @@ var ErrInvalidConfig = fmt.Errorf("%w: invalid inbox server config", inbox.ErrIn
 // Config configures [New]. Only Store is required.
 type Config struct {
 	// Store is the store the server serves. Required. The server does not
-	// close it. Retention is the store's own setting.
+	// close it. Retention is the store's own setting. The admin endpoints
+	// (list, forget, force-release) are served, and the discovery document
+	// lists the admin extension, when it implements inbox.Admin, as every
+	// store of this project does.
 	Store inbox.LeaseStore
+
+	// Retention is the Store's retention, as configured on the store
+	// itself. The server uses it only to tell a client that does not read
+	// the status Dead (a try-begin without acceptDead, a GET without
+	// ?acceptDead=true) when a dead key's record expires: such a client is
+	// told Busy, or InProgress, until then. Optional; default
+	// inbox.DefaultRetention, every store's default.
+	Retention time.Duration
 
 	// Token turns bearer authentication on: every call but discovery,
 	// /healthz, /readyz and /metrics must carry "Authorization: Bearer
@@ -99,6 +110,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Retention == 0 {
+		c.Retention = inbox.DefaultRetention
+	}
 	if c.LeaseMin == 0 {
 		c.LeaseMin = DefaultLeaseMin
 	}
@@ -181,6 +195,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > inbox.MaxKeyLen {
 		bad("MaxKeyBytes %d is outside [1, %d]", c.MaxKeyBytes, inbox.MaxKeyLen)
+	}
+	if c.Retention < 0 {
+		bad("Retention %s is negative", c.Retention)
 	}
 	if c.ReadyTimeout < 0 {
 		bad("ReadyTimeout %s is negative", c.ReadyTimeout)

@@ -9,11 +9,15 @@
 //
 // The protocol (stores/remote/openapi.yaml is its exact form):
 //
-//	POST /v1/inbox/try-begin       {"key", "owner"?, "leaseSeconds"?, "leaseId"?, "payloadHash"?}
+//	POST /v1/inbox/try-begin       {"key", "owner"?, "leaseSeconds"?, "leaseId"?, "payloadHash"?, "acceptDead"?}
 //	POST /v1/inbox/mark-processed  {"key", "leaseId"?}
 //	POST /v1/inbox/release         {"key", "leaseId"}
 //	POST /v1/inbox/extend          {"key", "leaseId", "leaseSeconds"?}
-//	GET  /v1/inbox/{key}
+//	POST /v1/inbox/fail            {"key", "leaseId", "retryAfterMs"?, "dead"?, "reason"?}  (ext. fail)
+//	POST /v1/inbox/list            {"state"?, "prefix"?, "olderThanMs"?, "limit"?, "cursor"?} (ext. admin)
+//	POST /v1/inbox/forget          {"key"}                                                   (ext. admin)
+//	POST /v1/inbox/force-release   {"key"}                                                   (ext. admin)
+//	GET  /v1/inbox/{key}           ?acceptDead=true (ext. fail)
 //	GET  /v1/inbox                 discovery
 //
 // Business outcomes are 200 answers with a status enum; 4xx and 5xx answers
@@ -22,9 +26,39 @@
 // invalid_argument), 401 for a missing or wrong bearer token, 404 for an
 // unknown path, 405 for a wrong method, 413 for a body over
 // [Config.MaxBodyBytes], 501 not_supported when the store cannot extend
-// leases, 503 store_unavailable when the store is down or closed, 500 for
-// other store failures. Unknown request fields are ignored; field names match
-// exactly.
+// leases or has no admin operations, 503 store_unavailable when the store is
+// down or closed, 500 for other store failures. Unknown request fields are
+// ignored; field names match exactly.
+//
+// The discovery document lists the extensions extend, leaseId, payloadHash,
+// payloadMismatch, fail, and admin when [Config.Store] implements
+// [inbox.Admin]. With fail:
+//
+//   - try-begin answers attempts (the key's count of acquired leases, this
+//     acquisition included) with every status; to a request with
+//     "acceptDead": true, a dead key answers {"status": "Dead", "reason",
+//     "attempts"}; to one without, it answers Busy with expiresAt the dead
+//     record's expiry and retryAfterMs the time until then, so a client of
+//     the protocol before the extension never sees a status it cannot read
+//     and never runs a dead key's handler. The expiry is the record's last
+//     write (the Fail) plus [Config.Retention].
+//   - fail ends a failed attempt under its leaseId ([inbox.LeaseStore.Fail]):
+//     Released (given back, acquirable once retryAfterMs has passed; until
+//     then try-begin answers Busy), Dead (with "dead": true), or LeaseLost
+//     (the lease no longer holds the key: a repeat after success is
+//     LeaseLost too). A negative retryAfterMs, a reason over 1024 bytes or
+//     holding NUL is 400 invalid_argument.
+//   - GET answers reason (the latest failure's) and retryAt (while a
+//     backoff runs); the status Dead only with ?acceptDead=true, else a
+//     dead record reads InProgress with leaseUntil its expiry.
+//
+// With admin (the operators' side, same bearer auth): list answers
+// {"items": [{"key", <the fields of a GET answer>}], "next"} (state is a
+// status name, Dead included; olderThanMs compares lastSeen with the
+// store's clock; limit is at most 1000, default 100; next is "" when the
+// listing is done, else the cursor of the next page); forget answers
+// {"status": "Forgotten"} and force-release {"status": "Released"}, for a
+// key in any state, known or not.
 //
 // Decisions of this implementation:
 //
@@ -45,11 +79,14 @@
 //     /metrics need no token: none of them holds a secret.
 //
 // Metrics (Prometheus): inbox_server_requests_total{endpoint, code, status}
-// and inbox_server_request_duration_seconds{endpoint}. status takes one
-// vocabulary across endpoints: the v1 status of a 200 answer of the
-// protocol (Acquired, Processed, Busy, Released, Extended, LeaseLost,
-// NotFound, Available, InProgress); OK for a 200 answer without one
-// (discovery, /healthz, /readyz, /metrics); the error code of an error
+// and inbox_server_request_duration_seconds{endpoint}. endpoint is
+// try-begin, mark-processed, release, extend, fail, list, forget,
+// force-release, get, discovery, healthz, readyz, metrics or other. status
+// takes one vocabulary across endpoints: the v1 status of a 200 answer of
+// the protocol (Acquired, Processed, Busy, Dead, Released, Extended,
+// LeaseLost, Forgotten, NotFound, Available, InProgress); OK for a 200
+// answer without one (discovery, list, /healthz, /readyz, /metrics); the
+// error code of an error
 // answer, as in its body (invalid_json, ..., unauthorized, not_found,
 // store_unavailable, internal_error), /readyz's 503 included
 // (store_unavailable, or draining during shutdown).
@@ -66,6 +103,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -84,6 +122,10 @@ const (
 	epMark      = "mark-processed"
 	epRelease   = "release"
 	epExtend    = "extend"
+	epFail      = "fail"
+	epList      = "list"
+	epForget    = "forget"
+	epForce     = "force-release"
 	epGet       = "get"
 	epDiscovery = "discovery"
 	epHealthz   = "healthz"
@@ -93,7 +135,7 @@ const (
 )
 
 // statusOK is the status label of a 200 answer without a v1 status
-// (discovery, /healthz, /readyz, /metrics).
+// (discovery, list, /healthz, /readyz, /metrics).
 const statusOK = "OK"
 
 // readyKey is the key /readyz reads to check the store.
@@ -103,6 +145,7 @@ const readyKey = "inboxd:readyz"
 // for concurrent use.
 type Server struct {
 	cfg       Config
+	admin     inbox.Admin // Config.Store's, nil when it has none
 	log       *slog.Logger
 	tokens    atomic.Pointer[[][32]byte] // SHA-256 of each accepted token; nil: auth none, for good (the discovery document says so)
 	discovery []byte                     // the discovery document, encoded once
@@ -122,6 +165,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
+	extensions := wire.Extensions
+	if a, ok := cfg.Store.(inbox.Admin); ok {
+		s.admin = a
+	} else {
+		extensions = slices.DeleteFunc(slices.Clone(extensions), func(e string) bool { return e == wire.ExtAdmin })
+	}
 	tokens := cfg.Tokens
 	if cfg.Token != "" {
 		tokens = append([]string{cfg.Token}, tokens...)
@@ -139,7 +188,7 @@ func New(cfg Config) (*Server, error) {
 			Default: int64(cfg.LeaseDefault / time.Second),
 		},
 		LeasePolicy: string(cfg.LeasePolicy),
-		Extensions:  wire.Extensions,
+		Extensions:  extensions,
 	})
 	if err != nil {
 		return nil, err
@@ -229,11 +278,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && path == wire.Extend:
 		ep = epExtend
 		rep = s.post(w, r, s.extend)
+	case r.Method == http.MethodPost && path == wire.Fail:
+		ep = epFail
+		rep = s.post(w, r, s.fail)
+	case r.Method == http.MethodPost && path == wire.List:
+		ep = epList
+		rep = s.post(w, r, s.list)
+	case r.Method == http.MethodPost && path == wire.Forget:
+		ep = epForget
+		rep = s.post(w, r, s.forget)
+	case r.Method == http.MethodPost && path == wire.ForceRelease:
+		ep = epForce
+		rep = s.post(w, r, s.forceRelease)
 	case strings.HasPrefix(path, wire.KeyPrefix):
 		ep = epGet
 		if s.method(w, r, &rep, http.MethodGet) && s.authorized(w, r, &rep) {
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
-			rep = s.get(ctx, path)
+			rep = s.get(ctx, path, acceptDead(r))
 			cancel()
 		}
 	default:
@@ -252,8 +313,7 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 	allow := want
 	if want == http.MethodGet {
 		allow = "GET, HEAD"
-		switch r.URL.EscapedPath() {
-		case wire.TryBegin, wire.MarkProcessed, wire.Release, wire.Extend:
+		if slices.Contains(wire.Operations, r.URL.EscapedPath()) {
 			allow = "GET, HEAD, POST" // POST the operation, GET the key of that name
 			want = "POST"
 		}
@@ -429,7 +489,17 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 	if err != nil {
 		return s.storeFailure(req.Key, err)
 	}
-	resp := wire.TryBeginResponse{Status: c.Status.String(), PayloadMismatch: c.PayloadMismatch}
+	resp := wire.TryBeginResponse{Status: c.Status.String(), PayloadMismatch: c.PayloadMismatch, Attempts: c.Attempts}
+	if c.Status == inbox.Dead && !req.AcceptDead {
+		// A client that cannot read Dead is told Busy until the record
+		// expires: it never runs the handler of a dead key.
+		until, err := s.deadUntil(ctx, req.Key)
+		if err != nil {
+			return s.storeFailure(req.Key, err)
+		}
+		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, until, time.Until(until)
+		resp.Status = wire.StatusBusy
+	}
 	switch c.Status {
 	case inbox.Acquired:
 		granted := c.Lease
@@ -441,10 +511,41 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 		ms := (c.RetryAfter + time.Millisecond - 1) / time.Millisecond // rounded up: never early
 		resp.ExpiresAt, resp.RetryAfterMs = utc(c.ExpiresAt), max(int64(ms), 1)
 	case inbox.Processed:
+	case inbox.Dead:
+		resp.Reason = c.Reason
 	default:
 		return s.storeFailure(req.Key, fmt.Errorf("store answered TryBegin with unknown status %v", c.Status))
 	}
 	return reply{code: http.StatusOK, body: resp, status: resp.Status, key: req.Key}
+}
+
+// deadUntil is when the dead record of key expires, as far as the server
+// knows: its last write (the Fail that made it dead) plus
+// [Config.Retention]. A record that is no longer dead (forgotten or marked
+// since), or that outlives the retention the server was told, gives a
+// second from now: the client asks again soon.
+func (s *Server) deadUntil(ctx context.Context, key string) (time.Time, error) {
+	rec, err := s.cfg.Store.Get(ctx, key)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return s.deadExpiry(rec), nil
+}
+
+// deadExpiry is deadUntil of a record read already.
+func (s *Server) deadExpiry(rec inbox.Record) time.Time {
+	until := rec.LastSeen.Add(s.cfg.Retention)
+	if rec.State != inbox.StateDead || rec.LastSeen.IsZero() || !time.Now().Before(until) {
+		return time.Now().Add(time.Second)
+	}
+	return until
+}
+
+// acceptDead reports whether a GET asks for the status Dead
+// (?acceptDead=true).
+func acceptDead(r *http.Request) bool {
+	v, err := strconv.ParseBool(r.URL.Query().Get("acceptDead"))
+	return err == nil && v
 }
 
 // leaseBody decodes and checks a mark-processed, release or extend body.
@@ -516,7 +617,7 @@ func (s *Server) leaseOutcome(key string, err error, status string, ok wire.Stat
 	return s.storeFailure(key, err)
 }
 
-func (s *Server) get(ctx context.Context, path string) reply {
+func (s *Server) get(ctx context.Context, path string, acceptDead bool) reply {
 	key, _, err := wire.KeyFromPath(path)
 	if err != nil {
 		return errReply(http.StatusBadRequest, wire.CodeInvalidKey, err.Error())
@@ -528,20 +629,142 @@ func (s *Server) get(ctx context.Context, path string) reply {
 	if err != nil {
 		return s.storeFailure(key, err)
 	}
-	resp := wire.RecordResponse{Status: rec.State.String(), Attempts: rec.Attempts}
-	if rec.State != inbox.StateNotFound {
-		resp.FirstSeen, resp.LastSeen, resp.LeaseUntil = utc(rec.FirstSeen), utc(rec.LastSeen), utc(rec.LeaseUntil)
-		resp.Owner, resp.PayloadHash = rec.Owner, rec.PayloadHash
-		if resp.FirstSeen == nil || resp.LastSeen == nil {
-			return s.storeFailure(key, fmt.Errorf("store returned a %v record without first or last seen time", rec.State))
-		}
-	} else {
-		resp.Attempts = 0
-	}
-	if _, err := inbox.ParseState(resp.Status); err != nil {
-		return s.storeFailure(key, fmt.Errorf("store answered Get with unknown state %v", rec.State))
+	resp, err := s.record(rec, acceptDead)
+	if err != nil {
+		return s.storeFailure(key, err)
 	}
 	return reply{code: http.StatusOK, body: resp, status: resp.Status, key: key}
+}
+
+// record is the answer of GET, and of list's items, for rec. A dead record
+// reads InProgress until its expiry for a client that did not say it reads
+// Dead.
+func (s *Server) record(rec inbox.Record, acceptDead bool) (wire.RecordResponse, error) {
+	if rec.State < inbox.StateNotFound || rec.State > inbox.StateDead {
+		return wire.RecordResponse{}, fmt.Errorf("store answered Get with unknown state %v", rec.State)
+	}
+	resp := wire.RecordResponse{Status: rec.State.String(), Attempts: rec.Attempts}
+	if rec.State == inbox.StateNotFound {
+		resp.Attempts = 0
+		return resp, nil
+	}
+	resp.FirstSeen, resp.LastSeen, resp.LeaseUntil = utc(rec.FirstSeen), utc(rec.LastSeen), utc(rec.LeaseUntil)
+	resp.Owner, resp.PayloadHash, resp.Reason, resp.RetryAt = rec.Owner, rec.PayloadHash, rec.Reason, utc(rec.RetryAt)
+	if resp.FirstSeen == nil || resp.LastSeen == nil {
+		return resp, fmt.Errorf("store returned a %v record without first or last seen time", rec.State)
+	}
+	if rec.State == inbox.StateDead && !acceptDead {
+		resp.Status, resp.LeaseUntil = wire.StatusInProgress, utc(s.deadExpiry(rec))
+	}
+	return resp, nil
+}
+
+func (s *Server) fail(ctx context.Context, body []byte) reply {
+	req, err := wire.DecodeFail(body)
+	if err != nil {
+		return decodeReply(err)
+	}
+	if r := s.checkKey(req.Key); r != nil {
+		return *r
+	}
+	if err := inbox.ValidateLeaseID(req.LeaseID); err != nil {
+		return s.storeReply(err)
+	}
+	opts := inbox.FailOptions{Dead: req.Dead, Reason: req.Reason}
+	if req.RetryAfterMs != nil {
+		if ms := *req.RetryAfterMs; ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("retryAfterMs %d is outside [0, %d]", ms, math.MaxInt64/int64(time.Millisecond)))
+		}
+		opts.RetryAfter = time.Duration(*req.RetryAfterMs) * time.Millisecond
+	}
+	if err := opts.Validate(); err != nil {
+		return s.storeReply(err)
+	}
+	ok := wire.StatusReleased
+	if req.Dead {
+		ok = wire.StatusDead
+	}
+	err = s.cfg.Store.Fail(ctx, req.Key, req.LeaseID, opts)
+	return s.leaseOutcome(req.Key, err, ok, wire.StatusResponse{Status: ok})
+}
+
+// noAdmin is the answer of an admin endpoint over a store without
+// inbox.Admin (the discovery document then leaves the extension out).
+func noAdmin() reply {
+	return errReply(http.StatusNotImplemented, wire.CodeNotSupported, "the server's store has no admin operations (the discovery document does not list the admin extension)")
+}
+
+func (s *Server) list(ctx context.Context, body []byte) reply {
+	if s.admin == nil {
+		return noAdmin()
+	}
+	req, err := wire.DecodeList(body)
+	if err != nil {
+		return decodeReply(err)
+	}
+	opts := inbox.ListOptions{Prefix: req.Prefix, Cursor: req.Cursor}
+	if req.State != "" {
+		st, err := inbox.ParseState(req.State)
+		if err != nil || st == inbox.StateNotFound {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument,
+				fmt.Sprintf("state %q is not one of Available, InProgress, Processed, Dead (leave it out to list every state)", req.State))
+		}
+		opts.State = st
+	}
+	if req.OlderThanMs != nil {
+		if ms := *req.OlderThanMs; ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("olderThanMs %d is outside [0, %d]", ms, math.MaxInt64/int64(time.Millisecond)))
+		}
+		opts.OlderThan = time.Duration(*req.OlderThanMs) * time.Millisecond
+	}
+	if req.Limit != nil {
+		if n := *req.Limit; n < 0 || n > inbox.MaxListLimit {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("limit %d is outside [0, %d] (0 or none: %d)", n, inbox.MaxListLimit, inbox.DefaultListLimit))
+		}
+		opts.Limit = int(*req.Limit)
+	}
+	if err := opts.Validate(); err != nil {
+		return s.storeReply(err)
+	}
+	page, err := s.admin.List(ctx, opts)
+	if err != nil {
+		return s.storeFailure(req.Prefix, err)
+	}
+	resp := wire.ListResponse{Items: make([]wire.ListItem, len(page.Items)), Next: page.Next}
+	for i, it := range page.Items {
+		rec, err := s.record(it.Record, true)
+		if err != nil {
+			return s.storeFailure(it.Key, err)
+		}
+		resp.Items[i] = wire.ListItem{Key: it.Key, RecordResponse: rec}
+	}
+	return reply{code: http.StatusOK, body: resp, status: statusOK, key: req.Prefix}
+}
+
+// keyCall is forget and force-release: a body {"key"} and one admin call.
+func (s *Server) keyCall(body []byte, call func(key string) error, status string) reply {
+	if s.admin == nil {
+		return noAdmin()
+	}
+	req, err := wire.DecodeKey(body)
+	if err != nil {
+		return decodeReply(err)
+	}
+	if r := s.checkKey(req.Key); r != nil {
+		return *r
+	}
+	if err := call(req.Key); err != nil {
+		return s.storeFailure(req.Key, err)
+	}
+	return reply{code: http.StatusOK, body: wire.StatusResponse{Status: status}, status: status, key: req.Key}
+}
+
+func (s *Server) forget(ctx context.Context, body []byte) reply {
+	return s.keyCall(body, func(key string) error { return s.admin.Forget(ctx, key) }, wire.StatusForgotten)
+}
+
+func (s *Server) forceRelease(ctx context.Context, body []byte) reply {
+	return s.keyCall(body, func(key string) error { return s.admin.ForceRelease(ctx, key) }, wire.StatusReleased)
 }
 
 func (s *Server) ready(ctx context.Context) reply {

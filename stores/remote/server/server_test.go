@@ -111,8 +111,8 @@ func TestServer_try_begin_lifecycle(t *testing.T) {
 	want(t, "release after mark", code, b, 200, "status", "LeaseLost")
 	code, b, _ = call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`)
 	want(t, "try-begin after mark", code, b, 200, "status", "Processed")
-	if len(b) != 1 {
-		t.Fatalf("Processed answer carries more than its status: %v", b)
+	if len(b) != 2 || b["attempts"] != 1.0 {
+		t.Fatalf("Processed answer %v, want its status and attempts 1 only", b)
 	}
 	code, b, _ = call(t, h, "GET", "/v1/inbox/never-seen", "")
 	want(t, "unknown key", code, b, 200, "status", "NotFound")
@@ -498,20 +498,30 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	call(t, h, "GET", "/v1/inbox/b", "", auth...)
 	call(t, h, "GET", "/v1/inbox/c", "", auth...)
 	call(t, h, "GET", "/v1/inbox/a", "", auth...)
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                // 401
-	post("/v1/inbox/try-begin", `{`)                                        // 400
-	post("/v1/inbox/try-begin", `{"key":""}`)                               // 400 invalid_key
-	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`) // 413
-	call(t, h, "DELETE", "/v1/inbox", "")                                   // 405
-	call(t, h, "GET", "/nowhere", "")                                       // 404
+	lease = post("/v1/inbox/try-begin", `{"key":"d"}`)["leaseId"]
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"d","leaseId":%q,"dead":true}`, lease)) // Dead
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"d","leaseId":%q}`, lease))             // LeaseLost
+	post("/v1/inbox/try-begin", `{"key":"d","acceptDead":true}`)                       // Dead
+	call(t, h, "GET", "/v1/inbox/d?acceptDead=true", "", auth...)                      // Dead
+	lease = post("/v1/inbox/try-begin", `{"key":"e"}`)["leaseId"]
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease)) // Released
+	post("/v1/inbox/list", `{}`)                                                            // OK
+	post("/v1/inbox/force-release", `{"key":"e"}`)                                          // Released
+	post("/v1/inbox/forget", `{"key":"e"}`)                                                 // Forgotten
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                // 401
+	post("/v1/inbox/try-begin", `{`)                                                        // 400
+	post("/v1/inbox/try-begin", `{"key":""}`)                                               // 400 invalid_key
+	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                 // 413
+	call(t, h, "DELETE", "/v1/inbox", "")                                                   // 405
+	call(t, h, "GET", "/nowhere", "")                                                       // 404
 	_ = store.Close()
 	call(t, h, "GET", "/readyz", "")           // 503 store_unavailable
 	post("/v1/inbox/try-begin", `{"key":"z"}`) // 503 store_unavailable
 	h.Drain()
 	call(t, h, "GET", "/readyz", "") // 503 draining
 
-	v1 := map[string]bool{"Acquired": true, "Processed": true, "Busy": true, "Released": true, "Extended": true,
-		"LeaseLost": true, "NotFound": true, "Available": true, "InProgress": true, "OK": true}
+	v1 := map[string]bool{"Acquired": true, "Processed": true, "Busy": true, "Dead": true, "Released": true, "Extended": true,
+		"LeaseLost": true, "Forgotten": true, "NotFound": true, "Available": true, "InProgress": true, "OK": true}
 	codes := map[string]bool{"invalid_json": true, "invalid_key": true, "invalid_lease": true, "invalid_lease_id": true,
 		"invalid_argument": true, "body_too_large": true, "unauthorized": true, "not_found": true, "method_not_allowed": true,
 		"not_supported": true, "store_unavailable": true, "internal_error": true, "draining": true}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,6 +128,14 @@ func Run(t *testing.T, srv Server) {
 	t.Run("Busy_under_concurrency_never_waits_past_the_lease", func(t *testing.T) {
 		t.Parallel()
 		testBusyWithinLease(t, client)
+	})
+	t.Run("List_prefix_is_a_range_of_keys_not_a_pattern", func(t *testing.T) {
+		t.Parallel()
+		testListPrefix(t, client)
+	})
+	t.Run("Fail_document_layout", func(t *testing.T) {
+		t.Parallel()
+		testFailLayout(t, client)
 	})
 	t.Run("EnsureIndexes", func(t *testing.T) {
 		t.Parallel()
@@ -258,6 +267,106 @@ func testBusyWithinLease(t *testing.T, client *mongo.Client) {
 				t.Fatalf("racer %d: Busy with RetryAfter %s for a %s lease", i, c.RetryAfter, lease)
 			}
 		}
+	}
+}
+
+// testListPrefix lists under a prefix that holds regular expression
+// syntax, with keys that a pattern would mix up: only the keys that start
+// with the prefix, byte for byte, come back, in order, once each.
+func testListPrefix(t *testing.T, client *mongo.Client) {
+	s := NewStore(t, client, Collection(t, client, "list"), mongostore.Options{})
+	base := "list:" + inbox.NewLeaseID() + ":"
+	prefix := base + ".*[\\d"
+	want := []string{prefix, prefix + "a", prefix + "%_", prefix + "é", prefix + "\U0010ffff", prefix + "\U0010ffff\U0010ffff", prefix + "~"}
+	others := []string{base + "x", base + ".*[\\", base + ".*[\\e", base + ".", base + ".*[\\D", base + "/*[\\d"}
+	for _, k := range append(append([]string{}, want...), others...) {
+		if err := s.MarkProcessed(ctxT(t), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(want)
+	var got []string
+	opts := inbox.ListOptions{Prefix: prefix, Limit: 2}
+	for pages := 0; ; pages++ {
+		if pages > len(want) {
+			t.Fatalf("List: more pages than keys; is Next advancing? got %q", got)
+		}
+		p, err := s.List(ctxT(t), opts)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", opts, err)
+		}
+		for _, it := range p.Items {
+			got = append(got, it.Key)
+		}
+		if p.Next == "" {
+			break
+		}
+		opts.Cursor = p.Next
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("List(prefix %q) = %q, want %q", prefix, got, want)
+	}
+	// The prefix ending in the greatest code point has no upper bound of
+	// its own: the range is cut one code point before.
+	p, err := s.List(ctxT(t), inbox.ListOptions{Prefix: prefix + "\U0010ffff"})
+	if err != nil || len(p.Items) != 2 {
+		t.Fatalf("List(prefix ending in U+10FFFF) = %+v, %v; want its 2 keys", p, err)
+	}
+}
+
+// testFailLayout checks the documents a failed attempt leaves, as the
+// package documentation describes them.
+func testFailLayout(t *testing.T, client *mongo.Client) {
+	coll := Collection(t, client, "layout")
+	s := NewStore(t, client, coll, mongostore.Options{})
+	read := func(key string) bson.M {
+		t.Helper()
+		var d bson.M
+		if err := client.Database(Database).Collection(coll).FindOne(ctxT(t), bson.D{{Key: "_id", Value: key}}).Decode(&d); err != nil {
+			t.Fatalf("reading the document of %q: %v", key, err)
+		}
+		return d
+	}
+	key := "layout:" + inbox.NewLeaseID()
+	c, err := s.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: time.Minute})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin = %+v, %v", c, err)
+	}
+	if d := read(key); d["dead"] != false || d["reason"] != "" || d["retryAt"] == nil {
+		t.Fatalf("a new record: %v; want dead false, reason \"\", retryAt the epoch", d)
+	}
+	if err := s.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: time.Hour, Reason: "later"}); err != nil {
+		t.Fatal(err)
+	}
+	d := read(key)
+	retryAt, _ := d["retryAt"].(bson.DateTime)
+	expiresAt, _ := d["expiresAt"].(bson.DateTime)
+	if d["leaseId"] != "" || d["reason"] != "later" || d["dead"] != false || retryAt.Time().Before(time.Now().Add(50*time.Minute)) ||
+		expiresAt.Time().Sub(retryAt.Time()) != inbox.DefaultRetention {
+		t.Fatalf("after Fail with a backoff of 1h: %v; want no lease id, the reason, retryAt in an hour, expiresAt a retention after it", d)
+	}
+	c, err = s.TryBegin(ctxT(t), key, inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Busy || c.Attempts != 1 {
+		t.Fatalf("TryBegin during the backoff = %+v, %v; want Busy after 1 attempt", c, err)
+	}
+	if err := s.ForceRelease(ctxT(t), key); err != nil {
+		t.Fatal(err)
+	}
+	c, err = s.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: time.Minute})
+	if err != nil || c.Status != inbox.Acquired || c.Attempts != 2 {
+		t.Fatalf("TryBegin after ForceRelease = %+v, %v; want Acquired, attempt 2", c, err)
+	}
+	if err := s.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{Dead: true, Reason: "poison"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := read(key); d["dead"] != true || d["reason"] != "poison" || d["attempts"] != int64(2) {
+		t.Fatalf("after Fail with Dead: %v; want dead true, the reason, 2 attempts", d)
+	}
+	if err := s.Forget(ctxT(t), key); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client.Database(Database).Collection(coll).CountDocuments(ctxT(t), bson.D{{Key: "_id", Value: key}}); err != nil || n != 0 {
+		t.Fatalf("after Forget: %d documents of the key, %v; want none", n, err)
 	}
 }
 

@@ -28,7 +28,19 @@ const (
 	MarkProcessed = "/v1/inbox/mark-processed"
 	Release       = "/v1/inbox/release"
 	Extend        = "/v1/inbox/extend"
+	Fail          = "/v1/inbox/fail"          // ext. "fail"
+	List          = "/v1/inbox/list"          // ext. "admin"
+	Forget        = "/v1/inbox/forget"        // ext. "admin"
+	ForceRelease  = "/v1/inbox/force-release" // ext. "admin"
 )
+
+// Operations are the paths of the POST endpoints: a GET of one of them is
+// the key of that name.
+var Operations = []string{TryBegin, MarkProcessed, Release, Extend, Fail, List, Forget, ForceRelease}
+
+// AcceptDeadQuery is the query of GET /v1/inbox/{key} with which a client
+// says that it reads the status Dead (ext. "fail").
+const AcceptDeadQuery = "acceptDead=true"
 
 // Statuses of 200 answers.
 const (
@@ -41,6 +53,8 @@ const (
 	StatusNotFound   = "NotFound"
 	StatusAvailable  = "Available"
 	StatusInProgress = "InProgress"
+	StatusDead       = "Dead"      // ext. "fail": try-begin, fail, GET, list
+	StatusForgotten  = "Forgotten" // ext. "admin": forget
 )
 
 // Auth modes and lease policies of the discovery document.
@@ -58,10 +72,18 @@ const (
 	ExtLeaseID         = "leaseId"         // try-begin honours the caller's leaseId
 	ExtPayloadHash     = "payloadHash"     // try-begin records payloadHash; GET returns it
 	ExtPayloadMismatch = "payloadMismatch" // try-begin answers payloadMismatch
+	// ExtFail: POST /v1/inbox/fail; try-begin answers attempts, and Dead
+	// (with reason) to a request with acceptDead; GET answers reason and
+	// retryAt, and Dead with ?acceptDead=true.
+	ExtFail = "fail"
+	// ExtAdmin: POST /v1/inbox/list, forget and force-release.
+	ExtAdmin = "admin"
 )
 
-// Extensions is what this project's server lists, in this order.
-var Extensions = []string{ExtExtend, ExtLeaseID, ExtPayloadHash, ExtPayloadMismatch}
+// Extensions is what this project's server lists, in this order, over a
+// store that implements inbox.Admin; without it, the server leaves ExtAdmin
+// out.
+var Extensions = []string{ExtExtend, ExtLeaseID, ExtPayloadHash, ExtPayloadMismatch, ExtFail, ExtAdmin}
 
 // Error codes of 4xx and 5xx answers.
 const (
@@ -87,6 +109,7 @@ type TryBeginRequest struct {
 	LeaseSeconds *int64 `json:"leaseSeconds,omitempty"`
 	LeaseID      string `json:"leaseId,omitempty"`     // ext.
 	PayloadHash  string `json:"payloadHash,omitempty"` // ext.
+	AcceptDead   bool   `json:"acceptDead,omitempty"`  // ext. "fail"
 
 	// HasLeaseID is set by DecodeTryBegin when the body names leaseId (an
 	// explicit "" is bad input, not "pick one").
@@ -101,6 +124,8 @@ type TryBeginResponse struct {
 	LeaseSeconds    int64      `json:"leaseSeconds,omitempty"`    // ext., granted
 	RetryAfterMs    int64      `json:"retryAfterMs,omitempty"`    // ext., with Busy
 	PayloadMismatch bool       `json:"payloadMismatch,omitempty"` // ext.
+	Attempts        int        `json:"attempts"`                  // ext. "fail", always sent by this server
+	Reason          string     `json:"reason,omitempty"`          // ext. "fail", with Dead
 }
 
 // LeaseRequest is the body of mark-processed, release and extend.
@@ -115,7 +140,46 @@ type LeaseRequest struct {
 	HasLeaseID bool `json:"-"`
 }
 
-// StatusResponse is the 200 answer of mark-processed, release and extend.
+// FailRequest is the body of POST /v1/inbox/fail (ext. "fail").
+type FailRequest struct {
+	Key          string `json:"key"`
+	LeaseID      string `json:"leaseId"`
+	RetryAfterMs *int64 `json:"retryAfterMs,omitempty"`
+	Dead         bool   `json:"dead,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// KeyRequest is the body of POST /v1/inbox/forget and force-release (ext.
+// "admin").
+type KeyRequest struct {
+	Key string `json:"key"`
+}
+
+// ListRequest is the body of POST /v1/inbox/list (ext. "admin").
+type ListRequest struct {
+	State       string `json:"state,omitempty"`
+	Prefix      string `json:"prefix,omitempty"`
+	OlderThanMs *int64 `json:"olderThanMs,omitempty"`
+	Limit       *int64 `json:"limit,omitempty"`
+	Cursor      string `json:"cursor,omitempty"`
+}
+
+// ListResponse is the 200 answer of list: the records of a page, each with
+// its key and the fields of a GET answer, and the cursor of the next page
+// ("" when the listing is done).
+type ListResponse struct {
+	Items []ListItem `json:"items"`
+	Next  string     `json:"next"`
+}
+
+// ListItem is one record of a ListResponse.
+type ListItem struct {
+	Key string `json:"key"`
+	RecordResponse
+}
+
+// StatusResponse is the 200 answer of mark-processed, release, extend,
+// fail, forget and force-release.
 type StatusResponse struct {
 	Status       string     `json:"status"`
 	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`    // extend
@@ -131,6 +195,8 @@ type RecordResponse struct {
 	LeaseUntil  *time.Time `json:"leaseUntil,omitempty"`
 	Owner       string     `json:"owner,omitempty"`
 	PayloadHash string     `json:"payloadHash,omitempty"` // ext.
+	Reason      string     `json:"reason,omitempty"`      // ext. "fail"
+	RetryAt     *time.Time `json:"retryAt,omitempty"`     // ext. "fail"
 }
 
 // LeaseRange is the leaseSeconds object of the discovery document.
@@ -227,12 +293,15 @@ func wantType(goType string) string {
 	return goType
 }
 
-// seconds decodes leaseSeconds: a JSON number (not a string) with an
-// integral value, in any notation ("30", "3e1"). Values beyond int64 are
-// saturated, so the lease range check catches them.
-type seconds struct{ v **int64 }
+// whole decodes leaseSeconds, retryAfterMs, olderThanMs and limit: a JSON
+// number (not a string) with an integral value, in any notation ("30",
+// "3e1"). Values beyond int64 are saturated, so range checks catch them.
+type whole struct {
+	v    **int64
+	unit string // "seconds", "milliseconds", "" for a count
+}
 
-func (s *seconds) UnmarshalJSON(b []byte) error {
+func (s *whole) UnmarshalJSON(b []byte) error {
 	if len(b) == 0 || b[0] == '"' || b[0] == '{' || b[0] == '[' || b[0] == 't' || b[0] == 'f' {
 		return fmt.Errorf("JSON %s where a whole number was expected", kind(b))
 	}
@@ -241,7 +310,10 @@ func (s *seconds) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("%s is not a number", b)
 	}
 	if f != math.Trunc(f) || math.IsNaN(f) {
-		return fmt.Errorf("%s is not a whole number of seconds", b)
+		if s.unit == "" {
+			return fmt.Errorf("%s is not a whole number", b)
+		}
+		return fmt.Errorf("%s is not a whole number of %s", b, s.unit)
 	}
 	var n int64
 	switch {
@@ -276,9 +348,10 @@ func DecodeTryBegin(body []byte) (TryBeginRequest, error) {
 	r.HasLeaseID, err = decodeObject(body, []field{
 		{"key", CodeInvalidKey, &r.Key},
 		{"owner", CodeInvalidArgument, &r.Owner},
-		{"leaseSeconds", CodeInvalidLease, &seconds{&r.LeaseSeconds}},
+		{"leaseSeconds", CodeInvalidLease, &whole{&r.LeaseSeconds, "seconds"}},
 		{"leaseId", CodeInvalidLeaseID, &r.LeaseID},
 		{"payloadHash", CodeInvalidArgument, &r.PayloadHash},
+		{"acceptDead", CodeInvalidArgument, &r.AcceptDead},
 	})
 	return r, err
 }
@@ -290,7 +363,41 @@ func DecodeLease(body []byte) (LeaseRequest, error) {
 	r.HasLeaseID, err = decodeObject(body, []field{
 		{"key", CodeInvalidKey, &r.Key},
 		{"leaseId", CodeInvalidLeaseID, &r.LeaseID},
-		{"leaseSeconds", CodeInvalidLease, &seconds{&r.LeaseSeconds}},
+		{"leaseSeconds", CodeInvalidLease, &whole{&r.LeaseSeconds, "seconds"}},
+	})
+	return r, err
+}
+
+// DecodeFail reads a fail body. HasLeaseID is not kept: fail needs a
+// leaseId, and an absent one is as bad as an empty one.
+func DecodeFail(body []byte) (FailRequest, error) {
+	var r FailRequest
+	_, err := decodeObject(body, []field{
+		{"key", CodeInvalidKey, &r.Key},
+		{"leaseId", CodeInvalidLeaseID, &r.LeaseID},
+		{"retryAfterMs", CodeInvalidArgument, &whole{&r.RetryAfterMs, "milliseconds"}},
+		{"dead", CodeInvalidArgument, &r.Dead},
+		{"reason", CodeInvalidArgument, &r.Reason},
+	})
+	return r, err
+}
+
+// DecodeKey reads a forget or force-release body.
+func DecodeKey(body []byte) (KeyRequest, error) {
+	var r KeyRequest
+	_, err := decodeObject(body, []field{{"key", CodeInvalidKey, &r.Key}})
+	return r, err
+}
+
+// DecodeList reads a list body.
+func DecodeList(body []byte) (ListRequest, error) {
+	var r ListRequest
+	_, err := decodeObject(body, []field{
+		{"state", CodeInvalidArgument, &r.State},
+		{"prefix", CodeInvalidArgument, &r.Prefix},
+		{"olderThanMs", CodeInvalidArgument, &whole{&r.OlderThanMs, "milliseconds"}},
+		{"limit", CodeInvalidArgument, &whole{&r.Limit, ""}},
+		{"cursor", CodeInvalidArgument, &r.Cursor},
 	})
 	return r, err
 }

@@ -51,13 +51,17 @@ func FuzzEscapeKey_round_trip(f *testing.F) {
 
 func FuzzDecode(f *testing.F) {
 	for _, b := range []string{`{"key":"k","leaseSeconds":30,"leaseId":"x","owner":"o","payloadHash":"h"}`, `{"key":1}`,
-		`{"leaseSeconds":1e400}`, `{"leaseSeconds":-0.0}`, `[]`, `null`, `{"key":"a"}x`, `{"leaseSeconds":"3"}`, `{"leaseId":null}`} {
+		`{"leaseSeconds":1e400}`, `{"leaseSeconds":-0.0}`, `[]`, `null`, `{"key":"a"}x`, `{"leaseSeconds":"3"}`, `{"leaseId":null}`,
+		`{"retryAfterMs":-1,"dead":true,"reason":"r"}`, `{"limit":1.5,"olderThanMs":"x","state":1}`, `{"acceptDead":"yes"}`} {
 		f.Add([]byte(b))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for name, decode := range map[string]func([]byte) error{
 			"try-begin": func(b []byte) error { _, err := wire.DecodeTryBegin(b); return err },
 			"lease":     func(b []byte) error { _, err := wire.DecodeLease(b); return err },
+			"fail":      func(b []byte) error { _, err := wire.DecodeFail(b); return err },
+			"list":      func(b []byte) error { _, err := wire.DecodeList(b); return err },
+			"key":       func(b []byte) error { _, err := wire.DecodeKey(b); return err },
 		} {
 			err := decode(body)
 			if err == nil {

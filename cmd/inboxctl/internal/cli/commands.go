@@ -1,0 +1,409 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores"
+)
+
+func init() {
+	commands = []*command{
+		{
+			name: "get", args: "KEY", nargs: 1,
+			summary: "show what the store knows of one key",
+			help: `Prints the key's record: state, attempts, first and last seen, lease until,
+retry at (the end of a failed attempt's backoff), owner, payload hash and
+reason (why the last attempt failed, or why the key is dead). A key the store
+does not know, or whose record expired, prints "KEY: not found" and exits 0;
+with -json its status is NotFound.`,
+			examples: []string{"-store redis://127.0.0.1:6379/0 get 'rabbit:billing:charge:4f1e2a9c'"},
+			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+				return r.get
+			},
+		},
+		{
+			name:    "ls",
+			summary: "list records by state, key prefix and age",
+			help: `Lists the records that the flags select, in key order, paging through the
+store until -limit records are printed or none is left. Stuck leases are
+-state in-progress -older-than 10m: live leases that no claim or heartbeat
+(Extend) has touched for 10 minutes. Dead keys are -state dead. When -limit stops the
+listing before the end, a note on stderr says so. Text output is a table
+(keys and reasons holding control characters are quoted, reasons cut to 60
+characters: get or -json show them whole); -json prints one object a line.`,
+			examples: []string{
+				"-store redis://127.0.0.1:6379/0 ls -state in-progress",
+				"-store redis://127.0.0.1:6379/0 ls -state in-progress -older-than 10m",
+				"-store redis://127.0.0.1:6379/0 ls -state dead -prefix rabbit:billing: -json",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				o := &lsOptions{limit: 100}
+				fs.Var(&o.state, "state", "keep records in this `state`: available, in-progress, processed or dead (default every state)")
+				fs.StringVar(&o.prefix, "prefix", "", "keep keys that start with this `prefix` (byte for byte)")
+				fs.Var(&o.olderThan, "older-than", "keep records last seen at least this `age` ago on the store's clock: 30s, 10m, 36h, 7d, 1d12h")
+				fs.IntVar(&o.limit, "limit", o.limit, "print at most `n` records")
+				return func(ctx context.Context, _ []string) error { return r.ls(ctx, o) }
+			},
+		},
+		{
+			name: "release", args: "KEY", nargs: 1,
+			summary: "end a key's live lease or backoff now, whoever holds it",
+			help: `For a stuck consumer: the key becomes available, so its next delivery
+acquires it at once; the old holder's Complete, Release and Extend then fail
+with ErrLeaseLost, and its attempts are kept. A processed or dead key, or one
+without a lease or backoff, is left as it is (forget deletes a record).
+Prints the record as it was and as it is.`,
+			examples: []string{"-store redis://127.0.0.1:6379/0 release 'rabbit:billing:charge:4f1e2a9c'"},
+			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+				return r.release
+			},
+		},
+		{
+			name: "forget", args: "KEY", nargs: 1,
+			summary: "delete a key's record, so that its next delivery runs the handler",
+			help: `The replay path for dead keys: after forget, the next delivery of the message
+runs the handler as if it were new (attempts start again at 1). It deletes
+the record whatever its state, processed included, and asks nothing: it
+prints the record it deleted. Forgetting a key whose lease is live lets
+another delivery run the handler while the holder still does (the holder's
+Complete then fails with ErrLeaseLost); release it, or wait for it, instead.`,
+			examples: []string{"-store redis://127.0.0.1:6379/0 forget 'rabbit:billing:charge:4f1e2a9c'"},
+			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+				return r.forget
+			},
+		},
+		{
+			name:    "migrate",
+			summary: "create a SQL store's table and index (or -print their DDL)",
+			help: `For deployments whose applications may not run DDL: run it once with a user
+that may, then open the store without migrate=true. It connects to the -store
+URL (postgres://, postgresql://, mysql://, sqlite://) and creates the table
+(the URL's table parameter, default inbox) and its index when they do not
+exist, and adds the columns a table of an earlier layout lacks; nothing else
+of an existing table is altered. With -print it connects to nothing
+and prints the statements for the URL's dialect and table, to apply with the
+team's own migration tool. Other stores have no schema: their URLs are a
+usage error.`,
+			examples: []string{
+				"migrate -store 'postgres://admin@db:5432/app?table=inbox'",
+				"migrate -print -store 'mysql://db:3306/app?table=inbox'",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				printDDL := fs.Bool("print", false, "print the DDL for the URL's dialect and table; connect to nothing")
+				return func(ctx context.Context, _ []string) error { return r.migrate(ctx, *printDDL) }
+			},
+		},
+	}
+}
+
+func (r *runner) get(ctx context.Context, args []string) error {
+	key := args[0]
+	st, label, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rec, err := st.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("get %s on %s: %w", showKey(key), label, err)
+	}
+	if r.json {
+		return r.writeJSON(keyedJSON{Key: key, recordJSON: toJSON(rec)})
+	}
+	if rec.State == inbox.StateNotFound {
+		_, err := fmt.Fprintf(r.env.Stdout, "%s: not found (the store has no live record of it: never seen, expired, or forgotten)\n", showKey(key))
+		return err
+	}
+	return writeRecord(r.env.Stdout, key, rec)
+}
+
+type lsOptions struct {
+	state     stateFlag
+	prefix    string
+	olderThan durationFlag
+	limit     int
+}
+
+func (r *runner) ls(ctx context.Context, o *lsOptions) error {
+	if o.limit < 1 {
+		return usagef("ls: -limit %d must be at least 1", o.limit)
+	}
+	opts := inbox.ListOptions{State: o.state.State, Prefix: o.prefix, OlderThan: time.Duration(o.olderThan)}
+	if err := opts.Validate(); err != nil {
+		return usagef("ls: %v", err)
+	}
+	st, label, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	a, err := admin(st, label, "ls")
+	if err != nil {
+		return err
+	}
+	var items []inbox.ListItem
+	seen := map[string]struct{}{}
+	more := false
+	for {
+		left := o.limit - len(items)
+		opts.Limit = min(left, inbox.MaxListLimit)
+		p, err := a.List(ctx, opts)
+		if err != nil {
+			return fmt.Errorf("ls on %s: %w", label, err)
+		}
+		for _, it := range p.Items {
+			// A store that lists by scanning (Redis) may give a key twice.
+			if _, dup := seen[it.Key]; dup {
+				continue
+			}
+			if len(items) == o.limit { // more than asked: keep what -limit allows
+				more = true
+				break
+			}
+			seen[it.Key] = struct{}{}
+			items = append(items, it)
+		}
+		if len(items) >= o.limit {
+			more = more || p.Next != ""
+			break
+		}
+		if p.Next == "" {
+			break
+		}
+		if p.Next == opts.Cursor {
+			return fmt.Errorf("ls on %s: the store returned the same cursor twice (%q); stopping", label, p.Next)
+		}
+		opts.Cursor = p.Next
+	}
+	// In key order over all pages: a scanning store orders each page only.
+	slices.SortFunc(items, func(a, b inbox.ListItem) int { return strings.Compare(a.Key, b.Key) })
+	if r.json {
+		for _, it := range items {
+			if err := r.writeJSON(keyedJSON{Key: it.Key, recordJSON: toJSON(it.Record)}); err != nil {
+				return err
+			}
+		}
+	} else if err := writeTable(r.env.Stdout, items); err != nil {
+		return err
+	}
+	if more {
+		fmt.Fprintf(r.env.Stderr, "inboxctl: stopped at -limit %d; more records may match (raise -limit, or narrow with -state, -prefix, -older-than)\n", o.limit)
+	}
+	return nil
+}
+
+func (r *runner) release(ctx context.Context, args []string) error {
+	key := args[0]
+	st, label, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	a, err := admin(st, label, "release")
+	if err != nil {
+		return err
+	}
+	before, err := st.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("release %s on %s: reading the record: %w", showKey(key), label, err)
+	}
+	after := before
+	held := before.State == inbox.StateInProgress || !before.RetryAt.IsZero()
+	if held {
+		if err := a.ForceRelease(ctx, key); err != nil {
+			return fmt.Errorf("release %s on %s: %w", showKey(key), label, err)
+		}
+		if after, err = st.Get(ctx, key); err != nil {
+			return fmt.Errorf("release %s on %s: released, but reading the record again failed: %w", showKey(key), label, err)
+		}
+	}
+	if r.json {
+		return r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
+	}
+	w := r.env.Stdout
+	switch {
+	case before.State == inbox.StateNotFound:
+		_, err = fmt.Fprintf(w, "nothing to release: %s not found\n", showKey(key))
+	case !held:
+		_, err = fmt.Fprintf(w, "nothing to release: %s is %s without a lease or backoff (release ends those; forget deletes a record)\n  is:  %s\n",
+			showKey(key), before.State, summary(before))
+	default:
+		_, err = fmt.Fprintf(w, "released %s\n  was: %s\n  now: %s\n", showKey(key), summary(before), summary(after))
+	}
+	return err
+}
+
+func (r *runner) forget(ctx context.Context, args []string) error {
+	key := args[0]
+	st, label, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	a, err := admin(st, label, "forget")
+	if err != nil {
+		return err
+	}
+	before, err := st.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("forget %s on %s: reading the record: %w", showKey(key), label, err)
+	}
+	after := before
+	if before.State != inbox.StateNotFound {
+		if err := a.Forget(ctx, key); err != nil {
+			return fmt.Errorf("forget %s on %s: %w", showKey(key), label, err)
+		}
+		if after, err = st.Get(ctx, key); err != nil {
+			return fmt.Errorf("forget %s on %s: forgotten, but reading the record again failed: %w", showKey(key), label, err)
+		}
+	}
+	if r.json {
+		return r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
+	}
+	w := r.env.Stdout
+	if before.State == inbox.StateNotFound {
+		_, err = fmt.Fprintf(w, "nothing to forget: %s not found\n", showKey(key))
+		return err
+	}
+	fmt.Fprintf(w, "forgot %s: its next delivery runs the handler\n  was: %s\n", showKey(key), summary(before))
+	if before.State == inbox.StateInProgress {
+		fmt.Fprintf(w, "  note: its lease was live: the holder's Complete will fail with ErrLeaseLost, and another delivery may run the handler meanwhile\n")
+	}
+	if after.State != inbox.StateNotFound {
+		fmt.Fprintf(w, "  now: %s (a delivery claimed it again since)\n", summary(after))
+	}
+	return nil
+}
+
+func (r *runner) migrate(ctx context.Context, printDDL bool) error {
+	m := r.env.Migrator
+	if m == nil {
+		return fmt.Errorf("migrate: this build of inboxctl has no SQL stores")
+	}
+	u, err := url.Parse(r.store)
+	if err != nil {
+		return usagef("migrate: cannot parse the -store URL (details withheld: it may hold a password)")
+	}
+	sqlSchemes := make([]string, 0, len(m.Dialects))
+	for s := range m.Dialects {
+		sqlSchemes = append(sqlSchemes, s+"://")
+	}
+	slices.Sort(sqlSchemes)
+	dialect, ok := m.Dialects[strings.ToLower(u.Scheme)]
+	if !ok {
+		return usagef("migrate: %s is not a SQL store URL (%s): only SQL stores have a schema to apply",
+			stores.Redact(u), strings.Join(sqlSchemes, ", "))
+	}
+	q := u.Query()
+	if vs := q["table"]; len(vs) > 1 {
+		return usagef("migrate: parameter table is given %d times in %s", len(vs), stores.Redact(u))
+	}
+	table := q.Get("table")
+	if table == "" {
+		table = m.DefaultTable
+	}
+	if printDDL {
+		ddl, err := m.DDL(dialect, table)
+		if err != nil {
+			return usagef("migrate: %v", err)
+		}
+		if r.json {
+			return r.writeJSON(struct {
+				Dialect string `json:"dialect"`
+				Table   string `json:"table"`
+				DDL     string `json:"ddl"`
+			}{dialect, table, ddl})
+		}
+		_, err = fmt.Fprint(r.env.Stdout, ddl)
+		return err
+	}
+	label := stores.Redact(u)
+	q.Set(m.MigrateParam, "true")
+	mu := *u
+	mu.RawQuery = q.Encode()
+	st, err := r.env.Open(ctx, mu.String())
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", label, err)
+	}
+	if err := st.Close(); err != nil {
+		return fmt.Errorf("migrate %s: the table is created, but closing the store failed: %w", label, err)
+	}
+	if r.json {
+		return r.writeJSON(struct {
+			Store    string `json:"store"`
+			Dialect  string `json:"dialect"`
+			Table    string `json:"table"`
+			Migrated bool   `json:"migrated"`
+		}{label, dialect, table, true})
+	}
+	_, err = fmt.Fprintf(r.env.Stdout, "migrated %s: table %s and its index exist (created if they were missing, the columns of an earlier layout added; nothing else is altered)\n", label, table)
+	return err
+}
+
+// stateFlag is -state: a record state by its command-line name.
+type stateFlag struct{ inbox.State }
+
+var stateFlagNames = []struct {
+	name  string
+	state inbox.State
+}{
+	{"available", inbox.StateAvailable},
+	{"in-progress", inbox.StateInProgress},
+	{"processed", inbox.StateProcessed},
+	{"dead", inbox.StateDead},
+}
+
+func (f *stateFlag) String() string {
+	for _, n := range stateFlagNames {
+		if n.state == f.State {
+			return n.name
+		}
+	}
+	return ""
+}
+
+// Set takes the names above, case-insensitive, with or without the dash,
+// and the protocol's names ("InProgress").
+func (f *stateFlag) Set(s string) error {
+	norm := func(s string) string { return strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(s)) }
+	for _, n := range stateFlagNames {
+		if norm(s) == norm(n.name) {
+			f.State = n.state
+			return nil
+		}
+	}
+	return fmt.Errorf("want available, in-progress, processed or dead")
+}
+
+// durationFlag is -older-than: a positive duration that may start with days,
+// read as the store URLs' durations are (stores.PopDuration).
+type durationFlag time.Duration
+
+func (f *durationFlag) String() string {
+	if *f == 0 {
+		return ""
+	}
+	return time.Duration(*f).String()
+}
+
+func (f *durationFlag) Set(s string) error {
+	const name = "d"
+	d, err := stores.PopDuration(url.Values{name: {s}}, name)
+	if err != nil {
+		// The error names a URL parameter: keep what it says of the value.
+		msg := err.Error()
+		if _, after, ok := strings.Cut(msg, fmt.Sprintf("%s=%q ", name, s)); ok {
+			msg = after
+		}
+		return fmt.Errorf("%s", msg)
+	}
+	*f = durationFlag(d)
+	return nil
+}

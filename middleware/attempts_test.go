@@ -1,0 +1,244 @@
+package inboxmw_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
+)
+
+var noBackoff = inboxmw.ExponentialBackoff(time.Second, 0)
+
+// flowRecord is the record of id's key in the direct-call tests (alias h).
+func flowRecord(t *testing.T, s inbox.LeaseStore, id string) inbox.Record {
+	t.Helper()
+	r, err := s.Get(context.Background(), testKeyPrefix+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The attempt that reaches MaxAttempts marks the key dead with the
+// handler's error; later deliveries get the same error without running the
+// handler. Neither is transient.
+func TestInbox_max_attempts_marks_the_key_dead(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), MaxAttempts: 3, Backoff: noBackoff})
+	var runs atomic.Int32
+	h := func(*message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return nil, fmt.Errorf("order 7: %w", errBoom)
+	}
+	for i := 1; i <= 2; i++ {
+		if _, err := call(ib, h, msgFor("d-1")); !errors.Is(err, errBoom) || errors.Is(err, inbox.ErrDead) {
+			t.Fatalf("attempt %d: %v, want the handler's error, not dead", i, err)
+		}
+	}
+	_, err := call(ib, h, msgFor("d-1"))
+	var de *inbox.DeadError
+	if !errors.As(err, &de) || !errors.Is(err, inbox.ErrDead) || !errors.Is(err, errBoom) || inboxmw.IsTransient(err) {
+		t.Fatalf("third attempt: %v, want a DeadError wrapping ErrDead and the handler's error, not transient", err)
+	}
+	if de.Attempts != 3 || de.Key != testKeyPrefix+"d-1" || de.Reason != "order 7: "+errBoom.Error() {
+		t.Fatalf("DeadError %+v", de)
+	}
+	r := flowRecord(t, store, "d-1")
+	if r.State != inbox.StateDead || r.Attempts != 3 || r.Reason != de.Reason {
+		t.Fatalf("record %+v, want Dead after 3 attempts with the reason", r)
+	}
+	_, err = call(ib, h, msgFor("d-1"))
+	if !errors.As(err, &de) || de.Err != nil || de.Reason != r.Reason || inboxmw.IsTransient(err) {
+		t.Fatalf("delivery of a dead key: %v, want the DeadError without a handler error", err)
+	}
+	if runs.Load() != 3 {
+		t.Fatalf("handler ran %d times, want 3", runs.Load())
+	}
+	if rec.get(inboxmw.OutcomeDead) != 2 {
+		t.Fatalf("dead counted %d times, want 2", rec.get(inboxmw.OutcomeDead))
+	}
+	// A transient handler error that made the key dead is still not transient.
+	if inboxmw.IsTransient(&inbox.DeadError{Err: context.Canceled}) {
+		t.Fatal("a DeadError wrapping context.Canceled is transient")
+	}
+}
+
+// A failed attempt's backoff is held by the store: the redelivery waits for
+// it in-process (polling Busy), then runs; with MaxBusyWait shorter than the
+// backoff it is nacked with ErrBusy instead.
+func TestInbox_backoff_waits_in_process(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	const backoff = 300 * time.Millisecond
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), Backoff: func(attempt int) time.Duration {
+		if attempt != 1 {
+			t.Errorf("Backoff(%d), want attempt 1", attempt)
+		}
+		return backoff
+	}})
+	fail := true
+	h := func(*message.Message) ([]*message.Message, error) {
+		if fail {
+			return nil, errBoom
+		}
+		return nil, nil
+	}
+	if _, err := call(ib, h, msgFor("bo-1")); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	failed := time.Now()
+	if r := flowRecord(t, store.LeaseStore, "bo-1"); r.RetryAt.IsZero() || r.Reason != errBoom.Error() {
+		t.Fatalf("record after the failure %+v, want a RetryAt and the reason", r)
+	}
+	fail = false
+	again := msgFor("bo-1")
+	if _, err := call(ib, h, again); err != nil {
+		t.Fatalf("redelivery: %v", err)
+	}
+	again.Ack()
+	if waited := time.Since(failed); waited < backoff-20*time.Millisecond {
+		t.Fatalf("the redelivery ran %s after the failure, before the backoff of %s", waited, backoff)
+	}
+	if store.busyAnswers.Load() == 0 {
+		t.Fatal("the redelivery never saw Busy")
+	}
+
+	short := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxBusyWait: 50 * time.Millisecond,
+		Backoff: func(int) time.Duration { return time.Minute }})
+	if _, err := call(short, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("bo-2")); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	if _, err := call(short, ok, msgFor("bo-2")); !errors.Is(err, inbox.ErrBusy) {
+		t.Fatalf("redelivery within a long backoff: %v, want ErrBusy", err)
+	}
+}
+
+// A handler failing twice then succeeding, with the default backoff, runs
+// three times, each failure costing one nack and no more, with gaps that
+// grow: the second backoff is drawn from [0, 4 s), the first from [0, 2 s).
+// Full jitter makes one pair of gaps random, so the check is on the means
+// over many messages (a failure here would need the means of 24 uniform
+// draws each to be more than 3.8 standard deviations off).
+func TestInbox_default_backoff_gaps_grow_without_a_nack_loop(t *testing.T) {
+	t.Parallel()
+	const n = 24
+	ps := newPubSub(t)
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store})
+	var mu sync.Mutex
+	runs := map[string][]time.Time{}
+	var nacks atomic.Int32
+	r, err := message.NewRouter(message.RouterConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Outside the inbox: every error the inbox returns is one nack.
+	r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if err != nil {
+				nacks.Add(1)
+			}
+			return out, err
+		}
+	}, ib.Middleware)
+	r.AddConsumerHandler("orders-handler", "orders", ps, func(m *message.Message) error {
+		id := m.Metadata.Get("IdempotencyKey")
+		mu.Lock()
+		defer mu.Unlock()
+		runs[id] = append(runs[id], time.Now())
+		if len(runs[id]) <= 2 {
+			return errBoom
+		}
+		return nil
+	})
+	go func() { _ = r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close() })
+	for i := range n {
+		publish(t, ps, order(fmt.Sprint("g-", i)))
+	}
+	testenv.Eventually(t, 60*time.Second, "every message processed", func() bool {
+		for i := range n {
+			if getRecord(t, store, fmt.Sprint("g-", i)).State != inbox.StateProcessed {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var sum1, sum2 time.Duration
+	for id, ts := range runs {
+		if len(ts) != 3 {
+			t.Fatalf("%s ran %d times, want 3", id, len(ts))
+		}
+		g1, g2 := ts[1].Sub(ts[0]), ts[2].Sub(ts[1])
+		if g1 > 2*time.Second+time.Second || g2 > 4*time.Second+time.Second {
+			t.Errorf("%s: gaps %s and %s, over the backoff bounds (2 s, 4 s) plus slack", id, g1, g2)
+		}
+		sum1 += g1
+		sum2 += g2
+	}
+	if got := nacks.Load(); got != 2*n {
+		t.Fatalf("%d nacks for %d messages failing twice each, want %d: a nack loop", got, n, 2*n)
+	}
+	if sum2 <= sum1 {
+		t.Fatalf("mean gaps %s then %s: want growing", sum1/n, sum2/n)
+	}
+	t.Logf("mean gaps: %s, then %s", sum1/n, sum2/n)
+}
+
+func TestKeyFromCtx_in_the_handler(t *testing.T) {
+	t.Parallel()
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias()})
+	var got string
+	m := msgFor("k-1")
+	if _, err := call(ib, func(m *message.Message) ([]*message.Message, error) {
+		got = inboxmw.KeyFromCtx(m.Context())
+		return nil, nil
+	}, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Ack()
+	if got != testKeyPrefix+"k-1" {
+		t.Fatalf("KeyFromCtx = %q, want %q", got, testKeyPrefix+"k-1")
+	}
+	if k := inboxmw.KeyFromCtx(context.Background()); k != "" {
+		t.Fatalf("outside the middleware: %q", k)
+	}
+}
+
+// A handler whose lease was lost fails without a Fail: the key is someone
+// else's now, so its last attempt cannot make it dead.
+func TestInbox_lost_lease_never_marks_dead(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	store.setExtendErr(inbox.ErrLeaseLost, false)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxAttempts: 1,
+		Lease: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) {
+		<-m.Context().Done()
+		return nil, m.Context().Err()
+	}, msgFor("lost-1"))
+	if !errors.Is(err, context.Canceled) || errors.Is(err, inbox.ErrDead) {
+		t.Fatalf("handler returned %v, want context.Canceled and not a dead key", err)
+	}
+	if store.releases.Load() != 0 {
+		t.Fatal("the middleware gave back a lease it had lost")
+	}
+	if r := flowRecord(t, store.LeaseStore, "lost-1"); r.State == inbox.StateDead {
+		t.Fatalf("record %+v is dead", r)
+	}
+}

@@ -1,0 +1,183 @@
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+)
+
+// Failed attempts (LeaseStore.Fail): the attempt count every claim returns,
+// the backoff a failure sets, and the Dead state.
+
+func (s *suite) testAttemptsReturned(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "attempts")
+	c1 := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if c1.Attempts != 1 {
+		t.Fatalf("first claim: Attempts %d, want 1", c1.Attempts)
+	}
+	if b := mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Busy); b.Attempts != 1 {
+		t.Fatalf("busy claim: Attempts %d, want 1", b.Attempts)
+	}
+	if err := st.Release(ctxT(t), key, c1.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	c2 := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if c2.Attempts != 2 {
+		t.Fatalf("claim after a release: Attempts %d, want 2", c2.Attempts)
+	}
+	if again := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: c2.LeaseID}, inbox.Acquired); again.Attempts != 2 {
+		t.Fatalf("retry by the holder: Attempts %d, want 2 (not a new acquisition)", again.Attempts)
+	}
+	if err := st.Complete(ctxT(t), key, c2.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if p := mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Processed); p.Attempts != 2 {
+		t.Fatalf("processed claim: Attempts %d, want 2", p.Attempts)
+	}
+}
+
+func (s *suite) testFailBackoff(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "backoff")
+	backoff := 2 * s.h.Lease
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, Owner: "first"}, inbox.Acquired)
+	failed := time.Now()
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: backoff, Reason: "boom: it broke"}); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	// during reports whether the backoff surely still runs (measured from
+	// before the Fail was sent).
+	during := func() bool { return time.Since(failed) < backoff }
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateAvailable || r.Reason != "boom: it broke" || r.Attempts != 1 || !r.LeaseUntil.IsZero() {
+		t.Fatalf("after Fail: %+v; want Available, the reason, 1 attempt, no lease", r)
+	}
+	if r.RetryAt.IsZero() && during() {
+		t.Fatalf("after Fail with a backoff of %s: no RetryAt", backoff)
+	}
+	// Busy with the time left until the backoff ends (the failed lease's id
+	// is no exception: its attempt is over), then acquirable once.
+	var got inbox.Claim
+	pollUntil(t, expireDeadline(backoff), "the backoff to end", func() bool {
+		cl, err := st.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: longLease, LeaseID: c.LeaseID, Owner: "second"})
+		if err != nil {
+			t.Fatalf("TryBegin during the backoff: %v", err)
+		}
+		// Read after the answer: the store took its decision before it, so
+		// an acquisition answered within the backoff was surely early. (Read
+		// before the call, a call that waits to be served could be decided
+		// once the backoff is over.)
+		early := during()
+		switch cl.Status {
+		case inbox.Busy:
+			if cl.RetryAfter <= 0 || cl.RetryAfter > backoff+s.h.TimePrecision {
+				t.Fatalf("Busy during the backoff: RetryAfter %s, want within (0, %s]", cl.RetryAfter, backoff)
+			}
+			if !r.RetryAt.IsZero() && !within(cl.ExpiresAt, r.RetryAt, s.h.TimePrecision) {
+				t.Fatalf("Busy during the backoff: ExpiresAt %s, want the record's RetryAt %s", cl.ExpiresAt, r.RetryAt)
+			}
+		case inbox.Acquired:
+			if early {
+				t.Fatalf("acquired %s after a Fail with a backoff of %s", time.Since(failed), backoff)
+			}
+		default:
+			t.Fatalf("TryBegin during the backoff = %v, want Busy or Acquired", cl.Status)
+		}
+		got = cl
+		return cl.Status == inbox.Acquired
+	})
+	if got.Attempts != 2 {
+		t.Fatalf("claim after the backoff: Attempts %d, want 2", got.Attempts)
+	}
+	after := mustGet(t, st, key)
+	if after.State != inbox.StateInProgress || !after.RetryAt.IsZero() || after.Owner != "second" {
+		t.Fatalf("after the backoff: %+v; want InProgress under the second owner, no RetryAt", after)
+	}
+}
+
+func (s *suite) testFailNoBackoff(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "fail-now")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{Reason: "transient"}); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	if r := mustGet(t, st, key); r.State != inbox.StateAvailable || !r.RetryAt.IsZero() || r.Reason != "transient" {
+		t.Fatalf("after Fail without backoff: %+v; want Available, no RetryAt, the reason", r)
+	}
+	c2 := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if c2.Attempts != 2 {
+		t.Fatalf("Attempts %d, want 2", c2.Attempts)
+	}
+	// The failed lease is fenced: Fail, Complete, Release and Extend with it
+	// are lease lost, and change nothing.
+	wantErr(t, "Fail with a failed lease", st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{}), inbox.ErrLeaseLost)
+	wantErr(t, "Complete with a failed lease", st.Complete(ctxT(t), key, c.LeaseID), inbox.ErrLeaseLost)
+	if r := mustGet(t, st, key); r.State != inbox.StateInProgress || r.Attempts != 2 {
+		t.Fatalf("fenced calls changed the record: %+v", r)
+	}
+	if err := st.Complete(ctxT(t), key, c2.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "Fail after Complete", st.Fail(ctxT(t), key, c2.LeaseID, inbox.FailOptions{Dead: true}), inbox.ErrLeaseLost)
+	mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Processed)
+}
+
+func (s *suite) testFailDead(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "dead")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	reason := "handler: order 42 refused: invalid currency \"XYZ\" ✗"
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{Dead: true, RetryAfter: time.Hour, Reason: reason}); err != nil {
+		t.Fatalf("Fail with Dead: %v", err)
+	}
+	for _, id := range []string{"", c.LeaseID} {
+		d := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: id}, inbox.Dead)
+		if d.Reason != reason || d.Attempts != 1 || d.LeaseID != "" {
+			t.Fatalf("dead claim %+v; want the reason %q, 1 attempt, no lease", d, reason)
+		}
+	}
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateDead || r.Reason != reason || r.Attempts != 1 || !r.LeaseUntil.IsZero() || !r.RetryAt.IsZero() {
+		t.Fatalf("dead record %+v", r)
+	}
+	if ok, err := st.IsProcessed(ctxT(t), key); err != nil || ok {
+		t.Fatalf("IsProcessed of a dead key = %v, %v; want false", ok, err)
+	}
+	wantErr(t, "Complete of a dead key", st.Complete(ctxT(t), key, c.LeaseID), inbox.ErrLeaseLost)
+	wantErr(t, "Release of a dead key", st.Release(ctxT(t), key, c.LeaseID), inbox.ErrLeaseLost)
+	wantErr(t, "Fail of a dead key", st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{}), inbox.ErrLeaseLost)
+	if _, err := st.Extend(ctxT(t), key, c.LeaseID, longLease); !s.h.NoExtend {
+		wantErr(t, "Extend of a dead key", err, inbox.ErrLeaseLost)
+	}
+	if after := mustGet(t, st, key); !s.sameRecord(after, r) || after.Reason != reason {
+		t.Fatalf("fenced calls changed the dead record: %+v, was %+v", after, r)
+	}
+	// The plain contract marks whatever the state.
+	if err := st.MarkProcessed(ctxT(t), key); err != nil {
+		t.Fatal(err)
+	}
+	mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Processed)
+}
+
+func (s *suite) testDeadRetention(t *testing.T) {
+	st := s.h.New(t, Config{Retention: s.h.Retention})
+	key := newKey(t, "dead-retention")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: s.h.Lease}, inbox.Acquired)
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{Dead: true, Reason: "bad"}); err != nil {
+		t.Fatal(err)
+	}
+	mustBegin(t, st, key, inbox.BeginOptions{}, inbox.Dead)
+	pollUntil(t, expireDeadline(s.h.Retention), "the dead key to expire with the retention", func() bool {
+		c, err := st.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: longLease})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Status != inbox.Dead && c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin = %v, want Dead then Acquired", c.Status)
+		}
+		return c.Status == inbox.Acquired
+	})
+}
