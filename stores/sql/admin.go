@@ -56,6 +56,9 @@ func (r *recordRow) record() (inbox.Record, bool) {
 // database clock; it reads one row more than the page to know whether
 // another page follows.
 func (d *sqlDriver) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	if err := d.prepare(ctx); err != nil {
+		return inbox.ListPage{}, err
+	}
 	query, args := d.listQuery(opts)
 	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -180,6 +183,9 @@ func prefixEnd(prefix string) string {
 
 // Forget implements [driver.Driver]: a DELETE of the key's row.
 func (d *sqlDriver) Forget(ctx context.Context, key string) error {
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
 	if _, err := d.exec(ctx, d.q.forget, key); err != nil {
 		return d.fault(err)
 	}
@@ -191,6 +197,9 @@ func (d *sqlDriver) Forget(ctx context.Context, key string) error {
 // nobody holds): it ends now (lease id cleared, attempts kept), and the
 // row lives for the retention from now.
 func (d *sqlDriver) ForceRelease(ctx context.Context, key string) error {
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
 	if _, err := d.exec(ctx, d.q.forceRelease, us(d.opts.Retention), key); err != nil {
 		return d.fault(err)
 	}

@@ -33,6 +33,9 @@ func batchBounds(d Dialect) driver.Batch {
 // on SQLite one per Fail).
 // Errors of the database fail the batch.
 func (d *sqlDriver) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
 	var err error
 	switch d.opts.Dialect {
 	case Postgres:

@@ -125,8 +125,13 @@ type sqlDriver struct {
 	txq  txQueries // BeginTxClaim's
 
 	// returning is true when a claim is one statement: always on
-	// PostgreSQL and SQLite, on MariaDB 10.5+; false on MySQL.
+	// PostgreSQL and SQLite, on MariaDB 10.5+; false on MySQL. On MySQL and
+	// MariaDB it and q are known once prepare has asked the server its
+	// version: at New, or at the first call of a store opened with
+	// check=false.
 	returning bool
+	ready     atomic.Bool
+	prepMu    sync.Mutex
 	// ownsDB makes Close close db (stores opened by URL).
 	ownsDB bool
 	// onCleanupBatch, when set (tests), sees the rows each cleanup
@@ -161,15 +166,32 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	d := &sqlDriver{db: db, opts: opts, txq: buildTxQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
-	if opts.Dialect == MySQL {
-		var version string
-		if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
-			return nil, d.wrap(ctx, "asking the server version", err)
-		}
-		d.returning = mariaDBReturning(version)
+	s, err := newStore(db, opts)
+	if err != nil {
+		return nil, err
 	}
-	d.q = buildQueries(opts.Dialect, opts.Table, d.returning)
+	if err := s.d.prepare(ctx); err != nil {
+		return nil, err
+	}
+	if opts.AutoMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if opts.CleanupInterval > 0 {
+		s.d.startJanitor()
+	}
+	return s, nil
+}
+
+// newStore makes the store without contacting the server (opts has its
+// defaults and is valid).
+func newStore(db *sql.DB, opts Options) (*Store, error) {
+	d := &sqlDriver{db: db, opts: opts, txq: buildTxQueries(opts.Dialect, opts.Table), returning: opts.Dialect != MySQL}
+	if opts.Dialect != MySQL {
+		d.q = buildQueries(opts.Dialect, opts.Table, d.returning)
+		d.ready.Store(true)
+	}
 	b := batchBounds(opts.Dialect)
 	if opts.batch != nil {
 		b = *opts.batch
@@ -178,16 +200,30 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{Store: ds, d: d}
-	if opts.AutoMigrate {
-		if err := s.Migrate(ctx); err != nil {
-			return nil, err
-		}
+	return &Store{Store: ds, d: d}, nil
+}
+
+// prepare asks a MySQL-protocol server its version, once it answers, and
+// builds the statements that depend on it (MariaDB has RETURNING, MySQL
+// does not). Every call of the driver goes through it; on PostgreSQL and
+// SQLite it has nothing to do.
+func (d *sqlDriver) prepare(ctx context.Context) error {
+	if d.ready.Load() {
+		return nil
 	}
-	if opts.CleanupInterval > 0 {
-		d.startJanitor()
+	d.prepMu.Lock()
+	defer d.prepMu.Unlock()
+	if d.ready.Load() {
+		return nil
 	}
-	return s, nil
+	var version string
+	if err := d.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return d.wrap(ctx, "asking the server version", err)
+	}
+	d.returning = mariaDBReturning(version)
+	d.q = buildQueries(d.opts.Dialect, d.opts.Table, d.returning)
+	d.ready.Store(true)
+	return nil
 }
 
 // mariaDBReturning reports whether a server version string is MariaDB 10.5
@@ -248,7 +284,7 @@ func (d *sqlDriver) enter(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sql store: %s: %w", op, err)
 	}
-	return nil
+	return d.prepare(ctx)
 }
 
 func us(d time.Duration) int64 { return d.Microseconds() }
@@ -318,6 +354,9 @@ func (d *sqlDriver) exec(ctx context.Context, query string, args ...any) (int64,
 
 // Extend implements [driver.Driver].
 func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
+	if err := d.prepare(ctx); err != nil {
+		return time.Time{}, err
+	}
 	var (
 		until   time.Time
 		untilOK bool
@@ -362,6 +401,9 @@ func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.
 
 // Get implements [driver.Driver].
 func (d *sqlDriver) Get(ctx context.Context, key string) (inbox.Record, error) {
+	if err := d.prepare(ctx); err != nil {
+		return inbox.Record{}, err
+	}
 	var r recordRow
 	err := retryDeadlocks(ctx, func() error {
 		return d.queryRow(ctx, d.q.get, key).Scan(d.recordDests(&r)...)

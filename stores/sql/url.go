@@ -143,8 +143,8 @@ func popDriverParams(scheme string, q url.Values, allowed []string) (url.Values,
 // table with migrate=true), then it reads one key through the store's Get
 // statement, which checks the table and the user's rights on it. With
 // o.lazy it sends nothing: New runs now on PostgreSQL and SQLite, where it
-// needs no server without migrate=true, and at the first call on MySQL
-// (lazyStore).
+// needs no server without migrate=true; on MySQL the store asks the server
+// its version at its first call.
 func openDB(ctx context.Context, db *sql.DB, o urlOptions, t target) (stores.Store, error) {
 	if o.maxConns > 0 {
 		db.SetMaxOpenConns(o.maxConns)
@@ -157,13 +157,24 @@ func openDB(ctx context.Context, db *sql.DB, o urlOptions, t target) (stores.Sto
 		return nil, openError(ctx, t, o.opts.Table, "Open", step, err)
 	}
 	if o.lazy && o.opts.Dialect == MySQL {
+		// New would ask the server its version: the store asks at its
+		// first call instead.
 		opts := o.opts
 		opts.setDefaults()
 		if err := opts.Validate(); err != nil {
 			_ = db.Close()
 			return nil, err
 		}
-		return &lazyStore{db: db, opts: o.opts, t: t}, nil
+		s, err := newStore(db, opts)
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		s.d.ownsDB = true
+		if opts.CleanupInterval > 0 {
+			s.d.startJanitor()
+		}
+		return s, nil
 	}
 	if !o.lazy {
 		if err := db.PingContext(ctx); err != nil {
