@@ -50,11 +50,9 @@ import (
 // check=false sends nothing at Open: the same mistakes then fail the
 // store's calls with [inbox.ErrStoreUnavailable]. It excludes migrate=true on
 // PostgreSQL and MySQL (creating the table needs the server; SQLite, which
-// needs none, migrates as asked). A mysql:// store opened with check=false is
-// not a *Store until its first call: [New] needs the server's version to
-// choose its statements, so Open returns a store that makes the *Store at the
-// first call that reaches the server (it has Migrate, Cleanup, Dialect and
-// Table too).
+// needs none, migrates as asked). A mysql:// store opened with check=false
+// asks the server its version (to tell MariaDB from MySQL, which choose
+// different statements) at its first call that reaches the server.
 //
 // [New], which takes the caller's *sql.DB, checks less: it asks a
 // MySQL-protocol server its version and, with [Options.AutoMigrate], creates
