@@ -137,7 +137,7 @@ func report(h message.HandlerFunc) message.HandlerFunc {
 		id := msg.Metadata.Get("IdempotencyKey")
 		switch {
 		case err != nil:
-			fmt.Printf("%s  failed: %v; lease released, the message is redelivered\n", id, err)
+			fmt.Printf("%s  failed: %v; attempt ended, the redelivery waits out its backoff\n", id, err)
 		case !*ran:
 			fmt.Printf("%s  duplicate: skipped, the handler was not called\n", id)
 		}
