@@ -61,7 +61,39 @@ var (
 	// the attempts the middleware allows (MaxAttempts). It is not transient:
 	// route it to a poison queue. [DeadError] carries the details.
 	ErrDead = errors.New("inbox: message is dead")
+
+	// ErrAttemptFailed: the handler failed on an attempt that was not the
+	// last one the middleware allows (MaxAttempts): the message is to be
+	// redelivered, after the store's backoff. It is transient, so that a
+	// filtered poison queue lets the broker redeliver it. [AttemptError]
+	// carries the details and wraps the handler's error.
+	ErrAttemptFailed = errors.New("inbox: attempt failed; the message will be retried")
 )
+
+// AttemptError is returned by the middleware, when MaxAttempts is set, for
+// a failed attempt that was not the last one allowed. It matches
+// [ErrAttemptFailed], and Err, the handler's error, with errors.Is.
+type AttemptError struct {
+	// Key is the inbox key.
+	Key string
+	// Attempt is the attempt that failed (the key's attempt count), of
+	// MaxAttempts allowed.
+	Attempt, MaxAttempts int
+	// RetryAfter is the backoff the store holds the key for.
+	RetryAfter time.Duration
+	// Err is the handler's error.
+	Err error
+}
+
+func (e *AttemptError) Error() string {
+	return fmt.Sprintf("inbox: key %q: attempt %d of %d failed, retried after %s: %v", e.Key, e.Attempt, e.MaxAttempts, e.RetryAfter, e.Err)
+}
+
+// Is makes errors.Is(err, ErrAttemptFailed) true.
+func (e *AttemptError) Is(target error) bool { return target == ErrAttemptFailed }
+
+// Unwrap returns the handler's error.
+func (e *AttemptError) Unwrap() error { return e.Err }
 
 // DeadError is returned by the middleware for a dead key: by the attempt
 // that reached MaxAttempts and marked it dead (Err is then the handler's

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
@@ -42,8 +43,11 @@ func TestInbox_max_attempts_marks_the_key_dead(t *testing.T) {
 		return nil, fmt.Errorf("order 7: %w", errBoom)
 	}
 	for i := 1; i <= 2; i++ {
-		if _, err := call(ib, h, msgFor("d-1")); !errors.Is(err, errBoom) || errors.Is(err, inbox.ErrDead) {
-			t.Fatalf("attempt %d: %v, want the handler's error, not dead", i, err)
+		_, err := call(ib, h, msgFor("d-1"))
+		var ae *inbox.AttemptError
+		if !errors.As(err, &ae) || !errors.Is(err, errBoom) || !errors.Is(err, inbox.ErrAttemptFailed) || errors.Is(err, inbox.ErrDead) ||
+			!inboxmw.IsTransient(err) || ae.Attempt != i || ae.MaxAttempts != 3 {
+			t.Fatalf("attempt %d: %v (%+v), want a transient AttemptError %d of 3 wrapping the handler's error", i, err, ae, i)
 		}
 	}
 	_, err := call(ib, h, msgFor("d-1"))
@@ -241,4 +245,79 @@ func TestInbox_lost_lease_never_marks_dead(t *testing.T) {
 	if r := flowRecord(t, store.LeaseStore, "lost-1"); r.State == inbox.StateDead {
 		t.Fatalf("record %+v is dead", r)
 	}
+}
+
+// Without MaxAttempts a failed attempt returns the handler's error as it is:
+// not transient, as before MaxAttempts existed.
+func TestInbox_without_max_attempts_the_handler_error_is_returned_as_is(t *testing.T) {
+	t.Parallel()
+	ib := newInbox(t, inboxmw.Config{Store: newMemory(t), Alias: staticAlias(), Backoff: noBackoff})
+	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("plain-err"))
+	if err != errBoom || inboxmw.IsTransient(err) {
+		t.Fatalf("error %v, want the handler's own error, not transient", err)
+	}
+}
+
+// A router with a poison queue filtered by IsTransient outside the inbox and
+// MaxAttempts 3: a message whose handler always fails runs 3 times (2
+// nacks, the broker redelivers), then goes to the poison topic and is acked;
+// the next message is processed.
+func TestInbox_max_attempts_with_a_filtered_poison_queue(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store, MaxAttempts: 3, Backoff: noBackoff})
+	poisoned, err := ps.Subscribe(context.Background(), "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison, err := wmw.PoisonQueueWithFilter(ps, "poison", func(err error) bool { return !inboxmw.IsTransient(err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs, nacks atomic.Int32
+	led := newLedger()
+	r, err := message.NewRouter(message.RouterConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if err != nil {
+				nacks.Add(1)
+			}
+			return out, err
+		}
+	}, poison, ib.Middleware)
+	r.AddConsumerHandler("orders-handler", "orders", ps, func(m *message.Message) error {
+		id := m.Metadata.Get("IdempotencyKey")
+		if id == "bad" {
+			runs.Add(1)
+			return errBoom
+		}
+		led.apply(id)
+		return nil
+	})
+	go func() { _ = r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close() })
+	publish(t, ps, order("bad"))
+	select {
+	case m := <-poisoned:
+		m.Ack()
+		if m.Metadata.Get("IdempotencyKey") != "bad" {
+			t.Fatalf("poisoned %v", m.Metadata)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("nothing poisoned after %d runs", runs.Load())
+	}
+	if runs.Load() != 3 || nacks.Load() != 2 {
+		t.Fatalf("%d runs and %d nacks before the poison queue, want 3 and 2", runs.Load(), nacks.Load())
+	}
+	if r := getRecord(t, store, "bad"); r.State != inbox.StateDead || r.Attempts != 3 {
+		t.Fatalf("record %+v, want dead after 3 attempts", r)
+	}
+	publish(t, ps, order("good"))
+	testenv.Eventually(t, 10*time.Second, "the next message processed", func() bool { return led.count("good") == 1 })
 }

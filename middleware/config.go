@@ -112,9 +112,13 @@ type Config struct {
 	// [inbox.DeadError] (not transient: route it to a poison queue outside
 	// the inbox), and later deliveries of the key get the same error without
 	// running the handler, until an operator forgets the key (inboxctl
-	// forget). The store counts attempts (acquired leases) across consumers
-	// and restarts. Optional; default 0: unlimited. Needs an
-	// [inbox.LeaseStore].
+	// forget). An attempt that fails before the last returns an
+	// [inbox.AttemptError] wrapping the handler's error, which [IsTransient]
+	// reports as transient, so that a poison queue filtered with it lets the
+	// broker redeliver the message. The store counts attempts (acquired
+	// leases) across consumers and restarts. Optional; default 0:
+	// unlimited, and a failed attempt returns the handler's error as it is.
+	// Needs an [inbox.LeaseStore].
 	MaxAttempts int
 
 	// Backoff is how long a key stays unclaimable after its attempt-th

@@ -436,6 +436,7 @@ type lease struct {
 	deadline time.Time     // when the lease ends unless renewed (monotonic)
 	lost     bool          // the lease is no longer ours
 	killed   bool          // the failed attempt marked the key dead
+	backoff  time.Duration // the failed attempt's, when Fail landed
 
 	handled  chan string    // "" when the handler succeeded, else why it failed
 	released sync.WaitGroup // done when watch has released after a failed handler
@@ -471,8 +472,11 @@ func (l *lease) run() ([]*message.Message, error) {
 		// Synchronous: Kafka's subscriber redelivers in-process at once, so
 		// the key must be given back before the middleware returns.
 		l.failed(err.Error())
-		if l.killed {
+		if n := l.ib.cfg.MaxAttempts; l.killed {
 			return out, l.dead(inbox.TruncateReason(err.Error(), 512), err)
+		} else if n > 0 {
+			// Transient: a filtered poison queue lets the broker redeliver it.
+			return out, &inbox.AttemptError{Key: l.key, Attempt: l.attempts, MaxAttempts: n, RetryAfter: l.backoff, Err: err}
 		}
 		return out, err
 	}
@@ -623,6 +627,9 @@ func (l *lease) fail(why string) {
 		l.release(why, l.failGiveUp())
 	}
 	l.killed = opts.Dead && err == nil
+	if err == nil {
+		l.backoff = opts.RetryAfter
+	}
 }
 
 // giveBack makes a Release or a Fail through persist, and logs its end.
@@ -896,8 +903,10 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // IsTransient reports whether err, returned by the middleware, means "try
 // again later" rather than "this message is bad": the key was busy, the store
-// was unavailable, or the middleware was closing. A dead key
-// ([inbox.ErrDead]) is not transient. Use it to keep such messages
+// was unavailable, the middleware was closing, or (with Config.MaxAttempts)
+// an attempt failed that was not the last one allowed
+// ([inbox.ErrAttemptFailed]). A dead key ([inbox.ErrDead]) is not
+// transient, nor is a handler's error without MaxAttempts. Use it to keep such messages
 // out of a poison queue, which would ack them and lose their only copy:
 //
 //	poison, err := wmw.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
@@ -907,6 +916,6 @@ func IsTransient(err error) bool {
 	if errors.Is(err, inbox.ErrDead) {
 		return false // whatever the handler's error it wraps
 	}
-	return errors.Is(err, inbox.ErrBusy) || errors.Is(err, inbox.ErrStoreUnavailable) ||
+	return errors.Is(err, inbox.ErrAttemptFailed) || errors.Is(err, inbox.ErrBusy) || errors.Is(err, inbox.ErrStoreUnavailable) ||
 		errors.Is(err, inbox.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
