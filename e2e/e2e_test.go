@@ -43,6 +43,13 @@ func TestBadInput_handled_per_policy(t *testing.T) {
 	harness.Run(t, storeKinds(), harness.BadInput)
 }
 
+// TestBackoff_failing_twice_then_succeeding runs on Redis and PostgreSQL:
+// it takes 16 consumers (RabbitMQ) or partitions (Kafka) and 11 to 16 s a
+// cell.
+func TestBackoff_failing_twice_then_succeeding(t *testing.T) {
+	harness.Run(t, only(storeKinds(), "redis", "postgres"), harness.Backoff)
+}
+
 // TestMisconfiguredStore_costs_a_few_calls_a_second: stores opened with
 // check=false and wrong in a way only a call finds: a missing PostgreSQL
 // table, a wrong Redis password, a remote service without its token.
