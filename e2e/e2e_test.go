@@ -43,6 +43,22 @@ func TestBadInput_handled_per_policy(t *testing.T) {
 	harness.Run(t, storeKinds(), harness.BadInput)
 }
 
+// TestPoison_dead_after_max_attempts_then_replayed fails until the
+// middleware stops handing a failed attempt before the last one to a poison
+// queue filtered with !inboxmw.IsTransient (the handler's error is returned
+// unchanged, and IsTransient reports it permanent): the message is poisoned
+// and acked after one run instead of three.
+func TestPoison_dead_after_max_attempts_then_replayed(t *testing.T) {
+	harness.Run(t, storeKinds(), harness.Poison)
+}
+
+// TestBackoff_failing_twice_then_succeeding runs on Redis and PostgreSQL:
+// it takes 16 consumers (RabbitMQ) or partitions (Kafka) and 11 to 16 s a
+// cell; the poison scenario covers the failed attempts of the other stores.
+func TestBackoff_failing_twice_then_succeeding(t *testing.T) {
+	harness.Run(t, only(storeKinds(), "redis", "postgres"), harness.Backoff)
+}
+
 // TestMisconfiguredStore_costs_a_few_calls_a_second: stores opened with
 // check=false and wrong in a way only a call finds: a missing PostgreSQL
 // table, a wrong Redis password, a remote service without its token.

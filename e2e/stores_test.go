@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,17 @@ func storeKinds() []harness.StoreKind {
 		{Name: "mariadb-tx", New: sqlKind(testenv.MySQL, true), Tx: true},
 		{Name: "sqlite-tx", New: newSQLite(true), Tx: true, NoOutage: noNetwork},
 	}
+}
+
+// only keeps the kinds named.
+func only(kinds []harness.StoreKind, names ...string) []harness.StoreKind {
+	var out []harness.StoreKind
+	for _, k := range kinds {
+		if slices.Contains(names, k.Name) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func ctx(t *testing.T) context.Context {

@@ -66,6 +66,13 @@ func TestBadInput_handled_per_policy(t *testing.T) {
 	harness.Run(t, storeKinds(), harness.BadInput)
 }
 
+// TestPoison_dead_after_max_attempts_then_replayed fails until the
+// middleware stops handing a failed attempt before the last one to a poison
+// queue filtered with !inboxmw.IsTransient (see module e2e's).
+func TestPoison_dead_after_max_attempts_then_replayed(t *testing.T) {
+	harness.Run(t, storeKinds(), harness.Poison)
+}
+
 // ferret is the FerretDB of this test process, started by the first case
 // that needs it (FerretDB's constructor writes a global: one instance per
 // process) and stopped by TestMain; each case has its own collection.

@@ -1,8 +1,11 @@
 // Kafka: a Watermill router consuming orders from a Kafka topic in a consumer
 // group, with the inbox middleware so that each order is charged once, however
 // often it is delivered. The publisher sends some orders twice (a producer
-// retry, with the same IdempotencyKey) and one charge fails once
-// (watermill-kafka resends it).
+// retry, with the same IdempotencyKey), one charge fails once
+// (watermill-kafka resends it, after the backoff the inbox store holds) and
+// one always fails: with MaxAttempts 3 its third failure marks its key dead,
+// and a poison queue outside the inbox moves the message to a poison topic,
+// which unblocks its partition.
 //
 //	go run ./examples/kafka
 //
@@ -15,9 +18,9 @@
 //	                 (default sqlite://./inbox-example.db?migrate=true)
 //
 // Each run uses a new topic (inbox-example-orders-<run id>, 3 partitions,
-// replication factor 1) and consumer group (inbox-example-billing-<run id>),
-// and on a real cluster deletes both at the end, so runs never see each
-// other's messages. The consumer group is also the inbox group, so a store
+// replication factor 1), poison topic (the same name with -poison) and
+// consumer group (inbox-example-billing-<run id>), and on a real cluster
+// deletes them at the end, so runs never see each other's messages. The consumer group is also the inbox group, so a store
 // kept between runs (the SQLite file) keeps each run's keys apart.
 //
 // Messages are partitioned by their IdempotencyKey, so the copies of one order
@@ -45,8 +48,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
@@ -92,11 +97,12 @@ type Summary struct {
 	Processed  int // orders charged (handler succeeded, key marked)
 	Duplicates int // deliveries skipped as duplicates
 	Retried    int // handler failures, resent by watermill-kafka
+	Dead       int // messages sent to the poison topic, their key dead
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d",
-		s.Received, s.Processed, s.Duplicates, s.Retried)
+	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d, dead %d",
+		s.Received, s.Processed, s.Duplicates, s.Retried, s.Dead)
 }
 
 // kafkaVersion is the protocol version the clients speak. watermill-kafka's
@@ -107,10 +113,18 @@ var kafkaVersion = sarama.V2_1_0_0
 
 // deliveries are the orders the publisher sends, by IdempotencyKey: order-2
 // is a producer retry, order-4 is sent three times.
-var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4"}
+var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4", "order-6"}
 
-// failOnce is the order whose first charge fails (a payment gateway timeout).
-const failOnce = "order-3"
+// failOnce is the order whose first charge fails (a payment gateway timeout);
+// poison is the order whose charge always fails (a bug in the handler).
+const (
+	failOnce = "order-3"
+	poison   = "order-6"
+)
+
+// maxAttempts is the inbox's MaxAttempts: the third failure of an order
+// makes its key dead.
+const maxAttempts = 3
 
 // Run publishes the orders, consumes them until each is accounted for, prints
 // what happens to out and returns the summary.
@@ -125,9 +139,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, err
 	}
 	defer store.Close()
+	storeURL := "?"
 	if su, err := url.Parse(cfg.StoreURL); err == nil {
-		fmt.Fprintf(out, "inbox store: %s\n", stores.Redact(su))
+		storeURL = stores.Redact(su)
 	}
+	fmt.Fprintf(out, "inbox store: %s\n", storeURL)
 
 	// 2. The brokers: a real cluster, or an in-process one.
 	brokers := cfg.Brokers
@@ -144,19 +160,24 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	run := watermill.NewShortUUID()
 	topic := "inbox-example-orders-" + run
+	poisonTopic := topic + "-poison"
 	group := "inbox-example-billing-" + run
 	fmt.Fprintf(out, "topic %s, consumer group %s\n", topic, group)
 
 	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
-	//    Watermill UUID, else the record's position.
+	//    Watermill UUID, else the record's position. A failed charge is held
+	//    back by the store for a backoff (the default: up to 1 s ×
+	//    2^attempt), so watermill-kafka's resend waits in the consumer; the
+	//    third failure makes the key dead (MaxAttempts).
 	counts := &counter{}
 	ib, err := inboxmw.New(inboxmw.Config{
-		Store:     store,
-		Bus:       "kafka",
-		Group:     group,
-		IDSources: append(keying.DefaultIDSources(), kafkakey.FromOffset()),
-		Metrics:   counts,
-		Logger:    logger,
+		Store:       store,
+		Bus:         "kafka",
+		Group:       group,
+		IDSources:   append(keying.DefaultIDSources(), kafkakey.FromOffset()),
+		MaxAttempts: maxAttempts,
+		Metrics:     counts,
+		Logger:      logger,
 	})
 	if err != nil {
 		return sum, err
@@ -177,35 +198,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	if err != nil {
 		return sum, fmt.Errorf("kafka subscriber: %w", err)
 	}
-	if err := sub.SubscribeInitialize(topic); err != nil {
-		return sum, fmt.Errorf("create topic %s: %w", topic, err)
+	for _, t := range []string{topic, poisonTopic} {
+		if err := sub.SubscribeInitialize(t); err != nil {
+			return sum, fmt.Errorf("create topic %s: %w", t, err)
+		}
 	}
 	if len(cfg.Brokers) > 0 {
-		defer cleanUp(brokers, topic, group, out)
+		defer cleanUp(brokers, []string{topic, poisonTopic}, group, out)
 	}
 
-	// 5. The consumer router: report (outside) sees every delivery, the inbox
-	//    decides whether the handler runs.
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-	if err != nil {
-		return sum, err
-	}
-	defer router.Close()
-	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
-	router.AddMiddleware(b.report, ib.Middleware)
-	router.AddConsumerHandler("charge-card", topic, sub, b.chargeCard)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(runCtx) }()
-	select {
-	case <-router.Running():
-	case err := <-routerDone:
-		return sum, fmt.Errorf("router: %w", err)
-	}
-
-	// 6. The publisher sends the orders, duplicates included, keyed by order
-	//    so that the copies of one order share a partition.
+	// 5. The publisher, keyed by order so that the copies of one order share
+	//    a partition.
 	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
 	pubCfg.Version = kafkaVersion
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
@@ -218,38 +221,77 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	if err != nil {
 		return sum, fmt.Errorf("kafka publisher: %w", err)
 	}
+	defer pub.Close()
+
+	// 6. The consumer router: report (outside) sees every delivery, the
+	//    poison queue moves the messages whose key is dead to the poison
+	//    topic (and acks them), the inbox decides whether the handler runs.
+	//    Dead keys only: a failure before the last attempt is nacked, and
+	//    resent after the store's backoff.
+	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, func(err error) bool {
+		return errors.Is(err, inbox.ErrDead)
+	})
+	if err != nil {
+		return sum, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer router.Close()
+	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
+	router.AddMiddleware(b.report, poisonMW, ib.Middleware)
+	router.AddConsumerHandler("charge-card", topic, sub, b.chargeCard)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(runCtx) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return sum, fmt.Errorf("router: %w", err)
+	}
+
+	// 7. The publisher sends the orders, duplicates included.
 	orders := map[string]bool{}
 	for _, id := range deliveries {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
 		msg.Metadata.Set(keying.DefaultIDMetadataKey, id)
 		if err := pub.Publish(topic, msg); err != nil {
-			_ = pub.Close()
 			return sum, fmt.Errorf("publish %s: %w", id, err)
 		}
 		orders[id] = true
 	}
-	if err := pub.Close(); err != nil {
-		return sum, err
-	}
 	sum.Published, sum.Orders = len(deliveries), len(orders)
 
-	// 7. Wait until every order is charged and every extra delivery skipped.
+	// 8. Wait until every order but the poison one is charged, every extra
+	//    delivery skipped, and the poison one dead.
 	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
-		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders &&
-			counts.get(inboxmw.OutcomeDuplicate) == sum.Published-sum.Orders
+		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders-1 &&
+			counts.get(inboxmw.OutcomeDuplicate) == sum.Published-sum.Orders &&
+			counts.get(inboxmw.OutcomeDead) == 1
 	})
 
-	// 8. Stop the router, then let the inbox finish its pending marks.
+	// 9. Stop the router, then let the inbox finish its pending marks.
 	closeErr := router.Close()
 	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelClose()
 	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
 
-	sum.Received = b.received()
+	sum.Received, sum.Retried = b.received()
 	sum.Processed = counts.get(inboxmw.OutcomeProcessed)
 	sum.Duplicates = counts.get(inboxmw.OutcomeDuplicate)
-	sum.Retried = counts.get(inboxmw.OutcomeReleased)
+	sum.Dead = counts.get(inboxmw.OutcomeDead)
 	fmt.Fprintf(out, "\npublished %d messages for %d orders\n%s\n", sum.Published, sum.Orders, sum)
+	n, err := countMessages(brokers, poisonTopic)
+	if err != nil {
+		closeErr = errors.Join(closeErr, fmt.Errorf("counting the messages of %s: %w", poisonTopic, err))
+	}
+	fmt.Fprintf(out, "poison topic %s holds %d message(s)\n", poisonTopic, n)
+	if key := b.deadKey(); key != "" {
+		fmt.Fprintf(out, "replay the dead order once its handler is fixed: inboxctl -store '%s' forget '%s', then republish it from %s\n",
+			storeURL, key, poisonTopic)
+	}
 	return sum, errors.Join(waitErr, closeErr)
 }
 
@@ -274,18 +316,46 @@ func waitUntil(ctx context.Context, timeout time.Duration, routerDone <-chan err
 	return nil
 }
 
-// cleanUp deletes the run's topic and consumer group from a real cluster; a
+// countMessages returns the number of messages of topic: the sum of its
+// partitions' next offsets (nothing is deleted from it during a run).
+func countMessages(brokers []string, topic string) (int64, error) {
+	cfg := sarama.NewConfig()
+	cfg.Version = kafkaVersion
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer client.Close()
+	partitions, err := client.Partitions(topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range partitions {
+		next, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, err
+		}
+		n += next
+	}
+	return n, nil
+}
+
+// cleanUp deletes the run's topics and consumer group from a real cluster; a
 // failure is reported, not fatal.
-func cleanUp(brokers []string, topic, group string, out io.Writer) {
+func cleanUp(brokers []string, topics []string, group string, out io.Writer) {
 	cfg := sarama.NewConfig()
 	cfg.Version = kafkaVersion
 	admin, err := sarama.NewClusterAdmin(brokers, cfg)
 	if err == nil {
 		defer admin.Close()
-		err = errors.Join(admin.DeleteConsumerGroup(group), admin.DeleteTopic(topic))
+		err = admin.DeleteConsumerGroup(group)
+		for _, t := range topics {
+			err = errors.Join(err, admin.DeleteTopic(t))
+		}
 	}
 	if err != nil {
-		fmt.Fprintf(out, "could not delete topic %s or group %s: %v\n", topic, group, err)
+		fmt.Fprintf(out, "could not delete topics %s or group %s: %v\n", strings.Join(topics, ", "), group, err)
 	}
 }
 
@@ -297,6 +367,8 @@ type billing struct {
 
 	mu         sync.Mutex
 	deliveries int
+	nacked     int
+	poisonKey  string // the inbox key of the poison order
 	charged    map[string]int
 	failures   map[string]bool // orders whose next charge fails
 }
@@ -307,6 +379,10 @@ func (b *billing) chargeCard(msg *message.Message) error {
 	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if id == poison {
+		b.poisonKey = inboxmw.KeyFromCtx(msg.Context())
+		return errors.New("card number missing from the order")
+	}
 	if b.failures[id] {
 		delete(b.failures, id) // the gateway recovers for the resend
 		return errors.New("payment gateway timeout")
@@ -335,7 +411,10 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		defer b.mu.Unlock()
 		switch {
 		case err != nil:
-			fmt.Fprintf(b.out, "%s  failed: %v; lease released, watermill-kafka resends it\n", id, err)
+			b.nacked++
+			fmt.Fprintf(b.out, "%s  failed: %v; the store holds it back for a backoff, watermill-kafka resends it\n", id, err)
+		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
+			fmt.Fprintf(b.out, "%s  dead: moved to the poison topic and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 		case !*ran:
 			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
 		}
@@ -343,10 +422,17 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (b *billing) received() int {
+func (b *billing) deadKey() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.deliveries
+	return b.poisonKey
+}
+
+// received returns the deliveries and how many of them were nacked.
+func (b *billing) received() (deliveries, nacked int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.deliveries, b.nacked
 }
 
 // counter is a inboxmw.Metrics that counts outcomes.

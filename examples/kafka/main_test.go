@@ -15,17 +15,21 @@ import (
 	"github.com/watermill-inbox/inbox/internal/testenv"
 )
 
-var want = Summary{Published: 8, Orders: 5, Received: 9, Processed: 5, Duplicates: 3, Retried: 1}
+var want = Summary{Published: 9, Orders: 6, Received: 12, Processed: 5, Duplicates: 3, Retried: 3, Dead: 1}
 
 func check(t *testing.T, name string, sum Summary, out string) {
 	t.Helper()
 	if sum != want {
 		t.Errorf("%s: summary %+v, want %+v\n%s", name, sum, want, out)
 	}
+	topic, group := names(t, out)
 	for _, line := range []string{
 		"order-3  failed: payment gateway timeout",
-		"published 8 messages for 5 orders",
-		"received 9, processed 5, duplicates skipped 3, retried 1",
+		`order-6  dead: moved to the poison topic and acked (inbox: key "kafka:` + group + `:charge-card:order-6" is dead after 3 attempts: card number missing from the order)`,
+		"published 9 messages for 6 orders",
+		"received 12, processed 5, duplicates skipped 3, retried 3, dead 1",
+		"poison topic " + topic + "-poison holds 1 message(s)",
+		"forget 'kafka:" + group + ":charge-card:order-6'",
 	} {
 		if !strings.Contains(out, line) {
 			t.Errorf("%s: output lacks %q:\n%s", name, line, out)
@@ -34,12 +38,29 @@ func check(t *testing.T, name string, sum Summary, out string) {
 	if n := strings.Count(out, "times charged: 1"); n != 5 || strings.Contains(out, "times charged: 2") {
 		t.Errorf("%s: want 5 orders charged once each:\n%s", name, out)
 	}
+	if n := strings.Count(out, "order-6  failed: card number missing from the order"); n != 2 {
+		t.Errorf("%s: the poison order failed %d times before it died, want 2:\n%s", name, n, out)
+	}
+}
+
+// names returns the topic and the consumer group the output names.
+func names(t *testing.T, out string) (topic, group string) {
+	t.Helper()
+	i := strings.Index(out, "topic ")
+	if i < 0 {
+		t.Fatalf("output does not name the topic and group:\n%s", out)
+	}
+	if _, err := fmt.Sscanf(out[i:], "topic %s consumer group %s", &topic, &group); err != nil {
+		t.Fatalf("output does not name the topic and group: %v\n%s", err, out)
+	}
+	return strings.TrimSuffix(topic, ","), group
 }
 
 // TestRun_embedded runs the example as `go run ./examples/kafka` does without
 // KAFKA_BROKERS (an in-process kfake cluster) with the default store, twice
 // with one SQLite file: each run charges every order once, skips the
-// duplicates and retries the failed charge.
+// duplicates, retries the failed charge and moves the poison order to the
+// poison topic after 3 attempts.
 func TestRun_embedded(t *testing.T) {
 	t.Chdir(t.TempDir())
 	for _, name := range []string{"run 1", "run 2"} {
@@ -103,13 +124,11 @@ func TestRun_given_brokers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var topic, group string
-	if _, err := fmt.Sscanf(out.String()[strings.Index(out.String(), "topic "):], "topic %s consumer group %s", &topic, &group); err != nil {
-		t.Fatalf("output does not name the topic and group: %v\n%s", err, out.String())
-	}
-	topic = strings.TrimSuffix(topic, ",")
-	if _, ok := topics[topic]; ok {
-		t.Errorf("topic %s was not deleted", topic)
+	topic, group := names(t, out.String())
+	for _, tp := range []string{topic, topic + "-poison"} {
+		if _, ok := topics[tp]; ok {
+			t.Errorf("topic %s was not deleted", tp)
+		}
 	}
 	if _, ok := groups[group]; ok {
 		t.Errorf("consumer group %s was not deleted", group)

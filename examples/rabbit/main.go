@@ -1,8 +1,10 @@
 // Rabbit: a Watermill router consuming orders from a durable RabbitMQ queue,
 // with the inbox middleware so that each order is charged once, however often
 // it is delivered. The publisher sends some orders twice (a producer retry,
-// with the same IdempotencyKey) and one charge fails once (RabbitMQ
-// redelivers it).
+// with the same IdempotencyKey), one charge fails once (RabbitMQ redelivers
+// it, after the backoff the inbox store holds) and one always fails: with
+// MaxAttempts 3 its third failure marks its key dead, and a poison queue
+// outside the inbox takes the message off the queue.
 //
 //	go run ./examples/rabbit
 //
@@ -12,10 +14,11 @@
 //	INBOX_STORE_URL  the inbox store, any URL of package stores
 //	                 (default sqlite://./inbox-example.db?migrate=true)
 //
-// Each run uses a new durable queue, inbox-example-orders-<run id>, which it
-// deletes at the end, so runs never see each other's messages. The queue name
-// is also the inbox group, so a store kept between runs (the SQLite file)
-// keeps each run's keys apart.
+// Each run uses a new durable queue, inbox-example-orders-<run id>, and a
+// poison queue, inbox-example-orders-<run id>-poison, which it deletes at the
+// end, so runs never see each other's messages. The queue name is also the
+// inbox group, so a store kept between runs (the SQLite file) keeps each
+// run's keys apart.
 //
 // The consumer uses [amqpkey.Marshaler]: it accepts headers that are not
 // strings (other AMQP clients send ints, booleans, tables) instead of
@@ -38,8 +41,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
@@ -89,19 +94,28 @@ type Summary struct {
 	Processed  int // orders charged (handler succeeded, key marked)
 	Duplicates int // deliveries skipped as duplicates
 	Retried    int // handler failures, redelivered by RabbitMQ
+	Dead       int // messages sent to the poison queue, their key dead
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d",
-		s.Received, s.Processed, s.Duplicates, s.Retried)
+	return fmt.Sprintf("received %d, processed %d, duplicates skipped %d, retried %d, dead %d",
+		s.Received, s.Processed, s.Duplicates, s.Retried, s.Dead)
 }
 
 // deliveries are the orders the publisher sends, by IdempotencyKey: order-2
 // is a producer retry, order-4 is sent three times.
-var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4"}
+var deliveries = []string{"order-1", "order-2", "order-2", "order-3", "order-4", "order-4", "order-5", "order-4", "order-6"}
 
-// failOnce is the order whose first charge fails (a payment gateway timeout).
-const failOnce = "order-3"
+// failOnce is the order whose first charge fails (a payment gateway timeout);
+// poison is the order whose charge always fails (a bug in the handler).
+const (
+	failOnce = "order-3"
+	poison   = "order-6"
+)
+
+// maxAttempts is the inbox's MaxAttempts: the third failure of an order
+// makes its key dead.
+const maxAttempts = 3
 
 // Run publishes the orders, consumes them until each is accounted for, prints
 // what happens to out and returns the summary.
@@ -116,20 +130,27 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, err
 	}
 	defer store.Close()
+	storeURL := "?"
 	if su, err := url.Parse(cfg.StoreURL); err == nil {
-		fmt.Fprintf(out, "inbox store: %s\n", stores.Redact(su))
+		storeURL = stores.Redact(su)
 	}
+	fmt.Fprintf(out, "inbox store: %s\n", storeURL)
 
 	// 2. A durable queue of this run's own, and watermill-amqp with the
 	//    amqpkey marshaler on both sides.
 	queue := "inbox-example-orders-" + watermill.NewShortUUID()
-	fmt.Fprintf(out, "queue %s\n", queue)
+	poisonQueue := queue + "-poison"
+	fmt.Fprintf(out, "queue %s, poison queue %s\n", queue, poisonQueue)
 	amqpCfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
 	amqpCfg.Marshaler = amqpkey.Marshaler{}
 	defer deleteQueue(cfg.AMQPURL, queue, out)
+	defer deleteQueue(cfg.AMQPURL, poisonQueue, out)
 
 	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
-	//    AMQP message-id, else the Watermill UUID.
+	//    AMQP message-id, else the Watermill UUID. A failed charge is held
+	//    back by the store for a backoff (the default: up to 1 s × 2^attempt),
+	//    so its redelivery waits in the consumer; the third failure makes
+	//    the key dead (MaxAttempts).
 	counts := &counter{}
 	ib, err := inboxmw.New(inboxmw.Config{
 		Store: store,
@@ -140,18 +161,36 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 			amqpkey.FromMessageID(),
 			keying.FromUUID(),
 		},
-		Metrics: counts,
-		Logger:  logger,
+		MaxAttempts: maxAttempts,
+		Metrics:     counts,
+		Logger:      logger,
 	})
 	if err != nil {
 		return sum, err
 	}
 
-	// 4. The consumer router: report (outside) sees every delivery, the inbox
-	//    decides whether the handler runs.
+	// 4. The consumer router: report (outside) sees every delivery, the
+	//    poison queue takes the messages whose key is dead (and acks them),
+	//    the inbox decides whether the handler runs.
 	sub, err := amqp.NewSubscriber(amqpCfg, logger)
 	if err != nil {
 		return sum, fmt.Errorf("rabbitmq subscriber: %w", err)
+	}
+	if err := sub.SubscribeInitialize(poisonQueue); err != nil {
+		return sum, fmt.Errorf("declare %s: %w", poisonQueue, err)
+	}
+	pub, err := amqp.NewPublisher(amqpCfg, logger)
+	if err != nil {
+		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
+	}
+	defer pub.Close()
+	// Dead keys only: a failure before the last attempt is nacked, and
+	// retried after the store's backoff.
+	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonQueue, func(err error) bool {
+		return errors.Is(err, inbox.ErrDead)
+	})
+	if err != nil {
+		return sum, err
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 	if err != nil {
@@ -159,7 +198,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	defer router.Close()
 	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
-	router.AddMiddleware(b.report, ib.Middleware)
+	router.AddMiddleware(b.report, poisonMW, ib.Middleware)
 	router.AddConsumerHandler("charge-card", queue, sub, b.chargeCard)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -172,29 +211,23 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 
 	// 5. The publisher sends the orders, duplicates included.
-	pub, err := amqp.NewPublisher(amqpCfg, logger)
-	if err != nil {
-		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
-	}
 	orders := map[string]bool{}
 	for _, id := range deliveries {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
 		msg.Metadata.Set(keying.DefaultIDMetadataKey, id)
 		if err := pub.Publish(queue, msg); err != nil {
-			_ = pub.Close()
 			return sum, fmt.Errorf("publish %s: %w", id, err)
 		}
 		orders[id] = true
 	}
-	if err := pub.Close(); err != nil {
-		return sum, err
-	}
 	sum.Published, sum.Orders = len(deliveries), len(orders)
 
-	// 6. Wait until every order is charged and every extra delivery skipped.
+	// 6. Wait until every order but the poison one is charged, every extra
+	//    delivery skipped, and the poison one dead.
 	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
-		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders &&
-			counts.get(inboxmw.OutcomeDuplicate) == sum.Published-sum.Orders
+		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders-1 &&
+			counts.get(inboxmw.OutcomeDuplicate) == sum.Published-sum.Orders &&
+			counts.get(inboxmw.OutcomeDead) == 1
 	})
 
 	// 7. Stop the router, then let the inbox finish its pending marks.
@@ -203,11 +236,15 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	defer cancelClose()
 	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
 
-	sum.Received = b.received()
+	sum.Received, sum.Retried = b.received()
 	sum.Processed = counts.get(inboxmw.OutcomeProcessed)
 	sum.Duplicates = counts.get(inboxmw.OutcomeDuplicate)
-	sum.Retried = counts.get(inboxmw.OutcomeReleased)
+	sum.Dead = counts.get(inboxmw.OutcomeDead)
 	fmt.Fprintf(out, "\npublished %d messages for %d orders\n%s\n", sum.Published, sum.Orders, sum)
+	if key := b.deadKey(); key != "" {
+		fmt.Fprintf(out, "replay the dead order once its handler is fixed: inboxctl -store '%s' forget '%s', then republish it from %s\n",
+			storeURL, key, poisonQueue)
+	}
 	return sum, errors.Join(waitErr, closeErr)
 }
 
@@ -232,18 +269,23 @@ func waitUntil(ctx context.Context, timeout time.Duration, routerDone <-chan err
 	return nil
 }
 
-// deleteQueue removes the run's queue; a failure is reported, not fatal.
+// deleteQueue removes a queue of the run, saying how many messages it
+// held if any; a failure is reported, not fatal.
 func deleteQueue(amqpURL, queue string, out io.Writer) {
 	conn, err := amqp091.Dial(amqpURL)
+	n := 0
 	if err == nil {
 		defer conn.Close()
 		var ch *amqp091.Channel
 		if ch, err = conn.Channel(); err == nil {
-			_, err = ch.QueueDelete(queue, false, false, false)
+			n, err = ch.QueueDelete(queue, false, false, false)
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		fmt.Fprintf(out, "could not delete queue %s: %v\n", queue, err)
+	case n > 0:
+		fmt.Fprintf(out, "deleted queue %s, which held %d message(s)\n", queue, n)
 	}
 }
 
@@ -255,6 +297,8 @@ type billing struct {
 
 	mu         sync.Mutex
 	deliveries int
+	nacked     int
+	poisonKey  string // the inbox key of the poison order
 	charged    map[string]int
 	failures   map[string]bool // orders whose next charge fails
 }
@@ -265,6 +309,10 @@ func (b *billing) chargeCard(msg *message.Message) error {
 	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if id == poison {
+		b.poisonKey = inboxmw.KeyFromCtx(msg.Context())
+		return errors.New("card number missing from the order")
+	}
 	if b.failures[id] {
 		delete(b.failures, id) // the gateway recovers for the redelivery
 		return errors.New("payment gateway timeout")
@@ -293,7 +341,10 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		defer b.mu.Unlock()
 		switch {
 		case err != nil:
-			fmt.Fprintf(b.out, "%s  failed: %v; lease released, RabbitMQ redelivers it\n", id, err)
+			b.nacked++
+			fmt.Fprintf(b.out, "%s  failed: %v; the store holds it back for a backoff, RabbitMQ redelivers it\n", id, err)
+		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
+			fmt.Fprintf(b.out, "%s  dead: moved to the poison queue and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 		case !*ran:
 			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
 		}
@@ -301,10 +352,17 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (b *billing) received() int {
+func (b *billing) deadKey() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.deliveries
+	return b.poisonKey
+}
+
+// received returns the deliveries and how many of them were nacked.
+func (b *billing) received() (deliveries, nacked int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.deliveries, b.nacked
 }
 
 // counter is a inboxmw.Metrics that counts outcomes.

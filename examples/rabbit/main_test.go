@@ -18,8 +18,9 @@ import (
 // TestRun runs the example twice against the local RabbitMQ with the default
 // store (a SQLite file in the working directory), as repeated
 // `go run ./examples/rabbit` would: each run charges every order once, skips
-// the duplicates and retries the failed charge, and the second run is not
-// confused by the first one's queue or keys.
+// the duplicates, retries the failed charge, sends the poison order to the
+// poison queue after 3 attempts, and the second run is not confused by the
+// first one's queues or keys.
 func TestRun(t *testing.T) {
 	amqpURL := testenv.RabbitMQ.URL(t)
 	t.Chdir(t.TempDir())
@@ -32,15 +33,23 @@ func TestRun(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run %d: %v\n%s", run, err, out.String())
 		}
-		want := Summary{Published: 8, Orders: 5, Received: 9, Processed: 5, Duplicates: 3, Retried: 1}
+		want := Summary{Published: 9, Orders: 6, Received: 12, Processed: 5, Duplicates: 3, Retried: 3, Dead: 1}
 		if sum != want {
 			t.Errorf("run %d: summary %+v, want %+v\n%s", run, sum, want, out.String())
 		}
 		got := out.String()
+		var queue string
+		if _, err := fmt.Sscanf(got[strings.Index(got, "queue "):], "queue %s", &queue); err != nil {
+			t.Fatalf("run %d: output does not name the queue: %v\n%s", run, err, got)
+		}
+		queue = strings.TrimSuffix(queue, ",")
 		for _, line := range []string{
 			"order-3  failed: payment gateway timeout",
-			"published 8 messages for 5 orders",
-			"received 9, processed 5, duplicates skipped 3, retried 1",
+			`order-6  dead: moved to the poison queue and acked (inbox: key "rabbit:` + queue + `:charge-card:order-6" is dead after 3 attempts: card number missing from the order)`,
+			"published 9 messages for 6 orders",
+			"received 12, processed 5, duplicates skipped 3, retried 3, dead 1",
+			"forget 'rabbit:" + queue + ":charge-card:order-6'",
+			"deleted queue " + queue + "-poison, which held 1 message(s)",
 		} {
 			if !strings.Contains(got, line) {
 				t.Errorf("run %d: output lacks %q:\n%s", run, line, got)
@@ -49,15 +58,16 @@ func TestRun(t *testing.T) {
 		if n := strings.Count(got, "times charged: 1"); n != 5 {
 			t.Errorf("run %d: %d orders charged, want 5:\n%s", run, n, got)
 		}
+		if n := strings.Count(got, "order-6  failed: card number missing from the order"); n != 2 {
+			t.Errorf("run %d: the poison order failed %d times before it died, want 2:\n%s", run, n, got)
+		}
 		if strings.Contains(got, "times charged: 2") || strings.Contains(got, "could not delete queue") {
-			t.Errorf("run %d: an order was charged twice or the queue stayed:\n%s", run, got)
+			t.Errorf("run %d: an order was charged twice or a queue stayed:\n%s", run, got)
 		}
-		var queue string
-		if _, err := fmt.Sscanf(got[strings.Index(got, "queue "):], "queue %s", &queue); err != nil {
-			t.Fatalf("run %d: output does not name the queue: %v\n%s", run, err, got)
-		}
-		if queueExists(t, amqpURL, queue) {
-			t.Errorf("run %d: queue %s was not deleted", run, queue)
+		for _, q := range []string{queue, queue + "-poison"} {
+			if queueExists(t, amqpURL, q) {
+				t.Errorf("run %d: queue %s was not deleted", run, q)
+			}
 		}
 	}
 	if _, err := os.Stat("inbox-example.db"); err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -408,4 +410,51 @@ func (b BrokerSpec) WaitConsumers(t *testing.T, dest, group string, n int) {
 		}
 	}
 	waitFor(t, 60*time.Second, fmt.Sprintf("%d consumers on %s", n, dest), ready, func() string { return state })
+}
+
+// Collector reads every message of a destination (its own Kafka group, from
+// the oldest offset) and acks it, until the test ends.
+type Collector struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+// Collect starts a Collector on dest.
+func (b BrokerSpec) Collect(t testing.TB, dest string) *Collector {
+	t.Helper()
+	sub, err := b.Subscriber("collector-" + watermill.NewShortUUID())
+	if err != nil {
+		t.Fatalf("subscriber: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, dest)
+	if err != nil {
+		cancel()
+		_ = sub.Close()
+		t.Fatalf("subscribing to %s: %v", dest, err)
+	}
+	c := &Collector{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range ch {
+			m.Ack()
+			c.mu.Lock()
+			c.msgs = append(c.msgs, m)
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = sub.Close()
+		<-done
+	})
+	return c
+}
+
+// Messages returns the messages read so far, in order.
+func (c *Collector) Messages() []*message.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.msgs)
 }

@@ -38,6 +38,7 @@ func Main(m *testing.M) int {
 	if !set {
 		_ = flag.Set("test.parallel", "6")
 	}
+	defer removeInboxctl()
 	return m.Run()
 }
 

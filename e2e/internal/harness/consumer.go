@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -64,10 +65,62 @@ type ConsumerSpec struct {
 	CrashID string `json:"crash_id,omitempty"`
 	CrashAt string `json:"crash_at,omitempty"`
 
-	// RejectMissing selects inboxmw.MissingKeyReject; Poison is then the
-	// destination of the poison queue for errors that are not transient.
-	RejectMissing bool   `json:"reject_missing,omitempty"`
-	Poison        string `json:"poison,omitempty"`
+	// RejectMissing selects inboxmw.MissingKeyReject.
+	RejectMissing bool `json:"reject_missing,omitempty"`
+	// Poison is the destination of a poison queue outside the inbox, for
+	// the errors that are not transient (inboxmw.IsTransient).
+	Poison string `json:"poison,omitempty"`
+
+	// MaxAttempts is inboxmw.Config.MaxAttempts (the default Backoff).
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// FailIDs are messages (payloads) whose handler fails every time, with
+	// ErrPoison, until [Consumer.Heal].
+	FailIDs []string `json:"fail_ids,omitempty"`
+	// FailFirst makes the first FailFirst handler runs of every message fail
+	// (runs counted per payload in Runs).
+	FailFirst int `json:"fail_first,omitempty"`
+	// Runs logs the handler's runs; in-process consumers given the same
+	// one share it (FailFirst then counts all their runs of a message).
+	// Nil: the consumer makes its own.
+	Runs *RunLog `json:"-"`
+}
+
+// RunLog records the handler's runs, by message (payload), and which
+// messages fail every time (ConsumerSpec.FailIDs, until healed).
+type RunLog struct {
+	mu     sync.Mutex
+	runs   map[string][]time.Time // start of every run
+	healed map[string]bool
+}
+
+// NewRunLog returns an empty RunLog.
+func NewRunLog() *RunLog {
+	return &RunLog{runs: map[string][]time.Time{}, healed: map[string]bool{}}
+}
+
+// start records a run of id starting now and returns its number (from 1)
+// and whether id is healed.
+func (r *RunLog) start(id string) (run int, healed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[id] = append(r.runs[id], time.Now())
+	return len(r.runs[id]), r.healed[id]
+}
+
+// Runs returns the start times of the runs of the message (payload) id, in
+// order.
+func (r *RunLog) Runs(id string) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.runs[id])
+}
+
+// Heal makes the handler of the message (payload) id, one of
+// ConsumerSpec.FailIDs, succeed from now on: the bug is fixed.
+func (r *RunLog) Heal(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.healed[id] = true
 }
 
 // IDSources are the id sources of every consumer: the IdempotencyKey
@@ -149,6 +202,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		MaxBusyWait:  spec.MaxBusyWait,
 		StoreTimeout: spec.StoreTimeout,
 		MissingKey:   spec.MissingKey(),
+		MaxAttempts:  spec.MaxAttempts,
 		Metrics:      outcomes,
 		Logger:       outcomes.Logger(),
 	})
@@ -238,6 +292,9 @@ func (o *Outcomes) String() string {
 // result as the router does.
 type Probe struct {
 	acked, failed, storeFailed, injected, violations atomic.Int64
+
+	mu       sync.Mutex
+	failedBy map[string]int // deliveries nacked, by payload
 }
 
 type ranKey struct{}
@@ -260,11 +317,27 @@ func (p *Probe) Injected() int64 { return p.injected.Load() }
 // handler ran anyway.
 func (p *Probe) Violations() int64 { return p.violations.Load() }
 
+// FailedFor is the number of deliveries of the message (payload) id that
+// returned an error (nacked).
+func (p *Probe) FailedFor(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failedBy[id]
+}
+
 func (p *Probe) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ran := new(atomic.Bool)
 		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
 		out, err := h(msg)
+		if err != nil {
+			p.mu.Lock()
+			if p.failedBy == nil {
+				p.failedBy = map[string]int{}
+			}
+			p.failedBy[string(msg.Payload)]++
+			p.mu.Unlock()
+		}
 		switch {
 		case err == nil:
 			p.acked.Add(1)
@@ -282,6 +355,12 @@ func (p *Probe) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 var errInjected = errors.New("e2e: injected handler failure (before the effect)")
+
+// ErrPoison is the error of the handler of a message of ConsumerSpec.FailIDs.
+var ErrPoison = errors.New("e2e: poison message, the handler always fails")
+
+// errFailFirst is the error of the first ConsumerSpec.FailFirst runs.
+var errFailFirst = errors.New("e2e: this run fails on purpose (FailFirst)")
 
 // Consumer is a router consuming one destination through an inbox.
 type Consumer struct {
@@ -316,6 +395,9 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 		return nil, fmt.Errorf("building the inbox: %w", err)
 	}
 	c := &Consumer{Spec: spec, Probe: &Probe{}, Inbox: ib, done: make(chan error, 1)}
+	if c.Spec.Runs == nil {
+		c.Spec.Runs = NewRunLog()
+	}
 	fail := func(err error) (*Consumer, error) {
 		_ = ib.Close(context.Background())
 		for _, f := range c.closers {
@@ -368,6 +450,13 @@ func (h *handler) handle(msg *message.Message) error {
 	id := string(msg.Payload)
 	if ran, ok := msg.Context().Value(ranKey{}).(*atomic.Bool); ok {
 		ran.Store(true)
+	}
+	run, healed := spec.Runs.start(id)
+	if !healed && slices.Contains(spec.FailIDs, id) {
+		return ErrPoison
+	}
+	if run <= spec.FailFirst {
+		return errFailFirst
 	}
 	if spec.Work > 0 {
 		time.Sleep(rand.N(spec.Work)) // the handler's own work
@@ -430,6 +519,10 @@ func (h *handler) crash() {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
 }
+
+// Runs returns the start times of the handler's runs for the message
+// (payload) id, in order (in every consumer sharing Spec.Runs).
+func (c *Consumer) Runs(id string) []time.Time { return c.Spec.Runs.Runs(id) }
 
 // Run runs the router until Stop; it returns when the router is running.
 func (c *Consumer) Run() error {

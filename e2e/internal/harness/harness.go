@@ -1,8 +1,9 @@
 // Package harness is the machinery of the end-to-end suite: brokers
 // (RabbitMQ, Kafka), stores opened by URL, consumers (in-process routers or
 // child processes killed at a crash point), a ledger that counts every
-// application of a handler's effect, and the five scenarios every cell of the
-// broker × store matrix runs.
+// application of a handler's effect, the scenarios every cell of the broker ×
+// store matrix runs, and inboxctl (the operators' command line, built from
+// the root module) for the scenarios that operate the store.
 //
 // The suite's test packages (module e2e, and e2e/mongo, whose FerretDB needs
 // other versions of modernc.org/sqlite than the SQL store) describe their
