@@ -226,10 +226,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	// 6. The consumer router: report (outside) sees every delivery, the
 	//    poison queue moves the messages whose key is dead to the poison
 	//    topic (and acks them), the inbox decides whether the handler runs.
-	//    Dead keys only: a failure before the last attempt is nacked, and
-	//    resent after the store's backoff.
+	//    Only what is not transient: a failure before the last attempt
+	//    (inbox.AttemptError) is nacked and resent after the store's
+	//    backoff; a dead key (inbox.DeadError) is poisoned.
 	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, func(err error) bool {
-		return errors.Is(err, inbox.ErrDead)
+		return !inboxmw.IsTransient(err)
 	})
 	if err != nil {
 		return sum, err
@@ -350,6 +351,17 @@ func cleanUp(brokers []string, topics []string, group string, out io.Writer) {
 	if err == nil {
 		defer admin.Close()
 		err = admin.DeleteConsumerGroup(group)
+		if errors.Is(err, sarama.ErrGroupIDNotFound) {
+			err = nil // the broker dropped the empty group already
+		}
+		// The topics go once the broker has forgotten the group: deleting
+		// them while it still removes the group races in kfake.
+		for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			groups, lerr := admin.ListConsumerGroups()
+			if _, still := groups[group]; lerr != nil || !still {
+				break
+			}
+		}
 		for _, t := range topics {
 			err = errors.Join(err, admin.DeleteTopic(t))
 		}
@@ -412,7 +424,13 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		switch {
 		case err != nil:
 			b.nacked++
-			fmt.Fprintf(b.out, "%s  failed: %v; the store holds it back for a backoff, watermill-kafka resends it\n", id, err)
+			var ae *inbox.AttemptError
+			if errors.As(err, &ae) {
+				fmt.Fprintf(b.out, "%s  failed: %v (attempt %d of %d); the store holds it back for %s, watermill-kafka resends it\n",
+					id, ae.Err, ae.Attempt, ae.MaxAttempts, ae.RetryAfter.Round(time.Millisecond))
+			} else {
+				fmt.Fprintf(b.out, "%s  failed: %v; watermill-kafka resends it\n", id, err)
+			}
 		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
 			fmt.Fprintf(b.out, "%s  dead: moved to the poison topic and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 		case !*ran:

@@ -184,10 +184,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
 	}
 	defer pub.Close()
-	// Dead keys only: a failure before the last attempt is nacked, and
-	// retried after the store's backoff.
+	// Only what is not transient: a failure before the last attempt
+	// (inbox.AttemptError) is nacked and retried after the store's backoff;
+	// a dead key (inbox.DeadError) is poisoned.
 	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonQueue, func(err error) bool {
-		return errors.Is(err, inbox.ErrDead)
+		return !inboxmw.IsTransient(err)
 	})
 	if err != nil {
 		return sum, err
@@ -342,7 +343,13 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		switch {
 		case err != nil:
 			b.nacked++
-			fmt.Fprintf(b.out, "%s  failed: %v; the store holds it back for a backoff, RabbitMQ redelivers it\n", id, err)
+			var ae *inbox.AttemptError
+			if errors.As(err, &ae) {
+				fmt.Fprintf(b.out, "%s  failed: %v (attempt %d of %d); the store holds it back for %s, RabbitMQ redelivers it\n",
+					id, ae.Err, ae.Attempt, ae.MaxAttempts, ae.RetryAfter.Round(time.Millisecond))
+			} else {
+				fmt.Fprintf(b.out, "%s  failed: %v; RabbitMQ redelivers it\n", id, err)
+			}
 		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
 			fmt.Fprintf(b.out, "%s  dead: moved to the poison queue and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 		case !*ran:
