@@ -507,3 +507,36 @@ func (s *Store) ctxError(op, key string, ctxErr, err error) error {
 	}
 	return fmt.Errorf("%s: %s %q: "+unavailable+"%w (%w)", append(append([]any{s.cfg.Name, op, key}, wrapped...), err)...)
 }
+
+// OneByOne is a backend that applies one operation at a time (it has no
+// batch form, as protocol v1 or a document store's conditional updates):
+// [ApplyEach] makes its [Driver.Apply]. Each method has the semantics of
+// the Op of its name.
+type OneByOne interface {
+	Claim(ctx context.Context, op Op) (inbox.Claim, error)
+	Complete(ctx context.Context, key, leaseID string) error
+	Release(ctx context.Context, key, leaseID string) error
+	Mark(ctx context.Context, key string) error
+	Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error
+}
+
+// ApplyEach is [Driver.Apply] for a [OneByOne] backend: the ops one after
+// the other, in order, each with its own result and error.
+func ApplyEach(ctx context.Context, d OneByOne, ops []Op, res []inbox.Claim, errs []error) {
+	for i, op := range ops {
+		switch op.Kind {
+		case Claim:
+			res[i], errs[i] = d.Claim(ctx, op)
+		case Complete:
+			errs[i] = d.Complete(ctx, op.Key, op.LeaseID)
+		case Release:
+			errs[i] = d.Release(ctx, op.Key, op.LeaseID)
+		case Mark:
+			errs[i] = d.Mark(ctx, op.Key)
+		case Fail:
+			errs[i] = d.Fail(ctx, op.Key, op.LeaseID, op.Failure)
+		default:
+			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
+		}
+	}
+}

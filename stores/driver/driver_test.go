@@ -380,3 +380,44 @@ func TestBatchStats_buckets(t *testing.T) {
 		}
 	}
 }
+
+// oneByOne records the calls ApplyEach makes.
+type oneByOne struct{ calls []string }
+
+func (o *oneByOne) Claim(_ context.Context, op driver.Op) (inbox.Claim, error) {
+	o.calls = append(o.calls, "claim "+op.Key)
+	return inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID}, nil
+}
+func (o *oneByOne) Complete(_ context.Context, key, _ string) error {
+	o.calls = append(o.calls, "complete "+key)
+	return fmt.Errorf("%w: not held", inbox.ErrLeaseLost)
+}
+func (o *oneByOne) Release(_ context.Context, key, _ string) error {
+	o.calls = append(o.calls, "release "+key)
+	return nil
+}
+func (o *oneByOne) Mark(_ context.Context, key string) error {
+	o.calls = append(o.calls, "mark "+key)
+	return nil
+}
+func (o *oneByOne) Fail(_ context.Context, key, _ string, f inbox.FailOptions) error {
+	o.calls = append(o.calls, "fail "+key+" "+f.Reason)
+	return nil
+}
+
+// ApplyEach applies the ops in order, each with its own result and error.
+func TestApplyEach_in_order_with_results(t *testing.T) {
+	t.Parallel()
+	o := &oneByOne{}
+	ops := []driver.Op{{Kind: driver.Release, Key: "a"}, {Kind: driver.Claim, Key: "a", LeaseID: "l"}, {Kind: driver.Complete, Key: "b"},
+		{Kind: driver.Mark, Key: "c"}, {Kind: driver.Fail, Key: "d", Failure: inbox.FailOptions{Reason: "r"}}, {Kind: 99, Key: "e"}}
+	res, errs := make([]inbox.Claim, len(ops)), make([]error, len(ops))
+	driver.ApplyEach(context.Background(), o, ops, res, errs)
+	want := []string{"release a", "claim a", "complete b", "mark c", "fail d r"}
+	if strings.Join(o.calls, ",") != strings.Join(want, ",") {
+		t.Fatalf("calls %q, want %q", o.calls, want)
+	}
+	if res[1].LeaseID != "l" || !errors.Is(errs[2], inbox.ErrLeaseLost) || errs[0] != nil || !errors.Is(errs[5], inbox.ErrNotSupported) {
+		t.Fatalf("results %+v, errors %v", res, errs)
+	}
+}

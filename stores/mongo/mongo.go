@@ -349,27 +349,12 @@ func (b *backend) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim,
 	if err := b.ready(ctx); err != nil {
 		return err
 	}
-	for i, op := range ops {
-		switch op.Kind {
-		case driver.Claim:
-			res[i], errs[i] = b.claim(ctx, op)
-		case driver.Complete:
-			errs[i] = b.complete(ctx, op.Key, op.LeaseID)
-		case driver.Release:
-			errs[i] = b.release(ctx, op.Key, op.LeaseID)
-		case driver.Mark:
-			errs[i] = b.mark(ctx, op.Key)
-		case driver.Fail:
-			errs[i] = b.failAttempt(ctx, op.Key, op.LeaseID, op.Failure)
-		default:
-			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
-		}
-	}
+	driver.ApplyEach(ctx, b, ops, res, errs)
 	return nil
 }
 
-// claim is TryBegin. See the package documentation for the algorithm.
-func (b *backend) claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
+// Claim is TryBegin. See the package documentation for the algorithm.
+func (b *backend) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	key, id, lease := op.Key, op.LeaseID, op.Lease
 	for range claimRounds {
 		now := b.clock.now(ctx)
@@ -519,9 +504,9 @@ func lost(leaseID string) error {
 	return fmt.Errorf("%w: the key is not held by lease %q (released, completed, taken over after expiry, or never held)", inbox.ErrLeaseLost, leaseID)
 }
 
-// complete is Complete. A holder whose lease ran out may still complete
+// Complete is [inbox.LeaseStore.Complete]. A holder whose lease ran out may still complete
 // while nobody else took the key.
-func (b *backend) complete(ctx context.Context, key, leaseID string) error {
+func (b *backend) Complete(ctx context.Context, key, leaseID string) error {
 	now := b.clock.now(ctx)
 	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: "processed", Value: true},
@@ -549,8 +534,8 @@ func (b *backend) complete(ctx context.Context, key, leaseID string) error {
 	return lost(leaseID)
 }
 
-// release is Release.
-func (b *backend) release(ctx context.Context, key, leaseID string) error {
+// Release is [inbox.LeaseStore.Release].
+func (b *backend) Release(ctx context.Context, key, leaseID string) error {
 	now := b.clock.now(ctx)
 	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
 		{Key: "leaseId", Value: ""},
@@ -567,11 +552,11 @@ func (b *backend) release(ctx context.Context, key, leaseID string) error {
 	return nil
 }
 
-// failAttempt is Fail: it ends the failed attempt of leaseID, recording
+// Fail is [inbox.LeaseStore.Fail]: it ends the failed attempt of leaseID, recording
 // the reason, with the key available again once opts.RetryAfter has passed
 // (a backoff), or dead. The record lives for the retention after the
 // backoff, or after the Fail for a dead key.
-func (b *backend) failAttempt(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+func (b *backend) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
 	now := b.clock.now(ctx)
 	retryAt := noLease
 	expires := deadline(now, b.opts.Retention)
@@ -639,9 +624,9 @@ func (b *backend) Get(ctx context.Context, key string) (inbox.Record, error) {
 	return d.record(now), nil
 }
 
-// mark is MarkProcessed: it marks key processed whatever lease is held on
+// Mark is MarkProcessed: it marks key processed whatever lease is held on
 // it; the holder's Complete then fails with inbox.ErrLeaseLost.
-func (b *backend) mark(ctx context.Context, key string) error {
+func (b *backend) Mark(ctx context.Context, key string) error {
 	for range claimRounds {
 		now := b.clock.now(ctx)
 		expires := deadline(now, b.opts.Retention)

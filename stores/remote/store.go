@@ -85,30 +85,15 @@ func (c *client) post(ctx context.Context, ep endpoint, v any) (result, bool, er
 // Apply implements [driver.Driver]: one request per op, in order (the layer
 // sends one op per call: protocol v1 has no batch endpoint).
 func (c *client) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
-	for i, op := range ops {
-		switch op.Kind {
-		case driver.Claim:
-			res[i], errs[i] = c.tryBegin(ctx, op)
-		case driver.Complete:
-			errs[i] = c.complete(ctx, op.Key, op.LeaseID)
-		case driver.Release:
-			errs[i] = c.release(ctx, op.Key, op.LeaseID)
-		case driver.Mark:
-			errs[i] = c.markProcessed(ctx, op.Key)
-		case driver.Fail:
-			errs[i] = c.failAttempt(ctx, op.Key, op.LeaseID, op.Failure)
-		default:
-			errs[i] = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
-		}
-	}
+	driver.ApplyEach(ctx, c, ops, res, errs)
 	return nil
 }
 
-// tryBegin is try-begin. It always sends a lease id (the caller's, or the
+// Claim is try-begin. It always sends a lease id (the caller's, or the
 // one the layer made), so that it can be retried safely where the service
 // honours it, and acceptDead, so that a service with the fail extension
 // answers Dead for a dead key (one without it ignores the field).
-func (c *client) tryBegin(ctx context.Context, op driver.Op) (inbox.Claim, error) {
+func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	d, err := c.discoverFor(ctx, tryBeginEP)
 	if err != nil {
 		return inbox.Claim{}, err
@@ -189,8 +174,8 @@ func lost(ep endpoint, leaseID string) error {
 	return opError(ep, "%w: the key is not held by lease %q", inbox.ErrLeaseLost, leaseID)
 }
 
-// complete is Complete, with mark-processed.
-func (c *client) complete(ctx context.Context, key, leaseID string) error {
+// Complete is [inbox.LeaseStore.Complete], with mark-processed.
+func (c *client) Complete(ctx context.Context, key, leaseID string) error {
 	w, _, err := c.holderCall(ctx, markEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusProcessed)
 	if err != nil {
 		return err
@@ -201,9 +186,9 @@ func (c *client) complete(ctx context.Context, key, leaseID string) error {
 	return nil
 }
 
-// release is Release. A LeaseLost heard by a retry after an attempt whose
+// Release is [inbox.LeaseStore.Release]. A LeaseLost heard by a retry after an attempt whose
 // answer was lost returns nil: see the package documentation.
-func (c *client) release(ctx context.Context, key, leaseID string) error {
+func (c *client) Release(ctx context.Context, key, leaseID string) error {
 	w, uncertain, err := c.holderCall(ctx, releaseEP, wire.LeaseRequest{Key: key, LeaseID: leaseID}, wire.StatusReleased)
 	if err != nil {
 		return err
@@ -214,7 +199,7 @@ func (c *client) release(ctx context.Context, key, leaseID string) error {
 	return nil
 }
 
-// failAttempt is Fail, with fail. It fails with [inbox.ErrNotSupported]
+// Fail is [inbox.LeaseStore.Fail], with fail. It fails with [inbox.ErrNotSupported]
 // when the service does not list the fail extension (the middleware then
 // releases instead).
 //
@@ -225,7 +210,7 @@ func (c *client) release(ctx context.Context, key, leaseID string) error {
 // key: nil when the key is dead (whoever made it so), else
 // [inbox.ErrLeaseLost], so a caller is never told a key is dead when it is
 // not.
-func (c *client) failAttempt(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+func (c *client) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
 	d, err := c.discoverFor(ctx, failEP)
 	if err != nil {
 		return err
@@ -265,9 +250,9 @@ func (c *client) failAttempt(ctx context.Context, key, leaseID string, opts inbo
 	return nil
 }
 
-// markProcessed is MarkProcessed: mark-processed without a lease id, the
+// Mark is MarkProcessed: mark-processed without a lease id, the
 // inbox ADR's unleased mark.
-func (c *client) markProcessed(ctx context.Context, key string) error {
+func (c *client) Mark(ctx context.Context, key string) error {
 	w, _, err := c.holderCall(ctx, markEP, wire.LeaseRequest{Key: key}, wire.StatusProcessed)
 	if err != nil {
 		return err
