@@ -311,16 +311,9 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 	if err := s.checkLease(lease); err != nil {
 		return time.Time{}, err
 	}
-	cctx, cancel, err := s.begin(ctx, "Extend", key)
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer cancel()
-	until, err := s.d.Extend(cctx, key, leaseID, lease)
-	if err != nil {
-		return time.Time{}, s.fail(cctx, "Extend", key, err)
-	}
-	return until, nil
+	return call(s, ctx, "Extend", key, func(ctx context.Context) (time.Time, error) {
+		return s.d.Extend(ctx, key, leaseID, lease)
+	})
 }
 
 // Get implements [inbox.LeaseStore].
@@ -339,16 +332,7 @@ func (s *Store) get(ctx context.Context, op, key string) (inbox.Record, error) {
 	if err := inbox.ValidateKey(key); err != nil {
 		return inbox.Record{}, err
 	}
-	cctx, cancel, err := s.begin(ctx, op, key)
-	if err != nil {
-		return inbox.Record{}, err
-	}
-	defer cancel()
-	r, err := s.d.Get(cctx, key)
-	if err != nil {
-		return inbox.Record{}, s.fail(cctx, op, key, err)
-	}
-	return r, nil
+	return call(s, ctx, op, key, func(ctx context.Context) (inbox.Record, error) { return s.d.Get(ctx, key) })
 }
 
 // List implements [inbox.Admin].
@@ -359,16 +343,7 @@ func (s *Store) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPag
 	if opts.Limit == 0 {
 		opts.Limit = inbox.DefaultListLimit
 	}
-	cctx, cancel, err := s.begin(ctx, "List", opts.Prefix)
-	if err != nil {
-		return inbox.ListPage{}, err
-	}
-	defer cancel()
-	p, err := s.d.List(cctx, opts)
-	if err != nil {
-		return inbox.ListPage{}, s.fail(cctx, "List", opts.Prefix, err)
-	}
-	return p, nil
+	return call(s, ctx, "List", opts.Prefix, func(ctx context.Context) (inbox.ListPage, error) { return s.d.List(ctx, opts) })
 }
 
 // Forget implements [inbox.Admin].
@@ -385,15 +360,24 @@ func (s *Store) byKey(ctx context.Context, op, key string, f func(context.Contex
 	if err := inbox.ValidateKey(key); err != nil {
 		return err
 	}
+	_, err := call(s, ctx, op, key, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx, key) })
+	return err
+}
+
+// call makes f, a driver call that is not batched, under the bounds of
+// begin, and maps its error.
+func call[T any](s *Store, ctx context.Context, op, key string, f func(context.Context) (T, error)) (T, error) {
+	var zero T
 	cctx, cancel, err := s.begin(ctx, op, key)
 	if err != nil {
-		return err
+		return zero, err
 	}
 	defer cancel()
-	if err := f(cctx, key); err != nil {
-		return s.fail(cctx, op, key, err)
+	v, err := f(cctx)
+	if err != nil {
+		return zero, s.fail(cctx, op, key, err)
 	}
-	return nil
+	return v, nil
 }
 
 // checkLease refuses a lease longer than Config.MaxLease.
@@ -495,17 +479,14 @@ func (s *Store) fail(callCtx context.Context, op, key string, err error) error {
 // the store did not answer in time, so it wraps both
 // inbox.ErrStoreUnavailable and context.DeadlineExceeded.
 func (s *Store) ctxError(op, key string, ctxErr, err error) error {
-	unavailable := ""
-	var wrapped []any
+	wrapped := ctxErr
 	if errors.Is(ctxErr, context.DeadlineExceeded) {
-		unavailable = "%w: "
-		wrapped = append(wrapped, inbox.ErrStoreUnavailable)
+		wrapped = fmt.Errorf("%w: %w", inbox.ErrStoreUnavailable, ctxErr)
 	}
-	wrapped = append(wrapped, ctxErr)
-	if err == ctxErr || err == nil {
-		return fmt.Errorf("%s: %s %q: "+unavailable+"%w", append([]any{s.cfg.Name, op, key}, wrapped...)...)
+	if err == nil || err == ctxErr {
+		return fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, wrapped)
 	}
-	return fmt.Errorf("%s: %s %q: "+unavailable+"%w (%w)", append(append([]any{s.cfg.Name, op, key}, wrapped...), err)...)
+	return fmt.Errorf("%s: %s %q: %w (%w)", s.cfg.Name, op, key, wrapped, err)
 }
 
 // OneByOne is a backend that applies one operation at a time (it has no
