@@ -5,25 +5,18 @@
 //
 //	memory://?retention=168h&lease=30s&max_entries=1000000
 //
-// The records live in the process and are lost when it exits: two processes,
-// or a restarted one, do not share them. Use a server-backed store for that.
+// The records live in the process and are lost when it exits. One mutex
+// guards them, so every operation is atomic. Expiry is logical: every call
+// compares deadlines on the process's monotonic clock, and expired records
+// are swept as later writes go by. A record whose lease is in flight is kept
+// for the lease plus the retention. Reported times are the wall clock at
+// [New] plus the monotonic time since.
 //
-// One mutex guards the store, so every operation is atomic. Expiry is
-// logical: every call compares deadlines on the process's monotonic clock, so
-// a processed key stays processed for exactly its retention however late its
-// record is swept (expired records are swept as later writes go by). A record
-// whose lease is in flight is kept for the lease plus the retention. Reported
-// times are the wall clock at [New] plus the monotonic time since, so a step
-// of the system clock does not move them.
-//
-// The store keeps at most [Options.MaxEntries] records. When a new key
-// arrives at the bound, the store walks its records from the least recently
-// written, dropping expired ones and evicting those without a live lease
-// until there is room. Evicting a processed key shortens its dedup window;
-// [Stats].Evicted counts evictions, so that can be alerted on. When every
-// record holds a live lease, TryBegin and MarkProcessed fail with
-// [inbox.ErrStoreUnavailable]: the middleware nacks, and the broker
-// redelivers later.
+// At most [Options.MaxEntries] records are kept. A new key at the bound
+// evicts records from the least recently written, skipping those with a
+// live lease; evicting a processed key shortens its dedup window, and
+// [Stats].Evicted counts it. When every record holds a live lease, TryBegin
+// and MarkProcessed fail with [inbox.ErrStoreUnavailable].
 package memory
 
 import (
@@ -205,8 +198,12 @@ func (m *mem) find(key string, now time.Time) *record {
 	return r
 }
 
-// insert adds a record for key, first seen at now. The caller touches it.
-func (m *mem) insert(key string, now time.Time) (*record, error) {
+// findOrInsert returns key's live record, adding one first seen at now
+// when there is none. The caller touches it.
+func (m *mem) findOrInsert(key string, now time.Time) (*record, error) {
+	if r := m.find(key, now); r != nil {
+		return r, nil
+	}
 	if err := m.makeRoom(now); err != nil {
 		return nil, err
 	}
@@ -294,12 +291,9 @@ func (m *mem) Apply(_ context.Context, ops []driver.Op, res []inbox.Claim, errs 
 }
 
 func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
-	r := m.find(op.Key, now)
-	if r == nil {
-		var err error
-		if r, err = m.insert(op.Key, now); err != nil {
-			return inbox.Claim{}, err
-		}
+	r, err := m.findOrInsert(op.Key, now)
+	if err != nil {
+		return inbox.Claim{}, err
 	}
 	mismatch := op.PayloadHash != "" && r.payload != "" && op.PayloadHash != r.payload
 	c := inbox.Claim{PayloadMismatch: mismatch, Attempts: r.attempts}
@@ -338,20 +332,23 @@ func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
 }
 
 // holder returns key's record if leaseID holds it (its lease live, or
-// expired and not taken over), else an error wrapping ErrLeaseLost.
-func (m *mem) holder(now time.Time, key, leaseID string) (*record, error) {
+// expired and not taken over), else an error wrapping ErrLeaseLost. A
+// processed key is held only by a repeated Complete (completing).
+func (m *mem) holder(now time.Time, key, leaseID string, completing bool) (*record, error) {
 	r := m.find(key, now)
 	switch {
 	case r == nil:
 		return nil, fmt.Errorf("%w: the key has no record", inbox.ErrLeaseLost)
 	case r.leaseID != leaseID:
 		return nil, fmt.Errorf("%w: the key is not held by lease %q", inbox.ErrLeaseLost, leaseID)
+	case r.processed && !completing:
+		return nil, fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
 	}
 	return r, nil
 }
 
 func (m *mem) complete(now time.Time, key, leaseID string) error {
-	r, err := m.holder(now, key, leaseID)
+	r, err := m.holder(now, key, leaseID, true)
 	if err != nil {
 		return err
 	}
@@ -364,12 +361,9 @@ func (m *mem) complete(now time.Time, key, leaseID string) error {
 }
 
 func (m *mem) release(now time.Time, key, leaseID string) error {
-	r, err := m.holder(now, key, leaseID)
+	r, err := m.holder(now, key, leaseID, false)
 	if err != nil {
 		return err
-	}
-	if r.processed {
-		return fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
 	}
 	r.leaseID = ""
 	m.endLease(r, now)
@@ -380,12 +374,9 @@ func (m *mem) release(now time.Time, key, leaseID string) error {
 // fail ends a failed attempt: the key is given back after opts.RetryAfter,
 // or marked dead.
 func (m *mem) fail(now time.Time, key, leaseID string, opts inbox.FailOptions) error {
-	r, err := m.holder(now, key, leaseID)
+	r, err := m.holder(now, key, leaseID, false)
 	if err != nil {
 		return err
-	}
-	if r.processed {
-		return fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
 	}
 	r.leaseID, r.reason, r.dead = "", opts.Reason, opts.Dead
 	m.endLease(r, now)
@@ -399,12 +390,9 @@ func (m *mem) fail(now time.Time, key, leaseID string, opts inbox.FailOptions) e
 
 // markProcessed marks key processed whatever lease is held on it.
 func (m *mem) markProcessed(now time.Time, key string) error {
-	r := m.find(key, now)
-	if r == nil {
-		var err error
-		if r, err = m.insert(key, now); err != nil {
-			return err
-		}
+	r, err := m.findOrInsert(key, now)
+	if err != nil {
+		return err
 	}
 	r.processed, r.dead, r.retryAt = true, false, time.Time{}
 	r.leaseID = ""
@@ -418,12 +406,9 @@ func (m *mem) Extend(_ context.Context, key, leaseID string, lease time.Duration
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
-	r, err := m.holder(now, key, leaseID)
+	r, err := m.holder(now, key, leaseID, false)
 	if err != nil {
 		return time.Time{}, err
-	}
-	if r.processed {
-		return time.Time{}, fmt.Errorf("%w: the key is already processed", inbox.ErrLeaseLost)
 	}
 	m.setLease(r, now, lease)
 	m.touch(r, now)
