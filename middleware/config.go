@@ -24,12 +24,12 @@ const (
 type MissingKeyPolicy int
 
 const (
-	// MissingKeyProcess runs the handler without deduplication, logs it and
-	// counts it (outcome no_key). The default: a message is never dropped in
-	// silence.
+	// MissingKeyProcess runs the handler without deduplication, logged and
+	// counted (outcome no_key): a message is never dropped in silence. The
+	// default.
 	MissingKeyProcess MissingKeyPolicy = iota
 	// MissingKeyReject returns an error wrapping [inbox.ErrNoKey] without
-	// running the handler, meant to be routed to a poison queue.
+	// running the handler, meant for a poison queue.
 	MissingKeyReject
 )
 
@@ -40,116 +40,109 @@ type PayloadHashPolicy int
 const (
 	// PayloadHashOff sends no fingerprint. The default.
 	PayloadHashOff PayloadHashPolicy = iota
-	// PayloadHashWarn sends the SHA-256 of the payload; a known key with other
-	// content is logged and counted (outcome payload_mismatch) and otherwise
-	// handled as usual.
+	// PayloadHashWarn sends the payload's SHA-256; a known key with other
+	// content is logged and counted (outcome payload_mismatch), then handled
+	// as usual.
 	PayloadHashWarn
-	// PayloadHashReject is PayloadHashWarn that also refuses the message with
-	// an error wrapping [inbox.ErrPayloadMismatch], without running the
-	// handler.
+	// PayloadHashReject is PayloadHashWarn that also refuses such a message
+	// with an error wrapping [inbox.ErrPayloadMismatch].
 	PayloadHashReject
 )
 
-// Config configures [New]. Only Store, Bus and Group are required.
+// Config configures [New]. Only Store, Bus and Group are required; every
+// other field has a default.
 type Config struct {
-	// Store is the inbox store. Required. An [inbox.LeaseStore] (every store
-	// of this project) gets the leased flow; a plain [inbox.Store] gets the
-	// ADR's check-then-mark flow, under which two concurrent deliveries of
-	// one message can both run the handler.
+	// Store is the inbox store. An [inbox.LeaseStore] (every store of this
+	// project) gets the leased flow, a [TxStore] the transactional one; a
+	// plain [inbox.Store] gets the ADR's check-then-mark flow, under which
+	// two concurrent deliveries of one message can both run the handler.
 	Store inbox.Store
 
 	// Bus names the message bus in keys, e.g. "rabbit" or "kafka-prod".
-	// Required.
 	Bus string
 
-	// Group names the consumer group or queue in keys. Required: Watermill
-	// does not expose it, and two groups must not share keys.
+	// Group names the consumer group or queue in keys: Watermill does not
+	// expose it, and two groups must not share keys.
 	Group string
 
-	// Alias gives the key's alias segment, the message type. Optional;
-	// default [keying.AliasFromHandler]: the router handler's name.
+	// Alias gives the key's alias segment, the message type. Default
+	// [keying.AliasFromHandler]: the router handler's name.
 	Alias keying.AliasFunc
 
-	// IDSources are tried in order for the message's id. Optional; default
+	// IDSources are tried in order for the message's id. Default
 	// [keying.DefaultIDSources]: the IdempotencyKey metadata field, then the
 	// message UUID.
 	IDSources []keying.IDSource
 
-	// Lease is how long a claim lasts without renewal. Optional; default
-	// [inbox.DefaultLease] (30 s). While the handler runs, a heartbeat
-	// extends it every HeartbeatInterval.
+	// Lease is how long a claim lasts without renewal. Default
+	// [inbox.DefaultLease] (30 s).
 	Lease time.Duration
 
-	// HeartbeatInterval is how often the lease is extended. Optional;
-	// default Lease/3. Must be shorter than Lease.
+	// HeartbeatInterval is how often the lease is extended while the
+	// handler runs and until the ack. Default Lease/3; shorter than Lease.
 	HeartbeatInterval time.Duration
 
-	// MaxBusyWait bounds the in-process wait before a claim is settled.
-	// When another consumer holds the key the middleware polls (20 ms
-	// growing to 1 s, jittered) for at most the time the holder's lease has
-	// left plus a little, then returns an error wrapping [inbox.ErrBusy];
-	// when the store fails it retries (see FailOpen), then returns an error
-	// wrapping [inbox.ErrStoreUnavailable]; either way the broker redelivers
-	// later. Optional; default 10 s, short enough not to stall a Kafka
-	// rebalance. Negative means no wait.
+	// MaxBusyWait bounds the in-process wait for a claim. A key another
+	// consumer holds is polled (20 ms growing to 1 s, jittered) for at most
+	// the time its lease has left plus a little; a failing store is retried
+	// (see FailOpen). Then the middleware returns an error wrapping
+	// [inbox.ErrBusy] or [inbox.ErrStoreUnavailable] and the broker
+	// redelivers later. Default 10 s, short enough not to stall a Kafka
+	// rebalance; negative means no wait.
 	MaxBusyWait time.Duration
 
-	// StoreTimeout bounds each store call. Optional; default 5 s. (A
-	// TxStore's claim is bounded by the store's own lock timeout instead.)
+	// StoreTimeout bounds each store call. Default 5 s. (A TxStore's claim
+	// is bounded by the store's lock timeout instead.)
 	StoreTimeout time.Duration
 
-	// FailOpen makes a failed claim run the handler at once without
-	// deduplication (logged, and counted as outcome fail_open) instead of
-	// failing closed. Optional; default false: a claim that fails is retried
-	// in-process with jittered backoff (50 ms growing to 2 s) for at most
-	// MaxBusyWait, then the message is nacked for the broker to redeliver,
-	// so nothing is lost, nothing runs twice, and an outage costs the store
-	// a few calls a second per consumer.
+	// FailOpen runs the handler at once without deduplication when the
+	// claim fails (logged, and counted as outcome fail_open). Default false:
+	// fail closed; the claims of a failing store are retried with jittered
+	// backoff (50 ms growing to 2 s), paced across the Inbox, for at most
+	// MaxBusyWait, then the message is nacked. An outage then costs the
+	// store a few calls a second, and no message is lost or run twice.
 	FailOpen bool
 
-	// MaxAttempts marks a key dead when the attempt that reaches it fails:
+	// MaxAttempts marks a key dead when its MaxAttempts-th attempt fails:
 	// the store records the handler's error, the middleware returns an
-	// [inbox.DeadError] (not transient: route it to a poison queue outside
-	// the inbox), and later deliveries of the key get the same error without
-	// running the handler, until an operator forgets the key (inboxctl
-	// forget). An attempt that fails before the last returns an
-	// [inbox.AttemptError] wrapping the handler's error, which [IsTransient]
-	// reports as transient, so that a poison queue filtered with it lets the
-	// broker redeliver the message. The store counts attempts (acquired
-	// leases) across consumers and restarts. Optional; default 0:
-	// unlimited, and a failed attempt returns the handler's error as it is.
-	// Needs an [inbox.LeaseStore].
+	// [inbox.DeadError] (not transient: route it to a poison queue), and
+	// later deliveries get the same error without the handler, until an
+	// operator forgets the key (inboxctl forget). An attempt that fails
+	// before the last returns an [inbox.AttemptError], transient for
+	// [IsTransient], so the broker redelivers it. The store counts attempts
+	// across consumers and restarts. Default 0: unlimited, and a failed
+	// attempt returns the handler's error as it is. Needs an
+	// [inbox.LeaseStore].
 	MaxAttempts int
 
 	// Backoff is how long a key stays unclaimable after its attempt-th
 	// attempt failed: the store answers Busy until then, so a redelivery
 	// waits in-process (at most MaxBusyWait) instead of spinning through the
-	// broker. Optional; default [DefaultBackoff]; ExponentialBackoff(base, 0)
-	// turns it off.
+	// broker. Default [DefaultBackoff]; ExponentialBackoff(0, 0) turns it
+	// off.
 	Backoff func(attempt int) time.Duration
 
-	// Tracer receives each message's claim and store calls. Optional;
-	// default none. inboxotel.New(tracerProvider) records them as spans.
+	// Tracer receives each message's claim and store calls. Default none;
+	// inboxotel.New(tracerProvider) records them as spans.
 	Tracer Tracer
 
-	// MissingKey says what happens to a message without an id. Optional;
-	// default MissingKeyProcess.
+	// MissingKey says what happens to a message without an id. Default
+	// MissingKeyProcess.
 	MissingKey MissingKeyPolicy
 
-	// PayloadHash turns on content fingerprints. Optional; default
-	// PayloadHashOff.
+	// PayloadHash turns on content fingerprints. Default PayloadHashOff.
 	PayloadHash PayloadHashPolicy
 
-	// Owner names this consumer in the store's records. Optional; default
-	// "hostname/pid".
+	// Owner names this consumer in the store's records. Default
+	// [DefaultOwner]: "hostname/pid".
 	Owner string
 
-	// Logger receives the middleware's logs. Optional; default
-	// watermill.NopLogger. Logs never hold payloads.
+	// Logger receives the middleware's logs, which never hold payloads.
+	// Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
-	// Metrics receives outcome counts and store call timings. Optional;
-	// default none. See package inboxmetrics (inbox/metrics) for Prometheus.
+	// Metrics receives outcome counts and store call timings. Default none;
+	// package inboxmetrics (inbox/metrics) has a Prometheus one.
 	Metrics Metrics
 }
 
@@ -160,29 +153,24 @@ func (c *Config) setDefaults() {
 	if len(c.IDSources) == 0 {
 		c.IDSources = keying.DefaultIDSources()
 	}
-	if c.Lease == 0 {
-		c.Lease = inbox.DefaultLease
-	}
-	if c.HeartbeatInterval == 0 && c.Lease > 0 {
-		c.HeartbeatInterval = c.Lease / 3
-	}
-	if c.MaxBusyWait == 0 {
-		c.MaxBusyWait = DefaultMaxBusyWait
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
-	if c.Owner == "" {
-		c.Owner = DefaultOwner()
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Metrics == nil {
-		c.Metrics = NopMetrics{}
-	}
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
+	}
+	orDefault(&c.Lease, inbox.DefaultLease)
+	if c.Lease > 0 {
+		orDefault(&c.HeartbeatInterval, c.Lease/3)
+	}
+	orDefault(&c.MaxBusyWait, DefaultMaxBusyWait)
+	orDefault(&c.StoreTimeout, DefaultStoreTimeout)
+	orDefault(&c.Owner, DefaultOwner())
+	orDefault[watermill.LoggerAdapter](&c.Logger, watermill.NopLogger{})
+	orDefault[Metrics](&c.Metrics, NopMetrics{})
+}
+
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
 	}
 }
 
@@ -212,10 +200,7 @@ func ExponentialBackoff(base, limit time.Duration) func(attempt int) time.Durati
 func DefaultOwner() string {
 	host, _ := os.Hostname()
 	owner := host + "/" + strconv.Itoa(os.Getpid())
-	if len(owner) > inbox.MaxOwnerLen {
-		owner = owner[:inbox.MaxOwnerLen]
-	}
-	return owner
+	return owner[:min(len(owner), inbox.MaxOwnerLen)]
 }
 
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].
@@ -228,6 +213,8 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
 	}
+	_, tx := c.Store.(TxStore)
+	_, leased := c.Store.(inbox.LeaseStore)
 	if c.Store == nil {
 		bad("Store is required")
 	}
@@ -254,18 +241,18 @@ func (c Config) Validate() error {
 	if c.HeartbeatInterval < 0 || (lease > 0 && c.HeartbeatInterval >= lease) {
 		bad("HeartbeatInterval %s must be positive and shorter than Lease %s", c.HeartbeatInterval, lease)
 	}
-	if _, tx := c.Store.(TxStore); tx && c.FailOpen {
+	if tx && c.FailOpen {
 		bad("FailOpen cannot be used with a TxStore: its handler needs the store's transaction")
 	}
-	if _, tx := c.Store.(TxStore); tx && c.PayloadHash != PayloadHashOff {
+	if tx && c.PayloadHash != PayloadHashOff {
 		bad("PayloadHash is not supported with a TxStore: its claim records no fingerprint")
 	}
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %s is negative", c.StoreTimeout)
 	}
-	if _, tx := c.Store.(TxStore); c.MaxAttempts < 0 {
+	if c.MaxAttempts < 0 {
 		bad("MaxAttempts %d is negative", c.MaxAttempts)
-	} else if _, leased := c.Store.(inbox.LeaseStore); c.MaxAttempts > 0 && (tx || !leased) {
+	} else if c.MaxAttempts > 0 && (tx || !leased) {
 		bad("MaxAttempts needs an inbox.LeaseStore: a TxStore or a plain Store counts no attempts")
 	}
 	if c.MissingKey != MissingKeyProcess && c.MissingKey != MissingKeyReject {

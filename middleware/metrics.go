@@ -11,42 +11,19 @@ type Outcome string
 
 // The outcomes the middleware counts.
 const (
-	// OutcomeProcessed: the handler succeeded and the key was marked processed.
-	OutcomeProcessed Outcome = "processed"
-	// OutcomeDuplicate: the key was already processed; the handler did not run
-	// and the message was acked.
-	OutcomeDuplicate Outcome = "duplicate"
-	// OutcomeBusy: another consumer held the key for the whole wait; the
-	// message was nacked with ErrBusy.
-	OutcomeBusy Outcome = "busy"
-	// OutcomeReleased: the lease was given back unmarked, because the handler
-	// failed or panicked or the router nacked the message.
-	OutcomeReleased Outcome = "released"
-	// OutcomeStoreError: a store call failed.
-	OutcomeStoreError Outcome = "store_error"
-	// OutcomeFailOpen: a store error with Config.FailOpen: the handler ran
-	// without deduplication.
-	OutcomeFailOpen Outcome = "fail_open"
-	// OutcomeNoKey: the message had no id.
-	OutcomeNoKey Outcome = "no_key"
-	// OutcomePayloadMismatch: a known key arrived with different content.
-	OutcomePayloadMismatch Outcome = "payload_mismatch"
-	// OutcomeDead: the key is dead (Config.MaxAttempts): the handler failed
-	// on the last attempt allowed, or did not run for a key marked dead
-	// before; the middleware returned an inbox.DeadError.
-	OutcomeDead Outcome = "dead"
-	// OutcomeAcquired: the key was claimed and the handler runs. Reported to
-	// a Tracer only: the mark counts processed or released.
-	OutcomeAcquired Outcome = "acquired"
-	// OutcomeLeaseLost: the lease was lost (expired and taken over, or not
-	// renewable in time); the handler's context was canceled.
-	OutcomeLeaseLost Outcome = "lease_lost"
-	// OutcomeCompleteRetry: marking the key after a successful handler failed
-	// and is being retried in the background.
-	OutcomeCompleteRetry Outcome = "complete_retry"
-	// OutcomeCompleteFailed: marking the key failed until the lease ended; a
-	// redelivery will run the handler again.
-	OutcomeCompleteFailed Outcome = "complete_failed"
+	OutcomeProcessed       Outcome = "processed"        // the handler succeeded and the key was marked processed
+	OutcomeDuplicate       Outcome = "duplicate"        // the key was processed already: acked without the handler
+	OutcomeBusy            Outcome = "busy"             // another consumer held the key for the whole wait: ErrBusy
+	OutcomeReleased        Outcome = "released"         // the lease was given back unmarked: handler failed or panicked, or the message was nacked
+	OutcomeStoreError      Outcome = "store_error"      // a store call failed
+	OutcomeFailOpen        Outcome = "fail_open"        // a failed claim under Config.FailOpen: the handler ran without deduplication
+	OutcomeNoKey           Outcome = "no_key"           // the message had no id
+	OutcomePayloadMismatch Outcome = "payload_mismatch" // a known key arrived with different content
+	OutcomeDead            Outcome = "dead"             // the key is dead (Config.MaxAttempts): an inbox.DeadError was returned
+	OutcomeAcquired        Outcome = "acquired"         // the key was claimed and the handler runs; reported to a Tracer only
+	OutcomeLeaseLost       Outcome = "lease_lost"       // the lease was lost (taken over, or not renewed in time); the handler's context was canceled
+	OutcomeCompleteRetry   Outcome = "complete_retry"   // marking the key failed and is retried in the background
+	OutcomeCompleteFailed  Outcome = "complete_failed"  // marking the key failed until the lease ended; a redelivery will run the handler again
 )
 
 // Store operations as reported to [Metrics.StoreCall].
@@ -91,14 +68,9 @@ type ScopedMetrics interface {
 // NopMetrics is a [Metrics] that counts nothing: the default.
 type NopMetrics struct{}
 
-// Outcome implements [Metrics].
-func (NopMetrics) Outcome(string, Outcome) {}
-
-// StoreCall implements [Metrics].
-func (NopMetrics) StoreCall(string, time.Duration, error) {}
-
-// Waited implements [Metrics].
-func (NopMetrics) Waited(string, string, time.Duration) {}
+func (NopMetrics) Outcome(string, Outcome)                {} // Outcome implements [Metrics].
+func (NopMetrics) StoreCall(string, time.Duration, error) {} // StoreCall implements [Metrics].
+func (NopMetrics) Waited(string, string, time.Duration)   {} // Waited implements [Metrics].
 
 // Tracer receives the steps of each message, for tracing; package
 // inboxotel (inbox/otel) records them as OpenTelemetry spans. Calls must be

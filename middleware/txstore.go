@@ -11,21 +11,19 @@ import (
 // TxStore is a store whose claim is a database transaction that the handler
 // runs in, so that the key's mark commits with the handler's own writes or
 // not at all: the SQL transactional mode of package
-// github.com/watermill-inbox/inbox/stores/sql/txinbox. The middleware keeps
-// its flow (keys, outcomes, logs, metrics, missing keys) around it. There is
-// no lease: a concurrent delivery of the key waits on the uncommitted claim,
-// so Config.Lease, HeartbeatInterval, MaxBusyWait and StoreTimeout do not
-// apply, and Config.FailOpen is refused (the handler needs the transaction).
+// github.com/watermill-inbox/inbox/stores/sql/txinbox. There is no lease:
+// a concurrent delivery of the key waits on the uncommitted claim, so
+// Config.Lease, HeartbeatInterval and StoreTimeout do not apply, and
+// FailOpen, PayloadHash and MaxAttempts are refused.
 type TxStore interface {
 	inbox.Store
 
 	// BeginTx begins a transaction and claims key in it: Status
 	// [inbox.Processed] when the key is processed (the transaction is then
-	// over), else [inbox.Acquired]. A concurrent claim of key waits for the
-	// other transaction to end, for at most the store's lock timeout, then
-	// fails with an error wrapping [inbox.ErrBusy]. An empty key begins a
-	// transaction without a claim, for a message without an id processed
-	// under [MissingKeyProcess].
+	// over), else [inbox.Acquired]. A concurrent claim waits for the other
+	// transaction to end, for at most the store's lock timeout, then fails
+	// with an error wrapping [inbox.ErrBusy]. An empty key begins a
+	// transaction without a claim, for a message without an id.
 	BeginTx(ctx context.Context, key string) (TxClaim, error)
 }
 
@@ -33,14 +31,13 @@ type TxStore interface {
 type TxClaim struct {
 	Status inbox.Status
 
-	// Context is the handler's: the message context passed to BeginTx, with
-	// the transaction in it.
+	// Context is the handler's: BeginTx's, with the transaction in it.
 	Context context.Context
 
 	// Finish ends the transaction; the middleware calls it exactly once.
 	// With handlerErr nil it stores out, the messages the handler returned,
 	// in the transaction (or refuses them) and commits the handler's writes
-	// with the mark: nil means the key is processed. With handlerErr set (a
-	// handler error or panic) it rolls back and returns handlerErr.
+	// with the mark: nil means the key is processed. Otherwise it rolls back
+	// and returns handlerErr.
 	Finish func(out []*message.Message, handlerErr error) error
 }
