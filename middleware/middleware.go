@@ -1,6 +1,7 @@
 package inboxmw
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -20,12 +21,11 @@ import (
 )
 
 // This file is the path of one message, top to bottom: its key, the claim,
-// the handler, and the mark. Inbox.handle picks the flow by the kind of
-// store: handleLeased (an inbox.LeaseStore, every store of this project),
-// handleTx (a TxStore, the SQL transactional mode) or handlePlain (a plain
-// inbox.Store). In the leased flow one goroutine per acquired lease,
-// lease.watch, makes every store call after the claim: the heartbeat, then
-// the Complete on ack or the Release on a failure, a nack or Close.
+// the handler and the mark. handle picks the flow by the kind of store:
+// handleLeased (an inbox.LeaseStore), handleTx (a TxStore) or handlePlain.
+// In the leased flow one goroutine per lease, lease.watch, makes every store
+// call after the claim: the heartbeat, then Complete on ack, Release on a
+// nack or Close, Fail when the handler failed.
 
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
@@ -39,11 +39,10 @@ type Inbox struct {
 	log    watermill.LoggerAdapter
 	m      Metrics
 
-	mu      sync.RWMutex
-	closed  bool
-	pending sync.WaitGroup // messages between their claim and their mark
-
-	abandon     chan struct{} // closed when Close stops waiting for pending marks
+	mu          sync.RWMutex
+	closed      bool
+	pending     sync.WaitGroup // messages between their claim and their mark
+	abandon     chan struct{}  // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
 	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
@@ -70,7 +69,6 @@ func New(cfg Config) (*Inbox, error) {
 	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
 		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
-
 	switch s := cfg.Store.(type) {
 	case TxStore:
 		ib.txs = s
@@ -102,10 +100,7 @@ type msgCall struct {
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context())}
-	if ib.cfg.Tracer != nil {
-		m.start = time.Now()
-	}
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now()}
 	key, _, err := ib.keys.KeyString(msg)
 	if err != nil {
 		return m.keyError(err)
@@ -150,15 +145,10 @@ func (m *msgCall) keyError(err error) ([]*message.Message, error) {
 		return nil, err
 	}
 	ib.log.Info("Message has no idempotency key; processing it without deduplication", m.fields().Add(watermill.LogFields{"reason": err.Error()}))
-	if ib.txs == nil {
-		return m.h(m.msg)
+	if ib.txs != nil {
+		return m.handleTx() // its handler expects a transaction, without a claim
 	}
-	// The handler of a transactional store expects its transaction.
-	claim, err := ib.txs.BeginTx(m.msg.Context(), "")
-	if err != nil {
-		return nil, m.storeFailed(OpTryBegin, err)
-	}
-	return m.runTx(claim, false)
+	return m.h(m.msg)
 }
 
 // storeFailed counts and logs a claim that failed for good. It returns the
@@ -200,8 +190,8 @@ func (m *msgCall) busy(retryAfter time.Duration) error {
 	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter}
 }
 
-// dead reports a dead key (Config.MaxAttempts): err is the handler's error
-// when this attempt made it dead, nil for a later delivery.
+// dead reports a dead key: err is the handler's error when this attempt
+// made it dead, nil for a later delivery.
 func (m *msgCall) dead(reason string, err error) error {
 	m.settle(OutcomeDead)
 	msg := "Inbox key is dead: message refused without running the handler (inboxctl forget replays it)"
@@ -225,7 +215,7 @@ func (m *msgCall) traced(o Outcome) {
 	}
 }
 
-// call runs one store call bounded by StoreTimeout and times it.
+// call runs one store call bounded by timeout, and times it.
 func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	start := time.Now()
@@ -235,7 +225,6 @@ func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f f
 	return err
 }
 
-// ctxKey is the context key of the message's inbox key.
 type ctxKey struct{}
 
 // KeyFromCtx returns the inbox key of the message whose handler got ctx
@@ -279,17 +268,18 @@ func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out [
 func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	ib := m.ib
 	ctx := m.msg.Context()
-	if isDone(m.msg.Acked()) {
+	select {
+	case <-m.msg.Acked():
 		// Acked before the handler (InstantAck): subscribers cancel the
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
+	default:
 	}
 	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID()}
 	if ib.cfg.PayloadHash != PayloadHashOff {
 		sum := sha256.Sum256(m.msg.Payload)
 		opts.PayloadHash = hex.EncodeToString(sum[:])
 	}
-
 	claim, sent, err := m.claim(ctx, opts)
 	m.attempts = claim.Attempts
 	if errors.Is(err, inbox.ErrBusy) {
@@ -330,18 +320,14 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 const busySlack = 250 * time.Millisecond
 
 // claim runs TryBegin (through paced) until it gives an answer to act on,
-// for at most MaxBusyWait and while the message context lasts. A busy key is
-// polled with jittered backoff (20 ms growing to 1 s) for at most the time
-// the holder's lease has left plus busySlack. sent is the local time the
-// final TryBegin was sent: the lease's deadline is reckoned from it.
+// for at most MaxBusyWait and while ctx lasts. A busy key is polled with
+// jittered backoff (20 ms growing to 1 s) for at most the time the holder's
+// lease has left plus busySlack. sent is the local time the final TryBegin
+// was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	limit := time.Now().Add(m.ib.cfg.MaxBusyWait)
 	var waited time.Duration
-	defer func() {
-		if waited > 0 {
-			m.ib.m.Waited(m.handler, WaitBusy, waited)
-		}
-	}()
+	defer m.reportWait(WaitBusy, &waited)
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		err = m.paced(ctx, limit, OpTryBegin, func(ctx context.Context) (err error) {
 			sent = time.Now()
@@ -383,19 +369,11 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 		limit = time.Now()
 	}
 	var waited time.Duration
-	defer func() {
-		if waited > 0 {
-			ib.m.Waited(m.handler, WaitStoreBackoff, waited)
-		}
-	}()
-	err := errPaced
-	for {
+	defer m.reportWait(WaitStoreBackoff, &waited)
+	for err := errPaced; ; {
 		d, ok := ib.pace.Reserve(limit)
-		if !ok { // the store is failing, and no slot is free before limit
-			if err := sleep(ctx, time.Until(limit), &waited); err != nil {
-				return err
-			}
-			return err
+		if !ok { // no slot is free before limit
+			return cmp.Or(sleep(ctx, time.Until(limit), &waited), err)
 		}
 		if err := sleep(ctx, d, &waited); err != nil {
 			return err
@@ -413,6 +391,13 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 		if !time.Now().Before(limit) {
 			return err
 		}
+	}
+}
+
+// reportWait reports the time the claim waited, if any, to Metrics.Waited.
+func (m *msgCall) reportWait(reason string, waited *time.Duration) {
+	if *waited > 0 {
+		m.ib.m.Waited(m.handler, reason, *waited)
 	}
 }
 
@@ -670,8 +655,9 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 		ib.health.OK()
 		return nil
 	}
-	// The retries are a function of their own, so that the frame of this
-	// one, on the lease goroutine's path for every message, stays small.
+	// The retries are a function of their own, so that the lease
+	// goroutine's stack stays small enough not to grow on every message's
+	// path (BENCHMARKS.md, "The lease goroutine's stack").
 	return ib.retry(m, base, op, giveUp, f, err)
 }
 
@@ -769,7 +755,8 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 // ---- The transactional flow (a TxStore) -----------------------------------
 
 // handleTx claims the key in a transaction of the store's, which the
-// handler runs in, and commits the mark with the handler's writes.
+// handler runs in, and commits the mark with the handler's writes. Without
+// a key, the transaction holds no claim.
 func (m *msgCall) handleTx() ([]*message.Message, error) {
 	// The store bounds the wait on a concurrent claim by its lock timeout,
 	// and the transaction lives on in the handler: it is begun with the
@@ -790,14 +777,17 @@ func (m *msgCall) handleTx() ([]*message.Message, error) {
 	case claim.Status == inbox.Processed:
 		return m.duplicate()
 	}
-	m.traced(OutcomeAcquired)
-	return m.runTx(claim, true)
+	return m.runTx(claim)
 }
 
-// runTx runs the handler in the claim's transaction and ends it. claimed
-// says whether the transaction holds the key's claim (not for a message
-// without a key): only then are processed and released counted.
-func (m *msgCall) runTx(claim TxClaim, claimed bool) ([]*message.Message, error) {
+// runTx runs the handler in the claim's transaction and ends it. Processed
+// and released are counted only for a claimed key (a message without a key
+// was counted as no_key).
+func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
+	claimed := m.key != ""
+	if claimed {
+		m.traced(OutcomeAcquired)
+	}
 	count := func(o Outcome) {
 		if claimed || o == OutcomeStoreError {
 			m.ib.m.Outcome(m.handler, o)
@@ -851,8 +841,8 @@ func (ib *Inbox) Close(ctx context.Context) error {
 }
 
 // track counts a message in flight; false once closed. A mark left pending
-// after the message's handler returned holds a count of its own
-// (pending.Add while the message's count is held).
+// after the handler returned holds a count of its own, added while the
+// message's count is held.
 func (ib *Inbox) track() bool {
 	ib.mu.RLock()
 	defer ib.mu.RUnlock()
@@ -865,15 +855,6 @@ func (ib *Inbox) track() bool {
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
 
 // ---- Small helpers ---------------------------------------------------------
-
-func isDone(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
 
 // sleep waits for d, adding it to total, or until ctx ends.
 func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {
@@ -902,12 +883,13 @@ func earlier(a, b time.Time) time.Time {
 func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // IsTransient reports whether err, returned by the middleware, means "try
-// again later" rather than "this message is bad": the key was busy, the store
-// was unavailable, the middleware was closing, or (with Config.MaxAttempts)
-// an attempt failed that was not the last one allowed
+// again later" rather than "this message is bad": the key was busy, the
+// store was unavailable, the middleware was closing, or (with
+// Config.MaxAttempts) an attempt failed that was not the last one allowed
 // ([inbox.ErrAttemptFailed]). A dead key ([inbox.ErrDead]) is not
-// transient, nor is a handler's error without MaxAttempts. Use it to keep such messages
-// out of a poison queue, which would ack them and lose their only copy:
+// transient, nor is a handler's error without MaxAttempts. Use it to keep
+// such messages out of a poison queue, which would ack them and lose their
+// only copy:
 //
 //	poison, err := wmw.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
 //		return !inboxmw.IsTransient(err)
