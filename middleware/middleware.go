@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -338,7 +337,7 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 			return c, sent, err
 		}
 		limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
-		d := min(jitter(delay), time.Until(limit))
+		d := min(outage.Jitter(delay), time.Until(limit))
 		if d <= 0 {
 			return c, sent, m.busy(c.RetryAfter)
 		}
@@ -667,7 +666,7 @@ func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.
 			return err
 		}
 		ib.m.Outcome(m.handler, OutcomeStoreError)
-		wait := jitter(delay)
+		wait := outage.Jitter(delay)
 		if time.Until(giveUp) < wait {
 			return err
 		}
@@ -878,9 +877,6 @@ func earlier(a, b time.Time) time.Time {
 	}
 	return b
 }
-
-// jitter returns a duration in [d/2, d].
-func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // IsTransient reports whether err, returned by the middleware, means "try
 // again later" rather than "this message is bad": the key was busy, the

@@ -107,7 +107,7 @@ func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 	} else if at.After(deadline) {
 		return 0, false
 	}
-	p.next = at.Add(jitter(p.pause))
+	p.next = at.Add(Jitter(p.pause))
 	return at.Sub(now), true
 }
 
@@ -116,7 +116,7 @@ func (p *Pacer) Failed() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pause = min(max(2*p.pause, p.Min), p.Max)
-	if next := time.Now().Add(jitter(p.pause)); next.After(p.next) {
+	if next := time.Now().Add(Jitter(p.pause)); next.After(p.next) {
 		p.next = next
 	}
 }
@@ -128,5 +128,5 @@ func (p *Pacer) OK() {
 	p.mu.Unlock()
 }
 
-// jitter returns a duration in [d/2, d].
-func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+// Jitter returns a duration drawn uniformly from [d/2, d].
+func Jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
