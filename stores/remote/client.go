@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/outage"
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/remote/internal/wire"
@@ -248,7 +248,7 @@ func backoff(i int, h http.Header) time.Duration {
 	if d > time.Second || d <= 0 {
 		d = time.Second
 	}
-	d = d/2 + rand.N(d/2+1)
+	d = outage.Jitter(d)
 	if h != nil {
 		if sec, err := strconv.Atoi(h.Get("Retry-After")); err == nil && sec > 0 {
 			ra := min(time.Duration(sec)*time.Second, 5*time.Second)
