@@ -154,6 +154,15 @@ type Server struct {
 
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+
+	ops map[string]operation // the POSTed operations, by path
+}
+
+// operation is one POSTed operation of protocol v1: its endpoint label and
+// its handler of the request body.
+type operation struct {
+	ep string
+	f  func(ctx context.Context, body []byte) reply
 }
 
 // New returns the handler for cfg. It fails with an error wrapping
@@ -165,6 +174,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
+	s.ops = map[string]operation{
+		wire.TryBegin: {epTryBegin, s.tryBegin}, wire.MarkProcessed: {epMark, s.markProcessed},
+		wire.Release: {epRelease, s.release}, wire.Extend: {epExtend, s.extend}, wire.Fail: {epFail, s.fail},
+		wire.List: {epList, s.list}, wire.Forget: {epForget, s.forget}, wire.ForceRelease: {epForce, s.forceRelease},
+	}
 	extensions := wire.Extensions
 	if a, ok := cfg.Store.(inbox.Admin); ok {
 		s.admin = a
@@ -266,30 +280,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.metrics.ServeHTTP(w, r)
 		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
-	case r.Method == http.MethodPost && path == wire.TryBegin:
-		ep = epTryBegin
-		rep = s.post(w, r, s.tryBegin)
-	case r.Method == http.MethodPost && path == wire.MarkProcessed:
-		ep = epMark
-		rep = s.post(w, r, s.markProcessed)
-	case r.Method == http.MethodPost && path == wire.Release:
-		ep = epRelease
-		rep = s.post(w, r, s.release)
-	case r.Method == http.MethodPost && path == wire.Extend:
-		ep = epExtend
-		rep = s.post(w, r, s.extend)
-	case r.Method == http.MethodPost && path == wire.Fail:
-		ep = epFail
-		rep = s.post(w, r, s.fail)
-	case r.Method == http.MethodPost && path == wire.List:
-		ep = epList
-		rep = s.post(w, r, s.list)
-	case r.Method == http.MethodPost && path == wire.Forget:
-		ep = epForget
-		rep = s.post(w, r, s.forget)
-	case r.Method == http.MethodPost && path == wire.ForceRelease:
-		ep = epForce
-		rep = s.post(w, r, s.forceRelease)
+	case r.Method == http.MethodPost && s.ops[path].f != nil:
+		op := s.ops[path]
+		ep, rep = op.ep, s.post(w, r, op.f)
 	case strings.HasPrefix(path, wire.KeyPrefix):
 		ep = epGet
 		if s.method(w, r, &rep, http.MethodGet) && s.authorized(w, r, &rep) {
