@@ -206,6 +206,18 @@ func wantIs(err, target error) error {
 	return nil
 }
 
+// wantClaim is a call that claims the key without a lease id of its own
+// and wants status.
+func wantClaim(status inbox.Status) func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
+	return func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
+		c, err := st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease})
+		if err == nil && c.Status != status {
+			return fmt.Errorf("claim %+v, want %v", c, status)
+		}
+		return wantNil(err)
+	}
+}
+
 func wantState(state inbox.State, attempts int) func(r inbox.Record) error {
 	return func(r inbox.Record) error {
 		if r.State != state || r.Attempts != attempts {
@@ -292,24 +304,8 @@ func (s *suite) mixedCalls() []mixedCall {
 				return wantNil(err)
 			},
 			wantState(inbox.StateInProgress, 1)},
-		{"TryBegin of a held key", held,
-			func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
-				c, err := st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease})
-				if err == nil && c.Status != inbox.Busy {
-					return fmt.Errorf("claim %+v, want Busy", c)
-				}
-				return wantNil(err)
-			},
-			wantState(inbox.StateInProgress, 1)},
-		{"TryBegin of a processed key", completed,
-			func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
-				c, err := st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease})
-				if err == nil && c.Status != inbox.Processed {
-					return fmt.Errorf("claim %+v, want Processed", c)
-				}
-				return wantNil(err)
-			},
-			wantState(inbox.StateProcessed, 1)},
+		{"TryBegin of a held key", held, wantClaim(inbox.Busy), wantState(inbox.StateInProgress, 1)},
+		{"TryBegin of a processed key", completed, wantClaim(inbox.Processed), wantState(inbox.StateProcessed, 1)},
 		{"Get of a held key", held,
 			func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
 				r, err := st.Get(ctx, key)
