@@ -68,9 +68,14 @@ type ScopedMetrics interface {
 // NopMetrics is a [Metrics] that counts nothing: the default.
 type NopMetrics struct{}
 
-func (NopMetrics) Outcome(string, Outcome)                {} // Outcome implements [Metrics].
-func (NopMetrics) StoreCall(string, time.Duration, error) {} // StoreCall implements [Metrics].
-func (NopMetrics) Waited(string, string, time.Duration)   {} // Waited implements [Metrics].
+// Outcome implements [Metrics].
+func (NopMetrics) Outcome(string, Outcome) {}
+
+// StoreCall implements [Metrics].
+func (NopMetrics) StoreCall(string, time.Duration, error) {}
+
+// Waited implements [Metrics].
+func (NopMetrics) Waited(string, string, time.Duration) {}
 
 // Tracer receives the steps of each message, for tracing; package
 // inboxotel (inbox/otel) records them as OpenTelemetry spans. Calls must be
