@@ -268,28 +268,17 @@ func (d *rdb) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage,
 // pipeline, and returns those that are live and that opts selects, in key
 // order.
 func (d *rdb) readList(ctx context.Context, opts inbox.ListOptions, keys []string) ([]inbox.ListItem, error) {
-	cmds := make([]*redis.Cmd, len(keys))
-	p := d.client.Pipeline()
+	calls := make([]*scriptCall, len(keys))
 	for i, k := range keys {
-		cmds[i] = getScript.EvalSha(ctx, p, []string{d.opts.Prefix + opts.Prefix + k})
+		calls[i] = &scriptCall{key: opts.Prefix + k}
 	}
+	p := d.client.Pipeline()
+	d.queue(ctx, p, getScript, calls)
 	_, _ = p.Exec(ctx) // errors are the commands'
-	var redo []int
-	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			redo = append(redo, i)
-		}
-	}
-	if len(redo) > 0 {
-		p = d.client.Pipeline()
-		for _, i := range redo {
-			cmds[i] = getScript.Eval(ctx, p, []string{d.opts.Prefix + opts.Prefix + keys[i]})
-		}
-		_, _ = p.Exec(ctx)
-	}
+	d.evalNoScript(ctx, getScript, calls)
 	var items []inbox.ListItem
-	for i, c := range cmds {
-		v, err := c.Result()
+	for i, c := range calls {
+		v, err := c.cmd.Result()
 		if err != nil {
 			return nil, mapErr(err)
 		}

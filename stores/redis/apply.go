@@ -32,13 +32,6 @@ import (
 // it, in one more pipeline.
 func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	seqs := sequences(ops)
-	self := indices // self[i:i+1] is the index list of ops[i] alone
-	if len(ops) > len(indices) {
-		self = make([]int, len(ops))
-		for i := range self {
-			self[i] = i
-		}
-	}
 	var calls []*scriptCall
 	var claims []fastClaim
 	p := d.client.Pipeline()
@@ -53,13 +46,11 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 			claims = append(claims, d.queueClaim(ctx, p, i, op))
 			continue
 		}
-		calls = append(calls, d.call(ops, self[i:i+1]))
+		calls = append(calls, d.callOne(ops, i))
 	}
-	for _, c := range calls {
-		c.cmd = opsScript.EvalSha(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
-	}
+	d.queue(ctx, p, opsScript, calls)
 	_, _ = p.Exec(ctx) // errors are the commands'
-	d.evalNoScript(ctx, calls)
+	d.evalNoScript(ctx, opsScript, calls)
 
 	var later []*scriptCall
 	for _, fc := range claims {
@@ -79,31 +70,19 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 			res[fc.i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(fc.leaseUS) * time.Microsecond, Attempts: 1}
 			continue
 		}
-		later = append(later, d.call(ops, self[fc.i:fc.i+1]))
+		later = append(later, d.callOne(ops, fc.i))
 	}
 	d.results(calls, ops, res, errs)
 	if len(later) == 0 {
 		return nil
 	}
 	p = d.client.Pipeline()
-	for _, c := range later {
-		c.cmd = opsScript.EvalSha(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
-	}
+	d.queue(ctx, p, opsScript, later)
 	_, _ = p.Exec(ctx)
-	d.evalNoScript(ctx, later)
+	d.evalNoScript(ctx, opsScript, later)
 	d.results(later, ops, res, errs)
 	return nil
 }
-
-// indices holds 0, 1, 2, ...: indices[i:i+1] lists the operation i alone.
-// Read only.
-var indices = func() []int {
-	a := make([]int, maxBatch)
-	for i := range a {
-		a[i] = i
-	}
-	return a
-}()
 
 // sequences returns, for each key that appears more than once in ops, the
 // indices of its operations in order; nil when every key appears once.
@@ -130,18 +109,31 @@ func sequences(ops []driver.Op) map[string][]int {
 	return seqs
 }
 
-// scriptCall is one call of opsScript: the operations ops (indices into the
-// batch) on key.
+// scriptCall is one call of a script: for opsScript, the operations ops
+// (indices into the batch) on key.
 type scriptCall struct {
 	key  string
 	ops  []int
+	one  [1]int // ops of a call of one operation
 	args []any
 	cmd  *redis.Cmd
+}
+
+// callOne returns the call of opsScript that applies ops[i] alone.
+func (d *rdb) callOne(ops []driver.Op, i int) *scriptCall {
+	c := &scriptCall{}
+	c.one[0] = i
+	return d.fill(c, ops, c.one[:])
 }
 
 // call returns the call of opsScript that applies ops[idx...], all on one
 // key, in order.
 func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
+	return d.fill(&scriptCall{}, ops, idx)
+}
+
+// fill makes c the call of opsScript that applies ops[idx...].
+func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 	n := 2
 	for _, i := range idx {
 		n += argCount[ops[i].Kind]
@@ -152,7 +144,7 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 		op := ops[i]
 		switch op.Kind {
 		case driver.Claim:
-			args = append(args, "B", op.LeaseID, d.leaseArg(micros(op.Lease)), op.Owner, op.PayloadHash)
+			args = append(args, "B", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10), op.Owner, op.PayloadHash)
 		case driver.Complete:
 			args = append(args, "C", op.LeaseID)
 		case driver.Release:
@@ -167,19 +159,12 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 			args = append(args, "M")
 		}
 	}
-	return &scriptCall{key: ops[idx[0]].Key, ops: idx, args: args}
+	c.key, c.ops, c.args = ops[idx[0]].Key, idx, args
+	return c
 }
 
 // argCount is the number of script arguments of each kind of operation.
 var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5}
-
-// leaseArg is a lease of us microseconds as a script argument.
-func (d *rdb) leaseArg(us int64) any {
-	if us == d.leaseUS {
-		return d.lease
-	}
-	return strconv.FormatInt(us, 10)
-}
 
 // fastClaim is the claim of ops[i] as SET NX PX of a fresh record and
 // PEXPIRETIME (see scripts.go).
@@ -203,9 +188,16 @@ func (d *rdb) queueClaim(ctx context.Context, p redis.Pipeliner, i int, op drive
 	}
 }
 
+// queue adds the calls of sc (EVALSHA) to p.
+func (d *rdb) queue(ctx context.Context, p redis.Pipeliner, sc *redis.Script, calls []*scriptCall) {
+	for _, c := range calls {
+		c.cmd = sc.EvalSha(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
+	}
+}
+
 // evalNoScript sends again with EVAL, in one pipeline, the calls whose
 // EVALSHA found no script: none of their operations was applied.
-func (d *rdb) evalNoScript(ctx context.Context, calls []*scriptCall) {
+func (d *rdb) evalNoScript(ctx context.Context, sc *redis.Script, calls []*scriptCall) {
 	var redo []*scriptCall
 	for _, c := range calls {
 		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
@@ -217,7 +209,7 @@ func (d *rdb) evalNoScript(ctx context.Context, calls []*scriptCall) {
 	}
 	p := d.client.Pipeline()
 	for _, c := range redo {
-		c.cmd = opsScript.Eval(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
+		c.cmd = sc.Eval(ctx, p, []string{d.opts.Prefix + c.key}, c.args...)
 	}
 	_, _ = p.Exec(ctx)
 }

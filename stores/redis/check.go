@@ -29,11 +29,9 @@ const checkKey = "stores.Open check"
 func (s *Store) check(ctx context.Context, u *url.URL) error {
 	d := s.d
 	if t := d.opts.Timeout; t > 0 {
-		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > t {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, t)
-			defer cancel()
-		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
 	}
 	target := describeTarget(u)
 	if err := d.client.Ping(ctx).Err(); err != nil {

@@ -130,8 +130,6 @@ type rdb struct {
 	// Script arguments, formatted and boxed once.
 	retUS   int64
 	retArgs [2]any // ARGV[1] and ARGV[2] of opsScript: retention in µs, in ms rounded up
-	leaseUS int64  // Options.Lease in µs
-	lease   any    // leaseUS as a script argument
 }
 
 // New returns a store over client, which may be a standalone, Sentinel
@@ -155,14 +153,12 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		opts:    opts,
 		retUS:   retUS,
 		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt((retUS+999)/1000, 10)},
-		leaseUS: micros(opts.Lease),
-		lease:   strconv.FormatInt(micros(opts.Lease), 10),
 	}
 	ds, err := driver.New(d, driver.Config{
 		Name:     "redis store",
 		Lease:    opts.Lease,
 		MaxLease: MaxDuration,
-		Timeout:  max(opts.Timeout, 0),
+		Timeout:  opts.Timeout,
 		Batch:    driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
 	})
 	if err != nil {
