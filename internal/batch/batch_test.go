@@ -51,18 +51,12 @@ func (r *recorder) get() [][]int {
 	return append([][]int(nil), r.batches...)
 }
 
-func queueLen[Q, R any](b *Batcher[Q, R]) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue)
-}
-
 func waitQueued[Q, R any](t *testing.T, b *Batcher[Q, R], n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for queueLen(b) != n {
+	for b.Queued() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("queue has %d calls, want %d", queueLen(b), n)
+			t.Fatalf("queue has %d calls, want %d", b.Queued(), n)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -358,7 +352,7 @@ func TestQueueBoundWaitsHonouringContext(t *testing.T) {
 		later <- result{v, err}
 	}()
 	time.Sleep(5 * time.Millisecond)
-	if n := queueLen(b); n != 2 {
+	if n := b.Queued(); n != 2 {
 		t.Fatalf("queue has %d, bound 2", n)
 	}
 	r.mu.Lock()
