@@ -211,12 +211,8 @@ func (c *client) Release(ctx context.Context, key, leaseID string) error {
 // [inbox.ErrLeaseLost], so a caller is never told a key is dead when it is
 // not.
 func (c *client) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
-	d, err := c.discoverFor(ctx, failEP)
-	if err != nil {
+	if err := c.needExt(ctx, failEP, wire.ExtFail); err != nil {
 		return err
-	}
-	if !d.Has(wire.ExtFail) {
-		return opError(failEP, "%w: the service does not list the fail extension in its discovery document", inbox.ErrNotSupported)
 	}
 	req := wire.FailRequest{Key: key, LeaseID: leaseID, Dead: opts.Dead, Reason: opts.Reason}
 	if opts.RetryAfter > 0 {
@@ -266,12 +262,8 @@ func (c *client) Mark(ctx context.Context, key string) error {
 // Extend implements [driver.Driver]. It fails with [inbox.ErrNotSupported]
 // when the service's discovery document does not list the extend extension.
 func (c *client) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	d, err := c.discoverFor(ctx, extendEP)
-	if err != nil {
+	if err := c.needExt(ctx, extendEP, wire.ExtExtend); err != nil {
 		return time.Time{}, err
-	}
-	if !d.Has(wire.ExtExtend) {
-		return time.Time{}, opError(extendEP, "%w: the service does not list the extend extension in its discovery document", inbox.ErrNotSupported)
 	}
 	w, _, err := c.holderCall(ctx, extendEP, wire.LeaseRequest{Key: key, LeaseID: leaseID, LeaseSeconds: leaseSeconds(lease)}, wire.StatusExtended)
 	if err != nil {
@@ -340,15 +332,15 @@ func parseRecord(ep endpoint, w wire.RecordResponse) (inbox.Record, error) {
 	return r, nil
 }
 
-// admin reads discovery before a call to ep of the admin extension, and
+// needExt reads discovery before a call to ep of the extension ext, and
 // fails with inbox.ErrNotSupported when the service does not list it.
-func (c *client) admin(ctx context.Context, ep endpoint) error {
+func (c *client) needExt(ctx context.Context, ep endpoint, ext string) error {
 	d, err := c.discoverFor(ctx, ep)
 	if err != nil {
 		return err
 	}
-	if !d.Has(wire.ExtAdmin) {
-		return opError(ep, "%w: the service does not list the admin extension in its discovery document", inbox.ErrNotSupported)
+	if !d.Has(ext) {
+		return opError(ep, "%w: the service does not list the %s extension in its discovery document", inbox.ErrNotSupported, ext)
 	}
 	return nil
 }
@@ -356,7 +348,7 @@ func (c *client) admin(ctx context.Context, ep endpoint) error {
 // List implements [driver.Driver] with list (admin extension).
 func (c *client) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
 	ep := listEP
-	if err := c.admin(ctx, ep); err != nil {
+	if err := c.needExt(ctx, ep, wire.ExtAdmin); err != nil {
 		return inbox.ListPage{}, err
 	}
 	limit := int64(opts.Limit)
@@ -412,7 +404,7 @@ func (c *client) ForceRelease(ctx context.Context, key string) error {
 }
 
 func (c *client) keyCall(ctx context.Context, ep endpoint, key, ok string) error {
-	if err := c.admin(ctx, ep); err != nil {
+	if err := c.needExt(ctx, ep, wire.ExtAdmin); err != nil {
 		return err
 	}
 	res, _, err := c.post(ctx, ep, wire.KeyRequest{Key: key})
