@@ -155,7 +155,7 @@ type Server struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 
-	ops map[string]operation // the POSTed operations, by path
+	ops map[string]operation // the POSTed operations of protocol v1, by path
 }
 
 // operation is one POSTed operation of protocol v1: its endpoint label and
@@ -249,6 +249,7 @@ func errReply(code int, errCode, msg string) reply {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	path := r.URL.EscapedPath()
+	op, isOp := s.ops[path] // a POSTed operation (a GET of its path is the key of that name)
 	var ep string
 	var rep reply
 	switch {
@@ -280,8 +281,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.metrics.ServeHTTP(w, r)
 		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
-	case r.Method == http.MethodPost && s.ops[path].f != nil:
-		op := s.ops[path]
+	case r.Method == http.MethodPost && isOp:
 		ep, rep = op.ep, s.post(w, r, op.f)
 	case strings.HasPrefix(path, wire.KeyPrefix):
 		ep = epGet
@@ -306,7 +306,7 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 	allow := want
 	if want == http.MethodGet {
 		allow = "GET, HEAD"
-		if slices.Contains(wire.Operations, r.URL.EscapedPath()) {
+		if _, op := s.ops[r.URL.EscapedPath()]; op {
 			allow = "GET, HEAD, POST" // POST the operation, GET the key of that name
 			want = "POST"
 		}

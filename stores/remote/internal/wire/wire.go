@@ -34,10 +34,6 @@ const (
 	ForceRelease  = "/v1/inbox/force-release" // ext. "admin"
 )
 
-// Operations are the paths of the POST endpoints: a GET of one of them is
-// the key of that name.
-var Operations = []string{TryBegin, MarkProcessed, Release, Extend, Fail, List, Forget, ForceRelease}
-
 // AcceptDeadQuery is the query of GET /v1/inbox/{key} with which a client
 // says that it reads the status Dead (ext. "fail").
 const AcceptDeadQuery = "acceptDead=true"
