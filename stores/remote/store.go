@@ -216,7 +216,7 @@ func (c *client) Fail(ctx context.Context, key, leaseID string, opts inbox.FailO
 	}
 	req := wire.FailRequest{Key: key, LeaseID: leaseID, Dead: opts.Dead, Reason: opts.Reason}
 	if opts.RetryAfter > 0 {
-		ms := int64((opts.RetryAfter + time.Millisecond - 1) / time.Millisecond) // rounded up: never shorter
+		ms := wire.CeilMillis(opts.RetryAfter) // never shorter
 		req.RetryAfterMs = &ms
 	}
 	ok := wire.StatusReleased
@@ -357,7 +357,7 @@ func (c *client) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPa
 		req.State = opts.State.String()
 	}
 	if opts.OlderThan > 0 {
-		ms := int64((opts.OlderThan + time.Millisecond - 1) / time.Millisecond) // rounded up: never younger than asked
+		ms := wire.CeilMillis(opts.OlderThan) // never younger than asked
 		req.OlderThanMs = &ms
 	}
 	ep.maxBody = c.opts.MaxResponseBytes + limit*maxListItemBytes

@@ -501,8 +501,7 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 		}
 		resp.LeaseID, resp.ExpiresAt, resp.LeaseSeconds = c.LeaseID, utc(c.ExpiresAt), seconds(granted)
 	case inbox.Busy:
-		ms := (c.RetryAfter + time.Millisecond - 1) / time.Millisecond // rounded up: never early
-		resp.ExpiresAt, resp.RetryAfterMs = utc(c.ExpiresAt), max(int64(ms), 1)
+		resp.ExpiresAt, resp.RetryAfterMs = utc(c.ExpiresAt), max(wire.CeilMillis(c.RetryAfter), 1) // never early
 	case inbox.Processed:
 	case inbox.Dead:
 		resp.Reason = c.Reason
@@ -665,10 +664,9 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 	}
 	opts := inbox.FailOptions{Dead: req.Dead, Reason: req.Reason}
 	if req.RetryAfterMs != nil {
-		if ms := *req.RetryAfterMs; ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("retryAfterMs %d is outside [0, %d]", ms, math.MaxInt64/int64(time.Millisecond)))
+		if opts.RetryAfter, err = millis("retryAfterMs", *req.RetryAfterMs); err != nil {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, err.Error())
 		}
-		opts.RetryAfter = time.Duration(*req.RetryAfterMs) * time.Millisecond
 	}
 	if err := opts.Validate(); err != nil {
 		return s.storeReply(err)
@@ -679,6 +677,15 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 	}
 	err = s.cfg.Store.Fail(ctx, req.Key, req.LeaseID, opts)
 	return s.leaseOutcome(req.Key, err, ok, wire.StatusResponse{Status: ok})
+}
+
+// millis is the duration of field, a count of milliseconds, or an error
+// when it is negative or too long for a time.Duration.
+func millis(field string, ms int64) (time.Duration, error) {
+	if limit := math.MaxInt64 / int64(time.Millisecond); ms < 0 || ms > limit {
+		return 0, fmt.Errorf("%s %d is outside [0, %d]", field, ms, limit)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // noAdmin is the answer of an admin endpoint over a store without
@@ -705,10 +712,9 @@ func (s *Server) list(ctx context.Context, body []byte) reply {
 		opts.State = st
 	}
 	if req.OlderThanMs != nil {
-		if ms := *req.OlderThanMs; ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("olderThanMs %d is outside [0, %d]", ms, math.MaxInt64/int64(time.Millisecond)))
+		if opts.OlderThan, err = millis("olderThanMs", *req.OlderThanMs); err != nil {
+			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, err.Error())
 		}
-		opts.OlderThan = time.Duration(*req.OlderThanMs) * time.Millisecond
 	}
 	if req.Limit != nil {
 		if n := *req.Limit; n < 0 || n > inbox.MaxListLimit {

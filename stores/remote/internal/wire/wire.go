@@ -448,3 +448,7 @@ func KeyFromPath(escapedPath string) (key string, ok bool, err error) {
 	}
 	return key, true, nil
 }
+
+// CeilMillis is d in whole milliseconds, rounded up, for the protocol's
+// millisecond fields.
+func CeilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
