@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -64,19 +63,12 @@ func raceBegin(t *testing.T, st inbox.LeaseStore, key string, n int) []raced {
 	ctx := ctxT(t)
 	rs := make([]raced, n)
 	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
+	fns := make([]func(), n)
 	for i := range n {
 		rs[i].opts = inbox.BeginOptions{Lease: longLease, LeaseID: inbox.NewLeaseID(), Owner: fmt.Sprintf("racer-%d", i)}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			rs[i].claim, errs[i] = st.TryBegin(ctx, key, rs[i].opts)
-		}()
+		fns[i] = func() { rs[i].claim, errs[i] = st.TryBegin(ctx, key, rs[i].opts) }
 	}
-	close(start)
-	wg.Wait()
+	together(fns...)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("racer %d: TryBegin: %v", i, err)
