@@ -150,10 +150,7 @@ func (r *runner) run(ctx context.Context, args []string) error {
 	cfs := flag.NewFlagSet("inboxctl "+c.name, flag.ContinueOnError)
 	cfs.SetOutput(io.Discard)
 	r.globalFlags(cfs)
-	var run func(context.Context, []string) error
-	if c.setup != nil {
-		run = c.setup(r, cfs)
-	}
+	run := c.setup(r, cfs)
 	pos, err := parseInterspersed(cfs, rest)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -217,6 +214,7 @@ type command struct {
 	nargs int
 	// setup defines the command's own flags on fs and returns the function
 	// that runs the command with its positional arguments once fs is parsed.
+	// Required.
 	setup func(r *runner, fs *flag.FlagSet) func(ctx context.Context, args []string) error
 }
 
@@ -336,9 +334,7 @@ func commandHelp(c *command) string {
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	r := &runner{}
 	r.globalFlags(fs)
-	if c.setup != nil {
-		c.setup(r, fs)
-	}
+	c.setup(r, fs)
 	fs.SetOutput(&b)
 	fs.PrintDefaults()
 	b.WriteString("\nExamples:\n")

@@ -150,11 +150,7 @@ func summary(r inbox.Record) string {
 		return "NotFound"
 	}
 	parts := []string{r.State.String(), "attempts " + strconv.Itoa(r.Attempts)}
-	add := func(name, v string) {
-		if v != "" {
-			parts = append(parts, name+" "+v)
-		}
-	}
+	add := func(name, v string) { parts = append(parts, name+" "+v) }
 	if !r.LeaseUntil.IsZero() {
 		add("lease until", showTime(r.LeaseUntil))
 	}
