@@ -16,12 +16,14 @@ const (
 	sectionEnd   = "<!-- inboxbench:targets:end -->"
 )
 
+// targetFormat is how the targets table prints a value.
+const targetFormat = "%.2f"
+
 // A targetRow is one line of the targets table: a ratio (or a cost) taken
 // within each repetition, and the bound it should meet.
 type targetRow struct {
 	what   string
 	values []float64 // one per repetition; none when its variants did not run
-	format string    // of a value, e.g. "%.2f"
 	unit   string    // after the median, e.g. " µs"
 	target string    // "≥ 2.0"; empty for a figure reported without a target
 	ok     func(median float64) bool
@@ -86,14 +88,9 @@ func (rep *report) targets() []targetRow {
 		}
 	}
 	rows = append(rows,
-		targetRow{what: "Guard (issue 13): middleware overhead of inbox-memory over none, CPU per message, no broker", values: micro, format: "%.2f", unit: " µs", target: "≤ 10 µs", ok: atMost(10)},
+		targetRow{what: "Guard (issue 13): middleware overhead of inbox-memory over none, CPU per message, no broker", values: micro, unit: " µs", target: "≤ 10 µs", ok: atMost(10)},
 		targetRow{what: "Guard (issue 13): RabbitMQ, 1 consumer: inbox-memory ÷ none", values: tp("rabbitmq", 1, "inbox-memory", baseline), target: "≥ 0.9", ok: atLeast(0.9)},
 	)
-	for i := range rows {
-		if rows[i].format == "" {
-			rows[i].format = "%.2f"
-		}
-	}
 	return rows
 }
 
@@ -111,7 +108,7 @@ func (rep *report) targetsTable(b *strings.Builder) {
 		if row.ok != nil {
 			verdict = map[bool]string{true: "met", false: "**not met**"}[row.ok(m)]
 		}
-		p("| %s | "+row.format+"%s %s | %s | %s |\n", row.what, m, row.unit, rangeOf(row.values, row.format), row.target, verdict)
+		p("| %s | "+targetFormat+"%s %s | %s | %s |\n", row.what, m, row.unit, rangeOf(row.values, targetFormat), row.target, verdict)
 	}
 }
 
