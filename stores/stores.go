@@ -254,8 +254,8 @@ func readParams(u *url.URL) (Params, *url.URL, error) {
 }
 
 // PopDuration reads and removes the positive duration parameter name from q.
-// A duration is a Go duration ([time.ParseDuration]) that may start with a
-// whole number of days, a day being 24 hours: "30s", "168h", "7d",
+// A duration is what [ParseDuration] reads: a Go duration that may start
+// with a whole number of days, a day being 24 hours: "30s", "168h", "7d",
 // "1d12h30m". It returns zero when the parameter is absent, and an error
 // wrapping [ErrInvalidURL], naming the parameter and its value, when it is
 // repeated, unparsable, not positive or longer than a time.Duration holds
@@ -265,7 +265,7 @@ func PopDuration(q url.Values, name string) (time.Duration, error) {
 	if err != nil || !ok {
 		return 0, err
 	}
-	d, err := parseDuration(s)
+	d, err := ParseDuration(s)
 	if err != nil {
 		return 0, fmt.Errorf("%w: parameter %s=%q %v", ErrInvalidURL, name, s, err)
 	}
@@ -277,9 +277,14 @@ func PopDuration(q url.Values, name string) (time.Duration, error) {
 
 const day = 24 * time.Hour
 
-// parseDuration is time.ParseDuration with an optional leading count of
-// days ("7d", "1d12h"). The error says what a duration looks like.
-func parseDuration(s string) (time.Duration, error) {
+// ParseDuration parses a duration of the store URLs: a Go duration
+// ([time.ParseDuration]: "ms", "s", "m", "h") that may start with a whole
+// number of days, a day being 24 hours: "30s", "168h", "7d", "1d12h30m".
+// Like time.ParseDuration it takes zero and, without days, negative
+// durations ("-5m"); a caller that wants a positive duration checks, as
+// [PopDuration] does. Its error is a phrase that follows a quote of s, such
+// as "is not a duration like 30s, 168h, 7d or 1d12h"; it never quotes s.
+func ParseDuration(s string) (time.Duration, error) {
 	const want = "is not a duration like 30s, 168h, 7d or 1d12h"
 	i := strings.IndexByte(s, 'd')
 	if i < 0 {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/url"
@@ -383,7 +384,7 @@ func (f *stateFlag) Set(s string) error {
 }
 
 // durationFlag is -older-than: a positive duration that may start with days,
-// read as the store URLs' durations are (stores.PopDuration).
+// read as the store URLs' durations are (stores.ParseDuration).
 type durationFlag time.Duration
 
 func (f *durationFlag) String() string {
@@ -393,16 +394,14 @@ func (f *durationFlag) String() string {
 	return time.Duration(*f).String()
 }
 
+// Set's errors follow the flag package's quote of s.
 func (f *durationFlag) Set(s string) error {
-	const name = "d"
-	d, err := stores.PopDuration(url.Values{name: {s}}, name)
+	d, err := stores.ParseDuration(s)
 	if err != nil {
-		// The error names a URL parameter: keep what it says of the value.
-		msg := err.Error()
-		if _, after, ok := strings.Cut(msg, fmt.Sprintf("%s=%q ", name, s)); ok {
-			msg = after
-		}
-		return fmt.Errorf("%s", msg)
+		return err
+	}
+	if d <= 0 {
+		return errors.New("must be positive")
 	}
 	*f = durationFlag(d)
 	return nil
