@@ -200,39 +200,56 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 	return nil
 }
 
-func (r *runner) release(ctx context.Context, args []string) error {
-	key := args[0]
+// change is what release and forget share: on the -store store it reads
+// key's record, calls act when needed says the record calls for it, and
+// reads the record again; with -json it prints both records, and the caller
+// prints its text otherwise. verb (the command's name) and done (its past
+// participle) word the errors.
+func (r *runner) change(ctx context.Context, key, verb, done string, needed func(inbox.Record) bool,
+	act func(a inbox.Admin, ctx context.Context, key string) error,
+) (before, after inbox.Record, err error) {
 	st, label, err := r.openStore(ctx)
 	if err != nil {
-		return err
+		return before, after, err
 	}
 	defer st.Close()
-	a, err := admin(st, label, "release")
+	a, err := admin(st, label, verb)
 	if err != nil {
-		return err
+		return before, after, err
 	}
-	before, err := st.Get(ctx, key)
+	before, err = st.Get(ctx, key)
 	if err != nil {
-		return fmt.Errorf("release %s on %s: reading the record: %w", showKey(key), label, err)
+		return before, after, fmt.Errorf("%s %s on %s: reading the record: %w", verb, showKey(key), label, err)
 	}
-	after := before
-	held := before.State == inbox.StateInProgress || !before.RetryAt.IsZero()
-	if held {
-		if err := a.ForceRelease(ctx, key); err != nil {
-			return fmt.Errorf("release %s on %s: %w", showKey(key), label, err)
+	after = before
+	if needed(before) {
+		if err := act(a, ctx, key); err != nil {
+			return before, after, fmt.Errorf("%s %s on %s: %w", verb, showKey(key), label, err)
 		}
 		if after, err = st.Get(ctx, key); err != nil {
-			return fmt.Errorf("release %s on %s: released, but reading the record again failed: %w", showKey(key), label, err)
+			return before, after, fmt.Errorf("%s %s on %s: %s, but reading the record again failed: %w", verb, showKey(key), label, done, err)
 		}
 	}
 	if r.json {
-		return r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
+		return before, after, r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
+	}
+	return before, after, nil
+}
+
+// held tells whether a record has a lease or a backoff for release to end.
+func held(rec inbox.Record) bool { return rec.State == inbox.StateInProgress || !rec.RetryAt.IsZero() }
+
+func (r *runner) release(ctx context.Context, args []string) error {
+	key := args[0]
+	before, after, err := r.change(ctx, key, "release", "released", held, inbox.Admin.ForceRelease)
+	if err != nil || r.json {
+		return err
 	}
 	w := r.env.Stdout
 	switch {
 	case before.State == inbox.StateNotFound:
 		_, err = fmt.Fprintf(w, "nothing to release: %s not found\n", showKey(key))
-	case !held:
+	case !held(before):
 		_, err = fmt.Fprintf(w, "nothing to release: %s is %s without a lease or backoff (release ends those; forget deletes a record)\n  is:  %s\n",
 			showKey(key), before.State, summary(before))
 	default:
@@ -243,30 +260,10 @@ func (r *runner) release(ctx context.Context, args []string) error {
 
 func (r *runner) forget(ctx context.Context, args []string) error {
 	key := args[0]
-	st, label, err := r.openStore(ctx)
-	if err != nil {
+	known := func(rec inbox.Record) bool { return rec.State != inbox.StateNotFound }
+	before, after, err := r.change(ctx, key, "forget", "forgotten", known, inbox.Admin.Forget)
+	if err != nil || r.json {
 		return err
-	}
-	defer st.Close()
-	a, err := admin(st, label, "forget")
-	if err != nil {
-		return err
-	}
-	before, err := st.Get(ctx, key)
-	if err != nil {
-		return fmt.Errorf("forget %s on %s: reading the record: %w", showKey(key), label, err)
-	}
-	after := before
-	if before.State != inbox.StateNotFound {
-		if err := a.Forget(ctx, key); err != nil {
-			return fmt.Errorf("forget %s on %s: %w", showKey(key), label, err)
-		}
-		if after, err = st.Get(ctx, key); err != nil {
-			return fmt.Errorf("forget %s on %s: forgotten, but reading the record again failed: %w", showKey(key), label, err)
-		}
-	}
-	if r.json {
-		return r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
 	}
 	w := r.env.Stdout
 	if before.State == inbox.StateNotFound {
