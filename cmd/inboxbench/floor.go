@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -37,9 +35,8 @@ type floor struct {
 	prefix string
 	px     string
 	b      *batch.Batcher[string, bool]
-
-	roundTrips, calls atomic.Uint64
-	sizes             [len(driver.BatchSizeBounds) + 1]atomic.Uint64
+	// counter counts the round trips as a driver.Store counts its own.
+	counter driver.BatchCounter
 }
 
 func newFloor(c *redis.Client, prefix string, lease time.Duration) *floor {
@@ -52,7 +49,7 @@ func newFloor(c *redis.Client, prefix string, lease time.Duration) *floor {
 // Errors are per command (a broken connection fails every command of the
 // pipeline); res[i] tells whether SET wrote, that is claimed, ids[i].
 func (f *floor) apply(ctx context.Context, ids []string, res []bool, errs []error) error {
-	f.count(len(ids))
+	f.counter.Add(len(ids))
 	p := f.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(ids))
 	for i, id := range ids {
@@ -72,22 +69,9 @@ func (f *floor) apply(ctx context.Context, ids []string, res []bool, errs []erro
 	return nil
 }
 
-// count notes a round trip of n calls, as driver.Store does.
-func (f *floor) count(n int) {
-	f.roundTrips.Add(1)
-	f.calls.Add(uint64(n))
-	f.sizes[sort.SearchInts(driver.BatchSizeBounds[:], n)].Add(1)
-}
-
 // BatchStats counts the floor's round trips as [driver.Store.BatchStats]
 // counts a store's.
-func (f *floor) BatchStats() driver.BatchStats {
-	s := driver.BatchStats{RoundTrips: f.roundTrips.Load(), Calls: f.calls.Load()}
-	for i := range s.Sizes {
-		s.Sizes[i] = f.sizes[i].Load()
-	}
-	return s
-}
+func (f *floor) BatchStats() driver.BatchStats { return f.counter.Stats() }
 
 // middleware claims each message by its UUID before the handler.
 func (f *floor) middleware(h message.HandlerFunc) message.HandlerFunc {

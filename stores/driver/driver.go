@@ -191,7 +191,7 @@ type Store struct {
 	cfg    Config
 	b      *batch.Batcher[Op, inbox.Claim] // nil without batching
 	closed atomic.Bool
-	stats  batchStats
+	stats  BatchCounter
 }
 
 var (
@@ -425,7 +425,7 @@ var ones = sync.Pool{New: func() any { return new(one) }}
 
 // apply is one round trip: the driver's Apply, counted.
 func (s *Store) apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error {
-	s.stats.add(len(ops))
+	s.stats.Add(len(ops))
 	return s.d.Apply(ctx, ops, res, errs)
 }
 

@@ -42,16 +42,29 @@ func (b BatchStats) Mean() float64 {
 	return float64(b.Calls) / float64(b.RoundTrips)
 }
 
-type batchStats struct {
+// A BatchCounter counts round trips and the calls they carry, as a [Store]
+// counts its Apply calls: for code that batches calls of its own and
+// reports them as [BatchStats]. Its zero value is ready to use; it is safe
+// for concurrent use and must not be copied after first use.
+type BatchCounter struct {
 	roundTrips, calls atomic.Uint64
 	sizes             [len(BatchSizeBounds) + 1]atomic.Uint64
 }
 
-// add counts a round trip of n calls.
-func (s *batchStats) add(n int) {
-	s.roundTrips.Add(1)
-	s.calls.Add(uint64(n))
-	s.sizes[bucket(n)].Add(1)
+// Add counts a round trip that carried calls calls.
+func (c *BatchCounter) Add(calls int) {
+	c.roundTrips.Add(1)
+	c.calls.Add(uint64(calls))
+	c.sizes[bucket(calls)].Add(1)
+}
+
+// Stats returns the counts so far.
+func (c *BatchCounter) Stats() BatchStats {
+	b := BatchStats{RoundTrips: c.roundTrips.Load(), Calls: c.calls.Load()}
+	for i := range b.Sizes {
+		b.Sizes[i] = c.sizes[i].Load()
+	}
+	return b
 }
 
 // bucket is the index in BatchStats.Sizes of a round trip of n calls. The
@@ -64,10 +77,4 @@ func bucket(n int) int {
 }
 
 // BatchStats returns the store's batch counts so far.
-func (s *Store) BatchStats() BatchStats {
-	b := BatchStats{RoundTrips: s.stats.roundTrips.Load(), Calls: s.stats.calls.Load()}
-	for i := range b.Sizes {
-		b.Sizes[i] = s.stats.sizes[i].Load()
-	}
-	return b
-}
+func (s *Store) BatchStats() BatchStats { return s.stats.Stats() }
