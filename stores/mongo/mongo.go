@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -725,33 +724,10 @@ func idRange(prefix, cursor string) bson.D {
 	if cursor >= prefix && cursor != "" {
 		r = bson.D{{Key: "$gt", Value: cursor}}
 	}
-	if end, ok := prefixEnd(prefix); ok {
+	if end, ok := driver.PrefixEnd(prefix); ok {
 		r = append(r, bson.E{Key: "$lt", Value: end})
 	}
 	return r
-}
-
-// prefixEnd returns the least valid UTF-8 string above every string that
-// starts with prefix (valid UTF-8): prefix with its last code point
-// incremented, surrogates skipped; ok is false when there is none (prefix
-// empty, or made of U+10FFFF only). UTF-8 orders code points as bytes, so
-// the strings in [prefix, end) are exactly those that start with prefix,
-// and end stays a string every server takes.
-func prefixEnd(prefix string) (end string, ok bool) {
-	for prefix != "" {
-		r, size := utf8.DecodeLastRuneInString(prefix)
-		prefix = prefix[:len(prefix)-size]
-		switch {
-		case r == utf8.MaxRune:
-			continue // no code point above it: increment the one before
-		case r == 0xD7FF:
-			r = 0xE000 // past the surrogates
-		default:
-			r++
-		}
-		return prefix + string(r), true
-	}
-	return "", false
 }
 
 // Forget implements [driver.Driver]: the document is deleted.

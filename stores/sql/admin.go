@@ -5,9 +5,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // recordRow is a row of recordCols and the clock, as Get and List read it.
@@ -125,7 +125,7 @@ func (d *sqlDriver) listQuery(opts inbox.ListOptions) (string, []any) {
 	case opts.Prefix != "":
 		conds = append(conds, col("msg_key")+" >= "+param(opts.Prefix))
 	}
-	if end := prefixEnd(opts.Prefix); end != "" {
+	if end, ok := driver.PrefixEnd(opts.Prefix); ok {
 		conds = append(conds, col("msg_key")+" < "+param(end))
 	}
 	switch opts.State {
@@ -156,29 +156,6 @@ func (d *sqlDriver) listQuery(opts inbox.ListOptions) (string, []any) {
 		query = "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)\n" + query
 	}
 	return query, args
-}
-
-// prefixEnd returns the least key greater than every key that starts with
-// prefix, or "" when there is none: prefix with its last rune replaced by
-// the next code point (a last U+10FFFF is dropped, and the rune before it
-// incremented). Keys are UTF-8 and compared byte for byte, and the byte
-// order of UTF-8 is the order of code points, so the keys that start with
-// prefix are exactly those in [prefix, prefixEnd(prefix)); the bound is
-// valid UTF-8 itself, as a text parameter must be.
-func prefixEnd(prefix string) string {
-	for prefix != "" {
-		r, size := utf8.DecodeLastRuneInString(prefix)
-		prefix = prefix[:len(prefix)-size]
-		switch {
-		case r == utf8.MaxRune:
-			continue
-		case r == 0xD7FF: // the surrogates are no code points of UTF-8
-			return prefix + "\uE000"
-		default:
-			return prefix + string(r+1)
-		}
-	}
-	return ""
 }
 
 // Forget implements [driver.Driver]: a DELETE of the key's row.

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
@@ -15,28 +14,6 @@ import (
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 	"github.com/watermill-inbox/inbox/stores/sql/internal/sqltest"
 )
-
-func TestPrefixEnd(t *testing.T) {
-	t.Parallel()
-	for prefix, want := range map[string]string{
-		"":                       "",
-		"a":                      "b",
-		"orders:%_":              "orders:%`",
-		"k\u007f":                "k\u0080",
-		"é":                      "ê",
-		"a\uD7FF":                "a\uE000",
-		"a\uFFFF":                "a\U00010000",
-		"a\U0010FFFF":            "b",
-		"\U0010FFFF\U0010FFFF":   "",
-		"x\U0010FFFF\U0010FFFF":  "y",
-		"storetest:0af3:admin:z": "storetest:0af3:admin:{",
-	} {
-		got := sqlstore.PrefixEnd(prefix)
-		if got != want || !utf8.ValidString(got) {
-			t.Errorf("PrefixEnd(%q) = %q, want %q", prefix, got, want)
-		}
-	}
-}
 
 // List takes the prefix as a range of keys, byte for byte: % and _ are
 // no patterns, case and trailing spaces count, and runes at the edges of

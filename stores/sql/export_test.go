@@ -70,6 +70,3 @@ func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID strin
 	return d.q.claimOne, func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
 		d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
 }
-
-// PrefixEnd is prefixEnd: the least key above every key with the prefix.
-var PrefixEnd = prefixEnd
