@@ -209,16 +209,13 @@ func (d *sqlDriver) applyPG(ctx context.Context, ops []driver.Op, res []inbox.Cl
 	return nil
 }
 
-// pgMask is the bit of each kind in the mask of pgWaveQuery.
-var pgMask = [...]int{driver.Claim: maskClaim, driver.Complete: maskComplete, driver.Release: maskRelease, driver.Mark: maskMark, driver.Fail: maskFail}
-
 // pgWave runs w as one statement (pgWaveQuery).
 func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs []error) error {
 	ops := w.ops
 	args := []any{us(d.opts.Retention)}
 	mask := 0
 	if g := w.kinds[driver.Claim]; len(g) > 0 {
-		mask |= pgMask[driver.Claim]
+		mask |= bit(driver.Claim)
 		args = append(args,
 			pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }),
 			pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),
@@ -229,7 +226,7 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 	// Completes, then releases: the order of their parameters.
 	for _, k := range []driver.Kind{driver.Complete, driver.Release} {
 		if g := w.kinds[k]; len(g) > 0 {
-			mask |= pgMask[k]
+			mask |= bit(k)
 			args = append(args,
 				pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }),
 				pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),
@@ -237,11 +234,11 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 		}
 	}
 	if g := w.kinds[driver.Mark]; len(g) > 0 {
-		mask |= pgMask[driver.Mark]
+		mask |= bit(driver.Mark)
 		args = append(args, pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }))
 	}
 	if g := w.kinds[driver.Fail]; len(g) > 0 {
-		mask |= pgMask[driver.Fail]
+		mask |= bit(driver.Fail)
 		args = append(args,
 			pgArray(g, func(i int) string { return pgQuote(ops[i].Key) }),
 			pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // Dialect names the SQL database a [Store] talks to.
@@ -386,15 +387,9 @@ const (
 	expires_at   = EXCLUDED.expires_at`
 )
 
-// The kinds of operations a PostgreSQL wave statement carries, as bits of
-// its mask.
-const (
-	maskClaim = 1 << iota
-	maskComplete
-	maskRelease
-	maskMark
-	maskFail
-)
+// bit is the bit of kind k in the mask of the kinds of operations a
+// PostgreSQL wave statement carries (see pgWaveQuery).
+func bit(k driver.Kind) int { return 1 << (k - driver.Claim) }
 
 func pgQueries(t string) queries {
 	q := queries{
@@ -496,7 +491,7 @@ func pgWaveQuery(t string, mask int) string {
 	other := func(kind int, cte string) string {
 		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM ` + cte
 	}
-	if mask&maskClaim != 0 {
+	if mask&bit(driver.Claim) != 0 {
 		k, l, o, lu, h := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("text")
 		ctes = append(ctes, `c AS (
 INSERT INTO `+t+` AS t (`+cols+`)
@@ -506,7 +501,7 @@ ON CONFLICT (msg_key) DO UPDATE SET`+pgClaimSet+`
 RETURNING `+pgCols("t", claimCols)+`)`)
 		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n`)
 	}
-	if mask&maskComplete != 0 {
+	if mask&bit(driver.Complete) != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
 		ctes = append(ctes, `d AS (
 UPDATE `+t+` AS t SET`+pgCompleteSet+`
@@ -515,7 +510,7 @@ WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
 RETURNING t.msg_key)`)
 		sels = append(sels, other(2, "d"))
 	}
-	if mask&maskRelease != 0 {
+	if mask&bit(driver.Release) != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
 		ctes = append(ctes, `r AS (
 UPDATE `+t+` AS t SET`+pgReleaseSet+`
@@ -524,7 +519,7 @@ WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.
 RETURNING t.msg_key)`)
 		sels = append(sels, other(3, "r"))
 	}
-	if mask&maskMark != 0 {
+	if mask&bit(driver.Mark) != 0 {
 		k := arr("text")
 		ctes = append(ctes, `m AS (
 INSERT INTO `+t+` AS t (`+cols+`)
@@ -534,7 +529,7 @@ ON CONFLICT (msg_key) DO UPDATE SET`+pgMarkSet+`
 RETURNING t.msg_key)`)
 		sels = append(sels, other(4, "m"))
 	}
-	if mask&maskFail != 0 {
+	if mask&bit(driver.Fail) != 0 {
 		k, l, r, ra, s, lim := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("smallint"), param("::int")
 		ctes = append(ctes, `f AS (
 UPDATE `+t+` AS t SET`+pgFailSet("u.r", "u.s", "u.ra")+`
