@@ -349,7 +349,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 		for _, i := range g {
 			args = append(args, ops[i].Key, ops[i].LeaseID, ops[i].Owner, us(ops[i].Lease), ops[i].PayloadHash, us(ops[i].Lease)+ret)
 		}
-		query := d.claimsQuery(len(g))
+		query := d.q.claimsQuery(len(g))
 		if !d.returning {
 			// MySQL 8: no RETURNING; read the rows the upsert locked.
 			if _, err := q.ExecContext(ctx, query, args...); err != nil {
@@ -375,7 +375,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 		for _, i := range g {
 			args = append(args, ops[i].Key, ret)
 		}
-		if _, err := q.ExecContext(ctx, d.marksQuery(len(g)), args...); err != nil {
+		if _, err := q.ExecContext(ctx, d.q.marksQuery(len(g)), args...); err != nil {
 			return err
 		}
 		for _, i := range g {
@@ -570,7 +570,7 @@ func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.
 			for _, i := range g {
 				args = append(args, ops[i].Key, ops[i].LeaseID, ops[i].Owner, us(ops[i].Lease), ops[i].PayloadHash, us(ops[i].Lease)+ret)
 			}
-			steps = append(steps, liteStep{w: w, kind: driver.Claim, args: args, query: d.claimsQuery(len(g))})
+			steps = append(steps, liteStep{w: w, kind: driver.Claim, args: args, query: d.q.claimsQuery(len(g))})
 		}
 		for _, k := range []driver.Kind{driver.Complete, driver.Release} {
 			g := w.kinds[k]
@@ -592,7 +592,7 @@ func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.
 			for _, i := range g {
 				args = append(args, ops[i].Key, ret)
 			}
-			steps = append(steps, liteStep{w: w, kind: driver.Mark, args: args, query: d.marksQuery(len(g))})
+			steps = append(steps, liteStep{w: w, kind: driver.Mark, args: args, query: d.q.marksQuery(len(g))})
 		}
 		// The failOne statement per Fail, prepared once: each carries
 		// values of its own, and SQLite runs in process.
@@ -732,14 +732,14 @@ func (d *sqlDriver) claimRows(ctx context.Context, q querier, st *sql.Stmt, quer
 
 // claimsQuery is the claim statement of n rows (MySQL and SQLite), whose
 // parameters are those of claimRow per row.
-func (d *sqlDriver) claimsQuery(n int) string {
-	return rowsQuery("INSERT INTO "+d.q.t+" ("+cols+") VALUES ", d.q.claimRow, n, d.q.claimTail)
+func (q *queries) claimsQuery(n int) string {
+	return rowsQuery("INSERT INTO "+q.t+" ("+cols+") VALUES ", q.claimRow, n, q.claimTail)
 }
 
 // marksQuery is the mark statement of n rows (MySQL and SQLite), whose
 // parameters are those of markRow per row.
-func (d *sqlDriver) marksQuery(n int) string {
-	return rowsQuery("INSERT INTO "+d.q.t+" ("+cols+") VALUES ", d.q.markRow, n, d.q.markTail)
+func (q *queries) marksQuery(n int) string {
+	return rowsQuery("INSERT INTO "+q.t+" ("+cols+") VALUES ", q.markRow, n, q.markTail)
 }
 
 // liteSettleQuery is SQLite's statement for n completes or releases (k):

@@ -301,8 +301,7 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 	}
 	q.t = t
 	if d != Postgres {
-		q.claimOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.claimRow, 1, q.claimTail)
-		q.markOne = rowsQuery("INSERT INTO "+t+" ("+cols+") VALUES ", q.markRow, 1, q.markTail)
+		q.claimOne, q.markOne = q.claimsQuery(1), q.marksQuery(1)
 	}
 	return q
 }
