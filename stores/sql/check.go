@@ -44,10 +44,12 @@ func (t target) String() string {
 // without writing anything.
 func checkTable(ctx context.Context, s *Store, t target) error {
 	if _, err := s.Get(ctx, checkKey); err != nil {
-		if classify(err) == kindNoColumn && s.d.earlierLayout(ctx) {
-			return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the column reason): "+
-				"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the column; so does the ALTER TABLE statement at the end of sqlstore.DDL)",
-				t.dialect, s.Table(), t), rootCause(err))
+		if classify(err) == kindNoColumn {
+			if missing, lerr := s.d.earlierLayout(ctx); lerr == nil && len(missing) > 0 {
+				return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the column reason): "+
+					"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the column; so does the ALTER TABLE statement at the end of sqlstore.DDL)",
+					t.dialect, s.Table(), t), rootCause(err))
+			}
 		}
 		return openError(ctx, t, s.Table(), "Open", "reading table "+s.Table(), err)
 	}

@@ -28,7 +28,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	err := d.runDDL(ctx, ddl(d.opts.Dialect, d.opts.Table))
 	if err == nil {
 		var missing []int
-		if missing, err = d.missingColumns(ctx); err == nil && len(missing) > 0 && d.hasEarlierColumns(ctx) {
+		if missing, err = d.earlierLayout(ctx); err == nil && len(missing) > 0 {
 			err = d.addColumns(ctx, missing)
 		}
 	}
@@ -88,17 +88,16 @@ func (d *sqlDriver) missingColumns(ctx context.Context) ([]int, error) {
 	return missing, nil
 }
 
-// hasEarlierColumns reports whether the table has the columns of the
-// earlier layout.
-func (d *sqlDriver) hasEarlierColumns(ctx context.Context) bool {
-	return d.probe(ctx, cols) == nil
-}
-
-// earlierLayout reports whether the table is of the earlier layout: its
-// columns, without some of those added since.
-func (d *sqlDriver) earlierLayout(ctx context.Context) bool {
+// earlierLayout returns the indexes in addedColumns of the columns the
+// table lacks when it is of the earlier layout (it has the columns of that
+// layout, without some of those added since), and none otherwise. Its
+// error is that of missingColumns.
+func (d *sqlDriver) earlierLayout(ctx context.Context) ([]int, error) {
 	missing, err := d.missingColumns(ctx)
-	return err == nil && len(missing) > 0 && d.hasEarlierColumns(ctx)
+	if err != nil || len(missing) == 0 || d.probe(ctx, cols) != nil {
+		return nil, err
+	}
+	return missing, nil
 }
 
 // addColumns adds the columns of addedColumns at the indexes missing. On
