@@ -192,7 +192,6 @@ func (w *wave) unanswered(k driver.Kind, answered []bool, res []inbox.Claim, err
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // ---- PostgreSQL: one statement per wave ----
