@@ -390,12 +390,17 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 // of SQLite cost a single caller a sixth and a third of its throughput.
 func (d *sqlDriver) applyOne(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	op, ret := ops[0], us(d.opts.Retention)
+	if op.Kind == driver.Claim {
+		// The batch's one wave, built directly: its one op, a claim.
+		w := &wave{ops: ops, at: map[string]int{op.Key: 0}}
+		w.kinds[driver.Claim] = []int{0}
+		args := []any{op.Key, op.LeaseID, op.Owner, us(op.Lease), op.PayloadHash, us(op.Lease) + ret}
+		return retryDeadlocks(ctx, func() error {
+			return d.claimRows(ctx, d.db, d.stmt(ctx, d.q.claimOne), d.q.claimOne, args, w, res, errs)
+		})
+	}
 	return retryDeadlocks(ctx, func() error {
 		switch op.Kind {
-		case driver.Claim:
-			w := waves(ops)[0]
-			args := []any{op.Key, op.LeaseID, op.Owner, us(op.Lease), op.PayloadHash, us(op.Lease) + ret}
-			return d.claimRows(ctx, d.db, d.stmt(ctx, d.q.claimOne), d.q.claimOne, args, w, res, errs)
 		case driver.Mark:
 			if _, err := d.execStmt(ctx, d.q.markOne, op.Key, ret); err != nil {
 				return err
