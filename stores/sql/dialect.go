@@ -327,8 +327,16 @@ const (
 	stateDead      = 2
 )
 
-// The TryBegin decision, on the existing row t and the would-be row x (whose
-// last_seen is the statement's clock reading):
+// The column col of the would-be row x of a conflict, per dialect.
+func pgNew(col string) string   { return "EXCLUDED." + col }
+func myNew(col string) string   { return "VALUES(" + col + ")" }
+func liteNew(col string) string { return "excluded." + col }
+
+// claimSet is the SET clause of a claim's conflict on PostgreSQL and SQLite,
+// which evaluate every assignment on the old row: t qualifies the columns of
+// the existing row ("t." or ""), x(col) is the column col of the would-be
+// row. It makes the TryBegin decision, on the existing row t and the
+// would-be row x (whose last_seen is the statement's clock reading):
 //
 //	gone: t expired (retention or lease+retention passed): start a fresh record;
 //	free: t is open, and its lease or its failed attempt's backoff ended
@@ -344,24 +352,48 @@ const (
 // empty), so a claim answers Busy until then as it does for a live lease,
 // and the conditions are those of leases alone. Get tells the two apart by
 // the lease id.
-const (
-	pgGone = `t.expires_at <= EXCLUDED.last_seen`
-	pgFree = `t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)`
-	pgMine = `t.state = 0 AND t.lease_id = EXCLUDED.lease_id`
-	pgUS   = ` * interval '1 microsecond'`
+func claimSet(t string, x func(col string) string) string {
+	gone := t + `expires_at <= ` + x("last_seen")
+	free := t + `state = 0 AND (` + t + `lease_until IS NULL OR ` + t + `lease_until <= ` + x("last_seen") + `)`
+	mine := t + `state = 0 AND ` + t + `lease_id = ` + x("lease_id")
+	return `
+	state        = CASE WHEN ` + gone + ` THEN 0 ELSE ` + t + `state END,
+	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN ` + x("lease_id") + ` ELSE ` + t + `lease_id END,
+	owner        = CASE WHEN ` + gone + ` OR (` + free + `) THEN ` + x("owner") + ` ELSE ` + t + `owner END,
+	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("lease_until") + ` ELSE ` + t + `lease_until END,
+	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN ` + t + `attempts + 1 ELSE ` + t + `attempts END,
+	first_seen   = CASE WHEN ` + gone + ` THEN ` + x("first_seen") + ` ELSE ` + t + `first_seen END,
+	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("last_seen") + ` ELSE ` + t + `last_seen END,
+	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE ` + t + `processed_at END,
+	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND ` + t + `payload_hash = '') THEN ` + x("payload_hash") + ` ELSE ` + t + `payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `reason END,
+	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("expires_at") + ` ELSE ` + t + `expires_at END`
+}
 
-	pgClaimSet = `
-	state        = CASE WHEN ` + pgGone + ` THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) THEN EXCLUDED.lease_id ELSE t.lease_id END,
-	owner        = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.lease_until ELSE t.lease_until END,
-	attempts     = CASE WHEN ` + pgGone + ` THEN 1 WHEN ` + pgFree + ` THEN t.attempts + 1 ELSE t.attempts END,
-	first_seen   = CASE WHEN ` + pgGone + ` THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN ` + pgGone + ` THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN ` + pgGone + ` OR ((` + pgFree + `) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN ` + pgGone + ` THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN ` + pgGone + ` OR (` + pgFree + `) OR (` + pgMine + `) THEN EXCLUDED.expires_at ELSE t.expires_at END`
+// markSet is the SET clause of a mark's conflict, t and x as in claimSet.
+// expires_at is assigned last: on MySQL, which runs the assignments left
+// to right, the conditions before it read the old one.
+func markSet(t string, x func(col string) string) string {
+	gone := t + `expires_at <= ` + x("last_seen")
+	return `
+	attempts     = CASE WHEN ` + gone + ` THEN 0 ELSE ` + t + `attempts END,
+	first_seen   = CASE WHEN ` + gone + ` THEN ` + x("first_seen") + ` ELSE ` + t + `first_seen END,
+	owner        = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `owner END,
+	payload_hash = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `reason END,
+	processed_at = CASE WHEN ` + t + `expires_at > ` + x("last_seen") + ` AND ` + t + `state = 1 THEN ` + t + `processed_at ELSE ` + x("processed_at") + ` END,
+	last_seen    = ` + x("last_seen") + `,
+	lease_id     = '',
+	lease_until  = NULL,
+	state        = 1,
+	expires_at   = ` + x("expires_at")
+}
+
+// The SET clauses of a claim's and a mark's conflict on PostgreSQL.
+var pgClaimSet, pgMarkSet = claimSet("t.", pgNew), markSet("t.", pgNew)
+
+const (
+	pgUS = ` * interval '1 microsecond'`
 
 	// The SET clauses of Complete and Release; $1 is the retention.
 	pgCompleteSet = `
@@ -371,19 +403,6 @@ const (
 	lease_until  = NULL,
 	state        = 1`
 	pgReleaseSet = ` lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS
-
-	pgMarkSet = `
-	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
-	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
-	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
-	lease_until  = NULL,
-	state        = 1,
-	expires_at   = EXCLUDED.expires_at`
 )
 
 // bit is the bit of kind k in the mask of the kinds of operations a
@@ -591,21 +610,8 @@ ON DUPLICATE KEY UPDATE
 
 		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND`,
 
-		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
-		// expires_at last: the conditions before it read the old one.
-		markTail: `
-ON DUPLICATE KEY UPDATE
-	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE attempts END,
-	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > VALUES(last_seen) AND state = 1 THEN processed_at ELSE VALUES(processed_at) END,
-	last_seen    = VALUES(last_seen),
-	lease_id     = '',
-	lease_until  = NULL,
-	state        = 1,
-	expires_at   = VALUES(expires_at)`,
+		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
+		markTail: "\nON DUPLICATE KEY UPDATE" + markSet("", myNew),
 
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
 WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
@@ -627,14 +633,22 @@ WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND lease_until > `
 	if returning {
 		q.claimTail += "\nRETURNING " + claimCols + ", " + now
 	}
-	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
-WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
-	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now)
 	// No assignment reads a column. Parameters: see failArgs.
 	q.failOne = `UPDATE ` + t + ` SET` + myFailSet("?", "?", "?", "?") + `
 WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
 	return q
+}
+
+// settleQueries are the complete and release statements of one op on MySQL
+// and SQLite (see queries), of the SET clauses given, now being the
+// dialect's clock.
+func settleQueries(t, completeSet, releaseSet, now string) (complete, release string) {
+	complete = `UPDATE ` + t + ` SET` + completeSet + `
+WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
+	release = `UPDATE ` + t + ` SET` + releaseSet + `
+WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	return complete, release
 }
 
 // myFailSet is the SET clause of a Fail on MySQL whose reason, new state,
@@ -652,29 +666,11 @@ func myFailSet(reason, state, retryUS, expiresUS string) string {
 const liteNow = `(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)`
 
 func liteQueries(t string) queries {
-	const (
-		gone = `expires_at <= excluded.last_seen`
-		free = `state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)`
-		mine = `state = 0 AND lease_id = excluded.lease_id`
-		now  = liteNow
-	)
+	const now = liteNow
 	// SQLite, like PostgreSQL, evaluates every assignment on the old row.
 	q := queries{
-		claimRow: `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
-		claimTail: `
-ON CONFLICT (msg_key) DO UPDATE SET
-	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
-	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN excluded.lease_id ELSE lease_id END,
-	owner        = CASE WHEN ` + gone + ` OR (` + free + `) THEN excluded.owner ELSE owner END,
-	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.lease_until ELSE lease_until END,
-	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN attempts + 1 ELSE attempts END,
-	first_seen   = CASE WHEN ` + gone + ` THEN excluded.first_seen ELSE first_seen END,
-	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.last_seen ELSE last_seen END,
-	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
-	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
-	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
-	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN excluded.expires_at ELSE expires_at END
-RETURNING ` + claimCols + `, ` + now,
+		claimRow:  `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
+		claimTail: "\nON CONFLICT (msg_key) DO UPDATE SET" + claimSet("", liteNew) + "\nRETURNING " + claimCols + ", " + now,
 
 		completeSet: `
 	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
@@ -685,20 +681,8 @@ RETURNING ` + claimCols + `, ` + now,
 
 		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?`,
 
-		markRow: `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
-		markTail: `
-ON CONFLICT (msg_key) DO UPDATE SET
-	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE attempts END,
-	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > excluded.last_seen AND state = 1 THEN processed_at ELSE excluded.processed_at END,
-	last_seen    = excluded.last_seen,
-	lease_id     = '',
-	lease_until  = NULL,
-	state        = 1,
-	expires_at   = excluded.expires_at`,
+		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
+		markTail: "\nON CONFLICT (msg_key) DO UPDATE SET" + markSet("", liteNew),
 
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, last_seen = ` + now + `, expires_at = ` + now + ` + ?4
 WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
@@ -719,9 +703,6 @@ WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND lease_until > 
 	reason = ?4, state = ?5, expires_at = ` + now + ` + ?6 + ?1
 WHERE msg_key = ?2 AND lease_id = ?3 AND state = 0 AND expires_at > ` + now,
 	}
-	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
-WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
-	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now)
 	return q
 }
