@@ -57,9 +57,11 @@ var (
 	// middleware is configured to refuse such messages.
 	ErrPayloadMismatch = errors.New("inbox: payload differs from the one recorded for the key")
 
-	// ErrDead: the message's key is dead: its handler failed on every one of
-	// the attempts the middleware allows (MaxAttempts). It is not transient:
-	// route it to a poison queue. [DeadError] carries the details.
+	// ErrDead: the message's key is dead: its handler failed on the last of
+	// the attempts the middleware allows (MaxAttempts; attempts count the
+	// key's lease acquisitions, not only its failures). It is not
+	// transient: route it to a poison queue. [DeadError] carries the
+	// details.
 	ErrDead = errors.New("inbox: message is dead")
 
 	// ErrAttemptFailed: the handler failed on an attempt that was not the
@@ -68,7 +70,40 @@ var (
 	// filtered poison queue lets the broker redeliver it. [AttemptError]
 	// carries the details and wraps the handler's error.
 	ErrAttemptFailed = errors.New("inbox: attempt failed; the message will be retried")
+
+	// ErrPermanent marks a handler's error as permanent: retrying cannot
+	// help (a malformed message, a rule the message breaks). The middleware
+	// marks the key dead at once, whatever MaxAttempts says. Wrap an error
+	// with [Permanent]; test with errors.Is.
+	ErrPermanent = errors.New("inbox: permanent failure")
 )
+
+// Permanent marks err as permanent (see [ErrPermanent]): a handler returns
+// inbox.Permanent(err) for a message that no retry can fix, and the
+// middleware marks its key dead at once, with err's text as the reason, and
+// returns an [inbox.DeadError] (not transient: a filtered poison queue takes
+// it). The result matches ErrPermanent and err with errors.Is and
+// errors.As. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// PermanentError is the error [Permanent] returns.
+type PermanentError struct {
+	// Err is the error marked permanent.
+	Err error
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Is makes errors.Is(err, ErrPermanent) true.
+func (e *PermanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Unwrap returns the error marked permanent.
+func (e *PermanentError) Unwrap() error { return e.Err }
 
 // AttemptError is returned by the middleware, when MaxAttempts is set, for
 // a failed attempt that was not the last one allowed. It matches
@@ -126,12 +161,23 @@ func (e *DeadError) Unwrap() error { return e.Err }
 type BusyError struct {
 	// Key is the inbox key.
 	Key string
-	// RetryAfter is the time the lease had left at the last look.
+	// RetryAfter is the time the lease, or the backoff, had left at the
+	// last look; 0 when the store did not say.
 	RetryAfter time.Duration
+	// BackingOff is true when the key was waiting out a failed attempt's
+	// backoff (Claim.BackingOff), false when a lease held it.
+	BackingOff bool
 }
 
 func (e *BusyError) Error() string {
-	return fmt.Sprintf("inbox: key %q busy: another consumer holds its lease for %s more", e.Key, e.RetryAfter)
+	why := "another consumer holds its lease"
+	if e.BackingOff {
+		why = "it is waiting out a failed attempt's backoff"
+	}
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("inbox: key %q busy: %s for %s more", e.Key, why, e.RetryAfter)
+	}
+	return fmt.Sprintf("inbox: key %q busy: %s", e.Key, why)
 }
 
 // Is makes errors.Is(err, ErrBusy) true.

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -113,9 +114,18 @@ func TestNewLeaseID(t *testing.T) {
 
 func TestBusyError(t *testing.T) {
 	t.Parallel()
-	err := error(&inbox.BusyError{Key: "k", RetryAfter: time.Second})
-	if !errors.Is(err, inbox.ErrBusy) || !strings.Contains(err.Error(), `"k"`) {
-		t.Fatalf("BusyError %v does not match ErrBusy or name the key", err)
+	for _, tc := range []struct {
+		err  inbox.BusyError
+		want string
+	}{
+		{inbox.BusyError{Key: "k", RetryAfter: time.Second}, `inbox: key "k" busy: another consumer holds its lease for 1s more`},
+		{inbox.BusyError{Key: "k", RetryAfter: 2 * time.Second, BackingOff: true}, `inbox: key "k" busy: it is waiting out a failed attempt's backoff for 2s more`},
+		{inbox.BusyError{Key: "k"}, `inbox: key "k" busy: another consumer holds its lease`},
+	} {
+		err := error(&tc.err)
+		if !errors.Is(err, inbox.ErrBusy) || err.Error() != tc.want {
+			t.Errorf("BusyError %+v: %q (matches ErrBusy: %v); want %q, matching ErrBusy", tc.err, err, errors.Is(err, inbox.ErrBusy), tc.want)
+		}
 	}
 }
 
@@ -159,5 +169,27 @@ func TestValidateHolder(t *testing.T) {
 	}
 	if err := inbox.ValidateHolder("bad\x00key", "bad\x00id"); !errors.Is(err, inbox.ErrInvalidKey) {
 		t.Fatalf("both bad: %v, want the key's error first", err)
+	}
+}
+
+func TestPermanent_matches_the_sentinel_and_the_wrapped_error(t *testing.T) {
+	t.Parallel()
+	if inbox.Permanent(nil) != nil {
+		t.Fatal("Permanent(nil) is not nil")
+	}
+	cause := errors.New("order has no customer")
+	err := fmt.Errorf("charge: %w", inbox.Permanent(cause))
+	if !errors.Is(err, inbox.ErrPermanent) || !errors.Is(err, cause) {
+		t.Fatalf("%v: errors.Is ErrPermanent %v, cause %v", err, errors.Is(err, inbox.ErrPermanent), errors.Is(err, cause))
+	}
+	var pe *inbox.PermanentError
+	if !errors.As(err, &pe) || pe.Err != cause {
+		t.Fatalf("errors.As: %v", pe)
+	}
+	if err.Error() != "charge: order has no customer" {
+		t.Fatalf("Error() = %q", err.Error())
+	}
+	if errors.Is(cause, inbox.ErrPermanent) {
+		t.Fatal("an unwrapped error is permanent")
 	}
 }

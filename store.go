@@ -92,7 +92,7 @@ type LeaseStore interface {
 	Fail(ctx context.Context, key, leaseID string, opts FailOptions) error
 
 	// Extend pushes the lease's deadline to lease from now (store clock) and
-	// returns the new deadline. It fails with [ErrLeaseLost] when leaseID no
+	// returns the new deadline. It leaves [Record.LastSeen] as it was. It fails with [ErrLeaseLost] when leaseID no
 	// longer holds the key, and with [ErrNotSupported] on a store that cannot
 	// extend leases.
 	Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error)
@@ -190,6 +190,12 @@ type Claim struct {
 	// Status is Busy.
 	RetryAfter time.Duration
 
+	// BackingOff is true, with Busy, when no lease is live and the key is
+	// waiting out the backoff of a failed attempt ([FailOptions.RetryAfter]),
+	// false when another caller holds a live lease. A caller may then hand
+	// the message to a delay its broker holds instead of waiting.
+	BackingOff bool
+
 	// Attempts is the key's count of acquired leases ([Record.Attempts])
 	// after this call: with Acquired, this acquisition included.
 	Attempts int
@@ -251,8 +257,14 @@ type Record struct {
 	Attempts int
 
 	// FirstSeen and LastSeen are the times of the first and the latest
-	// TryBegin, Complete, Release or Extend that changed the record (FirstSeen
-	// <= LastSeen). Zero when State is StateNotFound.
+	// TryBegin, Complete, Release, Fail or MarkProcessed that changed the
+	// record, or of an [Admin.ForceRelease] (FirstSeen <= LastSeen). A
+	// heartbeat ([LeaseStore.Extend]) is not one of them: while State is
+	// StateInProgress, LastSeen is when the current lease was acquired (or
+	// renewed by a TryBegin with its LeaseID), however often it was
+	// extended since, so that a lease held for long by a handler that
+	// hangs while its heartbeat runs shows its age ([ListOptions.OlderThan]);
+	// LeaseUntil shows the heartbeat. Zero when State is StateNotFound.
 	FirstSeen time.Time
 	LastSeen  time.Time
 
@@ -333,8 +345,10 @@ type ListOptions struct {
 	Prefix string
 
 	// OlderThan keeps the records whose LastSeen is at least this long ago
-	// on the store's clock (a stuck lease, an old dead key). Zero keeps
-	// every age.
+	// on the store's clock: with State StateInProgress, the leases acquired
+	// at least this long ago, however often their heartbeat extended them
+	// (a stuck handler); with StateDead, old dead keys. Zero keeps every
+	// age.
 	OlderThan time.Duration
 
 	// Limit bounds the records of a page: zero means [DefaultListLimit],

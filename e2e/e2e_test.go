@@ -65,3 +65,18 @@ func TestBackoff_failing_twice_then_succeeding(t *testing.T) {
 func TestMisconfiguredStore_costs_a_few_calls_a_second(t *testing.T) {
 	harness.Run(t, misconfiguredKinds(), harness.Misconfigured)
 }
+
+// TestRedelivery_crash_at_the_hand_off: a failed attempt handed to the
+// broker (RabbitMQ delay queues, Kafka retry topics), the consumer killed
+// with SIGKILL before the copy and after it (before the original's ack).
+func TestRedelivery_crash_at_the_hand_off(t *testing.T) {
+	kinds := only(storeKinds(), "redis", "postgres", "postgres-tx")
+	t.Run("before-copy", func(t *testing.T) { harness.Run(t, kinds, harness.RedeliveryCrash(harness.CrashBeforeCopy)) })
+	t.Run("after-copy", func(t *testing.T) { harness.Run(t, kinds, harness.RedeliveryCrash(harness.CrashAfterCopy)) })
+}
+
+// TestRedelivery_throughput_with_failures logs the line "throughput with
+// failures ÷ without: X" for each broker.
+func TestRedelivery_throughput_with_failures(t *testing.T) {
+	harness.Run(t, only(storeKinds(), "redis", "postgres"), harness.RedeliveryThroughput)
+}

@@ -107,10 +107,12 @@ func newMemory(t *testing.T) harness.StoreCase {
 
 // newRemote serves the remote inbox protocol (package server, as inboxd
 // does) over a memory store, on a loopback port, and returns the http://
-// URL of the remote store. Consumers in other processes reach it too.
+// URL of the remote store. Consumers in other processes reach it too. It has
+// no tokens and serves loopback only, so, as inboxd does there, it opens the
+// admin extension (inboxctl) without a token.
 func newRemote(t *testing.T) harness.StoreCase {
 	backing := open(t, "memory://")
-	return harness.StoreCase{Spec: harness.StoreSpec{URL: serveRemote(t, server.Config{Store: backing, LeaseMin: time.Second})}, Inspect: backing}
+	return harness.StoreCase{Spec: harness.StoreSpec{URL: serveRemote(t, server.Config{Store: backing, LeaseMin: time.Second, AdminNoAuth: true})}, Inspect: backing}
 }
 
 // serveRemote serves cfg on a loopback port until the test ends and returns
@@ -296,6 +298,8 @@ func txMode(_ context.Context, spec harness.ConsumerSpec) (*harness.Inbox, error
 		Bus:   spec.Broker.Bus(), Group: spec.Group, IDSources: spec.IDSources(),
 		MissingKey:  spec.MissingKey(),
 		MaxBusyWait: spec.MaxBusyWait,
+		Redelivery:  spec.Redelivery,
+		Backoff:     spec.BackoffFunc(),
 		Metrics:     outcomes,
 		Logger:      outcomes.Logger(),
 	})

@@ -57,8 +57,7 @@ func BenchmarkBuilder_Key(b *testing.B) {
 	}
 }
 
-// BenchmarkBuilder_Key_String is what the middleware pays for the key string
-// through Key then String.
+// BenchmarkBuilder_Key_String is the key string through Key then String.
 func BenchmarkBuilder_Key_String(b *testing.B) {
 	for _, bc := range benchCases(b) {
 		b.Run(bc.name, func(b *testing.B) {
@@ -80,6 +79,27 @@ func BenchmarkBuilder_KeyString(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				s, _, err := bc.b.KeyString(bc.msg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sinkString = s
+			}
+		})
+	}
+}
+
+// BenchmarkPrepared_KeyString is what the middleware pays for the key
+// string: Bus and Group are checked and escaped once, by Prepare.
+func BenchmarkPrepared_KeyString(b *testing.B) {
+	for _, bc := range benchCases(b) {
+		b.Run(bc.name, func(b *testing.B) {
+			p, err := bc.b.Prepare()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				s, _, err := p.KeyString(bc.msg)
 				if err != nil {
 					b.Fatal(err)
 				}

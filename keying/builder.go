@@ -2,6 +2,7 @@ package keying
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -12,6 +13,8 @@ import (
 // Builder turns a message into its [Key]. Its zero value is not usable: set
 // Bus and Group. A Builder is safe for concurrent use as long as its fields
 // are not changed; [Builder.Key] applies the defaults without modifying it.
+// A Builder checks Bus and Group on every call; to key many messages with
+// one configuration, [Builder.Prepare] it once.
 type Builder struct {
 	// Bus is the bus segment of every key, e.g. "rabbit" or "kafka-prod".
 	// Required.
@@ -53,8 +56,7 @@ func (b *Builder) Validate() error {
 			return newError(inbox.ErrInvalidArgument, "keying: Builder.IDSources[%d] is nil", i)
 		}
 	}
-	bl, _ := escapedLen(b.Bus)
-	gl, _ := escapedLen(b.Group)
+	bl, gl := escapedLen(b.Bus), escapedLen(b.Group)
 	if room := MaxLen - (bl + gl + 3 + 1); room < hashedIDLen {
 		return newError(inbox.ErrInvalidArgument,
 			"keying: Builder.Bus (%d bytes escaped) and Builder.Group (%d bytes escaped) leave %d bytes of a %d-byte key for the alias and the id, fewer than the %d a one-byte alias and a hashed id need",
@@ -64,7 +66,7 @@ func (b *Builder) Validate() error {
 }
 
 func checkField(field, v string) error {
-	if _, c := scan(v); validSegment(v, c) {
+	if validSegment(v) {
 		return nil
 	}
 	return fieldError(field, v)
@@ -104,54 +106,138 @@ func fieldError(field, v string) error {
 // On error, k is the zero Key and source is empty. A key Key returns always
 // passes [Key.Validate].
 func (b *Builder) Key(msg *message.Message) (k Key, source string, err error) {
-	k, _, source, err = b.resolve(msg)
-	return k, source, err
+	r, err := b.resolve(msg)
+	if err != nil {
+		return Key{}, "", err
+	}
+	return Key{Bus: b.Bus, Group: b.Group, Alias: r.alias, ID: r.id}, r.source, nil
 }
 
 // KeyString is [Builder.Key] followed by [Key.String], without measuring the
 // segments twice. It allocates only the key string in the common case.
 func (b *Builder) KeyString(msg *message.Message) (key string, source string, err error) {
-	k, l, source, err := b.resolve(msg)
+	r, err := b.resolve(msg)
 	if err != nil {
-		return "", source, err
+		return "", "", err
 	}
-	return keyString(k, l), source, nil
+	var sb strings.Builder
+	sb.Grow(escapedLen(b.Bus) + 1 + escapedLen(b.Group) + 1 + r.aliasLen + 1 + len(r.id))
+	writeBusGroup(&sb, b.Bus, b.Group)
+	return r.appendTo(&sb), r.source, nil
 }
 
-// AppendKey is [Builder.KeyString] appending the key to dst instead of
-// allocating a string for it, for callers that keep keys in buffers of their
-// own (the middleware keeps a message's key and lease id in one allocation
-// with the rest of its state). On error dst is returned unchanged.
-func (b *Builder) AppendKey(dst []byte, msg *message.Message) (key []byte, source string, err error) {
-	k, l, source, err := b.resolve(msg)
-	if err != nil {
-		return dst, source, err
-	}
-	return appendKey(dst, k, l), source, nil
-}
-
-// lengths are the escaped lengths of a key's first three segments.
-type lengths struct {
-	bus, group, alias          int
-	busEsc, groupEsc, aliasEsc bool
-}
-
-func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
-	var l lengths
+// resolve checks b's Bus and Group, then resolves msg's alias and id.
+func (b *Builder) resolve(msg *message.Message) (resolved, error) {
 	if msg == nil {
-		return Key{}, l, "", newError(inbox.ErrInvalidArgument, "keying: message is nil")
+		return resolved{}, errNilMessage()
 	}
-	var c uint8
-	if l.bus, c = scan(b.Bus); !validSegment(b.Bus, c) {
-		return Key{}, l, "", fieldError("Bus", b.Bus)
+	if !validSegment(b.Bus) {
+		return resolved{}, fieldError("Bus", b.Bus)
 	}
-	l.busEsc = c&classEscape != 0
-	if l.group, c = scan(b.Group); !validSegment(b.Group, c) {
-		return Key{}, l, "", fieldError("Group", b.Group)
+	if !validSegment(b.Group) {
+		return resolved{}, fieldError("Group", b.Group)
 	}
-	l.groupEsc = c&classEscape != 0
+	return resolve(msg, b.Bus, b.Group, escapedLen(b.Bus)+escapedLen(b.Group)+2, b.Alias, b.IDSources)
+}
 
-	aliasFn := b.Alias
+// Prepare checks b with [Builder.Validate] and returns its [Prepared] form,
+// which builds the same keys as b but escapes and measures Bus and Group
+// once, here, rather than for every message. It copies b's fields: changing
+// b afterwards does not change the Prepared.
+func (b *Builder) Prepare() (*Prepared, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	var prefix strings.Builder
+	prefix.Grow(escapedLen(b.Bus) + 1 + escapedLen(b.Group) + 1)
+	writeBusGroup(&prefix, b.Bus, b.Group)
+	return &Prepared{
+		bus:     b.Bus,
+		group:   b.Group,
+		prefix:  prefix.String(),
+		alias:   b.Alias,
+		sources: slices.Clone(b.IDSources),
+	}, nil
+}
+
+// Prepared is a [Builder] checked and with its "{bus}:{group}:" part built,
+// made by [Builder.Prepare]. Its Key and KeyString give exactly what the
+// Builder's give, and only look at each message's alias and id. It is safe
+// for concurrent use. Its zero value is not usable: its methods fail with an
+// error wrapping [inbox.ErrInvalidArgument].
+type Prepared struct {
+	bus, group string
+	prefix     string // bus and group escaped, each followed by ':'
+	alias      AliasFunc
+	sources    []IDSource
+}
+
+// Key is [Builder.Key] of the Builder p was prepared from.
+func (p *Prepared) Key(msg *message.Message) (k Key, source string, err error) {
+	r, err := p.resolve(msg)
+	if err != nil {
+		return Key{}, "", err
+	}
+	return Key{Bus: p.bus, Group: p.group, Alias: r.alias, ID: r.id}, r.source, nil
+}
+
+// KeyString is [Builder.KeyString] of the Builder p was prepared from: the
+// key as a string, the only allocation in the common case.
+func (p *Prepared) KeyString(msg *message.Message) (key string, source string, err error) {
+	r, err := p.resolve(msg)
+	if err != nil {
+		return "", "", err
+	}
+	var sb strings.Builder
+	sb.Grow(len(p.prefix) + r.aliasLen + 1 + len(r.id))
+	sb.WriteString(p.prefix)
+	return r.appendTo(&sb), r.source, nil
+}
+
+func (p *Prepared) resolve(msg *message.Message) (resolved, error) {
+	if msg == nil {
+		return resolved{}, errNilMessage()
+	}
+	if p.prefix == "" {
+		return resolved{}, newError(inbox.ErrInvalidArgument, "keying: the Prepared was not made by Builder.Prepare")
+	}
+	return resolve(msg, p.bus, p.group, len(p.prefix), p.alias, p.sources)
+}
+
+func errNilMessage() error {
+	return newError(inbox.ErrInvalidArgument, "keying: message is nil")
+}
+
+// resolved is the part of a key that depends on the message.
+type resolved struct {
+	alias    string // unescaped
+	aliasLen int    // escaped
+	id       string // as it goes into the key: raw or hashed
+	source   string // the name of the IDSource that gave the id
+}
+
+// writeBusGroup writes a key's first two segments to sb, escaped, each
+// followed by a colon.
+func writeBusGroup(sb *strings.Builder, bus, group string) {
+	writeSegment(sb, bus)
+	sb.WriteByte(':')
+	writeSegment(sb, group)
+	sb.WriteByte(':')
+}
+
+// appendTo writes the alias (escaped), a colon and the id to sb, which holds
+// the key's bus and group, and returns the key.
+func (r resolved) appendTo(sb *strings.Builder) string {
+	writeSegment(sb, r.alias)
+	sb.WriteByte(':')
+	sb.WriteString(r.id)
+	return sb.String()
+}
+
+// resolve resolves msg's alias with aliasFn and its id with sources (their
+// defaults when nil or empty), for a key whose bus and group, valid, take
+// prefixLen bytes with their colons once escaped.
+func resolve(msg *message.Message, bus, group string, prefixLen int, aliasFn AliasFunc, sources []IDSource) (resolved, error) {
 	if aliasFn == nil {
 		aliasFn = aliasFromHandler
 	}
@@ -160,28 +246,27 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 		if _, ours := err.(*keyError); !ours {
 			err = fmt.Errorf("keying: alias of message %s: %w", quote(msg.UUID), err)
 		}
-		return Key{}, l, "", err
+		return resolved{}, err
 	}
-	if l.alias, c = scan(alias); !validSegment(alias, c) {
-		return Key{}, l, "", segmentError("alias", alias)
+	if !validSegment(alias) {
+		return resolved{}, segmentError("alias", alias)
 	}
-	l.aliasEsc = c&classEscape != 0
+	aliasLen := escapedLen(alias)
 
-	sources := b.IDSources
 	if len(sources) == 0 {
 		sources = defaultIDSources
 	}
 	var id, source string
 	for i, s := range sources {
 		if s == nil {
-			return Key{}, l, "", newError(inbox.ErrInvalidArgument, "keying: Builder.IDSources[%d] is nil", i)
+			return resolved{}, newError(inbox.ErrInvalidArgument, "keying: Builder.IDSources[%d] is nil", i)
 		}
 		v, err := s.ID(msg)
 		if err != nil {
 			if _, ours := err.(*keyError); !ours {
 				err = fmt.Errorf("keying: id source %s: %w", s.Name(), err)
 			}
-			return Key{}, l, "", err
+			return resolved{}, err
 		}
 		if v != "" {
 			id, source = v, s.Name()
@@ -189,26 +274,25 @@ func (b *Builder) resolve(msg *message.Message) (Key, lengths, string, error) {
 		}
 	}
 	if id == "" {
-		return Key{}, l, "", noKey(msg, sources)
+		return resolved{}, noKey(msg, sources)
 	}
 
-	fixed := l.bus + l.group + l.alias + 3
+	fixed := prefixLen + aliasLen + 1
 	if fixed+len(id) > MaxLen || mustHash(id) {
 		id = HashID(id)
 		if fixed+len(id) > MaxLen {
-			return Key{}, l, "", invalidKey(
+			return resolved{}, invalidKey(
 				"keying: key would be %d bytes even with the id hashed, longer than the limit of %d (escaped segment lengths: bus %d, group %d, alias %d, id %d): shorten the alias",
-				fixed+len(id), MaxLen, l.bus, l.group, l.alias, len(id))
+				fixed+len(id), MaxLen, escapedLen(bus), escapedLen(group), aliasLen, len(id))
 		}
 	}
-	return Key{Bus: b.Bus, Group: b.Group, Alias: alias, ID: id}, l, source, nil
+	return resolved{alias: alias, aliasLen: aliasLen, id: id, source: source}, nil
 }
 
 // mustHash reports whether id, which fits in the key, cannot go into it
 // verbatim.
 func mustHash(id string) bool {
-	_, c := scan(id)
-	return !validSegment(id, c) || strings.HasPrefix(id, HashedIDPrefix)
+	return !validSegment(id) || strings.HasPrefix(id, HashedIDPrefix)
 }
 
 func noKey(msg *message.Message, sources []IDSource) error {

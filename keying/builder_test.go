@@ -40,9 +40,17 @@ func mustKey(t *testing.T, b *keying.Builder, msg *message.Message) (keying.Key,
 	if s != k.String() || source2 != source {
 		t.Fatalf("KeyString = %q, %q; Key gave %q, %q", s, source2, k.String(), source)
 	}
-	dst, source3, err := b.AppendKey([]byte("prefix|"), msg)
-	if err != nil || string(dst) != "prefix|"+s || source3 != source {
-		t.Fatalf("AppendKey = %q, %q, %v; want %q, %q", dst, source3, err, "prefix|"+s, source)
+	if b.Validate() == nil {
+		p, err := b.Prepare()
+		if err != nil {
+			t.Fatalf("Prepare: %v", err)
+		}
+		if pk, psource, err := p.Key(msg); err != nil || pk != k || psource != source {
+			t.Fatalf("Prepared.Key = %#v, %q, %v; Builder.Key gave %#v, %q", pk, psource, err, k, source)
+		}
+		if ps, psource, err := p.KeyString(msg); err != nil || ps != s || psource != source {
+			t.Fatalf("Prepared.KeyString = %q, %q, %v; Builder.KeyString gave %q, %q", ps, psource, err, s, source)
+		}
 	}
 	if p, err := keying.Parse(s); err != nil || p != k {
 		t.Fatalf("Parse(%q) = %#v, %v; want %#v", s, p, err, k)
@@ -98,11 +106,6 @@ func TestBuilder_Key_no_id(t *testing.T) {
 	}
 	_, _, err = b.KeyString(msgWith(""))
 	wantErr(t, err, noKey)
-	dst, _, err := b.AppendKey([]byte("kept"), msgWith(""))
-	wantErr(t, err, noKey)
-	if string(dst) != "kept" {
-		t.Errorf("AppendKey changed dst to %q on error", dst)
-	}
 
 	b.IDSources = []keying.IDSource{keying.FromMetadata("A", "B"), keying.IDSourceFunc("custom", func(*message.Message) (string, error) { return "", nil })}
 	_, _, err = b.Key(msgWith("u-1"))
@@ -483,19 +486,117 @@ func TestBuilder_Validate_leaves_room(t *testing.T) {
 	}
 }
 
-// TestBuilder_AppendKey_allocates_nothing_with_room checks the point of
-// AppendKey: with room in dst, the key costs no allocation.
-func TestBuilder_AppendKey_allocates_nothing_with_room(t *testing.T) {
+// TestKey_allocations checks the costs the package documentation gives:
+// Builder.Key and Prepared.Key allocate nothing, and the key strings one
+// allocation each, escaped segments included.
+func TestKey_allocations(t *testing.T) {
 	b := &keying.Builder{Bus: "rabbit:eu", Group: "orders", Alias: keying.StaticAlias("placed%v2")}
+	p, err := b.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
 	msg := msgWith("0b5d1c3e-6a1f-4f0e-9b7d-2c6f1e0a9d3b")
-	buf := make([]byte, 0, 128)
-	allocs := testing.AllocsPerRun(100, func() {
-		out, _, err := b.AppendKey(buf[:0], msg)
-		if err != nil || string(out) != "rabbit%3Aeu:orders:placed%25v2:0b5d1c3e-6a1f-4f0e-9b7d-2c6f1e0a9d3b" {
-			t.Fatalf("AppendKey = %q, %v", out, err)
+	k := keying.Key{Bus: "rabbit:eu", Group: "orders", Alias: "placed%v2", ID: msg.UUID}
+	const want = "rabbit%3Aeu:orders:placed%25v2:0b5d1c3e-6a1f-4f0e-9b7d-2c6f1e0a9d3b"
+	if got := k.String(); got != want {
+		t.Fatalf("String() = %q, want %q", got, want)
+	}
+	mustKey(t, b, msg) // Builder and Prepared agree with String
+	for _, tc := range []struct {
+		name   string
+		allocs float64
+		f      func()
+	}{
+		{"Builder.Key", 0, func() { _, _, _ = b.Key(msg) }},
+		{"Prepared.Key", 0, func() { _, _, _ = p.Key(msg) }},
+		{"Builder.KeyString", 1, func() { _, _, _ = b.KeyString(msg) }},
+		{"Prepared.KeyString", 1, func() { _, _, _ = p.KeyString(msg) }},
+		{"Key.String", 1, func() { _ = k.String() }},
+	} {
+		if n := testing.AllocsPerRun(100, tc.f); n != tc.allocs {
+			t.Errorf("%s: %v allocations, want %v", tc.name, n, tc.allocs)
 		}
-	})
-	if allocs != 0 {
-		t.Errorf("AppendKey with room in dst: %v allocations, want 0", allocs)
+	}
+}
+
+// TestPrepare checks that Prepare fails as Validate does, and that a
+// Prepared keeps the configuration it was made from.
+func TestPrepare(t *testing.T) {
+	t.Parallel()
+	for _, b := range []keying.Builder{
+		{Group: "g"},
+		{Bus: "b\x00", Group: "g"},
+		{Bus: "b", Group: "g", IDSources: []keying.IDSource{nil}},
+		{Bus: strings.Repeat("b", 900), Group: strings.Repeat("g", 49)},
+	} {
+		p, err := b.Prepare()
+		if verr := b.Validate(); err == nil || p != nil || err.Error() != verr.Error() {
+			t.Errorf("Prepare() = %v, %v; Validate() = %v", p, err, verr)
+		}
+		wantErr(t, err, invalidArg)
+	}
+
+	sources := []keying.IDSource{keying.FromMetadata("id")}
+	b := keying.Builder{Bus: "kafka:prod", Group: "orders", Alias: keying.StaticAlias("placed"), IDSources: sources}
+	p, err := b.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Bus, b.Group, b.Alias = "other", "other", keying.StaticAlias("other")
+	sources[0] = keying.FromUUID()
+	s, source, err := p.KeyString(msgWith("u", "id", "42"))
+	if err != nil || s != "kafka%3Aprod:orders:placed:42" || source != "metadata:id" {
+		t.Errorf("KeyString after the builder changed = %q, %q, %v; want the key of the builder as prepared", s, source, err)
+	}
+}
+
+// TestPrepared_zero_value checks that a Prepared not made by Prepare fails
+// rather than build a key without bus and group.
+func TestPrepared_zero_value(t *testing.T) {
+	t.Parallel()
+	var p keying.Prepared
+	k, source, err := p.Key(msgWith("u"))
+	wantErr(t, err, invalidArg, "keying: the Prepared was not made by Builder.Prepare")
+	if k != (keying.Key{}) || source != "" {
+		t.Errorf("Key returned %#v, %q with its error", k, source)
+	}
+	s, _, err := p.KeyString(msgWith("u"))
+	wantErr(t, err, invalidArg, "not made by Builder.Prepare")
+	if s != "" {
+		t.Errorf("KeyString returned %q with its error", s)
+	}
+}
+
+// TestPrepared_errors checks that a Prepared fails where and as its Builder
+// does.
+func TestPrepared_errors(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	b := keying.Builder{Bus: "b", Group: "g", Alias: func(msg *message.Message) (string, error) {
+		switch msg.UUID {
+		case "alias-error":
+			return "", boom
+		case "alias-empty":
+			return "", nil
+		case "alias-long":
+			return strings.Repeat("a", 948), nil
+		}
+		return "a", nil
+	}}
+	p, err := b.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []*message.Message{nil, msgWith(""), msgWith("alias-error"), msgWith("alias-empty"),
+		msgWith("alias-long", "IdempotencyKey", strings.Repeat("i", 1000))} {
+		_, _, berr := b.Key(msg)
+		k, source, err := p.Key(msg)
+		if err == nil || berr == nil || err.Error() != berr.Error() || k != (keying.Key{}) || source != "" {
+			t.Errorf("Prepared.Key = %#v, %q, %v; Builder.Key failed with %v", k, source, err, berr)
+		}
+		s, source, err := p.KeyString(msg)
+		if err == nil || err.Error() != berr.Error() || s != "" || source != "" {
+			t.Errorf("Prepared.KeyString = %q, %q, %v; Builder.Key failed with %v", s, source, err, berr)
+		}
 	}
 }

@@ -66,20 +66,29 @@ func ExampleBuilder_Key() {
 	// true keying: message "" has no id: none of the id sources gave one (tried metadata:IdempotencyKey, uuid)
 }
 
-func ExampleBuilder_AppendKey() {
-	b := &keying.Builder{Bus: "rabbit", Group: "orders-service", Alias: keying.StaticAlias("OrderPlaced")}
-	var buf [128]byte // keys of most messages fit: no allocation
+func ExampleBuilder_Prepare() {
+	b := keying.Builder{Bus: "kafka:prod", Group: "orders-service", Alias: keying.StaticAlias("OrderPlaced")}
+	// Prepare validates b and escapes "kafka:prod" and "orders-service" once;
+	// each message then costs only its alias and id.
+	keys, err := b.Prepare()
+	if err != nil {
+		panic(err)
+	}
 	for _, id := range []string{"order-41", "order-42"} {
-		msg := message.NewMessage(id, nil)
-		key, _, err := b.AppendKey(buf[:0], msg)
+		key, source, err := keys.KeyString(message.NewMessage(id, nil))
 		if err != nil {
 			panic(err)
 		}
-		fmt.Println(string(key))
+		fmt.Println(key, source)
 	}
+
+	noGroup := keying.Builder{Bus: "kafka:prod"}
+	_, err = noGroup.Prepare()
+	fmt.Println(errors.Is(err, inbox.ErrInvalidArgument), err)
 	// Output:
-	// rabbit:orders-service:OrderPlaced:order-41
-	// rabbit:orders-service:OrderPlaced:order-42
+	// kafka%3Aprod:orders-service:OrderPlaced:order-41 uuid
+	// kafka%3Aprod:orders-service:OrderPlaced:order-42 uuid
+	// true keying: Builder.Group is empty
 }
 
 func ExampleHashID() {

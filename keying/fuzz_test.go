@@ -167,9 +167,6 @@ func FuzzBuilderKey(f *testing.F) {
 		if err != nil || s != k.String() {
 			t.Fatalf("KeyString = %q, %v; Key gave %q", s, err, k.String())
 		}
-		if a, _, err := b.AppendKey([]byte{':'}, msg); err != nil || string(a) != ":"+s {
-			t.Fatalf("AppendKey = %q, %v; KeyString gave %q", a, err, s)
-		}
 		if p, err := keying.Parse(s); err != nil || p != k {
 			t.Fatalf("Parse(%q) = %#v, %v", s, p, err)
 		}
@@ -180,6 +177,48 @@ func FuzzBuilderKey(f *testing.F) {
 			t.Fatalf("Validate() = %v for bus of %d bytes and group of %d bytes", err, len(bus), len(group))
 		}
 	})
+}
+
+// FuzzPreparedKey checks that Builder.Prepare fails exactly when
+// Builder.Validate does, and that a Prepared gives what its Builder gives:
+// the same key, source and error.
+func FuzzPreparedKey(f *testing.F) {
+	for _, s := range nastySegments {
+		f.Add("b", "g", "a", s)
+		f.Add(s, s, s, "id")
+	}
+	f.Add("b", "g", "a", strings.Repeat("i", keying.MaxLen-6))
+	f.Add(strings.Repeat("b", 900), strings.Repeat(":", 16), "a", strings.Repeat("i", 2000))
+	f.Add("b", "g", strings.Repeat(":", 315), "id")
+	f.Fuzz(func(t *testing.T, bus, group, alias, id string) {
+		b := &keying.Builder{Bus: bus, Group: group, Alias: keying.StaticAlias(alias)}
+		p, err := b.Prepare()
+		if verr := b.Validate(); verr != nil || err != nil {
+			if verr == nil || err == nil || err.Error() != verr.Error() || p != nil {
+				t.Fatalf("Prepare() = %v, %v; Validate() = %v", p, err, verr)
+			}
+			return
+		}
+		msg := message.NewMessage("uuid", nil)
+		msg.Metadata.Set(keying.DefaultIDMetadataKey, id)
+		bk, bsource, berr := b.Key(msg)
+		pk, psource, perr := p.Key(msg)
+		if pk != bk || psource != bsource || errString(perr) != errString(berr) {
+			t.Fatalf("Prepared.Key = %#v, %q, %v; Builder.Key = %#v, %q, %v", pk, psource, perr, bk, bsource, berr)
+		}
+		bs, bsource, berr := b.KeyString(msg)
+		ps, psource, perr := p.KeyString(msg)
+		if ps != bs || psource != bsource || errString(perr) != errString(berr) {
+			t.Fatalf("Prepared.KeyString = %q, %q, %v; Builder.KeyString = %q, %q, %v", ps, psource, perr, bs, bsource, berr)
+		}
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 func segmentOK(s string) bool {

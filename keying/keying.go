@@ -45,7 +45,8 @@
 // (a SHA-256 of the payload) is an opt-in fallback: two different messages
 // with the same content would share a key. Broker-specific sources (Kafka
 // topic/partition/offset, AMQP MessageId) belong in subpackages
-// (keying/kafkakey, keying/amqpkey), so that this package imports no broker
+// (packages inboxkafka and inboxamqp, directories kafka/ and amqp/), so
+// that this package imports no broker
 // client. A message for which no source yields an id gets an error wrapping
 // [inbox.ErrNoKey]; the middleware decides what to do with it.
 //
@@ -71,20 +72,18 @@
 //
 // [Builder.Key] allocates nothing in the common case (id from metadata or the
 // UUID, no hashing); [Key.String] and [Builder.KeyString] allocate the key
-// string once, and [Builder.AppendKey] not at all when dst has room. Each
-// segment is measured in one pass (escaped length, NUL, non-ASCII);
-// segments without '%' or ':' are copied without escaping work, and only
-// segments with non-ASCII bytes get a UTF-8 check.
+// string once. A [Builder] checks and measures its Bus and Group on every
+// call; [Builder.Prepare] does that once and returns a [Prepared], whose Key
+// and KeyString then look only at the message's alias and id. The
+// middleware (package inboxmw) keys its messages with a Prepared.
 package keying
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"strings"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/watermill-inbox/inbox"
 )
@@ -117,32 +116,13 @@ type Key struct {
 // '%' and ':' escaped in bus, group and alias (see the package
 // documentation). It does not validate k: call [Key.Validate] for that.
 func (k Key) String() string {
-	var l lengths
-	l.bus, l.busEsc = escapedLen(k.Bus)
-	l.group, l.groupEsc = escapedLen(k.Group)
-	l.alias, l.aliasEsc = escapedLen(k.Alias)
-	return keyString(k, l)
-}
-
-// appendKey appends k in the key format to dst, escaping the first three
-// segments as l says.
-func appendKey(dst []byte, k Key, l lengths) []byte {
-	dst = slices.Grow(dst, l.bus+l.group+l.alias+3+len(k.ID))
-	dst = appendSegment(dst, k.Bus, l.busEsc)
-	dst = append(dst, ':')
-	dst = appendSegment(dst, k.Group, l.groupEsc)
-	dst = append(dst, ':')
-	dst = appendSegment(dst, k.Alias, l.aliasEsc)
-	dst = append(dst, ':')
-	return append(dst, k.ID...)
-}
-
-// keyString is appendKey into a buffer of its own, returned as the string
-// over it (the buffer is not written again): one allocation, as
-// strings.Builder makes.
-func keyString(k Key, l lengths) string {
-	b := appendKey(nil, k, l)
-	return unsafe.String(unsafe.SliceData(b), len(b))
+	var b strings.Builder
+	b.Grow(escapedLen(k.Bus) + escapedLen(k.Group) + escapedLen(k.Alias) + 3 + len(k.ID))
+	writeBusGroup(&b, k.Bus, k.Group)
+	writeSegment(&b, k.Alias)
+	b.WriteByte(':')
+	b.WriteString(k.ID)
+	return b.String()
 }
 
 // Validate reports whether k is a valid key: every segment non-empty, valid
@@ -150,17 +130,14 @@ func keyString(k Key, l lengths) string {
 // error wraps [inbox.ErrInvalidKey] and names the segment and the fault.
 func (k Key) Validate() error {
 	segs := [4]string{k.Bus, k.Group, k.Alias, k.ID}
-	var lens [4]int
 	for i, seg := range segs {
-		n, c := scan(seg)
-		if !validSegment(seg, c) {
+		if !validSegment(seg) {
 			return segmentError(segmentNames[i], seg)
 		}
-		lens[i] = n
 	}
-	lens[3] = len(k.ID) // the id is not escaped
-	if n := lens[0] + lens[1] + lens[2] + 3 + lens[3]; n > MaxLen {
-		return tooLong(n, lens[0], lens[1], lens[2], lens[3])
+	bus, group, alias := escapedLen(k.Bus), escapedLen(k.Group), escapedLen(k.Alias)
+	if n := bus + group + alias + 3 + len(k.ID); n > MaxLen { // the id is not escaped
+		return tooLong(n, bus, group, alias, len(k.ID))
 	}
 	return nil
 }
@@ -194,12 +171,11 @@ func Parse(s string) (Key, error) {
 	var k Key
 	segs := [3]*string{&k.Bus, &k.Group, &k.Alias}
 	for i, r := range raw {
-		_, c := scan(r)
-		if !validSegment(r, c) {
+		if !validSegment(r) {
 			return Key{}, segmentError(segmentNames[i], r)
 		}
 		*segs[i] = r
-		if c&classEscape != 0 {
+		if strings.IndexByte(r, '%') >= 0 { // r holds no ':': Parse split at them
 			v, err := unescape(segmentNames[i], r)
 			if err != nil {
 				return Key{}, err
@@ -207,7 +183,7 @@ func Parse(s string) (Key, error) {
 			*segs[i] = v
 		}
 	}
-	if _, c := scan(rest); !validSegment(rest, c) {
+	if !validSegment(rest) {
 		return Key{}, segmentError("id", rest)
 	}
 	k.ID = rest
@@ -228,26 +204,37 @@ func HashID(id string) string {
 
 var segmentNames = [4]string{"bus", "group", "alias", "id"}
 
-// appendSegment appends s to dst, escaping '%' and ':' when esc is set.
-func appendSegment(dst []byte, s string, esc bool) []byte {
-	if !esc {
-		return append(dst, s...)
-	}
+// validSegment reports whether s is a valid segment: non-empty, valid UTF-8
+// and free of NUL bytes.
+func validSegment(s string) bool {
+	return s != "" && strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
+}
+
+// escapedLen returns the length of s once escaped: each '%' and ':' takes
+// three bytes.
+func escapedLen(s string) int {
+	return len(s) + 2*(strings.Count(s, "%")+strings.Count(s, ":"))
+}
+
+// writeSegment writes s to b, escaping '%' and ':'.
+func writeSegment(b *strings.Builder, s string) {
 	start := 0
 	for i := 0; i < len(s); i++ {
 		switch s[i] {
 		case '%':
-			dst = append(append(dst, s[start:i]...), "%25"...)
+			b.WriteString(s[start:i])
+			b.WriteString("%25")
 			start = i + 1
 		case ':':
-			dst = append(append(dst, s[start:i]...), "%3A"...)
+			b.WriteString(s[start:i])
+			b.WriteString("%3A")
 			start = i + 1
 		}
 	}
-	return append(dst, s[start:]...)
+	b.WriteString(s[start:])
 }
 
-// unescape reverses appendSegment on the raw segment s of a parsed key,
+// unescape reverses writeSegment on the raw segment s of a parsed key,
 // accepting only the canonical escapes "%25" and "%3A". Parse calls it only
 // for segments holding a '%'.
 func unescape(name, s string) (string, error) {

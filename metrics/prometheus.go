@@ -12,11 +12,14 @@
 //
 //   - <namespace>_inbox_messages_total{bus, group, handler_name, outcome}:
 //     one count per [inboxmw.Outcome] (processed, duplicate, busy, released,
-//     store_error, fail_open, no_key, payload_mismatch, lease_lost,
-//     complete_retry, complete_failed).
+//     store_error, fail_open, no_key, payload_mismatch, dead, lease_lost,
+//     complete_retry, complete_failed, redelivered, redelivery_failed,
+//     stale; acquired goes to a Tracer only and is never counted).
 //   - <namespace>_inbox_store_call_duration_seconds{bus, group, op, result}:
-//     each store call, op one of try_begin, complete, release, extend,
-//     is_processed, mark_processed; result "ok" or "error".
+//     each store call, op one of try_begin, complete, release, fail,
+//     extend, is_processed, mark_processed, and the hand-off of a failed
+//     attempt to the broker (inboxmw.Config.Redelivery), op redeliver;
+//     result "ok" or "error".
 //   - <namespace>_inbox_wait_seconds_total{bus, group, handler_name, reason}:
 //     time messages waited in-process before their claim was settled, on a
 //     busy key (reason "busy") or on a failing store ("store_backoff").

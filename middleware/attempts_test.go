@@ -321,3 +321,59 @@ func TestInbox_max_attempts_with_a_filtered_poison_queue(t *testing.T) {
 	publish(t, ps, order("good"))
 	testenv.Eventually(t, 10*time.Second, "the next message processed", func() bool { return led.count("good") == 1 })
 }
+
+// MaxAttempts counts the key's lease acquisitions, not the handler's
+// failures (Config.MaxAttempts): a consumer that crashed, a handler that
+// succeeded but whose message was nacked (its output failed to publish) and
+// a delivery refused under PayloadHashReject each acquired the key once, so
+// with MaxAttempts 4 the first handler failure, on the fourth acquisition,
+// makes the key dead.
+func TestInbox_max_attempts_counts_lease_acquisitions(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxAttempts: 4, Backoff: noBackoff,
+		PayloadHash: inboxmw.PayloadHashReject})
+	key := testKeyPrefix + "count-1"
+	available := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for r := flowRecord(t, store, "count-1"); r.State != inbox.StateAvailable; r = flowRecord(t, store, "count-1") {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %s: record %+v, want Available", what, r)
+			}
+			time.Sleep(5 * time.Millisecond) // polling: the lease ends, or the release lands
+		}
+	}
+	// 1. A consumer acquired the key and crashed: its lease expires.
+	if _, err := store.TryBegin(context.Background(), key, inbox.BeginOptions{Lease: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	available("a crashed consumer's lease")
+	// 2. The handler succeeds, but the router nacks (a failed publish).
+	nacked := msgFor("count-1")
+	if _, err := call(ib, ok, nacked); err != nil {
+		t.Fatalf("successful handler: %v", err)
+	}
+	nacked.Nack()
+	available("a nack after the handler succeeded")
+	// 3. The same key with other content, refused under PayloadHashReject.
+	other := msgFor("count-1")
+	other.Payload = []byte("other content")
+	if _, err := call(ib, ok, other); !errors.Is(err, inbox.ErrPayloadMismatch) {
+		t.Fatalf("other payload under PayloadHashReject: %v, want ErrPayloadMismatch", err)
+	}
+	available("a payload mismatch")
+	// 4. The handler's first failure is the fourth attempt: the key is dead.
+	var failures atomic.Int32
+	_, err := call(ib, func(*message.Message) ([]*message.Message, error) {
+		failures.Add(1)
+		return nil, errBoom
+	}, msgFor("count-1"))
+	var de *inbox.DeadError
+	if !errors.As(err, &de) || de.Attempts != 4 || failures.Load() != 1 {
+		t.Fatalf("first handler failure, on the fourth acquisition: %v (%+v) after %d failures, want a DeadError of attempt 4", err, de, failures.Load())
+	}
+	if r := flowRecord(t, store, "count-1"); r.State != inbox.StateDead || r.Attempts != 4 {
+		t.Fatalf("record %+v, want Dead with 4 attempts", r)
+	}
+}

@@ -91,8 +91,9 @@ type Config struct {
 	// rebalance; negative means no wait.
 	MaxBusyWait time.Duration
 
-	// StoreTimeout bounds each store call. Default 5 s. (A TxStore's claim
-	// is bounded by the store's lock timeout instead.)
+	// StoreTimeout bounds each store call. Default 5 s. (Not a TxStore's:
+	// its BeginTx runs under the message's context, its wait on a
+	// concurrent claim bounded by the store's lock timeout; see [TxStore].)
 	StoreTimeout time.Duration
 
 	// FailOpen runs the handler at once without deduplication when the
@@ -103,24 +104,50 @@ type Config struct {
 	// store a few calls a second, and no message is lost or run twice.
 	FailOpen bool
 
-	// MaxAttempts marks a key dead when its MaxAttempts-th attempt fails:
-	// the store records the handler's error, the middleware returns an
-	// [inbox.DeadError] (not transient: route it to a poison queue), and
-	// later deliveries get the same error without the handler, until an
-	// operator forgets the key (inboxctl forget). An attempt that fails
-	// before the last returns an [inbox.AttemptError], transient for
-	// [IsTransient], so the broker redelivers it. The store counts attempts
-	// across consumers and restarts. Default 0: unlimited, and a failed
-	// attempt returns the handler's error as it is. Needs an
-	// [inbox.LeaseStore].
+	// MaxAttempts marks a key dead when its handler fails on the key's
+	// MaxAttempts-th attempt or a later one: the store records the
+	// handler's error, the middleware returns an [inbox.DeadError] (not
+	// transient: route it to a poison queue), and later deliveries get the
+	// same error without the handler, until an operator forgets the key
+	// (inboxctl forget). An attempt that fails before the last returns an
+	// [inbox.AttemptError], transient for [IsTransient], so the broker
+	// redelivers it. Default 0: unlimited, and a failed attempt returns the
+	// handler's error as it is. Needs an [inbox.LeaseStore].
+	//
+	// An attempt is an acquisition of the key's lease ([inbox.Record.Attempts]),
+	// counted by the store across consumers and restarts, whatever ended it:
+	// a handler's failure, but also a handler that succeeded whose message
+	// the router then nacked (its output failed to publish), a consumer that
+	// crashed or lost its lease, a delivery refused under PayloadHashReject,
+	// and a lease an operator ended (inboxctl release). A key can therefore
+	// die after fewer than MaxAttempts handler failures, but never without
+	// one: only a failing handler marks it dead.
 	MaxAttempts int
 
 	// Backoff is how long a key stays unclaimable after its attempt-th
-	// attempt failed: the store answers Busy until then, so a redelivery
-	// waits in-process (at most MaxBusyWait) instead of spinning through the
+	// attempt failed: the store answers Busy until then, so the message
+	// waits in the broker (with Redelivery), or its redelivery waits
+	// in-process (at most MaxBusyWait), instead of spinning through the
 	// broker. Default [DefaultBackoff]; ExponentialBackoff(0, 0) turns it
 	// off.
 	Backoff func(attempt int) time.Duration
+
+	// Redelivery hands a failed attempt's message back to the broker, which
+	// holds its backoff: the consumer moves on at once instead of waiting
+	// the backoff out, and the broker delivers a copy when it ends
+	// (inboxamqp.Delays for RabbitMQ, inboxkafka.Retry for Kafka). It also
+	// serves a redelivery that finds its key still waiting out a backoff.
+	// The original is acked once the broker holds the copy. Waits shorter
+	// than RedeliveryMinDelay, a message whose topic is unknown, and a
+	// hand-off that fails fall back to the default: the message is returned
+	// to the broker as an error and its redelivery waits in-process (at most
+	// MaxBusyWait). Default none.
+	Redelivery Redeliverer
+
+	// RedeliveryMinDelay is the shortest wait that Redelivery takes over;
+	// shorter ones are waited out in-process. Default
+	// [DefaultRedeliveryMinDelay] (1 ms).
+	RedeliveryMinDelay time.Duration
 
 	// Tracer receives each message's claim and store calls. Default none;
 	// inboxotel.New(tracerProvider) records them as spans.
@@ -132,6 +159,43 @@ type Config struct {
 
 	// PayloadHash turns on content fingerprints. Default PayloadHashOff.
 	PayloadHash PayloadHashPolicy
+
+	// KeepOutputIDs leaves the messages the handler returns as they are.
+	// By default each one without an IdempotencyKey metadata field
+	// ([keying.DefaultIDMetadataKey]) gets one, and the same UUID, derived
+	// from the input's inbox key and the message's position among those
+	// returned ([OutputID]): a handler that runs again for the same input
+	// (after a crash before the mark, a failed publish, a lost lease)
+	// returns the same ids, and the next stage's inbox drops the second
+	// copies. That needs the handler to return its messages in a stable
+	// order. When a second run returns other messages, the one published
+	// first at each position wins downstream (a PayloadHash check there
+	// reports the difference). Messages with an IdempotencyKey keep it and
+	// their UUID; a message without a key of its own (MissingKeyProcess)
+	// has none to derive from. [DerivedKey] derives ids for what the handler
+	// sends itself. Default false.
+	KeepOutputIDs bool
+
+	// Timestamp reads the time the broker took a message, for the stale
+	// check: a message older than the store's retention (reported by the
+	// store, [inbox.RetentionReporter]) less StaleMargin may be a replay
+	// whose key has expired, which the store can no longer tell from new
+	// work; it is logged and counted (outcome stale), and refused under
+	// [StaleReject]. Messages for which it returns false pass. Default none:
+	// no check. inboxkafka.Timestamp reads a Kafka record's timestamp,
+	// inboxamqp.Timestamp the AMQP timestamp property that
+	// inboxamqp.Marshaler copies into the metadata.
+	Timestamp TimestampFunc
+
+	// Stale says what happens to a stale message (see Timestamp). Default
+	// StaleWarn.
+	Stale StalePolicy
+
+	// StaleMargin is taken off the store's retention before a message's age
+	// is compared with it, so that a message whose key is about to expire,
+	// or whose broker clock runs behind, is reported too. Default a tenth of
+	// the retention; at least the retention makes every message stale.
+	StaleMargin time.Duration
 
 	// Owner names this consumer in the store's records. Default
 	// [DefaultOwner]: "hostname/pid".
@@ -162,6 +226,7 @@ func (c *Config) setDefaults() {
 	}
 	orDefault(&c.MaxBusyWait, DefaultMaxBusyWait)
 	orDefault(&c.StoreTimeout, DefaultStoreTimeout)
+	orDefault(&c.RedeliveryMinDelay, DefaultRedeliveryMinDelay)
 	orDefault(&c.Owner, DefaultOwner())
 	orDefault[watermill.LoggerAdapter](&c.Logger, watermill.NopLogger{})
 	orDefault[Metrics](&c.Metrics, NopMetrics{})
@@ -250,6 +315,9 @@ func (c Config) Validate() error {
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %s is negative", c.StoreTimeout)
 	}
+	if c.RedeliveryMinDelay < 0 {
+		bad("RedeliveryMinDelay %s is negative", c.RedeliveryMinDelay)
+	}
 	if c.MaxAttempts < 0 {
 		bad("MaxAttempts %d is negative", c.MaxAttempts)
 	} else if c.MaxAttempts > 0 && (tx || !leased) {
@@ -257,6 +325,12 @@ func (c Config) Validate() error {
 	}
 	if c.MissingKey != MissingKeyProcess && c.MissingKey != MissingKeyReject {
 		bad("MissingKey %d is not a MissingKeyPolicy", c.MissingKey)
+	}
+	if c.Stale != StaleWarn && c.Stale != StaleReject {
+		bad("Stale %d is not a StalePolicy", c.Stale)
+	}
+	if c.StaleMargin < 0 {
+		bad("StaleMargin %s is negative", c.StaleMargin)
 	}
 	if c.PayloadHash < PayloadHashOff || c.PayloadHash > PayloadHashReject {
 		bad("PayloadHash %d is not a PayloadHashPolicy", c.PayloadHash)

@@ -15,9 +15,13 @@
 // one is waited on, then returned as an [inbox.BusyError] for the broker to
 // redeliver; an acquired one runs the handler while a heartbeat renews the
 // lease, whose loss cancels the handler's context. A failed handler gives
-// the key back before the middleware returns; a successful one keeps it
-// until the router acks (the mark) or nacks (a release). Config documents
-// every choice; middleware.go reads top to bottom as the path of a message.
+// the key back before the middleware returns, with a backoff the store
+// holds; a successful one keeps it until the router acks (the mark) or nacks
+// (a release). With Config.Redelivery, a failed attempt's message waits out
+// its backoff in the broker (a RabbitMQ delay queue, a Kafka retry topic)
+// instead of in the consumer: the middleware hands a copy to the broker and
+// acks the original (redeliver.go). Config documents every choice;
+// middleware.go reads top to bottom as the path of a message.
 //
 // The guarantee: at most one consumer runs a key's handler at a time, and a
 // key marked processed is never run again within the store's retention. A
@@ -25,15 +29,53 @@
 // be applied again by the next delivery; only the transactional mode
 // ([TxStore]) closes that window.
 //
+// Across a pipeline: each message the handler returns without an
+// IdempotencyKey gets one, and a UUID, derived from the input's key and its
+// position ([OutputID]; Config.KeepOutputIDs opts out), so a handler that
+// runs again returns messages the next stage's inbox drops; [DerivedKey]
+// derives ids for what the handler sends itself. With Config.Timestamp, a
+// message older than the store's retention, whose key may have expired, is
+// logged and counted as stale, or refused ([StalePolicy]).
+//
 // Among Watermill's middlewares: Recoverer and Retry go inside it (added
 // after it), InstantAck outside. A PoisonQueue goes outside it, and only
 // with [IsTransient] as its filter (see there).
 //
 // Errors wrap [inbox.ErrBusy], [inbox.ErrStoreUnavailable], [inbox.ErrNoKey],
-// [inbox.ErrPayloadMismatch], [inbox.ErrDead], [inbox.ErrAttemptFailed] or
-// [inbox.ErrClosed]; without Config.MaxAttempts a handler's error is returned
+// [inbox.ErrPayloadMismatch], [inbox.ErrDead], [inbox.ErrAttemptFailed],
+// [inbox.ErrStale] or [inbox.ErrClosed]; without Config.MaxAttempts a handler's error is returned
 // as it is. Logs use snake_case fields
 // (message_uuid, handler_name, inbox_key) and never hold payloads; a store
 // outage logs its first failure, then at most one line every 10 s, and its
 // recovery.
+//
+// # Which timeout bounds which wait
+//
+//	wait                                              bounded by                                    default
+//	one store call of the middleware (a claim, a      Config.StoreTimeout                           5 s
+//	  mark, a release, a Fail, an Extend) or one
+//	  hand-off to Config.Redelivery
+//	the same call inside the store (its round trip,   the store's own timeout: URL timeout=,        5 s (Redis, MongoDB), 2 s per
+//	  or each HTTP attempt of the remote client,        Options.Timeout (the remote client's is      HTTP attempt (remote, which
+//	  which retries)                                    per attempt, retries= of them)               retries twice); none (SQL, memory)
+//	a claim on a key another consumer holds           the holder's lease left + 250 ms, and         10 s
+//	                                                    Config.MaxBusyWait
+//	the retries of a claim the store fails            Config.MaxBusyWait (paced across the Inbox)   10 s
+//	a Fail or Release after a failed handler          the lease's deadline, and MaxBusyWait         30 s, 10 s
+//	  (before the middleware returns)
+//	a mark or release after the router's verdict      the lease's deadline (Config.Lease, renewed   30 s
+//	  (in the background)                               by the heartbeat until the verdict); Close
+//	a heartbeat                                       Config.HeartbeatInterval; the handler's       Lease/3
+//	                                                    context ends at the lease's deadline
+//	a failed attempt's backoff held in-process        Config.MaxBusyWait (then ErrBusy, nacked)     10 s
+//	  (without Redelivery, or under
+//	  RedeliveryMinDelay)
+//	a TxStore's claim on a key another delivery's     the store's lock timeout (txinbox             10 s
+//	  transaction holds                                 Config.LockTimeout)
+//	Close draining pending marks                      Close's ctx                                   none
+//
+// The pauses between retries come from one jittered exponential backoff
+// (internal/outage.Backoff): 20 ms to 1 s polling a busy key, 50 ms to 2 s
+// for a failing store's claims and marks, 50 ms to 1 s for the remote
+// client's retries, 2 ms to 256 ms for the SQL store's deadlocks.
 package inboxmw

@@ -71,6 +71,57 @@ func TestInbox_busy_key_waits_then_returns_ErrBusy(t *testing.T) {
 	}
 }
 
+// inBackoff leaves key waiting out a failed attempt's backoff of d, as
+// another consumer's failed attempt would.
+func inBackoff(t *testing.T, store inbox.LeaseStore, key string, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := store.TryBegin(ctx, key, inbox.BeginOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Fail(ctx, key, c.LeaseID, inbox.FailOptions{Reason: "test", RetryAfter: d}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A store that takes longer to answer than busySlack (FerretDB under -race
+// load took more than 250 ms) reckons the backoff left when it reads the
+// record, late in the call: the wait runs from the answer's arrival, so the
+// message is claimed when the backoff ends, not nacked as busy before it.
+func TestInbox_busy_wait_reckons_from_a_slow_answer(t *testing.T) {
+	t.Parallel()
+	store := newFaulty(t)
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+	const backoff, late = 1500 * time.Millisecond, 600 * time.Millisecond
+	inBackoff(t, store, testKeyPrefix+"b-slow", backoff)
+	store.slowTryBegin.Store(int64(late))
+	var ran atomic.Bool
+	m := msgFor("b-slow")
+	if _, err := call(ib, func(m *message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, m); err != nil {
+		t.Fatalf("a key in a backoff shorter than MaxBusyWait, answered %s late: %v (%s); want it claimed when the backoff ends", late, err, rec)
+	}
+	m.Ack()
+	if !ran.Load() || rec.get(inboxmw.OutcomeBusy) != 0 {
+		t.Fatalf("handler ran %v, busy outcomes %d; want it run, none busy", ran.Load(), rec.get(inboxmw.OutcomeBusy))
+	}
+}
+
+// A key waiting out a failed attempt's backoff longer than MaxBusyWait is
+// busy for the backoff, and the error says so.
+func TestInbox_busy_in_backoff_says_so(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxBusyWait: 50 * time.Millisecond})
+	inBackoff(t, store, testKeyPrefix+"b-backoff", time.Minute)
+	_, err := call(ib, ok, msgFor("b-backoff"))
+	var be *inbox.BusyError
+	if !errors.As(err, &be) || !be.BackingOff || be.RetryAfter <= 0 || !strings.Contains(err.Error(), "backoff") {
+		t.Fatalf("error %v, want a BusyError of a key backing off, with its time left", err)
+	}
+}
+
 func TestInbox_busy_key_completed_during_wait_is_a_duplicate(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t)
@@ -706,4 +757,61 @@ func TestInbox_no_busy_wait_still_recovers(t *testing.T) {
 		m.Ack()
 		return err == nil
 	})
+}
+
+// scriptedTx is a TxStore whose BeginTx fails while down is set, and
+// otherwise takes slow (honouring the context it is given) and acquires;
+// Finish commits nothing and succeeds.
+type scriptedTx struct {
+	plainStore
+	down   atomic.Bool
+	slow   time.Duration
+	begins atomic.Int32
+}
+
+func (s *scriptedTx) BeginTx(ctx context.Context, key string) (inboxmw.TxClaim, error) {
+	s.begins.Add(1)
+	if s.down.Load() {
+		return inboxmw.TxClaim{}, errDown
+	}
+	select {
+	case <-time.After(s.slow):
+	case <-ctx.Done():
+		return inboxmw.TxClaim{}, ctx.Err()
+	}
+	return inboxmw.TxClaim{Status: inbox.Acquired, Context: ctx, Finish: func(_ []*message.Message, err error) error { return err }}, nil
+}
+
+// With a TxStore, MaxBusyWait bounds the paced retries of a BeginTx that
+// fails (none with MaxBusyWait negative), and StoreTimeout does not apply:
+// BeginTx runs under the message's context, as the transaction lives on in
+// the handler (TxStore's doc, package txinbox's).
+func TestInbox_TxStore_MaxBusyWait_paces_a_failing_BeginTx_StoreTimeout_does_not_apply(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		wait      time.Duration
+		minBegins int32
+	}{{-1, 1}, {600 * time.Millisecond, 2}} {
+		s := &scriptedTx{plainStore: plainStore{newMemory(t)}}
+		s.down.Store(true)
+		ib := newInbox(t, inboxmw.Config{Store: s, Alias: staticAlias(), MaxBusyWait: c.wait})
+		start := time.Now()
+		_, err := call(ib, ok, msgFor("tx-down"))
+		took := time.Since(start)
+		if !errors.Is(err, inbox.ErrStoreUnavailable) {
+			t.Fatalf("MaxBusyWait %s, BeginTx failing: %v, want ErrStoreUnavailable", c.wait, err)
+		}
+		if n := s.begins.Load(); n < c.minBegins || (c.wait < 0 && n != 1) {
+			t.Errorf("MaxBusyWait %s: %d BeginTx calls, want at least %d (exactly 1 without a wait)", c.wait, n, c.minBegins)
+		}
+		if c.wait > 0 && (took < c.wait-50*time.Millisecond || took > c.wait+5*time.Second) {
+			t.Errorf("MaxBusyWait %s: nacked after %s, want about MaxBusyWait", c.wait, took)
+		}
+	}
+	s := &scriptedTx{plainStore: plainStore{newMemory(t)}, slow: 300 * time.Millisecond}
+	ib := newInbox(t, inboxmw.Config{Store: s, Alias: staticAlias(), StoreTimeout: 10 * time.Millisecond})
+	var ran atomic.Bool
+	if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { ran.Store(true); return nil, nil }, msgFor("tx-slow")); err != nil || !ran.Load() {
+		t.Fatalf("a BeginTx slower than StoreTimeout: %v (handler ran: %v), want it to run", err, ran.Load())
+	}
 }

@@ -112,6 +112,7 @@ type faultyStore struct {
 	failReleases   atomic.Int32          // the next N Releases or Fails fail
 	tryBegins      atomic.Int32
 	busyAnswers    atomic.Int32
+	slowTryBegin   atomic.Int64 // the next TryBegin reaches the store this many ns late (a slow store under load)
 }
 
 var errDown = fmt.Errorf("%w: injected outage", inbox.ErrStoreUnavailable)
@@ -134,6 +135,9 @@ func (f *faultyStore) TryBegin(ctx context.Context, key string, o inbox.BeginOpt
 	f.tryBegins.Add(1)
 	if f.down.Load() {
 		return inbox.Claim{}, errDown
+	}
+	if d := time.Duration(f.slowTryBegin.Swap(0)); d > 0 {
+		time.Sleep(d)
 	}
 	c, err := f.LeaseStore.TryBegin(ctx, key, o)
 	if err == nil && c.Status == inbox.Acquired {

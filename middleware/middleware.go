@@ -34,7 +34,7 @@ type Inbox struct {
 	cfg    Config
 	leases inbox.LeaseStore // the store, when it is a LeaseStore
 	txs    TxStore          // the store, when it is a TxStore
-	keys   keying.Builder
+	keys   *keying.Prepared // bus and group checked and escaped once, by New
 	log    watermill.LoggerAdapter
 	m      Metrics
 
@@ -46,7 +46,11 @@ type Inbox struct {
 
 	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
 	health    *outage.Log  // rate-limits the logs of store failures
+	handOff   *outage.Log  // rate-limits the logs of failed hand-offs to Config.Redelivery
 	pace      outage.Pacer // spaces the claims of a failing store
+
+	retention inbox.RetentionReporter // the store, when it reports its retention
+	staleLog  *outage.Log             // rate-limits the logs of stale messages
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -56,15 +60,23 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	kb := keying.Builder{Bus: cfg.Bus, Group: cfg.Group, Alias: cfg.Alias, IDSources: cfg.IDSources}
+	keys, err := kb.Prepare() // cannot fail: Validate checked kb
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	ib := &Inbox{
 		cfg:     cfg,
-		keys:    keying.Builder{Bus: cfg.Bus, Group: cfg.Group, Alias: cfg.Alias, IDSources: cfg.IDSources},
+		keys:    keys,
 		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
 		m:       cfg.Metrics,
 		abandon: make(chan struct{}),
-		pace:    outage.Pacer{Min: 50 * time.Millisecond, Max: maxStoreBackoff},
+		pace:    outage.Pacer{Backoff: storeBackoff},
 	}
 	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
+	ib.handOff = outage.NewLog(ib.log, "Inbox hand-offs to the broker's redelivery work again")
+	ib.staleLog = outage.NewLog(ib.log, "")
+	ib.retention, _ = cfg.Store.(inbox.RetentionReporter)
 	if sm, ok := cfg.Metrics.(ScopedMetrics); ok {
 		ib.m = sm.Scope(cfg.Bus, cfg.Group)
 	}
@@ -75,6 +87,9 @@ func New(cfg Config) (*Inbox, error) {
 		ib.leases = s
 	default:
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
+	}
+	if cfg.Timestamp != nil && ib.retention == nil {
+		ib.log.Info("Inbox store does not report its retention: no stale check (Config.Timestamp is ignored)", nil)
 	}
 	return ib, nil
 }
@@ -100,7 +115,7 @@ type msgCall struct {
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now()}
-	key, _, err := ib.keys.KeyString(msg)
+	key, err := ib.keyOf(msg)
 	if err != nil {
 		return m.keyError(err)
 	}
@@ -110,6 +125,9 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return nil, errClosed
 	}
 	defer ib.pending.Done()
+	if err := m.checkStale(); err != nil {
+		return nil, err
+	}
 	switch {
 	case ib.leases != nil:
 		return m.handleLeased()
@@ -181,12 +199,13 @@ func (m *msgCall) duplicate() ([]*message.Message, error) {
 	return nil, nil
 }
 
-// busy reports a key that stayed busy for the whole wait.
-func (m *msgCall) busy(retryAfter time.Duration) error {
+// busy reports a key that stayed busy for the whole wait: held by a lease,
+// or waiting out a failed attempt's backoff.
+func (m *msgCall) busy(retryAfter time.Duration, backingOff bool) error {
 	m.settle(OutcomeBusy)
 	m.ib.log.Info("Inbox key busy (another consumer's lease, or a failed attempt's backoff); message nacked for redelivery",
-		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String()}))
-	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter}
+		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String(), "backing_off": backingOff}))
+	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter, BackingOff: backingOff}
 }
 
 // dead reports a dead key: err is the handler's error when this attempt
@@ -214,13 +233,16 @@ func (m *msgCall) traced(o Outcome) {
 	}
 }
 
-// call runs one store call bounded by timeout, and times it.
-func (ib *Inbox) call(ctx context.Context, op string, timeout time.Duration, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// call runs one store call bounded by timeout, times it, and traces it.
+func (m *msgCall) call(ctx context.Context, op string, timeout time.Duration, f func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	start := time.Now()
-	err := f(ctx)
-	ib.m.StoreCall(op, time.Since(start), err)
+	err := f(cctx)
+	m.ib.m.StoreCall(op, time.Since(start), err)
 	cancel()
+	if t := m.ib.cfg.Tracer; t != nil {
+		t.Step(ctx, op, m.key, start, "", m.attempts, err)
+	}
 	return err
 }
 
@@ -237,6 +259,8 @@ func KeyFromCtx(ctx context.Context) string {
 // runHandler runs the handler with the message's context set to ctx, the
 // key in it, and restores it. If the handler panics or exits its goroutine
 // (runtime.Goexit), abort runs first, then the panic or the exit goes on.
+// When the handler succeeded, the messages it returned get their derived
+// ids (deriveOutputs, outputs.go), whatever the flow.
 func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out []*message.Message, err error) {
 	orig := m.msg.Context()
 	if m.key != "" {
@@ -257,6 +281,9 @@ func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out [
 	}()
 	out, err = m.h(m.msg)
 	returned = true
+	if err == nil {
+		m.deriveOutputs(out)
+	}
 	return out, err
 }
 
@@ -281,6 +308,9 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	}
 	claim, sent, err := m.claim(ctx, opts)
 	m.attempts = claim.Attempts
+	if err == errRedelivered {
+		return nil, nil // the broker holds a copy until the backoff ends
+	}
 	if errors.Is(err, inbox.ErrBusy) {
 		return nil, err
 	}
@@ -288,7 +318,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		if err := m.storeFailed(OpTryBegin, err); err != nil {
 			return nil, err
 		}
-		return m.h(m.msg)
+		return m.runHandler(m.msg.Context(), func(string) {})
 	}
 	if claim.PayloadMismatch {
 		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
@@ -318,16 +348,23 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 // on a busy key, so that a lease ending on time is seen free.
 const busySlack = 250 * time.Millisecond
 
+// errRedelivered ends a claim whose message was handed to the broker.
+var errRedelivered = errors.New("inbox: handed to the broker's redelivery")
+
 // claim runs TryBegin (through paced) until it gives an answer to act on,
 // for at most MaxBusyWait and while ctx lasts. A busy key is polled with
-// jittered backoff (20 ms growing to 1 s) for at most the time the holder's
-// lease has left plus busySlack. sent is the local time the final TryBegin
+// jittered backoff (20 ms growing to 1 s) for at most the time the
+// holder's lease (or the backoff) has left when the answer arrives, plus
+// busySlack. A key waiting out a failed attempt's backoff longer than
+// RedeliveryMinDelay is handed to Config.Redelivery instead, once: then
+// claim returns errRedelivered. sent is the local time the final TryBegin
 // was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	limit := time.Now().Add(m.ib.cfg.MaxBusyWait)
 	var waited time.Duration
 	defer m.reportWait(WaitBusy, &waited)
-	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+	handOff := true
+	for retry := 0; ; retry++ {
 		err = m.paced(ctx, limit, OpTryBegin, func(ctx context.Context) (err error) {
 			sent = time.Now()
 			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
@@ -336,10 +373,20 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 		if err != nil || c.Status != inbox.Busy {
 			return c, sent, err
 		}
-		limit = earlier(limit, sent.Add(c.RetryAfter+busySlack))
-		d := min(outage.Jitter(delay), time.Until(limit))
+		if c.BackingOff && handOff && m.redeliverable(c.RetryAfter) {
+			handOff = false // a failed hand-off falls back to waiting
+			if m.redeliver(c.RetryAfter, c.Attempts, nil) == nil {
+				return c, sent, errRedelivered
+			}
+		}
+		// The store reckoned RetryAfter before it replied: from the reply's
+		// arrival it is an upper bound (from sent it would fall short by
+		// the call's time, which a slow store under load makes longer
+		// than busySlack).
+		limit = earlier(limit, time.Now().Add(c.RetryAfter+busySlack))
+		d := min(busyBackoff.Pause(retry), time.Until(limit))
 		if d <= 0 {
-			return c, sent, m.busy(c.RetryAfter)
+			return c, sent, m.busy(c.RetryAfter, c.BackingOff)
 		}
 		if err := sleep(ctx, d, &waited); err != nil {
 			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, err)
@@ -347,8 +394,12 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 	}
 }
 
-// maxStoreBackoff caps the pauses between store calls after failures.
-const maxStoreBackoff = 2 * time.Second
+// The pauses of the middleware's retry loops (outage.Backoff's table lists
+// every loop of the library).
+var (
+	busyBackoff  = outage.Backoff{Min: 20 * time.Millisecond, Max: time.Second}     // polling a busy key
+	storeBackoff = outage.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second} // a failing store: claims (paced), marks and releases
+)
 
 // errPaced is the error of a claim not sent: the store was failing and the
 // wait for a slot ended first.
@@ -377,7 +428,7 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 		if err := sleep(ctx, d, &waited); err != nil {
 			return err
 		}
-		if err = ib.call(ctx, op, ib.cfg.StoreTimeout, f); err == nil {
+		if err = m.call(ctx, op, ib.cfg.StoreTimeout, f); err == nil {
 			ib.pace.OK()
 			ib.health.OK()
 			return nil
@@ -412,15 +463,16 @@ func retryable(ctx context.Context, err error) bool {
 // so they never race each other.
 type lease struct {
 	msgCall
-	id       string
-	base     context.Context // the message's values, without its cancellation
-	cancel   context.CancelCauseFunc
-	length   time.Duration // granted
-	interval time.Duration // heartbeat period
-	deadline time.Time     // when the lease ends unless renewed (monotonic)
-	lost     bool          // the lease is no longer ours
-	killed   bool          // the failed attempt marked the key dead
-	backoff  time.Duration // the failed attempt's, when Fail landed
+	id        string
+	base      context.Context // the message's values, without its cancellation
+	cancel    context.CancelCauseFunc
+	length    time.Duration // granted
+	interval  time.Duration // heartbeat period
+	deadline  time.Time     // when the lease ends unless renewed (monotonic)
+	lost      bool          // the lease is no longer ours
+	killed    bool          // the failed attempt marked the key dead
+	permanent bool          // the handler's error is inbox.Permanent: dead at once
+	backoff   time.Duration // the failed attempt's, when Fail landed
 
 	handled  chan string    // "" when the handler succeeded, else why it failed
 	released sync.WaitGroup // done when watch has released after a failed handler
@@ -455,9 +507,12 @@ func (l *lease) run() ([]*message.Message, error) {
 	if err != nil {
 		// Synchronous: Kafka's subscriber redelivers in-process at once, so
 		// the key must be given back before the middleware returns.
+		l.permanent = errors.Is(err, inbox.ErrPermanent)
 		l.failed(err.Error())
 		if n := l.ib.cfg.MaxAttempts; l.killed {
 			return out, l.dead(inbox.TruncateReason(err.Error(), 512), err)
+		} else if l.backoff > 0 && l.redeliverable(l.backoff) && l.redeliver(l.backoff, l.attempts, err) == nil {
+			return nil, nil // the broker holds a copy until the backoff ends
 		} else if n > 0 {
 			// Transient: a filtered poison queue lets the broker redeliver it.
 			return out, &inbox.AttemptError{Key: l.key, Attempt: l.attempts, MaxAttempts: n, RetryAfter: l.backoff, Err: err}
@@ -529,7 +584,7 @@ func (l *lease) extend() (time.Duration, bool) {
 		return left, true // wake at the deadline to cancel the handler
 	}
 	sent := time.Now()
-	err := l.ib.call(l.base, OpExtend, min(l.ib.cfg.StoreTimeout, left), func(ctx context.Context) error {
+	err := l.call(l.base, OpExtend, min(l.ib.cfg.StoreTimeout, left), func(ctx context.Context) error {
 		_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
 		return err
 	})
@@ -601,7 +656,7 @@ func (l *lease) fail(why string) {
 	}
 	cfg := l.ib.cfg
 	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
-	if opts.Dead = cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
+	if opts.Dead = l.permanent || cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
 		opts.RetryAfter = cfg.Backoff(l.attempts)
 	}
 	err := l.giveBack(OpFail, why, l.failGiveUp(), func(ctx context.Context) error {
@@ -641,16 +696,13 @@ func (l *lease) giveBack(op, why string, giveUp time.Time, f func(context.Contex
 var errAbandoned = errors.New("inbox: middleware closed before the mark")
 
 // persist makes a store call after the handler (the mark, or a release),
-// retrying a failure with jittered backoff (50 ms growing to
-// maxStoreBackoff) until it lands, the store answers ErrLeaseLost, giveUp
+// retrying a failure with jittered backoff (storeBackoff: 50 ms growing
+// to 2 s) until it lands, the store answers ErrLeaseLost, giveUp
 // passes, or Close gives up waiting (errAbandoned). A failed mark never
 // nacks the message: that would run the handler again. It returns nil when
 // the call landed, else the last error.
 func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) (err error) {
-	if t := ib.cfg.Tracer; t != nil {
-		defer func(start time.Time) { t.Step(base, op, m.key, start, "", m.attempts, err) }(time.Now())
-	}
-	if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+	if err = m.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
 		ib.health.OK()
 		return nil
 	}
@@ -661,12 +713,12 @@ func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp tim
 }
 
 func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
-	for delay := 50 * time.Millisecond; ; delay = min(2*delay, maxStoreBackoff) {
+	for retry := 0; ; retry++ {
 		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
 			return err
 		}
 		ib.m.Outcome(m.handler, OutcomeStoreError)
-		wait := outage.Jitter(delay)
+		wait := storeBackoff.Pause(retry)
 		if time.Until(giveUp) < wait {
 			return err
 		}
@@ -682,7 +734,7 @@ func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.
 			t.Stop()
 			return errAbandoned
 		}
-		if err = ib.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
+		if err = m.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
 			ib.health.OK()
 			return nil
 		}
@@ -768,9 +820,9 @@ func (m *msgCall) handleTx() ([]*message.Message, error) {
 	var be *inbox.BusyError
 	switch {
 	case errors.As(err, &be):
-		return nil, m.busy(be.RetryAfter)
+		return nil, m.busy(be.RetryAfter, be.BackingOff)
 	case errors.Is(err, inbox.ErrBusy):
-		return nil, m.busy(0)
+		return nil, m.busy(0, false)
 	case err != nil:
 		return nil, m.storeFailed(OpTryBegin, err)
 	case claim.Status == inbox.Processed:
@@ -798,11 +850,17 @@ func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
 	})
 	if err != nil {
 		count(OutcomeReleased)
-		return nil, claim.Finish(nil, err)
+		err = claim.Finish(nil, err)
+		// The store counts no attempts: the copies do (MetadataAttempts).
+		if n := attemptsOf(m.msg) + 1; claimed && !errors.Is(err, inbox.ErrPermanent) && m.ib.cfg.Redelivery != nil {
+			if d := m.ib.cfg.Backoff(n); m.redeliverable(d) && m.redeliver(d, n, err) == nil {
+				return nil, nil // rolled back; the broker holds a copy until the backoff ends
+			}
+		}
+		return nil, err
 	}
-	start := time.Now()
-	err = claim.Finish(out, nil)
-	m.ib.m.StoreCall(OpComplete, time.Since(start), err)
+	// The commit, timed and traced as a store call; Finish takes no context.
+	err = m.call(m.msg.Context(), OpComplete, m.ib.cfg.StoreTimeout, func(context.Context) error { return claim.Finish(out, nil) })
 	switch {
 	case err == nil:
 		count(OutcomeProcessed)

@@ -12,9 +12,16 @@ import (
 // runs in, so that the key's mark commits with the handler's own writes or
 // not at all: the SQL transactional mode of package
 // github.com/watermill-inbox/inbox/stores/sql/txinbox. There is no lease:
-// a concurrent delivery of the key waits on the uncommitted claim, so
-// Config.Lease, HeartbeatInterval and StoreTimeout do not apply, and
-// FailOpen, PayloadHash and MaxAttempts are refused.
+// a concurrent delivery of the key waits on the uncommitted claim, for at
+// most the store's lock timeout, so Config.Lease and HeartbeatInterval do
+// not apply. Nor does StoreTimeout: BeginTx runs under the message's
+// context, as its transaction lives on in the handler, and the commit
+// (TxClaim.Finish) takes no context. MaxBusyWait does not bound the wait on
+// a concurrent claim (the lock timeout does); it bounds the retries of a
+// BeginTx that fails (the database down): they are paced as a LeaseStore's
+// claims are, for at most MaxBusyWait, then the message is nacked with
+// [inbox.ErrStoreUnavailable]. FailOpen, PayloadHash and MaxAttempts are
+// refused.
 type TxStore interface {
 	inbox.Store
 

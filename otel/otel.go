@@ -5,9 +5,11 @@
 //	ib, err := inboxmw.New(inboxmw.Config{..., Tracer: inboxotel.New(otel.GetTracerProvider())})
 //
 // Each message gets a span inbox.claim, from the start of the middleware to
-// the claim's outcome, and one span per store call after the handler
-// (inbox.complete, inbox.release, inbox.fail, inbox.mark_processed), all
-// children of the span in the message's context (the handler's, when a
+// the claim's outcome, and one span per store call, named by its op:
+// inbox.try_begin (each retry of a failing claim its own; a TxStore's
+// BeginTx), inbox.is_processed, inbox.extend (each heartbeat),
+// inbox.complete (a TxStore's commit too), inbox.release, inbox.fail and
+// inbox.mark_processed, all children of the span in the message's context (the handler's, when a
 // tracing middleware of Watermill's runs outside the inbox). Each carries
 // inbox.key, the key's scope (inbox.bus, inbox.group, inbox.alias) and
 // inbox.attempt; the claim's carries inbox.outcome (acquired, duplicate,

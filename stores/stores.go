@@ -367,9 +367,51 @@ func RejectUnknown(scheme string, q url.Values, known ...string) error {
 		ErrInvalidURL, strings.Join(names, ", "), scheme, strings.Join(known, ", "))
 }
 
+// secretWords are the words that mark a URL parameter as secret-bearing:
+// a parameter whose lower-cased name contains one of them is masked
+// (password, sslpassword, tlsCertificateKeyFilePassword, token, api_key,
+// client_secret, ...).
+var secretWords = []string{"token", "password", "secret", "key", "credential"}
+
+// secretNames holds the lower-cased names of the parameters that drivers
+// registered with [RegisterSecretParams]: parameters whose names say nothing
+// of their secret, such as MongoDB's authMechanismProperties, which holds
+// AWS_SESSION_TOKEN:<token>.
+var secretNames sync.Map // string -> struct{}
+
+// RegisterSecretParams records names as URL parameters that carry secrets,
+// matched without regard to case, for every URL: [Redact] masks their
+// values, [Scrub] removes them from messages. Drivers call it from init for
+// each secret-bearing parameter of their URLs, whatever its name (a name
+// holding token, password, secret, key or credential is secret already, but
+// registering it says that the driver knows it is). It is safe for
+// concurrent use.
+func RegisterSecretParams(names ...string) {
+	for _, n := range names {
+		secretNames.Store(strings.ToLower(n), struct{}{})
+	}
+}
+
+// SecretParam reports whether the URL parameter name carries a secret: its
+// lower-cased name holds token, password, secret, key or credential, or a
+// driver registered it ([RegisterSecretParams]). It is the one list that
+// [Redact] and [Scrub] use.
+func SecretParam(name string) bool {
+	ln := strings.ToLower(name)
+	if _, ok := secretNames.Load(ln); ok {
+		return true
+	}
+	for _, w := range secretWords {
+		if strings.Contains(ln, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // Redact returns u as a string with any password replaced by "xxxxx" and the
-// values of query parameters that carry secrets (token, password, secret,
-// key) masked, for logs and error messages.
+// values of query parameters that carry secrets ([SecretParam]) masked, for
+// logs and error messages. A query that does not parse is masked whole.
 func Redact(u *url.URL) string {
 	c := *u
 	if c.User != nil {
@@ -380,11 +422,8 @@ func Redact(u *url.URL) string {
 	if c.RawQuery != "" {
 		if q, err := url.ParseQuery(c.RawQuery); err == nil {
 			for n := range q {
-				ln := strings.ToLower(n)
-				for _, s := range []string{"token", "password", "secret", "key"} {
-					if strings.Contains(ln, s) {
-						q[n] = []string{"xxxxx"}
-					}
+				if SecretParam(n) {
+					q[n] = []string{"xxxxx"}
 				}
 			}
 			c.RawQuery = q.Encode()
@@ -399,6 +438,39 @@ func Redact(u *url.URL) string {
 		s = c.Scheme + "://" + strings.TrimPrefix(s, c.Scheme+":")
 	}
 	return s
+}
+
+// Scrub returns msg (a driver's error text, which may quote parts of the
+// URL) with u's password and the values of its secret-bearing query
+// parameters ([SecretParam]) replaced by "xxxxx", in the forms a driver may
+// quote them: as written, query-escaped and path-escaped.
+func Scrub(msg string, u *url.URL) string {
+	var secrets []string
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			secrets = append(secrets, pw)
+		}
+	}
+	if q, err := url.ParseQuery(u.RawQuery); err == nil {
+		for n, vs := range q {
+			if SecretParam(n) {
+				secrets = append(secrets, vs...)
+			}
+		}
+	} else if u.RawQuery != "" {
+		secrets = append(secrets, u.RawQuery)
+	}
+	// Longest first, so that a secret holding another is masked whole.
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		for _, form := range []string{s, url.QueryEscape(s), url.PathEscape(s)} {
+			msg = strings.ReplaceAll(msg, form, "xxxxx")
+		}
+	}
+	return msg
 }
 
 var defaultMux URLMux

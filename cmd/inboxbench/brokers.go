@@ -15,16 +15,43 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	inboxamqp "github.com/watermill-inbox/inbox/amqp"
+	inboxkafka "github.com/watermill-inbox/inbox/kafka"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
 )
 
 // A broker makes, for each trial, a new queue or topic holding n messages
 // and the subscribers that will consume it.
 type broker interface {
 	name() string
-	// prepare publishes n messages to a new queue or topic for consumers
-	// concurrent consumers, and waits until the broker holds them all.
-	prepare(ctx context.Context, n, consumers int) (*trialSetup, error)
+	// prepare publishes spec's messages to a new queue or topic for
+	// spec.consumers concurrent consumers, and waits until the broker holds
+	// them all.
+	prepare(ctx context.Context, spec trialSpec) (*trialSetup, error)
 	close() error
+}
+
+// trialSpec is what one trial's queue or topic holds, and how it is
+// consumed.
+type trialSpec struct {
+	n, consumers int
+	// msgs makes the messages for topic; nil: benchMessages(topic, n).
+	msgs func(topic string) []*message.Message
+	// redelivery sets up the broker's redelivery of failed attempts for the
+	// trial (RabbitMQ: inboxamqp.Delays and its delay queues; Kafka:
+	// inboxkafka.Retry, its retry topics, and its subscriber around the
+	// consumer group's) in trialSetup.redelivery. failures (implied by
+	// redelivery) makes RabbitMQ's consumers read with inboxamqp.Marshaler,
+	// which a delay queue's dead-lettered copies need.
+	redelivery, failures bool
+}
+
+func (s trialSpec) messages(topic string) []*message.Message {
+	if s.msgs != nil {
+		return s.msgs(topic)
+	}
+	return benchMessages(topic, s.n)
 }
 
 type trialSetup struct {
@@ -35,6 +62,9 @@ type trialSetup struct {
 	// with a partition per consumer.
 	subs    []message.Subscriber
 	cleanup func()
+	// redelivery is the broker's Redeliverer when trialSpec.redelivery
+	// asked for one (closed and its queues or topics deleted by cleanup).
+	redelivery inboxmw.Redeliverer
 }
 
 var trialSeq atomic.Int64
@@ -72,19 +102,31 @@ func newRabbit(url, run string) (*rabbit, error) {
 func (r *rabbit) name() string { return "rabbitmq" }
 func (r *rabbit) close() error { return r.conn.Close() }
 
-func (r *rabbit) prepare(ctx context.Context, n, consumers int) (*trialSetup, error) {
+func (r *rabbit) prepare(ctx context.Context, spec trialSpec) (*trialSetup, error) {
 	queue := newName(r.run)
 	cfg := amqp.NewDurableQueueConfig(r.url)
+	if spec.failures || spec.redelivery {
+		cfg.Marshaler = inboxamqp.Marshaler{}
+	}
 	logger := watermill.NopLogger{}
 	sub, err := amqp.NewSubscriber(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	ts := &trialSetup{topic: queue, group: queue}
+	var delays *inboxamqp.Delays
 	ts.cleanup = func() {
 		_ = sub.Close()
+		if delays != nil {
+			_ = delays.Close()
+		}
 		if ch, err := r.conn.Channel(); err == nil {
 			_, _ = ch.QueueDelete(queue, false, false, false)
+			if spec.redelivery {
+				for _, d := range inboxamqp.DefaultDelays {
+					_, _ = ch.QueueDelete(inboxamqp.DelayQueueName(queue, d), false, false, false)
+				}
+			}
 			_ = ch.Close()
 		}
 	}
@@ -99,7 +141,9 @@ func (r *rabbit) prepare(ctx context.Context, n, consumers int) (*trialSetup, er
 	if err != nil {
 		return fail(err)
 	}
-	err = pub.Publish(queue, benchMessages(queue, n)...)
+	msgs := spec.messages(queue)
+	n := len(msgs)
+	err = pub.Publish(queue, msgs...)
 	err = errors.Join(err, pub.Close())
 	if err != nil {
 		return fail(fmt.Errorf("publishing to %s: %w", queue, err))
@@ -128,7 +172,13 @@ func (r *rabbit) prepare(ctx context.Context, n, consumers int) (*trialSetup, er
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	for range consumers {
+	if spec.redelivery {
+		if delays, err = inboxamqp.NewDelays(ctx, inboxamqp.DelaysConfig{URI: r.url, Queues: []string{queue}}); err != nil {
+			return fail(fmt.Errorf("delay queues of %s: %w", queue, err))
+		}
+		ts.redelivery = delays
+	}
+	for range spec.consumers {
 		ts.subs = append(ts.subs, sub) // each Subscribe opens a channel of its own
 	}
 	return ts, nil
@@ -193,16 +243,24 @@ func (k *kafkaBroker) close() error {
 // prepare makes a topic with a partition per consumer, spreads n messages
 // over them round robin, and returns one consumer-group subscriber: it runs
 // a consumer per partition, each handling one message at a time.
-func (k *kafkaBroker) prepare(ctx context.Context, n, consumers int) (*trialSetup, error) {
+func (k *kafkaBroker) prepare(ctx context.Context, spec trialSpec) (*trialSetup, error) {
+	consumers := spec.consumers
 	topic := newName(k.run)
 	if err := k.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: int32(consumers), ReplicationFactor: 1}, false); err != nil {
 		return nil, fmt.Errorf("creating topic %s: %w", topic, err)
 	}
 	ts := &trialSetup{topic: topic, group: topic + "-group"}
 	var sub message.Subscriber
+	var retry *inboxkafka.Retry
 	ts.cleanup = func() {
 		if sub != nil {
 			_ = sub.Close()
+		}
+		if retry != nil {
+			_ = retry.Close()
+			for _, t := range retry.RetryTopics(topic) {
+				_ = k.admin.DeleteTopic(t)
+			}
 		}
 		// kfake deletes a group's state from the group's goroutine while
 		// DeleteTopics reads it from another (a data race the race
@@ -210,6 +268,9 @@ func (k *kafkaBroker) prepare(ctx context.Context, n, consumers int) (*trialSetu
 		// cluster at the end of the run.
 		if k.cluster == nil {
 			_ = k.admin.DeleteConsumerGroup(ts.group)
+			if retry != nil {
+				_ = k.admin.DeleteConsumerGroup(ts.group + inboxkafka.RetryConsumerGroupSuffix)
+			}
 		}
 		_ = k.admin.DeleteTopic(topic)
 	}
@@ -217,7 +278,7 @@ func (k *kafkaBroker) prepare(ctx context.Context, n, consumers int) (*trialSetu
 		ts.cleanup()
 		return nil, err
 	}
-	msgs := benchMessages(topic, n)
+	msgs := spec.messages(topic)
 	batch := make([]*sarama.ProducerMessage, 0, 1000)
 	for i, m := range msgs {
 		pm, err := kafka.DefaultMarshaler{}.Marshal(topic, m)
@@ -246,6 +307,15 @@ func (k *kafkaBroker) prepare(ctx context.Context, n, consumers int) (*trialSetu
 		return fail(err)
 	}
 	sub = s
-	ts.subs = []message.Subscriber{s}
+	if spec.redelivery {
+		rc := sarama.NewConfig()
+		rc.Version = kafkaVersion
+		retry, err = inboxkafka.NewRetry(ctx, inboxkafka.RetryConfig{Brokers: k.brokers, ConsumerGroup: ts.group, Topics: []string{topic}, SaramaConfig: rc})
+		if err != nil {
+			return fail(fmt.Errorf("retry topics of %s: %w", topic, err))
+		}
+		sub, ts.redelivery = retry.Subscriber(s), retry
+	}
+	ts.subs = []message.Subscriber{sub}
 	return ts, nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/stores"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/remote"
@@ -29,22 +31,32 @@ import (
 // Redis forgets what a crashed run left behind.
 const retention = 15 * time.Minute
 
-// env holds the stores every router trial shares: one Redis client, the
-// floor, one PostgreSQL pool and table, one MariaDB pool and table, one
-// SQLite file, one inboxd in front of Redis.
-// Each trial gets a queue or topic of its own, and so a consumer group and
-// inbox keys of its own. close removes what the run created.
+// env holds the stores the router trials at one store distance share: one
+// Redis client, the floors, one PostgreSQL pool and table (and the floor's
+// table), one MariaDB pool and table, one SQLite file, one inboxd in front
+// of Redis. Each trial gets a queue or topic of its own, and so a consumer
+// group and inbox keys of its own. close removes what the env created.
+//
+// With a store round-trip time (-store-rtt), every connection to Redis,
+// PostgreSQL and MariaDB goes through a proxy of the env's own
+// (internal/faultproxy) that holds the server's replies for rtt.
 type env struct {
-	run string // unique per run, in key prefixes and table names
+	run string // unique per env, in key prefixes and table names
+	rtt time.Duration
+	// proxies, one per service reached, when rtt > 0.
+	proxies []*faultproxy.Proxy
 
 	redis      *redis.Client
 	redisStore *redisstore.Store
 	dedupRepo  *redisstore.ExpiringKeyRepository
-	floor      *floor
+	floor      *floor // floor-redis: a claim, no mark
+	floor2     *floor // floor2-redis: a claim and a mark
 
-	pg      *sql.DB
-	pgStore *sqlstore.Store
-	pgTable string
+	pg         *sql.DB
+	pgStore    *sqlstore.Store
+	pgTable    string
+	pgFloor2   *floor // floor2-postgres, on pgFloorTable
+	pgFloorTab string
 
 	my      *sql.DB
 	myStore *sqlstore.Store
@@ -82,18 +94,67 @@ func openRedis(ctx context.Context, base string, params map[string]string) (*red
 
 func (e *env) prefix() string { return "inboxbench:" + e.run + ":" }
 
-// newEnv connects what the variants need; a variant whose service is missing
-// fails the run (the harness has no skip: a missing row would make the tables
-// lie by omission).
-func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err error) {
-	e = &env{run: o.runID}
+// via returns the address to dial for the server at addr ("host:port"):
+// addr itself without a round-trip time, else the address of a new proxy
+// to it that holds the server's replies for e.rtt.
+func (e *env) via(addr string) (string, error) {
+	if e.rtt <= 0 {
+		return addr, nil
+	}
+	p, err := faultproxy.Start(addr)
+	if err != nil {
+		return "", err
+	}
+	p.DelayReplies(e.rtt)
+	e.proxies = append(e.proxies, p)
+	return p.Addr(), nil
+}
+
+// viaURL is raw, a URL of a server, with its host:port replaced by via's.
+func (e *env) viaURL(flag, raw string) (string, error) {
+	if e.rtt <= 0 {
+		return raw, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url's errors quote the URL, and so its password.
+		return "", fmt.Errorf("-%s: -store-rtt needs a URL with a host and a port; this one does not parse", flag)
+	}
+	if u.Host == "" || u.Port() == "" {
+		return "", fmt.Errorf("-%s: -store-rtt needs a URL with a host and a port, got %q", flag, stores.Redact(u))
+	}
+	if u.Host, err = e.via(u.Host); err != nil {
+		return "", err
+	}
+	return u.String(), nil
+}
+
+// envName is the suffix of the run id of the env at rtt: none at 0, so
+// that a run at loopback names its keys and tables as before.
+func envName(runID string, rtt time.Duration) string {
+	if rtt <= 0 {
+		return runID
+	}
+	return runID + "_rtt" + strconv.FormatInt(rtt.Microseconds(), 10)
+}
+
+// newEnv connects what the variants need, through proxies at round-trip
+// time rtt when it is positive; a variant whose service is missing fails
+// the run (the harness has no skip: a missing row would make the tables lie
+// by omission).
+func newEnv(ctx context.Context, o options, need map[string]bool, rtt time.Duration) (e *env, err error) {
+	e = &env{run: envName(o.runID, rtt), rtt: rtt}
 	defer func() {
 		if err != nil {
 			_ = e.close(context.Background())
 		}
 	}()
 	if need["redis"] || need["remote"] { // the remote store is served over Redis
-		ro, err := redis.ParseURL(o.redisURL)
+		redisURL, err := e.viaURL("redis", o.redisURL)
+		if err != nil {
+			return e, err
+		}
+		ro, err := redis.ParseURL(redisURL)
 		if err != nil {
 			return e, fmt.Errorf("redis URL: %w", err)
 		}
@@ -106,7 +167,7 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		// them, so they get the client settings of a URL-opened store (see
 		// "Clients made from a URL" in stores/redis); the Deduplicator's
 		// repository uses e.redis, a go-redis client with its defaults.
-		e.redisStore, err = openRedis(ctx, o.redisURL, map[string]string{"prefix": e.prefix() + "inbox:"})
+		e.redisStore, err = openRedis(ctx, redisURL, map[string]string{"prefix": e.prefix() + "inbox:"})
 		if err != nil {
 			return e, err
 		}
@@ -114,7 +175,8 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		if err != nil {
 			return e, err
 		}
-		e.floor = newFloor(e.redis, e.prefix()+"floor:", inbox.DefaultLease)
+		e.floor = redisFloor("floor-redis", false, e.redis, e.prefix()+"floor:", inbox.DefaultLease, retention)
+		e.floor2 = redisFloor("floor2-redis", true, e.redis, e.prefix()+"floor2:", inbox.DefaultLease, retention)
 	}
 	if need["remote"] {
 		e.remoteBacking, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "remote:", Retention: retention})
@@ -137,7 +199,11 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 		}
 	}
 	if need["postgres"] {
-		e.pg, err = sql.Open("pgx", o.postgresURL)
+		pgURL, err := e.viaURL("postgres", o.postgresURL)
+		if err != nil {
+			return e, err
+		}
+		e.pg, err = sql.Open("pgx", pgURL)
 		if err != nil {
 			return e, err
 		}
@@ -148,10 +214,21 @@ func newEnv(ctx context.Context, o options, need map[string]bool) (e *env, err e
 			e.pgTable = ""
 			return e, fmt.Errorf("postgres: %w", err)
 		}
+		// The floor's table has the store's columns and indexes, and rows
+		// of its own.
+		tab := e.pgTable + "_floor2"
+		if _, err := e.pg.ExecContext(ctx, "CREATE TABLE "+tab+" (LIKE "+e.pgTable+" INCLUDING ALL)"); err != nil {
+			return e, fmt.Errorf("postgres: the floor's table: %w", err)
+		}
+		e.pgFloorTab = tab
+		e.pgFloor2 = postgresFloor("floor2-postgres", e.pg, tab, inbox.DefaultLease, retention)
 	}
 	if need["mariadb"] {
 		cfg, err := mysqlConfig(o.mysqlURL)
 		if err != nil {
+			return e, err
+		}
+		if cfg.Addr, err = e.via(cfg.Addr); err != nil {
 			return e, err
 		}
 		conn, err := mysql.NewConnector(cfg)
@@ -232,9 +309,11 @@ func (e *env) close(ctx context.Context) error {
 		if e.pgStore != nil {
 			errs = append(errs, e.pgStore.Close())
 		}
-		if e.pgTable != "" {
-			_, err := e.pg.ExecContext(ctx, "DROP TABLE IF EXISTS "+e.pgTable)
-			errs = append(errs, err)
+		for _, tab := range []string{e.pgTable, e.pgFloorTab} {
+			if tab != "" {
+				_, err := e.pg.ExecContext(ctx, "DROP TABLE IF EXISTS "+tab)
+				errs = append(errs, err)
+			}
 		}
 		errs = append(errs, e.pg.Close())
 	}
@@ -256,6 +335,9 @@ func (e *env) close(ctx context.Context) error {
 	}
 	if e.liteDir != "" {
 		errs = append(errs, os.RemoveAll(e.liteDir))
+	}
+	for _, p := range e.proxies {
+		p.Close()
 	}
 	return errors.Join(errs...)
 }

@@ -4,27 +4,45 @@
 //  1. router throughput on RabbitMQ and on Kafka (in-process kfake) with no
 //     middleware, with Watermill's Deduplicator (in memory and over Redis)
 //     and with the inbox on memory, Redis, PostgreSQL, MariaDB, SQLite and
-//     the remote store over Redis, and with floor-redis (a bare SET NX PX
-//     claim per message through the stores' group commit, nothing after the
-//     handler: the least any claim on Redis can cost), each as a ratio to
-//     the no-middleware baseline of the same repetition; for the variants
-//     that use Redis, the Redis server's CPU time per message (INFO cpu
-//     before and after each trial); for the variants whose store batches,
-//     the mean calls per round trip (the store's BatchStats before and
-//     after each trial);
+//     the remote store over Redis, and with the floors, through the stores'
+//     group commit: floor-redis (a bare SET NX PX claim per message, nothing
+//     after the handler: the least any claim on Redis can cost) and
+//     floor2-redis and floor2-postgres (a bare claim before the handler and
+//     a bare mark after the ack: the least any inbox can cost), each as a
+//     ratio to the no-middleware baseline of the same repetition; for the
+//     variants that use Redis, the Redis server's CPU time per message (INFO
+//     cpu before and after each trial); for the variants whose store
+//     batches, the mean calls per round trip (the store's BatchStats before
+//     and after each trial);
 //  2. scaling of the same with 4 and 16 concurrent consumers;
-//  3. the middleware's own cost per message on the memory store (CPU time and
+//
+// both at each store round-trip time of -store-rtt: at 0 the stores are
+// on loopback; above, every connection to Redis, PostgreSQL and MariaDB
+// goes through a proxy in this process that holds the servers' replies for
+// that time (internal/faultproxy), for the variants that reach such a
+// store;
+//
+//  3. failures (issue 21): the inbox on Redis with the broker holding failed
+//     attempts' backoffs (Config.Redelivery: RabbitMQ delay queues with 4
+//     consumers, Kafka retry topics with 16 partitions), with handlers that
+//     never fail, fail 10% of their attempts, and do so with a poison key
+//     per consumer (MaxAttempts 3); and the same failures waited out in the
+//     consumer (no Redelivery), at a size of its own: keys processed per
+//     second until 90% and until all were, the waits against their backoff,
+//     the dead keys' attempts, the hand-offs and store calls per failed
+//     attempt;
+//  4. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
-//  4. store round trips, TryBegin+Complete against the raw client running the
+//  5. store round trips, TryBegin+Complete against the raw client running the
 //     same scripts or statements and against the least equivalent raw work,
 //     by running the stores' interleaved Go benchmarks.
 //
 // Each repetition runs every variant once, in an order rotated from one
 // repetition to the next; ratios are taken within a repetition, then the
 // median over repetitions is reported. The load average is printed at the
-// start and the end. The report ends with the targets table of issue 14 (and
-// the guards of issue 13), which -benchmarks-md also writes into
-// BENCHMARKS.md, between markers, with the machine and the command.
+// start and the end. The report ends with the targets table of issues 14,
+// 21 and 24 (and the guards of issue 13), which -benchmarks-md also writes
+// into BENCHMARKS.md, between markers, with the machine and the command.
 //
 //	go run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md
 //
@@ -42,6 +60,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +83,15 @@ type options struct {
 	variants      []string
 	scaleVariants []string
 	trialTimeout  time.Duration
+	storeRTTs     []time.Duration // one router section each; 0 is loopback
+
+	failuresN               int
+	failuresKafkaN          int
+	failuresInProcessN      int
+	failuresKafkaInProcessN int
+	failuresVariants        []string
+	failuresReps            int
+	failuresBackoff         time.Duration
 
 	microN        int
 	microVariants []string
@@ -107,7 +135,7 @@ func splitList(s string) []string {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
-	sections := fs.String("sections", "micro,router,roundtrip", "sections to run: micro, router (with scaling), roundtrip")
+	sections := fs.String("sections", "micro,router,failures,roundtrip", "sections to run: micro, router (with scaling), failures, roundtrip")
 	fs.IntVar(&o.reps, "reps", 7, "repetitions; medians are taken over them")
 	fs.IntVar(&o.n, "n", 2000, "messages per RabbitMQ trial with one consumer")
 	fs.IntVar(&o.scaleN, "scale-n", 4000, "messages per RabbitMQ trial with more than one consumer")
@@ -115,9 +143,17 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.kafkaScaleN, "kafka-scale-n", 10000, "messages per Kafka trial with more than one consumer")
 	consumers := fs.String("consumers", "1,4,16", "concurrent consumers of the scaling table (1 is the main table)")
 	brokers := fs.String("brokers", "rabbitmq,kafka", "brokers: rabbitmq, kafka")
-	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,inbox-memory,inbox-redis,inbox-postgres,inbox-mariadb,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
-	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,inbox-redis,inbox-postgres,inbox-mariadb,inbox-sqlite", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
-	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial")
+	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,floor2-redis,inbox-memory,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
+	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,floor2-redis,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
+	storeRTTs := fs.String("store-rtt", "0,"+targetRTT.String(), "store round-trip times, one router section each: above 0, every connection to Redis, PostgreSQL and MariaDB goes through a proxy in this process that holds the servers' replies that long (internal/faultproxy), and only the variants that reach such a store run, with none")
+	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial (a failures trial gets at least 5 min: its backoffs' tail)")
+	fs.IntVar(&o.failuresN, "failures-n", 3000, "failures section: keys per RabbitMQ trial (4 consumers), poison keys besides")
+	fs.IntVar(&o.failuresKafkaN, "failures-kafka-n", 10000, "failures section: keys per Kafka trial (16 partitions), poison keys besides")
+	fs.IntVar(&o.failuresInProcessN, "failures-inprocess-n", 300, "failures section: keys per RabbitMQ trial of the in-process wait and its baseline (its failed keys stall their consumer for their backoff)")
+	fs.IntVar(&o.failuresKafkaInProcessN, "failures-kafka-inprocess-n", 800, "failures section: keys per Kafka trial of the in-process wait and its baseline")
+	failuresVariants := fs.String("failures-variants", failureVariantNames(), "failures section: variants (the baseline "+failuresBaseline+" always runs; known: "+failureVariantNames()+")")
+	fs.IntVar(&o.failuresReps, "failures-reps", 0, "failures section: repetitions; 0: -reps, at most 3 (its trials with failures take 10 s to a minute each, most of it the backoff's tail)")
+	fs.DurationVar(&o.failuresBackoff, "failures-backoff", time.Second, "failures section: base of the inbox's backoff, full jitter up to base × 2^attempt, at most 1 min (1s: inboxmw.DefaultBackoff)")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
 	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")
@@ -144,7 +180,24 @@ func parseFlags(args []string) (options, error) {
 	o.scaleVariants = splitList(*scaleVariants)
 	o.rtPackages = splitList(*rtPackages)
 	o.microVariants = splitList(*microVariants)
+	o.failuresVariants = splitList(*failuresVariants)
+	if _, err := pickFailures(o.failuresVariants); err != nil {
+		return o, fmt.Errorf("-failures-variants: %w", err)
+	}
 	o.kafkaBrokers = splitList(*kafkaBrokers)
+	for _, r := range splitList(*storeRTTs) {
+		d, err := time.ParseDuration(r)
+		if err != nil || d < 0 {
+			return o, fmt.Errorf("-store-rtt: %q is not a duration of 0 or more (250us, 1ms)", r)
+		}
+		if slices.Contains(o.storeRTTs, d) {
+			return o, fmt.Errorf("-store-rtt: %s is given twice", d)
+		}
+		o.storeRTTs = append(o.storeRTTs, d)
+	}
+	if len(o.storeRTTs) == 0 {
+		return o, fmt.Errorf("-store-rtt: give at least one duration (0: loopback)")
+	}
 	for _, c := range splitList(*consumers) {
 		k, err := strconv.Atoi(c)
 		if err != nil || k < 1 {
@@ -154,6 +207,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.reps < 1 || o.n < 1 || o.scaleN < 1 || o.kafkaN < 1 || o.kafkaScaleN < 1 || o.microN < 1 || o.rtScale <= 0 {
 		return o, fmt.Errorf("-reps, -n, -scale-n, -kafka-n, -kafka-scale-n, -micro-n and -roundtrip-scale must be positive")
+	}
+	if o.failuresReps == 0 {
+		o.failuresReps = min(o.reps, 3)
+	}
+	if o.failuresReps < 1 || o.failuresN < 1 || o.failuresKafkaN < 1 || o.failuresInProcessN < 1 || o.failuresKafkaInProcessN < 1 || o.failuresBackoff <= 0 {
+		return o, fmt.Errorf("-failures-reps, -failures-n, -failures-kafka-n, -failures-inprocess-n, -failures-kafka-inprocess-n and -failures-backoff must be positive")
 	}
 	if len(o.variants) == 0 || o.variants[0] != baseline {
 		return o, fmt.Errorf("-variants must start with the baseline %q", baseline)
@@ -234,6 +293,13 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 			return fmt.Errorf("router: %w", err)
 		}
 		rep.router = r
+	}
+	if o.has("failures") {
+		r, err := runFailures(ctx, o, logf)
+		if err != nil {
+			return fmt.Errorf("failures: %w", err)
+		}
+		rep.failures = r
 	}
 	if o.has("roundtrip") {
 		r, err := runRoundTrips(ctx, o, logf)

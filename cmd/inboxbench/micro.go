@@ -37,7 +37,7 @@ func runMicro(ctx context.Context, o options, logf func(string, ...any)) (*micro
 	}
 	needs := map[string]bool{}
 	needsOf(needs, vs)
-	e, err := newEnv(ctx, o, needs)
+	e, err := newEnv(ctx, o, needs, 0)
 	if err != nil {
 		return nil, err
 	}

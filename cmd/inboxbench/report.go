@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ type report struct {
 
 	micro     *microResults
 	router    *routerResults
+	failures  *failuresResults
 	roundtrip *rtResults
 }
 
@@ -81,7 +83,7 @@ func describeMachine(ctx context.Context, o options) []string {
 		}
 	}
 	var services []string
-	if o.has("router") || o.has("roundtrip") {
+	if o.has("router") || o.has("failures") || o.has("roundtrip") {
 		if ro, err := redis.ParseURL(o.redisURL); err == nil {
 			c := redis.NewClient(ro)
 			if info, err := c.InfoMap(ctx, "server").Result(); err == nil {
@@ -114,7 +116,7 @@ func describeMachine(ctx context.Context, o options) []string {
 			_ = db.Close()
 		}
 	}
-	if o.has("router") {
+	if o.has("router") || o.has("failures") {
 		if c, err := amqp091.Dial(o.amqpURL); err == nil {
 			if v, ok := c.Properties["version"].(string); ok {
 				services = append(services, "RabbitMQ "+v)
@@ -145,6 +147,9 @@ func (r *report) markdown() string {
 	if r.router != nil {
 		r.router.markdown(&b)
 	}
+	if r.failures != nil {
+		r.failures.markdown(&b)
+	}
 	if r.micro != nil {
 		r.micro.markdown(&b)
 	}
@@ -163,17 +168,50 @@ func rangeOf(xs []float64, format string) string {
 	return fmt.Sprintf("["+format+", "+format+"]", lo, hi)
 }
 
+// distance is how the headings name the store round-trip time rtt: nothing
+// for loopback.
+func distance(rtt time.Duration) string {
+	if rtt <= 0 {
+		return ""
+	}
+	return ", store " + rtt.String() + " away"
+}
+
 func (r *routerResults) markdown(b *strings.Builder) {
+	for i, rtt := range r.rtts {
+		r.markdownAt(b, rtt, i == 0)
+	}
+}
+
+// markdownAt writes the tables of the groups at store round-trip time rtt;
+// the first tables written say what their columns are.
+func (r *routerResults) markdownAt(b *strings.Builder, rtt time.Duration, first bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	p("## Router throughput, one consumer\n\n")
-	p("Messages per second from the first delivery to the last ack, a no-op handler, distinct message ids. ")
-	p("RabbitMQ: watermill-amqp's durable-queue defaults (persistent messages, prefetch 1). Kafka: watermill-kafka, one consumer-group member on a one-partition topic. ")
-	p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL). ")
-	p("Redis CPU, for the variants that use Redis, is the Redis server's CPU time (`INFO cpu`: used_cpu_sys + used_cpu_user) from just before the router starts to after the middleware has drained, divided by the messages of the trial: the whole server's, so other clients of a shared Redis and its own background work count too. ")
-	p("Calls per round trip, for the variants whose store batches, is the mean number of store calls that one round trip carried (`BatchStats` of the store before and after the trial, drain included: calls over round trips); for the remote store, the round trips of inboxd's Redis store, as the remote client sends one HTTP request per call. ")
-	p("floor-redis claims each message with a bare `SET key 1 NX PX <lease>`, sent through the stores' group commit with the Redis store's bounds (one pipeline per batch), and writes nothing after the handler: the least any claim on Redis can cost.\n\n")
+	p("## Router throughput, one consumer%s\n\n", distance(rtt))
+	if first {
+		p("Messages per second from the first delivery to the last ack, a no-op handler, distinct message ids. ")
+		p("RabbitMQ: watermill-amqp's durable-queue defaults (persistent messages, prefetch 1). Kafka: watermill-kafka, one consumer-group member on a one-partition topic. ")
+		p("CPU is this process's CPU time per message over the same window (consumer and middleware, and for kfake the broker too; not RabbitMQ, Redis or PostgreSQL). ")
+		p("Redis CPU, for the variants that use Redis, is the Redis server's CPU time (`INFO cpu`: used_cpu_sys + used_cpu_user) from just before the router starts to after the middleware has drained, divided by the messages of the trial: the whole server's, so other clients of a shared Redis and its own background work count too. ")
+		p("Calls per round trip, for the variants whose store batches, is the mean number of store calls that one round trip carried (`BatchStats` of the store before and after the trial, drain included: calls over round trips); for the remote store, the round trips of inboxd's Redis store, as the remote client sends one HTTP request per call. ")
+		p("floor-redis claims each message with a bare `SET key 1 NX PX <lease>`, sent through the stores' group commit with the Redis store's bounds (one pipeline per batch), and writes nothing after the handler: the least any claim on Redis can cost. ")
+		p("floor2-redis also marks each message after the ack, with a bare `SET key 2 PX <retention>` through the same group commit, and floor2-postgres does both on PostgreSQL (an `INSERT ... ON CONFLICT DO NOTHING` of a leased row, an `UPDATE` of it after the ack, on a table with the store's columns; a batch is one statement, with the SQL store's bounds): the least any inbox, which must claim before the handler and mark after it, can cost.\n\n")
+	} else {
+		p("The columns are those of the first tables of this report.\n\n")
+	}
+	if rtt > 0 {
+		p("Every connection of this process to Redis, PostgreSQL and MariaDB (the stores', the Deduplicator's, the floors', and inboxd's Redis for the remote store; not inboxd's HTTP) went through a proxy in this process that holds the server's replies for %s (internal/faultproxy's `DelayReplies`), so that each round trip takes that much longer, as across a network: the store is %s away. ", rtt, rtt)
+		p("Only the variants that reach such a store ran, with none as the baseline. The proxy's own work (two more socket reads and writes per round trip, and the wake-ups of its goroutines) counts in this process's CPU per message.\n\n")
+	}
+	if probes := r.probes[rtt]; len(probes) > 0 {
+		p("Round trips measured before the first trial (one at a time; median [10th, 90th percentile]):")
+		for i, pr := range probes {
+			p("%s %s %.0f µs [%.0f, %.0f]", map[bool]string{true: "", false: ";"}[i == 0], pr.what, pr.median, pr.lo, pr.hi)
+		}
+		p(".\n\n")
+	}
 	for gi, g := range r.groups {
-		if g.consumers != 1 {
+		if g.consumers != 1 || g.rtt != rtt {
 			continue
 		}
 		p("### %s (%d messages per trial)\n\n", g.broker, g.n)
@@ -187,28 +225,35 @@ func (r *routerResults) markdown(b *strings.Builder) {
 	}
 	var scaling []int
 	for _, g := range r.groups {
-		if g.consumers != 1 {
+		if g.consumers != 1 && g.rtt == rtt {
 			scaling = append(scaling, g.consumers)
 		}
 	}
 	if len(scaling) == 0 {
 		return
 	}
-	p("## Scaling with concurrent consumers\n\n")
-	p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency); then, for the variants that use Redis, the Redis server's CPU µs per message at each concurrency (the whole server's, as above); then, for the variants whose store batches, the mean calls per round trip at each concurrency (as above).\n\n")
+	p("## Scaling with concurrent consumers%s\n\n", distance(rtt))
+	if first {
+		p("RabbitMQ: that many competing consumers (router handlers, each its own channel with prefetch 1) on one queue. Kafka: one consumer-group member on a topic with that many partitions (watermill-kafka handles the partitions concurrently, one message at a time each). Cells: msg/s (ratio to none at the same concurrency); then, for the variants that use Redis, the Redis server's CPU µs per message at each concurrency (the whole server's, as above); then, for the variants whose store batches, the mean calls per round trip at each concurrency (as above).\n\n")
+	} else {
+		p("The cells are those of the first scaling tables of this report.\n\n")
+	}
 	for _, broker := range r.brokers() {
 		var cols []int
 		for _, g := range r.groups {
-			if g.broker == broker {
+			if g.broker == broker && g.rtt == rtt {
 				cols = append(cols, g.consumers)
 			}
 		}
 		var rows []string
 		for _, g := range r.groups {
-			if g.broker == broker && g.consumers != 1 {
+			if g.broker == broker && g.consumers != 1 && g.rtt == rtt {
 				rows = g.variants
 				break
 			}
+		}
+		if len(rows) == 0 {
+			continue
 		}
 		// Extra column groups, one column per concurrency each, shown when
 		// some row has a figure.
@@ -224,7 +269,7 @@ func (r *routerResults) markdown(b *strings.Builder) {
 		for i, x := range extras {
 			for _, c := range cols {
 				for _, v := range rows {
-					if len(x.of(r.find(broker, c), v)) > 0 {
+					if len(x.of(r.find(broker, c, rtt), v)) > 0 {
 						shown[i] = true
 					}
 				}
@@ -257,7 +302,7 @@ func (r *routerResults) markdown(b *strings.Builder) {
 		for _, v := range rows {
 			p("| %s |", v)
 			for _, c := range cols {
-				gi := r.find(broker, c)
+				gi := r.find(broker, c, rtt)
 				if _, ok := r.trials[gi][v]; !ok {
 					p(" |")
 					continue
@@ -267,7 +312,7 @@ func (r *routerResults) markdown(b *strings.Builder) {
 			for i, x := range extras {
 				if shown[i] {
 					for _, c := range cols {
-						p(" %s |", cell(x.of(r.find(broker, c), v), x.format, false))
+						p(" %s |", cell(x.of(r.find(broker, c, rtt), v), x.format, false))
 					}
 				}
 			}
@@ -293,7 +338,7 @@ func cell(xs []float64, format string, withRange bool) string {
 func (r *routerResults) brokers() []string {
 	var out []string
 	for _, g := range r.groups {
-		if len(out) == 0 || out[len(out)-1] != g.broker {
+		if !slices.Contains(out, g.broker) {
 			out = append(out, g.broker)
 		}
 	}

@@ -112,7 +112,7 @@ func handle(*message.Message) error { return nil }
 // runTrial consumes a new queue or topic of n messages with consumers
 // concurrent consumers through variant v.
 func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int, timeout time.Duration) (trialResult, error) {
-	ts, err := b.prepare(ctx, n, consumers)
+	ts, err := b.prepare(ctx, trialSpec{n: n, consumers: consumers})
 	if err != nil {
 		return trialResult{}, err
 	}

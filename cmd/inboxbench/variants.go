@@ -54,9 +54,9 @@ func allVariants() []variant {
 			d := &wmw.Deduplicator{Repository: e.dedupRepo, Timeout: inboxmw.DefaultStoreTimeout}
 			return deduplicator(d), noClose, nil
 		}},
-		{name: "floor-redis", needs: "redis", make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
-			return e.floor.middleware, noClose, nil
-		}, batches: func(e *env) batchCounter { return e.floor }},
+		floorVariant("floor-redis", "redis", func(e *env) *floor { return e.floor }),
+		floorVariant("floor2-redis", "redis", func(e *env) *floor { return e.floor2 }),
+		floorVariant("floor2-postgres", "postgres", func(e *env) *floor { return e.pgFloor2 }),
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			s, err := memory.New(memory.Options{Retention: retention})
 			if err != nil {
@@ -79,6 +79,14 @@ func allVariants() []variant {
 
 func noClose(context.Context) error { return nil }
 
+// floorVariant is the floor that f returns (see floor); its close waits for
+// its marks.
+func floorVariant(name, needs string, f func(*env) *floor) variant {
+	return variant{name: name, needs: needs, make: func(e *env, _, _ string) (message.HandlerMiddleware, func(context.Context) error, error) {
+		return f(e).middleware, f(e).drain, nil
+	}, batches: func(e *env) batchCounter { return f(e) }}
+}
+
 // deduplicator is d's Middleware, one call at a time: Middleware writes its
 // defaults into d on every call, and the router calls it for each handler
 // (each consumer of the scaling table) concurrently. The lock is taken once
@@ -96,6 +104,18 @@ func deduplicator(d *wmw.Deduplicator) message.HandlerMiddleware {
 // remote store's server keeps its records there), so whether Redis's CPU per
 // message is reported for it.
 func (v variant) usesRedis() bool { return v.needs == "redis" || v.needs == "remote" }
+
+// networked tells whether v's trials reach a store over a socket (Redis,
+// PostgreSQL, MariaDB, or the remote store's Redis), which -store-rtt puts
+// at a distance; the others (no middleware, the memory stores, SQLite) run
+// only at -store-rtt 0, where the distance cannot change them.
+func (v variant) networked() bool {
+	switch v.needs {
+	case "redis", "remote", "postgres", "mariadb":
+		return true
+	}
+	return false
+}
 
 // inboxVariant is the inbox on the store that store returns. Its batch
 // sizes are those of counted(e), by default the store itself, when that

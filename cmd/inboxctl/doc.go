@@ -20,18 +20,31 @@
 //	              retry at, owner, payload hash, reason
 //	ls            records in key order: -state available|in-progress|processed|dead,
 //	              -prefix P, -older-than D (last seen at least D ago: 30s, 10m, 7d, 1d12h),
+//	              -stuck D (leases held at least D, heartbeat or not),
 //	              -limit N (default 100; pages through the store until N are printed)
-//	release KEY   end the key's live lease or backoff now, whoever holds it
-//	forget KEY    delete the key's record: its next delivery runs the handler
+//	release KEY   end the key's backoff, or its live lease with -force, now, whoever holds it
+//	forget KEY    delete the key's record (with -force if its lease is live): its next
+//	              delivery runs the handler
+//	              release and forget take -dry-run: print what would change, change nothing
 //	migrate       create a SQL store's table and index; -print shows the DDL, connecting to nothing
 //	help [CMD]    every command, or one command's flags, with examples
 //
-// Live leases, then the stuck ones among them (leases that no claim or
-// heartbeat, Extend, has touched for 10 minutes), and ending one at once:
+// Live leases, then the stuck ones among them (leases acquired 10 minutes
+// ago or more and still held, however often their heartbeat extended them:
+// a handler that hangs while the middleware's heartbeat keeps its lease
+// alive), and ending one at once:
 //
 //	inboxctl -store redis://127.0.0.1:6379/0 ls -state in-progress
-//	inboxctl -store redis://127.0.0.1:6379/0 ls -state in-progress -older-than 10m
-//	inboxctl -store redis://127.0.0.1:6379/0 release 'rabbit:billing:charge:42'
+//	inboxctl -store redis://127.0.0.1:6379/0 ls -stuck 10m
+//	inboxctl -store redis://127.0.0.1:6379/0 release -force 'rabbit:billing:charge:42'
+//
+// Without -force, release and forget refuse a key whose lease is live (exit
+// status 3): its holder may still be running the handler, and the next
+// delivery would run it too. -stuck D is -state in-progress -older-than D: a heartbeat (Extend) does
+// not move a record's last seen, so an in-progress record's last seen is
+// when its lease was acquired. A consumer that crashed leaves no stuck
+// lease: its lease ends by itself once its length (30 s by default) has
+// passed, and the record is then available.
 //
 // Dead keys (a handler that failed MaxAttempts times; inboxmw.Config.MaxAttempts)
 // are listed with the reason of their last failure; forgetting one lets the
@@ -40,7 +53,8 @@
 //	inboxctl -store redis://127.0.0.1:6379/0 ls -state dead
 //	inboxctl -store redis://127.0.0.1:6379/0 forget 'rabbit:billing:charge:42'
 //
-// forget asks nothing and prints the record it deleted. The message itself
+// forget prints the record it deleted (-dry-run: the record it would
+// delete, deleting nothing). The message itself
 // is the broker's: redeliver it (from the poison queue, say) after forgetting
 // its key.
 //
@@ -56,7 +70,8 @@
 //
 // Text is for people: get prints one field a line, ls a table (keys and
 // reasons holding control characters are quoted; reasons cut to 60
-// characters), release and forget the record as it was and as it is. Times
+// characters), release and forget the record as it was and as it is (with
+// -dry-run, as it is and what would be done). Times
 // are RFC 3339 in UTC, on the store's clock.
 //
 // With -json, output is JSON objects, one a line: ls prints one per record
@@ -65,7 +80,8 @@
 // only, so ls collects the records up to -limit first; there -limit keeps
 // the first records found, not the first by key); get prints one
 // record; release and forget print
-// {"key", "before", "after"} with the record before and after. A record's
+// {"key", "before", "after"} with the record before and after, or with
+// -dry-run {"key", "before", "dryRun": true}. A record's
 // fields are those of protocol v1's GET /v1/inbox/{key} answer, so that the
 // same parser reads inboxd's and inboxctl's records: key, status (NotFound,
 // Available, InProgress, Processed, Dead), attempts, firstSeen, lastSeen,
@@ -81,6 +97,8 @@
 //	1  the store could not be opened, or a call on it failed (one line on stderr says which)
 //	2  usage: unknown command or flag, a bad value (-state, -older-than, -limit, KEY),
 //	   no store given, migrate of a URL that is not a SQL store's
+//	3  release or forget refused: the key's lease is live and -force was not given
+//	   (nothing changed; one line on stderr shows the lease)
 //
 // A store that does not implement inbox.Admin (a third-party store opened by
 // a driver of its own) can still get; ls, release and forget fail with exit

@@ -17,11 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, to drop the tests' tables
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/keying"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 )
 
@@ -184,7 +187,15 @@ func exercise(t *testing.T, storeURL string, private bool) {
 		t.Fatalf("get -json = %+v", g)
 	}
 
-	if out := ctlOK(t, append(s, "release", inProgress)...).stdout; !strings.HasPrefix(out, "released "+inProgress) {
+	for _, cmd := range []string{"release", "forget"} {
+		if r := ctl(t, append(s, cmd, inProgress)...); r.code != 3 || !strings.Contains(r.stderr, "its lease is live") || !strings.Contains(r.stderr, "-force") {
+			t.Fatalf("%s of a live lease without -force: exit %d, stderr %q; want 3 and a message asking for -force", cmd, r.code, r.stderr)
+		}
+	}
+	if out := ctlOK(t, append(s, "release", "-dry-run", "-force", inProgress)...).stdout; !strings.HasPrefix(out, "would release "+inProgress) {
+		t.Fatalf("release -dry-run printed %q", out)
+	}
+	if out := ctlOK(t, append(s, "release", "-force", inProgress)...).stdout; !strings.HasPrefix(out, "released "+inProgress) {
 		t.Fatalf("release printed %q", out)
 	}
 	if c := claim(inProgress); c.Attempts != 2 {
@@ -223,6 +234,133 @@ func TestLive_redis_acceptance_command(t *testing.T) {
 	}
 	if s := out.String(); !strings.HasPrefix(s, "KEY ") && s != "no records match\n" {
 		t.Fatalf("ls printed %q, want a table or \"no records match\"", s)
+	}
+}
+
+// The issue's acceptance for stuck leases, on Redis and PostgreSQL: a
+// handler hangs under the inbox middleware, whose heartbeat keeps its
+// 1-second lease alive; once the lease is 2 s old, the program itself, `go
+// run ./cmd/inboxctl -store URL ls -stuck 2s`, lists it, and not a lease
+// acquired just before. Each store under a prefix or in a table of its own.
+func TestLive_stuck_lease_acceptance_command(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(t *testing.T) string{
+		"redis": func(t *testing.T) string {
+			return withParams(t, testenv.Redis.URL(t), "prefix", "inboxctl-stuck-"+randomName(t)+":")
+		},
+		"postgres": func(t *testing.T) string {
+			base := testenv.Postgres.URL(t)
+			table := "inboxctl_stuck_" + randomName(t)
+			t.Cleanup(func() {
+				db, err := sql.Open("pgx", base)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer db.Close()
+				if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `"`); err != nil {
+					t.Errorf("drop %s: %v", table, err)
+				}
+			})
+			return withParams(t, base, "table", table, "migrate", "true")
+		},
+	}
+	for name, mk := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			storeURL := mk(t)
+			stuckLease(t, storeURL)
+		})
+	}
+}
+
+func stuckLease(t *testing.T, storeURL string) {
+	const lease, stuck = time.Second, 2 * time.Second
+	ctx := ctxT(t, 5*time.Minute)
+	st, err := stores.Open(ctx, storeURL)
+	if err != nil {
+		t.Fatalf("open %s: %v", storeURL, err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ib, err := inboxmw.New(inboxmw.Config{Store: st, Bus: "live", Group: "stuck", Alias: keying.StaticAlias("h"), Lease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hungKey, freshKey = "live:stuck:h:hung", "live:stuck:h:fresh"
+	started, release := make(chan struct{}), make(chan struct{})
+	handled := make(chan error, 1)
+	go func() {
+		msg := message.NewMessage("hung", nil)
+		msg.Metadata.Set("IdempotencyKey", "hung")
+		_, err := ib.Middleware(func(*message.Message) ([]*message.Message, error) {
+			close(started)
+			<-release // hung, until the test ends
+			return nil, errors.New("released by the test")
+		})(msg)
+		handled <- err
+	}()
+	t.Cleanup(func() {
+		close(release)
+		<-handled
+		if err := ib.Close(context.Background()); err != nil {
+			t.Errorf("Inbox.Close: %v", err)
+		}
+	})
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the handler never ran")
+	}
+	// Poll (in-process) until the lease is old enough to be listed.
+	s := []string{"-store", storeURL}
+	var held record
+	for held.Key == "" {
+		for _, r := range jsonLines(t, ctlOK(t, append(s, "ls", "-stuck", stuck.String(), "-json")...).stdout) {
+			if r.Key == hungKey {
+				held = r
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("ls -stuck %s never listed the hung handler's lease", stuck)
+		}
+		time.Sleep(100 * time.Millisecond) // polling: the lease must age
+	}
+	rec, err := st.Get(ctx, hungKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Held for at least 2 s on a 1 s lease, and live: the heartbeat ran.
+	if rec.State != inbox.StateInProgress || rec.LeaseUntil.Sub(rec.LastSeen) <= lease+lease/2 {
+		t.Fatalf("the hung handler's record %+v: want InProgress with a lease extended past its first second", rec)
+	}
+	// A lease acquired just now is live, not stuck.
+	c, err := st.TryBegin(ctx, freshKey, inbox.BeginOptions{Lease: time.Minute})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(%q) = %+v, %v", freshKey, c, err)
+	}
+	if got := keysOf(jsonLines(t, ctlOK(t, append(s, "ls", "-stuck", stuck.String(), "-json")...).stdout)); !slices.Equal(got, []string{hungKey}) {
+		t.Fatalf("ls -stuck %s = %q, want the hung lease only, not the one acquired just now", stuck, got)
+	}
+	if got := keysOf(jsonLines(t, ctlOK(t, append(s, "ls", "-state", "in-progress", "-json")...).stdout)); !slices.Equal(got, []string{freshKey, hungKey}) {
+		t.Fatalf("ls -state in-progress = %q, want both leases", got)
+	}
+	// Processed, so that the command's listing does not depend on how long
+	// go run takes to build.
+	if err := st.Complete(ctx, freshKey, c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/inboxctl", "-store", storeURL, "ls", "-stuck", stuck.String())
+	cmd.Dir = filepath.Join("..", "..")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go run ./cmd/inboxctl ls -stuck %s: %v\nstdout:\n%s\nstderr:\n%s", stuck, err, out.String(), errb.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "KEY ") || !strings.HasPrefix(lines[1], hungKey+" ") ||
+		!strings.Contains(lines[1], " InProgress ") {
+		t.Fatalf("go run ./cmd/inboxctl ls -stuck %s printed:\n%s\nwant a table of the hung handler's lease only", stuck, out.String())
 	}
 }
 

@@ -8,8 +8,12 @@
 //	INBOX_STORE_URL        -store           store URL (memory://, redis://..., postgres://...); default memory://
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
 //	INBOX_TOKEN            (no flag)        bearer token; turns auth on (flags show in process lists)
-//	INBOX_TOKEN_FILE       -token-file      file of bearer tokens, one a line (any is accepted; blank lines ignored)
+//	INBOX_TOKEN_FILE       -token-file      file of the consumers' bearer tokens, one a line, each optionally limited to key prefixes (see Tokens)
+//	INBOX_ADMIN_TOKEN_FILE -admin-token-file file of the operators' bearer tokens, one a line: list, forget, force-release (see Tokens)
 //	INBOX_ALLOW_NO_AUTH    -allow-no-auth   true: serve without a token on an address that is not loopback; default false
+//	INBOX_ALLOWED_HOSTS    -allowed-hosts   without a token: host names and addresses, comma-separated, that requests may name besides loopback ones
+//	INBOX_METRICS_OPEN     -metrics-open    true: serve /metrics without a token; default false
+//	INBOX_MAX_RETRY_AFTER  -max-retry-after longest backoff of a failed attempt (fail's retryAfterMs); default 24h
 //	INBOX_TLS_CERT_FILE    -tls-cert        PEM certificate (chain) to serve HTTPS with; needs the key
 //	INBOX_TLS_KEY_FILE     -tls-key         PEM private key of that certificate
 //	INBOX_LEASE_MIN        -lease-min       shortest lease granted; default 30s
@@ -32,7 +36,7 @@
 //
 // # Tokens
 //
-// A token is any string without line breaks that clients send as
+// A token is any string without spaces or line breaks that clients send as
 // "Authorization: Bearer <token>"; make one with 32 random bytes:
 //
 //	mkdir -p "$HOME/.config/inboxd"
@@ -40,30 +44,76 @@
 //	chmod 600 "$HOME/.config/inboxd/token"
 //
 // and give the same file to inboxd (INBOX_TOKEN_FILE) and to the clients
-// (the remote store URL's token_file=). Without a token, auth is none: inboxd
-// then serves only on a loopback address (127.0.0.1, ::1, localhost) unless
-// INBOX_ALLOW_NO_AUTH=true says that the network it listens on is private.
+// (the remote store URL's token_file=). A token holds no spaces; after it, a
+// line may name the key prefixes the token may touch, as fields
+// prefix=<key prefix>:
+//
+//	3tX...billing-token... prefix=rabbit:billing: prefix=kafka:billing:
+//	9fQ...shipping-token... prefix=rabbit:shipping:
+//	Kd2...unlimited-token...
+//
+// A call with a limited token on a key outside its prefixes (GET included)
+// is answered 403 forbidden. A file repeating a token, or a line with
+// another field after the token, is refused, naming the line, never the
+// token.
+//
+// The operators' calls, list, forget and force-release (the admin
+// extension: cmd/inboxctl over an http:// store URL), need a token of their
+// own, from INBOX_ADMIN_TOKEN_FILE (one a line, no prefixes; made as
+// above). A consumer's token is answered 403 there; an admin token is
+// accepted on every endpoint, for every key, so inboxctl needs only it. A
+// token in both files is refused. Without INBOX_ADMIN_TOKEN_FILE, the admin
+// endpoints are off (403; the discovery document leaves the admin
+// extension out), except on an inboxd without any token on a loopback
+// address, where they are served to every local caller, as every other call
+// is.
+//
+// Without a token, auth is none: inboxd then serves only on a loopback
+// address (127.0.0.1, ::1, localhost) unless INBOX_ALLOW_NO_AUTH=true says
+// that the network it listens on is private. Any local program may then
+// call it, but no web page: inboxd refuses (403) every request, but
+// /healthz and /readyz, that carries an Origin header (a browser's
+// cross-site request, such as a form's POST) or whose Host header is not
+// localhost, an address of 127.0.0.0/8 or ::1, with or without port (DNS
+// rebinding: a page whose own name was made to point at 127.0.0.1). With
+// INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
+// list the names and addresses the clients use to reach inboxd
+// (inboxd.internal,10.0.0.5): inboxd refuses to start without it.
+//
+// Every POST must say Content-Type: application/json (415 otherwise), so a
+// form or text/plain POST never reaches an operation; a body that is not
+// valid UTF-8 or names a member twice is 400.
 //
 // Without a certificate, inboxd serves plain HTTP, and a bearer token
 // crosses the network in clear: give it INBOX_TLS_CERT_FILE and
 // INBOX_TLS_KEY_FILE, or put it behind a proxy that terminates TLS, when
-// clients reach it over a network.
+// clients reach it over a network. inboxd logs a warning at start when it
+// serves tokens over plain HTTP on an address that is not loopback, and the
+// remote client refuses to send its token over http:// to a host that is
+// not loopback unless its URL says insecure=true.
 //
-// On SIGHUP, inboxd reads the token file and the certificate and key again,
-// without dropping a connection: a renewed certificate serves the next TLS
-// handshakes, and the file's tokens are the accepted ones for the next
-// requests. To rotate a token without refused requests, add the new token
-// as a second line, send SIGHUP, move the clients to it, remove the old line
-// and send SIGHUP again. A file that cannot be read, holds no token, or a
-// certificate that does not load is logged as an error and the previous one
-// kept. Auth cannot be turned on or off by a reload (clients read it from
+// On SIGHUP, inboxd reads the token files and the certificate and key
+// again, without dropping a connection: a renewed certificate serves the
+// next TLS handshakes, and the files' tokens are the accepted ones for the
+// next requests. To rotate a token without refused requests, add the new
+// token as a second line, send SIGHUP, move the clients to it, remove the
+// old line and send SIGHUP again. A file that cannot be read, holds no
+// token, a token in both files, or a certificate that does not load is
+// logged as an error and the previous ones kept. Auth cannot be turned on
+// or off by a reload, nor can the admin endpoints (clients read both from
 // the discovery document): restart inboxd for that.
 //
 // Endpoints: protocol v1 under /v1/inbox, /healthz (the process is up),
 // /readyz (the store answers; 503 while shutting down), /metrics
-// (Prometheus). Logs are JSON lines on stderr; they never hold the token,
-// and durations in them are strings as Go prints them ("30s", "1.5ms"), not
-// nanoseconds.
+// (Prometheus). /healthz and /readyz answer without a token, for probes and
+// load balancers: they say only up and ready. /metrics needs a token (a
+// consumer's or an admin's) when consumers need one, unless
+// INBOX_METRICS_OPEN=true. Logs are JSON lines on stderr; they never hold
+// a token, the store URL in them is redacted (passwords and secret-bearing
+// parameters such as token or MongoDB's authMechanismProperties masked), and
+// durations in them are strings as Go prints them ("30s", "1.5ms"), not
+// nanoseconds. The start line says auth (bearer or none), admin (token,
+// open or off) and metrics (token or open).
 //
 // Besides the ADR's try-begin, mark-processed, release and GET, and the
 // extend extension, the discovery document (GET /v1/inbox) lists two
@@ -79,7 +129,12 @@
 //     never runs a dead key's handler.
 //   - admin: POST /v1/inbox/list, /v1/inbox/forget and
 //     /v1/inbox/force-release, the operators' side (cmd/inboxctl over an
-//     http:// store URL), under the same bearer token as every other call.
+//     http:// store URL), under an admin token (see Tokens).
+//
+// A failed attempt's backoff (fail's retryAfterMs) is at most
+// INBOX_MAX_RETRY_AFTER (24 h by default; the discovery document's
+// maxRetryAfterMs): a longer one is clamped to it, or refused with 400
+// under INBOX_LEASE_POLICY=reject, as leases outside their range are.
 //
 // # Metrics
 //
@@ -100,14 +155,16 @@
 //     metrics): OK;
 //   - an error (4xx, 5xx): its error code, as in the error field of its
 //     body: invalid_json, invalid_key, invalid_lease, invalid_lease_id,
-//     invalid_argument, body_too_large, unauthorized, not_found,
-//     method_not_allowed, not_supported, store_unavailable, internal_error;
+//     invalid_argument, body_too_large, unauthorized, forbidden, not_found,
+//     method_not_allowed, unsupported_media_type, not_supported,
+//     store_unavailable, internal_error;
 //     /readyz answers 503 with store_unavailable, or draining while inboxd
 //     shuts down.
 //
 // So a 200 always has a PascalCase status and an error a snake_case code:
 // rate(inbox_server_requests_total{status="unauthorized"}[5m]) finds clients
-// with a wrong token, {status="store_unavailable"} a failing store.
+// with a wrong token, {status="forbidden"} tokens used beyond their rights
+// (and web pages knocking), {status="store_unavailable"} a failing store.
 //
 // On SIGTERM or SIGINT, inboxd stops accepting connections, lets the
 // requests in flight finish (up to the shutdown timeout), closes the store
@@ -129,6 +186,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -154,14 +212,31 @@ func main() {
 // settings are inboxd's configuration after env and flags.
 type settings struct {
 	storeURL, listen, tokenFile, policy, logLevel string
+	adminTokenFile                                string
 	tlsCert, tlsKey                               string
-	tokens                                        []string // from INBOX_TOKEN or the token file
-	allowNoAuth                                   bool
+	grants                                        []server.Grant // from INBOX_TOKEN or the token file
+	adminTokens                                   []string       // from the admin token file
+	allowedHosts                                  []string
+	allowNoAuth, metricsOpen                      bool
 	leaseMin, leaseMax, leaseDefault, shutdown    time.Duration
-	storeTimeout                                  time.Duration
+	storeTimeout, maxRetryAfter                   time.Duration
 	maxBody                                       int64
 	maxKey                                        int
 	cert                                          *tls.Certificate // loaded from tlsCert and tlsKey
+}
+
+// auth is what the listening line says of the consumers' auth.
+func (s settings) auth() string {
+	if len(s.grants) > 0 {
+		return "bearer"
+	}
+	return "none"
+}
+
+// adminNoAuth reports whether the admin endpoints are served without a
+// token: only with no token at all, on a loopback address.
+func (s settings) adminNoAuth() bool {
+	return len(s.grants) == 0 && len(s.adminTokens) == 0 && loopback(s.listen)
 }
 
 // parse reads the environment, then the flags over it.
@@ -190,28 +265,33 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		return n
 	}
 	s := settings{
-		storeURL:     env("INBOX_STORE_URL", "memory://"),
-		listen:       env("INBOX_LISTEN_ADDR", "127.0.0.1:8080"),
-		tokenFile:    env("INBOX_TOKEN_FILE", ""),
-		tlsCert:      env("INBOX_TLS_CERT_FILE", ""),
-		tlsKey:       env("INBOX_TLS_KEY_FILE", ""),
-		policy:       env("INBOX_LEASE_POLICY", string(server.PolicyClamp)),
-		logLevel:     env("INBOX_LOG_LEVEL", "info"),
-		leaseMin:     dur("INBOX_LEASE_MIN", server.DefaultLeaseMin.String()),
-		leaseMax:     dur("INBOX_LEASE_MAX", server.DefaultLeaseMax.String()),
-		leaseDefault: dur("INBOX_LEASE_DEFAULT", server.DefaultLeaseDefault.String()),
-		shutdown:     dur("INBOX_SHUTDOWN_TIMEOUT", "30s"),
-		storeTimeout: dur("INBOX_STORE_TIMEOUT", server.DefaultStoreTimeout.String()),
-		maxBody:      num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
-		maxKey:       int(num("INBOX_MAX_KEY_BYTES", 1024)),
+		storeURL:       env("INBOX_STORE_URL", "memory://"),
+		listen:         env("INBOX_LISTEN_ADDR", "127.0.0.1:8080"),
+		tokenFile:      env("INBOX_TOKEN_FILE", ""),
+		adminTokenFile: env("INBOX_ADMIN_TOKEN_FILE", ""),
+		tlsCert:        env("INBOX_TLS_CERT_FILE", ""),
+		tlsKey:         env("INBOX_TLS_KEY_FILE", ""),
+		policy:         env("INBOX_LEASE_POLICY", string(server.PolicyClamp)),
+		logLevel:       env("INBOX_LOG_LEVEL", "info"),
+		leaseMin:       dur("INBOX_LEASE_MIN", server.DefaultLeaseMin.String()),
+		leaseMax:       dur("INBOX_LEASE_MAX", server.DefaultLeaseMax.String()),
+		leaseDefault:   dur("INBOX_LEASE_DEFAULT", server.DefaultLeaseDefault.String()),
+		shutdown:       dur("INBOX_SHUTDOWN_TIMEOUT", "30s"),
+		storeTimeout:   dur("INBOX_STORE_TIMEOUT", server.DefaultStoreTimeout.String()),
+		maxRetryAfter:  dur("INBOX_MAX_RETRY_AFTER", server.DefaultMaxRetryAfter.String()),
+		maxBody:        num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
+		maxKey:         int(num("INBOX_MAX_KEY_BYTES", 1024)),
 	}
-	if v := getenv("INBOX_ALLOW_NO_AUTH"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("INBOX_ALLOW_NO_AUTH=%q is not true or false", v))
+	for name, dst := range map[string]*bool{"INBOX_ALLOW_NO_AUTH": &s.allowNoAuth, "INBOX_METRICS_OPEN": &s.metricsOpen} {
+		if v := getenv(name); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q is not true or false", name, v))
+			}
+			*dst = b
 		}
-		s.allowNoAuth = b
 	}
+	hosts := env("INBOX_ALLOWED_HOSTS", "")
 	if err := errors.Join(errs...); err != nil {
 		return s, err
 	}
@@ -220,6 +300,10 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
 	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
 	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file of bearer tokens, one a line (INBOX_TOKEN_FILE)")
+	fs.StringVar(&s.adminTokenFile, "admin-token-file", s.adminTokenFile, "file of the operators' bearer tokens, one a line (INBOX_ADMIN_TOKEN_FILE)")
+	fs.StringVar(&hosts, "allowed-hosts", hosts, "host names besides loopback ones a server without tokens answers, comma-separated (INBOX_ALLOWED_HOSTS)")
+	fs.BoolVar(&s.metricsOpen, "metrics-open", s.metricsOpen, "serve /metrics without a token (INBOX_METRICS_OPEN)")
+	fs.DurationVar(&s.maxRetryAfter, "max-retry-after", s.maxRetryAfter, "longest backoff of a failed attempt (INBOX_MAX_RETRY_AFTER)")
 	fs.StringVar(&s.tlsCert, "tls-cert", s.tlsCert, "PEM certificate to serve HTTPS with (INBOX_TLS_CERT_FILE)")
 	fs.StringVar(&s.tlsKey, "tls-key", s.tlsKey, "PEM private key of the certificate (INBOX_TLS_KEY_FILE)")
 	fs.StringVar(&s.policy, "lease-policy", s.policy, "clamp or reject (INBOX_LEASE_POLICY)")
@@ -238,23 +322,42 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	if fs.NArg() > 0 {
 		return s, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			s.allowedHosts = append(s.allowedHosts, h)
+		}
+	}
 	token := getenv("INBOX_TOKEN")
 	if token != "" && s.tokenFile != "" {
 		return s, errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
 	}
 	if token != "" {
-		s.tokens = []string{token}
+		s.grants = []server.Grant{{Token: token}}
 	}
 	if s.tokenFile != "" {
 		var err error
-		if s.tokens, err = readTokens(s.tokenFile); err != nil {
+		if s.grants, err = readGrants(s.tokenFile); err != nil {
 			return s, err
 		}
 	}
-	if len(s.tokens) == 0 && !s.allowNoAuth && !loopback(s.listen) {
+	if s.adminTokenFile != "" {
+		var err error
+		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
+			return s, err
+		}
+		if err := disjoint(s.grants, s.adminTokens); err != nil {
+			return s, err
+		}
+	}
+	if len(s.grants) == 0 && !s.allowNoAuth && !loopback(s.listen) {
 		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
 			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
 			s.listen, makeToken("$HOME/.config/inboxd/token"))
+	}
+	if len(s.grants) == 0 && !loopback(s.listen) && len(s.allowedHosts) == 0 {
+		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: without tokens inboxd answers only requests whose Host is a loopback name or address "+
+			"(so that no web page can reach it through DNS rebinding), which clients on other machines do not send. "+
+			"Set INBOX_ALLOWED_HOSTS (-allowed-hosts) to the names and addresses clients use to reach it (comma-separated, such as inboxd.internal,10.0.0.5), or give a token file (INBOX_TOKEN_FILE)", s.listen)
 	}
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
@@ -285,7 +388,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level, ReplaceAttr: durationString}))
 
-	redacted := s.storeURL
+	redacted := "(a URL that does not parse)" // never the raw URL: it may hold secrets
 	if u, err := url.Parse(s.storeURL); err == nil {
 		redacted = stores.Redact(u)
 	}
@@ -299,9 +402,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		}
 	}()
 	h, err := server.New(server.Config{
-		Store: store, Tokens: s.tokens, Logger: log, Retention: storeRetention(s.storeURL),
+		Store: store, Grants: s.grants, AdminTokens: s.adminTokens, AdminNoAuth: s.adminNoAuth(),
+		AllowedHosts: s.allowedHosts, MetricsOpen: s.metricsOpen, Logger: log, Retention: storeRetention(s.storeURL),
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
-		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout,
+		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout, MaxRetryAfter: s.maxRetryAfter,
 	})
 	if err != nil {
 		return err
@@ -329,13 +433,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	auth := "none"
-	if len(s.tokens) > 0 {
-		auth = "bearer"
+	admin, metrics := "off", "open"
+	switch {
+	case len(s.adminTokens) > 0:
+		admin = "token"
+	case s.adminNoAuth():
+		admin = "open"
+	}
+	if len(s.grants) > 0 && !s.metricsOpen {
+		metrics = "token"
 	}
 	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("scheme", scheme), slog.String("store", redacted),
-		slog.String("auth", auth), slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
-		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy))
+		slog.String("auth", s.auth()), slog.String("admin", admin), slog.String("metrics", metrics),
+		slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
+		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy), slog.Duration("max_retry_after", s.maxRetryAfter))
+	if (len(s.grants) > 0 || len(s.adminTokens) > 0) && s.cert == nil && !loopback(s.listen) {
+		log.Warn("inboxd serves bearer tokens over plain HTTP on an address that is not loopback: they cross the network in clear. "+
+			"Give it a certificate (INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE), or put it behind a proxy that terminates TLS on the same machine",
+			slog.String("addr", ln.Addr().String()))
+	}
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -414,7 +530,10 @@ func shellQuote(s string) string {
 }
 
 // tokenFileHelp says what a token file holds and how to make one.
-const tokenFileHelp = "a token file holds the bearer tokens clients must send, one a line (clients read the same file through the remote store URL's token_file=)"
+const tokenFileHelp = "a token file holds the bearer tokens clients must send, one a line, each optionally followed by prefix=<key prefix> fields that limit the keys it may touch (clients read the same file through the remote store URL's token_file=)"
+
+// adminTokenFileHelp says what the admin token file holds.
+const adminTokenFileHelp = "the admin token file holds the operators' bearer tokens, one a line, for list, forget and force-release (inboxctl reads it through the remote store URL's token_file=); no consumer's token may be among them"
 
 // durationString makes the JSON handler write durations as strings ("30s",
 // "1.5ms") instead of nanoseconds: whatever logs through inboxd's logger
@@ -426,34 +545,105 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// readTokens reads a token file: one token a line, surrounding whitespace
-// and blank lines ignored. It never quotes the file's contents. Its errors
-// say what the file holds and, when it is missing, how to make one.
-func readTokens(file string) ([]string, error) {
+// readGrants reads a token file: one token a line, optionally followed by
+// fields prefix=<key prefix> that limit the keys the token may touch;
+// surrounding whitespace and blank lines are ignored. It never quotes the
+// file's contents (a bad line is named by its number). Its errors say what
+// the file holds and, when it is missing, how to make one.
+func readGrants(file string) ([]server.Grant, error) {
+	lines, err := readTokenLines(file, "INBOX_TOKEN_FILE", tokenFileHelp)
+	if err != nil {
+		return nil, err
+	}
+	grants := make([]server.Grant, 0, len(lines))
+	for _, l := range lines {
+		g := server.Grant{Token: l.fields[0]}
+		for _, f := range l.fields[1:] {
+			p, ok := strings.CutPrefix(f, "prefix=")
+			if !ok || p == "" {
+				return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE), line %d: after the token, a line takes only prefix=<key prefix> fields (a token holds no spaces), and a prefix is not empty", file, l.n)
+			}
+			g.Prefixes = append(g.Prefixes, p)
+		}
+		grants = append(grants, g)
+	}
+	return grants, nil
+}
+
+// readAdminTokens reads the admin token file: one token a line, without
+// prefixes (an operator's token touches every key).
+func readAdminTokens(file string) ([]string, error) {
+	lines, err := readTokenLines(file, "INBOX_ADMIN_TOKEN_FILE", adminTokenFileHelp)
+	if err != nil {
+		return nil, err
+	}
+	tokens := make([]string, 0, len(lines))
+	for _, l := range lines {
+		if len(l.fields) > 1 {
+			return nil, fmt.Errorf("admin token file %q (INBOX_ADMIN_TOKEN_FILE), line %d: one token a line, nothing after it (a token holds no spaces; admin tokens take no prefix)", file, l.n)
+		}
+		tokens = append(tokens, l.fields[0])
+	}
+	return tokens, nil
+}
+
+// disjoint refuses a token that is both a consumer's and an operator's: a
+// consumer would hold the admin's power. It never quotes the token.
+func disjoint(grants []server.Grant, admins []string) error {
+	for i, g := range grants {
+		if slices.Contains(admins, g.Token) {
+			return fmt.Errorf("token %d of the token file (INBOX_TOKEN_FILE or INBOX_TOKEN) is also in the admin token file (INBOX_ADMIN_TOKEN_FILE): give operators tokens of their own", i+1)
+		}
+	}
+	return nil
+}
+
+// tokenLine is a line of a token file: its number and its fields.
+type tokenLine struct {
+	n      int
+	fields []string
+}
+
+// readTokenLines reads the non-blank lines of a token file, split at
+// whitespace, and refuses a file without any or repeating a token.
+func readTokenLines(file, setting, help string) ([]tokenLine, error) {
+	what := "token file"
+	if setting == "INBOX_ADMIN_TOKEN_FILE" {
+		what = "admin token file"
+	}
 	b, err := os.ReadFile(file)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE) does not exist: %s. Make one with: %s. "+
-				"Or leave INBOX_TOKEN_FILE unset to serve without auth on a loopback address",
-				file, tokenFileHelp, makeToken(file))
+			hint := ". Or leave INBOX_TOKEN_FILE unset to serve without auth on a loopback address"
+			if setting == "INBOX_ADMIN_TOKEN_FILE" {
+				hint = ". Or leave INBOX_ADMIN_TOKEN_FILE unset: the admin endpoints are then off (served without a token only by an inboxd without any token on a loopback address)"
+			}
+			return nil, fmt.Errorf("%s %q (%s) does not exist: %s. Make one with: %s%s", what, file, setting, help, makeToken(file), hint)
 		}
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is quoted already
 		}
-		return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE): %v; %s, and inboxd must be able to read it", file, err, tokenFileHelp)
+		return nil, fmt.Errorf("%s %q (%s): %v; %s, and inboxd must be able to read it", what, file, setting, err, help)
 	}
-	var tokens []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if t := strings.TrimSpace(line); t != "" {
-			tokens = append(tokens, t)
+	var lines []tokenLine
+	seen := map[string]int{}
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
 		}
+		if first, dup := seen[f[0]]; dup {
+			return nil, fmt.Errorf("%s %q (%s): line %d repeats the token of line %d", what, file, setting, i+1, first)
+		}
+		seen[f[0]] = i + 1
+		lines = append(lines, tokenLine{n: i + 1, fields: f})
 	}
-	if len(tokens) == 0 {
-		return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE) holds no token: %s. Make one with: head -c 32 /dev/urandom | base64 > %s",
-			file, tokenFileHelp, shellQuote(file))
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("%s %q (%s) holds no token: %s. Make one with: head -c 32 /dev/urandom | base64 > %s",
+			what, file, setting, help, shellQuote(file))
 	}
-	return tokens, nil
+	return lines, nil
 }
 
 func loadCert(certFile, keyFile string) (*tls.Certificate, error) {
@@ -464,21 +654,66 @@ func loadCert(certFile, keyFile string) (*tls.Certificate, error) {
 	return &cert, nil
 }
 
-// reloadFiles reads the token file and the certificate again (SIGHUP). What
-// fails to load is logged and the previous one kept.
+// reloadFiles reads the token files and the certificate again (SIGHUP).
+// What fails to load is logged and the previous one kept; the two token
+// files are applied together or not at all.
 func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certificate], log *slog.Logger) {
 	attrs := []any{}
 	failed := false
-	if s.tokenFile != "" {
-		tokens, err := readTokens(s.tokenFile)
-		if err == nil {
-			err = h.SetTokens(tokens...)
-		}
+	if s.tokenFile != "" || s.adminTokenFile != "" {
+		err := func() error {
+			grants, admins := s.grants, s.adminTokens
+			var err error
+			if s.tokenFile != "" {
+				if grants, err = readGrants(s.tokenFile); err != nil {
+					return err
+				}
+			}
+			if s.adminTokenFile != "" {
+				if admins, err = readAdminTokens(s.adminTokenFile); err != nil {
+					return err
+				}
+			}
+			if err := disjoint(grants, admins); err != nil {
+				return err
+			}
+			setGrants := func() error {
+				if s.tokenFile == "" {
+					return nil
+				}
+				return h.SetGrants(grants...)
+			}
+			setAdmins := func() error {
+				if s.adminTokenFile == "" {
+					return nil
+				}
+				return h.SetAdminTokens(admins...)
+			}
+			// Each Set refuses a token that the other set holds. The new
+			// sets are disjoint, so when the admins' fails, a token moves
+			// from the consumers' file to the admins': replace the
+			// consumers' first.
+			if err := setAdmins(); err != nil {
+				if err := setGrants(); err != nil {
+					return err
+				}
+				if err := setAdmins(); err != nil {
+					return err
+				}
+			} else if err := setGrants(); err != nil {
+				return err
+			}
+			if s.tokenFile != "" {
+				attrs = append(attrs, slog.Int("tokens", len(grants)))
+			}
+			if s.adminTokenFile != "" {
+				attrs = append(attrs, slog.Int("admin_tokens", len(admins)))
+			}
+			return nil
+		}()
 		if err != nil {
 			failed = true
 			log.Error("inboxd reload: tokens kept as they were", slog.String("error", err.Error()))
-		} else {
-			attrs = append(attrs, slog.Int("tokens", len(tokens)))
 		}
 	}
 	if s.tlsCert != "" {

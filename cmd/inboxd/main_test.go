@@ -326,6 +326,38 @@ func TestRun_bearer_token_from_file_never_logged(t *testing.T) {
 	}
 }
 
+// The store URL is logged at INFO on every start, redacted: no password,
+// no secret-bearing parameter (MongoDB's AWS session token included).
+func TestRun_logs_the_store_url_without_secrets(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-Aws-Value"
+	// check=false: nothing is sent to the (closed) port, inboxd starts.
+	storeURL := "mongodb://AKIDEXAMPLE:" + secret + "@127.0.0.1:1/app?authMechanism=MONGODB-AWS" +
+		"&authMechanismProperties=AWS_SESSION_TOKEN:" + secret + "&check=false"
+	_, logs, stop, result := startRun(t, map[string]string{"INBOX_STORE_URL": storeURL, "INBOX_LISTEN_ADDR": "127.0.0.1:0"})
+	stop()
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	var line map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "inboxd listening" {
+			line = rec
+		}
+	}
+	if line == nil || line["level"] != "INFO" {
+		t.Fatalf("no INFO line \"inboxd listening\" in:\n%s", logs)
+	}
+	store, _ := line["store"].(string)
+	if !strings.Contains(store, "mongodb://AKIDEXAMPLE:xxxxx@127.0.0.1:1/app") || !strings.Contains(store, "authMechanismProperties=xxxxx") {
+		t.Errorf("logged store %q: want the URL with its secrets masked", store)
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Fatalf("the logs hold the secret:\n%s", logs)
+	}
+}
+
 func TestRun_endpoints_health_ready_metrics(t *testing.T) {
 	t.Parallel()
 	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_STORE_URL": "memory://?retention=1h"})
@@ -454,7 +486,7 @@ func TestParse_errors_name_the_setting(t *testing.T) {
 		"INBOX_LISTEN_ADDR=bad:addr": "listen tcp",
 	} {
 		k, v, _ := strings.Cut(vars, "=")
-		err := run(ctx, nil, env(map[string]string{k: v, "INBOX_ALLOW_NO_AUTH": "true"}), io.Discard, nil, nil)
+		err := run(ctx, nil, env(map[string]string{k: v, "INBOX_ALLOW_NO_AUTH": "true", "INBOX_ALLOWED_HOSTS": "inbox.internal"}), io.Discard, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with %s: %v, want an error naming %q", vars, err, want)
 		}
@@ -668,8 +700,8 @@ func TestParse_token_file_errors_say_how_to_make_one(t *testing.T) {
 		t.Fatalf("the error's command: %v\n%s", err, out)
 	}
 	s, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": missing}))
-	if err != nil || len(s.tokens) != 1 || len(s.tokens[0]) < 32 {
-		t.Fatalf("token file made by the error's command: %d tokens, %v", len(s.tokens), err)
+	if err != nil || len(s.grants) != 1 || len(s.grants[0].Token) < 32 {
+		t.Fatalf("token file made by the error's command: %d tokens, %v", len(s.grants), err)
 	}
 
 	empty := filepath.Join(dir, "empty")
@@ -697,11 +729,17 @@ func TestParse_no_auth_only_on_loopback(t *testing.T) {
 		if err != nil && (!strings.Contains(err.Error(), "not loopback") || !strings.Contains(err.Error(), "INBOX_TOKEN_FILE")) {
 			t.Errorf("listen %s: error %q does not say why and what to do", addr, err)
 		}
-		if _, err := parse([]string{"-allow-no-auth"}, env(map[string]string{"INBOX_LISTEN_ADDR": addr})); err != nil {
+		if _, err := parse([]string{"-allow-no-auth", "-allowed-hosts", "inbox.internal"}, env(map[string]string{"INBOX_LISTEN_ADDR": addr})); err != nil {
 			t.Errorf("listen %s with -allow-no-auth: %v", addr, err)
 		}
-		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_ALLOW_NO_AUTH": "true"})); err != nil {
+		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_ALLOW_NO_AUTH": "true", "INBOX_ALLOWED_HOSTS": "inbox.internal, 10.1.2.3"})); err != nil {
 			t.Errorf("listen %s with INBOX_ALLOW_NO_AUTH=true: %v", addr, err)
+		}
+		// Without a token, a server answers loopback Hosts only: clients
+		// on other machines need their names allowed.
+		_, err = parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_ALLOW_NO_AUTH": "true"}))
+		if ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "INBOX_ALLOWED_HOSTS")) {
+			t.Errorf("listen %s with INBOX_ALLOW_NO_AUTH=true and no INBOX_ALLOWED_HOSTS: %v; want allowed=%v, else an error naming INBOX_ALLOWED_HOSTS", addr, err, ok)
 		}
 		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "t0k"})); err != nil {
 			t.Errorf("listen %s with a token: %v", addr, err)

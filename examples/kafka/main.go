@@ -1,11 +1,12 @@
 // Kafka: a Watermill router consuming orders from a Kafka topic in a consumer
 // group, with the inbox middleware so that each order is charged once, however
 // often it is delivered. The publisher sends some orders twice (a producer
-// retry, with the same IdempotencyKey), one charge fails once
-// (watermill-kafka resends it, after the backoff the inbox store holds) and
-// one always fails: with MaxAttempts 3 its third failure marks its key dead,
-// and a poison queue outside the inbox moves the message to a poison topic,
-// which unblocks its partition.
+// retry, with the same IdempotencyKey), one charge fails once and one always
+// fails. A failed charge waits out its backoff in a retry topic
+// ([inboxkafka.Retry]), not in its partition, which moves on with the next
+// orders; the retry topic delivers it again when the backoff ends. With
+// MaxAttempts 3 the third failure of the poison order marks its key dead,
+// and a poison queue outside the inbox moves the message to a poison topic.
 //
 //	go run ./examples/kafka
 //
@@ -18,16 +19,18 @@
 //	                 (default sqlite://./inbox-example.db?migrate=true)
 //
 // Each run uses a new topic (inbox-example-orders-<run id>, 3 partitions,
-// replication factor 1), poison topic (the same name with -poison) and
-// consumer group (inbox-example-billing-<run id>), and on a real cluster
-// deletes them at the end, so runs never see each other's messages. The consumer group is also the inbox group, so a store
-// kept between runs (the SQLite file) keeps each run's keys apart.
+// replication factor 1), its retry topics (<topic>.<group>.retry-250ms and so
+// on), a poison topic (the same name with -poison) and consumer groups
+// (inbox-example-billing-<run id>, and the retry topics' with .retry), and
+// on a real cluster deletes them at the end, so runs never see each other's
+// messages. The consumer group is also the inbox group, so a store kept
+// between runs (the SQLite file) keeps each run's keys apart.
 //
 // Messages are partitioned by their IdempotencyKey, so the copies of one order
 // land in one partition and reach the consumer one after the other. The ids
 // are the IdempotencyKey header, else the Watermill UUID, else (for records
 // from producers that set neither) the record's topic/partition/offset
-// ([kafkakey.FromOffset]), which deduplicates redeliveries but not producer
+// ([inboxkafka.FromOffset]), which deduplicates redeliveries but not producer
 // retries.
 package main
 
@@ -52,8 +55,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
@@ -164,26 +167,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	group := "inbox-example-billing-" + run
 	fmt.Fprintf(out, "topic %s, consumer group %s\n", topic, group)
 
-	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
-	//    Watermill UUID, else the record's position. A failed charge is held
-	//    back by the store for a backoff (the default: up to 1 s ×
-	//    2^attempt), so watermill-kafka's resend waits in the consumer; the
-	//    third failure makes the key dead (MaxAttempts).
-	counts := &counter{}
-	ib, err := inboxmw.New(inboxmw.Config{
-		Store:       store,
-		Bus:         "kafka",
-		Group:       group,
-		IDSources:   append(keying.DefaultIDSources(), kafkakey.FromOffset()),
-		MaxAttempts: maxAttempts,
-		Metrics:     counts,
-		Logger:      logger,
-	})
-	if err != nil {
-		return sum, err
-	}
-
-	// 4. A consumer-group subscriber reading from the oldest offset, so that
+	// 3. A consumer-group subscriber reading from the oldest offset, so that
 	//    nothing published before the group has joined is skipped.
 	saramaCfg := kafka.DefaultSaramaSubscriberConfig()
 	saramaCfg.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -203,11 +187,43 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 			return sum, fmt.Errorf("create topic %s: %w", t, err)
 		}
 	}
+
+	// 4. The retry topics of the group, created here (sized like the topic),
+	//    that hold failed charges until their backoff ends; the subscriber
+	//    is wrapped to read them too.
+	retry, err := inboxkafka.NewRetry(ctx, inboxkafka.RetryConfig{
+		Brokers: brokers, ConsumerGroup: group, Topics: []string{topic}, SaramaConfig: saramaCfg,
+	})
+	if err != nil {
+		return sum, err
+	}
+	defer retry.Close()
 	if len(cfg.Brokers) > 0 {
-		defer cleanUp(brokers, []string{topic, poisonTopic}, group, out)
+		defer cleanUp(brokers, append([]string{topic, poisonTopic}, retry.RetryTopics(topic)...),
+			[]string{group, group + inboxkafka.RetryConsumerGroupSuffix}, out)
 	}
 
-	// 5. The publisher, keyed by order so that the copies of one order share
+	// 5. The inbox middleware. The id is the IdempotencyKey header, else the
+	//    Watermill UUID, else the record's position. A failed charge is held
+	//    back by the store for a backoff (the default: up to 1 s ×
+	//    2^attempt) and handed to the retry topics meanwhile; the third
+	//    failure makes the key dead (MaxAttempts).
+	counts := &counter{}
+	ib, err := inboxmw.New(inboxmw.Config{
+		Store:       store,
+		Bus:         "kafka",
+		Group:       group,
+		IDSources:   append(keying.DefaultIDSources(), inboxkafka.FromOffset()),
+		MaxAttempts: maxAttempts,
+		Redelivery:  retry,
+		Metrics:     counts,
+		Logger:      logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+
+	// 6. The publisher, keyed by order so that the copies of one order share
 	//    a partition.
 	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
 	pubCfg.Version = kafkaVersion
@@ -223,12 +239,13 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	defer pub.Close()
 
-	// 6. The consumer router: report (outside) sees every delivery, the
+	// 7. The consumer router: report (outside) sees every delivery, the
 	//    poison queue moves the messages whose key is dead to the poison
 	//    topic (and acks them), the inbox decides whether the handler runs.
-	//    Only what is not transient: a failure before the last attempt
-	//    (inbox.AttemptError) is nacked and resent after the store's
-	//    backoff; a dead key (inbox.DeadError) is poisoned.
+	//    Only what is not transient: a dead key (inbox.DeadError) is
+	//    poisoned. A failure before the last attempt is handed to the retry
+	//    topics (or, if that fails, returned as a transient
+	//    inbox.AttemptError, nacked and resent after the store's backoff).
 	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, func(err error) bool {
 		return !inboxmw.IsTransient(err)
 	})
@@ -242,7 +259,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	defer router.Close()
 	b := &billing{out: out, failures: map[string]bool{failOnce: true}}
 	router.AddMiddleware(b.report, poisonMW, ib.Middleware)
-	router.AddConsumerHandler("charge-card", topic, sub, b.chargeCard)
+	router.AddConsumerHandler("charge-card", topic, retry.Subscriber(sub), b.chargeCard)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	routerDone := make(chan error, 1)
@@ -253,7 +270,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, fmt.Errorf("router: %w", err)
 	}
 
-	// 7. The publisher sends the orders, duplicates included.
+	// 8. The publisher sends the orders, duplicates included.
 	orders := map[string]bool{}
 	for _, id := range deliveries {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
@@ -265,7 +282,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	sum.Published, sum.Orders = len(deliveries), len(orders)
 
-	// 8. Wait until every order but the poison one is charged, every extra
+	// 9. Wait until every order but the poison one is charged, every extra
 	//    delivery skipped, and the poison one dead.
 	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
 		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders-1 &&
@@ -273,13 +290,14 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 			counts.get(inboxmw.OutcomeDead) == 1
 	})
 
-	// 9. Stop the router, then let the inbox finish its pending marks.
+	// 10. Stop the router, then let the inbox finish its pending marks.
 	closeErr := router.Close()
 	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelClose()
 	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
 
 	sum.Received, sum.Retried = b.received()
+	sum.Retried += counts.get(inboxmw.OutcomeRedelivered)
 	sum.Processed = counts.get(inboxmw.OutcomeProcessed)
 	sum.Duplicates = counts.get(inboxmw.OutcomeDuplicate)
 	sum.Dead = counts.get(inboxmw.OutcomeDead)
@@ -342,23 +360,31 @@ func countMessages(brokers []string, topic string) (int64, error) {
 	return n, nil
 }
 
-// cleanUp deletes the run's topics and consumer group from a real cluster; a
-// failure is reported, not fatal.
-func cleanUp(brokers []string, topics []string, group string, out io.Writer) {
+// cleanUp deletes the run's topics and consumer groups from a real cluster;
+// a failure is reported, not fatal.
+func cleanUp(brokers []string, topics, groups []string, out io.Writer) {
 	cfg := sarama.NewConfig()
 	cfg.Version = kafkaVersion
 	admin, err := sarama.NewClusterAdmin(brokers, cfg)
 	if err == nil {
 		defer admin.Close()
-		err = admin.DeleteConsumerGroup(group)
-		if errors.Is(err, sarama.ErrGroupIDNotFound) {
-			err = nil // the broker dropped the empty group already
+		for _, group := range groups {
+			gerr := admin.DeleteConsumerGroup(group)
+			if errors.Is(gerr, sarama.ErrGroupIDNotFound) {
+				gerr = nil // the broker dropped the empty group already
+			}
+			err = errors.Join(err, gerr)
 		}
-		// The topics go once the broker has forgotten the group: deleting
-		// them while it still removes the group races in kfake.
+		// The topics go once the broker has forgotten the groups: deleting
+		// them while it still removes a group races in kfake.
 		for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			groups, lerr := admin.ListConsumerGroups()
-			if _, still := groups[group]; lerr != nil || !still {
+			listed, lerr := admin.ListConsumerGroups()
+			still := false
+			for _, g := range groups {
+				_, in := listed[g]
+				still = still || in
+			}
+			if lerr != nil || !still {
 				break
 			}
 		}
@@ -367,7 +393,7 @@ func cleanUp(brokers []string, topics []string, group string, out io.Writer) {
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(out, "could not delete topics %s or group %s: %v\n", strings.Join(topics, ", "), group, err)
+		fmt.Fprintf(out, "could not delete topics %s or groups %s: %v\n", strings.Join(topics, ", "), strings.Join(groups, ", "), err)
 	}
 }
 
@@ -385,22 +411,36 @@ type billing struct {
 	failures   map[string]bool // orders whose next charge fails
 }
 
-type ranKey struct{}
+// delivery is what report learns of one delivery from inside the inbox.
+type delivery struct {
+	ran     bool  // the charge succeeded
+	failure error // the charge failed
+}
+
+type deliveryKey struct{}
+
+func (d *delivery) failed(err error) error {
+	if d != nil {
+		d.failure = err
+	}
+	return err
+}
 
 func (b *billing) chargeCard(msg *message.Message) error {
 	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	d, _ := msg.Context().Value(deliveryKey{}).(*delivery)
 	if id == poison {
 		b.poisonKey = inboxmw.KeyFromCtx(msg.Context())
-		return errors.New("card number missing from the order")
+		return d.failed(errors.New("card number missing from the order"))
 	}
 	if b.failures[id] {
-		delete(b.failures, id) // the gateway recovers for the resend
-		return errors.New("payment gateway timeout")
+		delete(b.failures, id) // the gateway recovers for the retry
+		return d.failed(errors.New("payment gateway timeout"))
 	}
-	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
-		*ran = true
+	if d != nil {
+		d.ran = true
 	}
 	if b.charged == nil {
 		b.charged = map[string]int{}
@@ -415,8 +455,8 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		b.mu.Lock()
 		b.deliveries++
 		b.mu.Unlock()
-		ran := new(bool)
-		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		d := &delivery{}
+		msg.SetContext(context.WithValue(msg.Context(), deliveryKey{}, d))
 		res, err := h(msg)
 		id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 		b.mu.Lock()
@@ -433,7 +473,9 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 			}
 		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
 			fmt.Fprintf(b.out, "%s  dead: moved to the poison topic and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
-		case !*ran:
+		case d.failure != nil:
+			fmt.Fprintf(b.out, "%s  failed: %v; handed to a retry topic, delivered again after its backoff\n", id, d.failure)
+		case !d.ran:
 			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
 		}
 		return res, err

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-inbox/inbox/internal/readme"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
 )
 
 var want = Summary{Published: 9, Orders: 6, Received: 12, Processed: 5, Duplicates: 3, Retried: 3, Dead: 1}
@@ -41,6 +45,23 @@ func check(t *testing.T, name string, sum Summary, out string) {
 	if n := strings.Count(out, "order-6  failed: card number missing from the order"); n != 2 {
 		t.Errorf("%s: the poison order failed %d times before it died, want 2:\n%s", name, n, out)
 	}
+	// A failed charge is handed to the retry topics, unless its backoff
+	// (random) is below RedeliveryMinDelay: then watermill-kafka resends it
+	// at once and it waits in the consumer.
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.Contains(line, "  failed: ") || strings.Contains(line, "; handed to a retry topic, delivered again after its backoff") {
+			continue
+		}
+		i := strings.Index(line, "holds it back for ")
+		if i < 0 {
+			t.Errorf("%s: a failure neither handed off nor held back: %q", name, line)
+			continue
+		}
+		backoff, err := time.ParseDuration(strings.TrimSuffix(strings.Fields(line[i+len("holds it back for "):])[0], ","))
+		if err != nil || backoff >= inboxmw.DefaultRedeliveryMinDelay {
+			t.Errorf("%s: a failure with a backoff of %s (%v) was not handed off: %q", name, backoff, err, line)
+		}
+	}
 }
 
 // names returns the topic and the consumer group the output names.
@@ -59,8 +80,8 @@ func names(t *testing.T, out string) (topic, group string) {
 // TestRun_embedded runs the example as `go run ./examples/kafka` does without
 // KAFKA_BROKERS (an in-process kfake cluster) with the default store, twice
 // with one SQLite file: each run charges every order once, skips the
-// duplicates, retries the failed charge and moves the poison order to the
-// poison topic after 3 attempts.
+// duplicates, retries the failed charge (through the retry topics) and moves
+// the poison order to the poison topic after 3 attempts.
 func TestRun_embedded(t *testing.T) {
 	t.Chdir(t.TempDir())
 	for _, name := range []string{"run 1", "run 2"} {
@@ -144,5 +165,52 @@ func TestRun_bad_store_url_names_the_parameter(t *testing.T) {
 	}
 	if strings.Contains(err.Error()+out.String(), "s3cret") {
 		t.Errorf("the password was printed: %v\n%s", err, out.String())
+	}
+}
+
+// TestREADME_summary runs the README's command for this example, `go run
+// ./examples/kafka` (built, then run in a directory of its own, where the
+// default store file goes), with KAFKA_BROKERS unset (an in-process kfake
+// cluster), and wants the README's summary lines, one after the other, in
+// what it prints.
+func TestREADME_summary(t *testing.T) {
+	t.Parallel()
+	const command = "$ go run ./examples/kafka"
+	var summary []string
+	found := false
+	for _, l := range readme.RunBy(t)[0].Lines() {
+		switch {
+		case strings.HasPrefix(l, command+" "):
+			found = true
+		case strings.HasPrefix(l, "$ "), l == "...":
+		default:
+			summary = append(summary, l)
+		}
+	}
+	if !found || len(summary) == 0 {
+		t.Fatalf("the README's block has no %q line or no summary", command)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kafka")
+	build := exec.Command("go", "build", "-o", bin, "./examples/kafka")
+	build.Dir = readme.Root(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "INBOX_STORE_URL" && name != "KAFKA_BROKERS" && name != "AMQP_URL" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", command, err, out)
+	}
+	if want := strings.Join(summary, "\n") + "\n"; !strings.Contains(string(out), "\n"+want) {
+		t.Fatalf("%s printed:\n%s\nwithout the README's lines:\n%s", command, out, want)
 	}
 }

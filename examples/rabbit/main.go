@@ -1,10 +1,12 @@
 // Rabbit: a Watermill router consuming orders from a durable RabbitMQ queue,
 // with the inbox middleware so that each order is charged once, however often
 // it is delivered. The publisher sends some orders twice (a producer retry,
-// with the same IdempotencyKey), one charge fails once (RabbitMQ redelivers
-// it, after the backoff the inbox store holds) and one always fails: with
-// MaxAttempts 3 its third failure marks its key dead, and a poison queue
-// outside the inbox takes the message off the queue.
+// with the same IdempotencyKey), one charge fails once and one always fails.
+// A failed charge waits out its backoff in a RabbitMQ delay queue
+// ([inboxamqp.Delays]), not in the consumer, which goes on with the next
+// orders; RabbitMQ delivers it again when the backoff ends. With MaxAttempts
+// 3 the third failure of the poison order marks its key dead, and a poison
+// queue outside the inbox takes the message off the queue.
 //
 //	go run ./examples/rabbit
 //
@@ -14,13 +16,14 @@
 //	INBOX_STORE_URL  the inbox store, any URL of package stores
 //	                 (default sqlite://./inbox-example.db?migrate=true)
 //
-// Each run uses a new durable queue, inbox-example-orders-<run id>, and a
+// Each run uses a new durable queue, inbox-example-orders-<run id>, its delay
+// queues (inbox-example-orders-<run id>.inbox-delay-250ms and so on), and a
 // poison queue, inbox-example-orders-<run id>-poison, which it deletes at the
 // end, so runs never see each other's messages. The queue name is also the
 // inbox group, so a store kept between runs (the SQLite file) keeps each
 // run's keys apart.
 //
-// The consumer uses [amqpkey.Marshaler]: it accepts headers that are not
+// The consumer uses [inboxamqp.Marshaler]: it accepts headers that are not
 // strings (other AMQP clients send ints, booleans, tables) instead of
 // requeueing such deliveries in a loop, and it keys messages without an
 // IdempotencyKey by their AMQP message-id.
@@ -45,8 +48,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all" // every store URL, as inboxd takes
@@ -93,7 +96,7 @@ type Summary struct {
 	Received   int // deliveries that reached the router, redeliveries included
 	Processed  int // orders charged (handler succeeded, key marked)
 	Duplicates int // deliveries skipped as duplicates
-	Retried    int // handler failures, redelivered by RabbitMQ
+	Retried    int // handler failures before the last attempt, redelivered by RabbitMQ after the backoff
 	Dead       int // messages sent to the poison queue, their key dead
 }
 
@@ -137,19 +140,31 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	fmt.Fprintf(out, "inbox store: %s\n", storeURL)
 
 	// 2. A durable queue of this run's own, and watermill-amqp with the
-	//    amqpkey marshaler on both sides.
+	//    inboxamqp marshaler on both sides.
 	queue := "inbox-example-orders-" + watermill.NewShortUUID()
 	poisonQueue := queue + "-poison"
 	fmt.Fprintf(out, "queue %s, poison queue %s\n", queue, poisonQueue)
 	amqpCfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
-	amqpCfg.Marshaler = amqpkey.Marshaler{}
+	amqpCfg.Marshaler = inboxamqp.Marshaler{}
 	defer deleteQueue(cfg.AMQPURL, queue, out)
 	defer deleteQueue(cfg.AMQPURL, poisonQueue, out)
 
-	// 3. The inbox middleware. The id is the IdempotencyKey header, else the
+	// 3. The delay queues that hold failed charges until their backoff
+	//    ends; they dead-letter back to the queue. A setup that cannot
+	//    declare them fails here, saying why.
+	delays, err := inboxamqp.NewDelays(ctx, inboxamqp.DelaysConfig{URI: cfg.AMQPURL, Queues: []string{queue}})
+	if err != nil {
+		return sum, err
+	}
+	defer delays.Close()
+	for _, d := range inboxamqp.DefaultDelays {
+		defer deleteQueue(cfg.AMQPURL, inboxamqp.DelayQueueName(queue, d), out)
+	}
+
+	// 4. The inbox middleware. The id is the IdempotencyKey header, else the
 	//    AMQP message-id, else the Watermill UUID. A failed charge is held
-	//    back by the store for a backoff (the default: up to 1 s × 2^attempt),
-	//    so its redelivery waits in the consumer; the third failure makes
+	//    back by the store for a backoff (the default: up to 1 s × 2^attempt)
+	//    and handed to the delay queues meanwhile; the third failure makes
 	//    the key dead (MaxAttempts).
 	counts := &counter{}
 	ib, err := inboxmw.New(inboxmw.Config{
@@ -158,10 +173,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		Group: queue,
 		IDSources: []keying.IDSource{
 			keying.FromMetadata(keying.DefaultIDMetadataKey),
-			amqpkey.FromMessageID(),
+			inboxamqp.FromMessageID(),
 			keying.FromUUID(),
 		},
 		MaxAttempts: maxAttempts,
+		Redelivery:  delays,
 		Metrics:     counts,
 		Logger:      logger,
 	})
@@ -169,7 +185,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, err
 	}
 
-	// 4. The consumer router: report (outside) sees every delivery, the
+	// 5. The consumer router: report (outside) sees every delivery, the
 	//    poison queue takes the messages whose key is dead (and acks them),
 	//    the inbox decides whether the handler runs.
 	sub, err := amqp.NewSubscriber(amqpCfg, logger)
@@ -184,9 +200,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, fmt.Errorf("rabbitmq publisher: %w", err)
 	}
 	defer pub.Close()
-	// Only what is not transient: a failure before the last attempt
-	// (inbox.AttemptError) is nacked and retried after the store's backoff;
-	// a dead key (inbox.DeadError) is poisoned.
+	// Only what is not transient: a dead key (inbox.DeadError) is poisoned.
+	// A failure before the last attempt is handed to the delay queues (or,
+	// if that fails, returned as a transient inbox.AttemptError, nacked and
+	// retried after the store's backoff).
 	poisonMW, err := middleware.PoisonQueueWithFilter(pub, poisonQueue, func(err error) bool {
 		return !inboxmw.IsTransient(err)
 	})
@@ -211,7 +228,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return sum, fmt.Errorf("router: %w", err)
 	}
 
-	// 5. The publisher sends the orders, duplicates included.
+	// 6. The publisher sends the orders, duplicates included.
 	orders := map[string]bool{}
 	for _, id := range deliveries {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`","amount_cents":1999}`))
@@ -223,7 +240,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	sum.Published, sum.Orders = len(deliveries), len(orders)
 
-	// 6. Wait until every order but the poison one is charged, every extra
+	// 7. Wait until every order but the poison one is charged, every extra
 	//    delivery skipped, and the poison one dead.
 	waitErr := waitUntil(ctx, cfg.Timeout, routerDone, func() bool {
 		return counts.get(inboxmw.OutcomeProcessed) == sum.Orders-1 &&
@@ -231,13 +248,14 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 			counts.get(inboxmw.OutcomeDead) == 1
 	})
 
-	// 7. Stop the router, then let the inbox finish its pending marks.
+	// 8. Stop the router, then let the inbox finish its pending marks.
 	closeErr := router.Close()
 	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelClose()
 	closeErr = errors.Join(closeErr, ib.Close(closeCtx))
 
 	sum.Received, sum.Retried = b.received()
+	sum.Retried = counts.get(inboxmw.OutcomeRedelivered) + sum.Retried
 	sum.Processed = counts.get(inboxmw.OutcomeProcessed)
 	sum.Duplicates = counts.get(inboxmw.OutcomeDuplicate)
 	sum.Dead = counts.get(inboxmw.OutcomeDead)
@@ -304,22 +322,36 @@ type billing struct {
 	failures   map[string]bool // orders whose next charge fails
 }
 
-type ranKey struct{}
+// delivery is what report learns of one delivery from inside the inbox.
+type delivery struct {
+	ran     bool  // the charge succeeded
+	failure error // the charge failed
+}
+
+type deliveryKey struct{}
+
+func (d *delivery) failed(err error) error {
+	if d != nil {
+		d.failure = err
+	}
+	return err
+}
 
 func (b *billing) chargeCard(msg *message.Message) error {
 	id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	d, _ := msg.Context().Value(deliveryKey{}).(*delivery)
 	if id == poison {
 		b.poisonKey = inboxmw.KeyFromCtx(msg.Context())
-		return errors.New("card number missing from the order")
+		return d.failed(errors.New("card number missing from the order"))
 	}
 	if b.failures[id] {
 		delete(b.failures, id) // the gateway recovers for the redelivery
-		return errors.New("payment gateway timeout")
+		return d.failed(errors.New("payment gateway timeout"))
 	}
-	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
-		*ran = true
+	if d != nil {
+		d.ran = true
 	}
 	if b.charged == nil {
 		b.charged = map[string]int{}
@@ -334,8 +366,8 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 		b.mu.Lock()
 		b.deliveries++
 		b.mu.Unlock()
-		ran := new(bool)
-		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		d := &delivery{}
+		msg.SetContext(context.WithValue(msg.Context(), deliveryKey{}, d))
 		res, err := h(msg)
 		id := msg.Metadata.Get(keying.DefaultIDMetadataKey)
 		b.mu.Lock()
@@ -352,7 +384,9 @@ func (b *billing) report(h message.HandlerFunc) message.HandlerFunc {
 			}
 		case msg.Metadata.Get(middleware.ReasonForPoisonedKey) != "":
 			fmt.Fprintf(b.out, "%s  dead: moved to the poison queue and acked (%s)\n", id, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
-		case !*ran:
+		case d.failure != nil:
+			fmt.Fprintf(b.out, "%s  failed: %v; handed to a RabbitMQ delay queue, delivered again after its backoff\n", id, d.failure)
+		case !d.ran:
 			fmt.Fprintf(b.out, "%s  duplicate: skipped, the handler was not called\n", id)
 		}
 		return res, err

@@ -6,13 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/watermill-inbox/inbox/amqp"
+	"github.com/watermill-inbox/inbox/internal/readme"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
 )
 
 // TestRun runs the example twice against the local RabbitMQ with the default
@@ -20,7 +25,8 @@ import (
 // `go run ./examples/rabbit` would: each run charges every order once, skips
 // the duplicates, retries the failed charge, sends the poison order to the
 // poison queue after 3 attempts, and the second run is not confused by the
-// first one's queues or keys.
+// first one's queues or keys. The failed charges wait in RabbitMQ delay
+// queues, deleted at the end too.
 func TestRun(t *testing.T) {
 	amqpURL := testenv.RabbitMQ.URL(t)
 	t.Chdir(t.TempDir())
@@ -61,10 +67,24 @@ func TestRun(t *testing.T) {
 		if n := strings.Count(got, "order-6  failed: card number missing from the order"); n != 2 {
 			t.Errorf("run %d: the poison order failed %d times before it died, want 2:\n%s", run, n, got)
 		}
+		// A failed charge is handed to the delay queues, unless its backoff
+		// (random) is below RedeliveryMinDelay: then RabbitMQ redelivers it
+		// at once and it waits in the consumer.
+		for _, line := range strings.Split(got, "\n") {
+			if !strings.Contains(line, "  failed: ") || strings.Contains(line, "; handed to a RabbitMQ delay queue, delivered again after its backoff") {
+				continue
+			}
+			var backoff time.Duration
+			if i := strings.Index(line, "holds it back for "); i < 0 {
+				t.Errorf("run %d: a failure neither handed off nor held back: %q", run, line)
+			} else if backoff, err = time.ParseDuration(strings.TrimSuffix(strings.Fields(line[i+len("holds it back for "):])[0], ",")); err != nil || backoff >= inboxmw.DefaultRedeliveryMinDelay {
+				t.Errorf("run %d: a failure with a backoff of %s (%v) was not handed off: %q", run, backoff, err, line)
+			}
+		}
 		if strings.Contains(got, "times charged: 2") || strings.Contains(got, "could not delete queue") {
 			t.Errorf("run %d: an order was charged twice or a queue stayed:\n%s", run, got)
 		}
-		for _, q := range []string{queue, queue + "-poison"} {
+		for _, q := range []string{queue, queue + "-poison", inboxamqp.DelayQueueName(queue, inboxamqp.DefaultDelays[0])} {
 			if queueExists(t, amqpURL, q) {
 				t.Errorf("run %d: queue %s was not deleted", run, q)
 			}
@@ -113,4 +133,52 @@ func queueExists(t *testing.T, amqpURL, queue string) bool {
 		t.Fatal(err)
 	}
 	return true
+}
+
+// TestREADME_summary runs the README's command for this example, `go run
+// ./examples/rabbit` (built, then run in a directory of its own, where the
+// default store file goes), with AMQP_URL the test RabbitMQ, and wants the README's
+// summary lines, one after the other, in what it prints.
+func TestREADME_summary(t *testing.T) {
+	t.Parallel()
+	amqpURL := testenv.RabbitMQ.URL(t)
+	const command = "$ go run ./examples/rabbit"
+	var summary []string
+	found := false
+	for _, l := range readme.RunBy(t)[0].Lines() {
+		switch {
+		case strings.HasPrefix(l, command+" "):
+			found = true
+		case strings.HasPrefix(l, "$ "), l == "...":
+		default:
+			summary = append(summary, l)
+		}
+	}
+	if !found || len(summary) == 0 {
+		t.Fatalf("the README's block has no %q line or no summary", command)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "rabbit")
+	build := exec.Command("go", "build", "-o", bin, "./examples/rabbit")
+	build.Dir = readme.Root(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "INBOX_STORE_URL" && name != "KAFKA_BROKERS" && name != "AMQP_URL" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "AMQP_URL="+amqpURL)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", command, err, out)
+	}
+	if want := strings.Join(summary, "\n") + "\n"; !strings.Contains(string(out), "\n"+want) {
+		t.Fatalf("%s printed:\n%s\nwithout the README's lines:\n%s", command, out, want)
+	}
 }

@@ -5,6 +5,7 @@ package faultproxy
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,9 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 	delay  atomic.Int64 // time.Duration each forwarded chunk is held
+	// replyDelay is the time.Duration each chunk from the target is held
+	// on top of delay.
+	replyDelay atomic.Int64
 
 	mu      sync.Mutex
 	mode    Mode
@@ -44,15 +48,26 @@ type Proxy struct {
 // it when the test ends.
 func New(t testing.TB, target string) *Proxy {
 	t.Helper()
+	p, err := Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Start starts a proxy to target ("host:port") on a free loopback port,
+// outside a test (the benchmark harness's store latency); the caller
+// closes it.
+func Start(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("faultproxy: listen: %v", err)
+		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}
 	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}), stalled: make(map[net.Conn]struct{}), done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
-	t.Cleanup(p.Close)
-	return p
+	return p, nil
 }
 
 // Addr is the proxy's "127.0.0.1:port".
@@ -96,16 +111,29 @@ func (p *Proxy) Cut()   { p.SetMode(Refuse) }
 func (p *Proxy) Stall() { p.SetMode(Stall) }
 func (p *Proxy) Restore() {
 	p.Delay(0)
+	p.DelayReplies(0)
 	p.SetMode(Pass)
 }
 
 // Delay makes the proxy hold every chunk of bytes it reads, in both
 // directions, for d before it passes it on: latency, not a bandwidth limit,
 // so a request and its reply take at least 2*d longer and pipelined bytes
-// still flow together. It applies to the bytes read from then on, on open
-// and new connections, in Pass mode; bytes keep their order. Zero or
-// negative forwards at once again.
+// still flow together. Each chunk is due d after it was read, whatever the
+// chunks before it: a reply read in several chunks is late by d, not by d
+// per chunk. It applies to the bytes read from then on, on open and new
+// connections, in Pass mode; bytes keep their order. Zero or negative
+// forwards at once again. On Linux, waits under 10 ms are precise to some
+// microseconds (a timerfd); elsewhere, and for longer ones, to about a
+// millisecond (the runtime's timers).
 func (p *Proxy) Delay(d time.Duration) { p.delay.Store(int64(max(d, 0))) }
+
+// DelayReplies makes the proxy hold the bytes it reads from the target for
+// d (on top of Delay's) and pass the client's at once: a request and its
+// reply take d longer, as across a network d away, with half the waits of
+// Delay(d/2), so half the wake-ups of the proxy's goroutines (which cost
+// CPU time, in a benchmark on the same cores). Zero or negative removes
+// it; Restore too.
+func (p *Proxy) DelayReplies(d time.Duration) { p.replyDelay.Store(int64(max(d, 0))) }
 
 // Close stops the proxy and closes every connection.
 func (p *Proxy) Close() {
@@ -191,16 +219,22 @@ func (p *Proxy) forward(c net.Conn) {
 	defer p.untrack(s)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst, src net.Conn, hold func() time.Duration) {
 		defer wg.Done()
-		p.copy(dst, src)
+		p.copy(dst, src, hold)
 		_ = dst.Close()
 		_ = src.Close()
 	}
-	go pipe(s, c)
-	go pipe(c, s)
+	go pipe(s, c, func() time.Duration { return time.Duration(p.delay.Load()) })
+	go pipe(c, s, func() time.Duration { return time.Duration(p.delay.Load() + p.replyDelay.Load()) })
 	wg.Wait()
 }
+
+// preciseWait bounds the waits of a chunk's delay made on a waiter
+// (wait_linux.go: precise to microseconds, but not interrupted by Close);
+// longer ones use a runtime timer, precise to about a millisecond, which
+// Close interrupts.
+const preciseWait = 10 * time.Millisecond
 
 // chunk is what one read from a connection got, and when it may go on.
 type chunk struct {
@@ -208,17 +242,29 @@ type chunk struct {
 	due time.Time
 }
 
-// copy forwards src to dst until either fails, holding each chunk for the
-// delay that was set when it was read.
-func (p *Proxy) copy(dst, src net.Conn) {
+// copy forwards src to dst until either fails, holding each chunk for what
+// hold said when it was read. A reading goroutine stamps the chunks and
+// this one writes them when due; a chunk held for nothing, with none
+// waiting before it, is written by the reading goroutine at once (waking
+// no other goroutine, which costs CPU time on the cores the proxy shares).
+func (p *Proxy) copy(dst, src net.Conn, hold func() time.Duration) {
 	ch := make(chan chunk, 64)
+	var queued atomic.Int64 // chunks sent on ch and not yet written
 	go func() {
 		defer close(ch)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
-				ch <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(time.Duration(p.delay.Load()))}
+				if d := hold(); d <= 0 && queued.Load() == 0 {
+					if _, err := dst.Write(buf[:n]); err != nil {
+						_ = src.Close()
+						return
+					}
+				} else {
+					queued.Add(1)
+					ch <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(d)}
+				}
 			}
 			if err != nil {
 				return
@@ -226,11 +272,20 @@ func (p *Proxy) copy(dst, src net.Conn) {
 		}
 	}()
 	failed := false
+	var w *waiter // made at the first short wait; nil without a timerfd
+	made := false
+	defer func() { w.close() }()
 	for c := range ch {
 		if failed {
 			continue // drain, so that the reader ends once src is closed
 		}
-		if wait := time.Until(c.due); wait > 0 {
+		if wait := time.Until(c.due); wait > 0 && wait < preciseWait {
+			if !made {
+				w, made = newWaiter(), true
+			}
+			w.wait(wait)
+		}
+		if wait := time.Until(c.due); wait > 0 { // a long wait, or no waiter
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
@@ -242,5 +297,6 @@ func (p *Proxy) copy(dst, src net.Conn) {
 			failed = true
 			_ = src.Close()
 		}
+		queued.Add(-1)
 	}
 }

@@ -1,5 +1,5 @@
 // Package importcheck holds only a test: the library's packages must not
 // depend on broker clients or test servers (see CONTRIBUTING.md). Packages
-// made for one broker (keying/kafkakey, keying/amqpkey), examples and
+// made for one broker (kafka, amqp), examples and
 // end-to-end tests may.
 package importcheck

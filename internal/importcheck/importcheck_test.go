@@ -18,8 +18,8 @@ var forbidden = []string{
 
 // allowed are the packages (and their subpackages) that may import them.
 var allowed = []string{
-	"github.com/watermill-inbox/inbox/keying/kafkakey",
-	"github.com/watermill-inbox/inbox/keying/amqpkey",
+	"github.com/watermill-inbox/inbox/kafka",
+	"github.com/watermill-inbox/inbox/amqp",
 	"github.com/watermill-inbox/inbox/examples/",
 	"github.com/watermill-inbox/inbox/e2e",
 	"github.com/watermill-inbox/inbox/internal/importcheck",

@@ -76,16 +76,39 @@ func (l *Log) OK() {
 	}
 }
 
-// Pacer spaces the calls to a failing dependency across all its callers:
-// after a failure the next call may go only after a jittered pause that
-// doubles with each failure, from Min up to Max; a success ends the
-// outage. An outage then costs about one call per pause, however many
-// callers wait. The zero value is not usable: set Min and Max.
-type Pacer struct {
+// Backoff is the jittered exponential backoff of every retry loop of the
+// library: the pause before retry n (n from 0) is drawn uniformly from
+// [d/2, d], where d = min(Min × 2^n, Max). The loops and their values:
+//
+//	loop                                         Min      Max
+//	inboxmw: polling a busy key                  20 ms    1 s
+//	inboxmw: a failing store's claims (Pacer),
+//	         a mark or release after the handler 50 ms    2 s
+//	remote client: retrying a call               50 ms    1 s  (or the server's Retry-After, up to 5 s)
+//	SQL store: retrying a deadlocked statement   2 ms     256 ms (8 attempts)
+type Backoff struct {
 	Min, Max time.Duration
-	mu       sync.Mutex
-	pause    time.Duration // zero while nothing fails
-	next     time.Time     // the earliest time of the next call
+}
+
+// Pause returns the pause before retry n (0 for the first retry).
+func (b Backoff) Pause(n int) time.Duration {
+	d := b.Max
+	if n >= 0 && n < 62 && b.Min <= b.Max>>n {
+		d = b.Min << n
+	}
+	return Jitter(d)
+}
+
+// Pacer spaces the calls to a failing dependency across all its callers:
+// after a failure the next call may go only after the Backoff's pause for
+// the number of failures so far; a success ends the outage. An outage then
+// costs about one call per pause, however many callers wait. The zero
+// value is not usable: set Backoff.
+type Pacer struct {
+	Backoff
+	mu    sync.Mutex
+	fails int       // failures since the last success
+	next  time.Time // the earliest time of the next call
 }
 
 // Reserve returns how long the caller must wait before its call: zero
@@ -97,7 +120,7 @@ type Pacer struct {
 func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pause == 0 {
+	if p.fails == 0 {
 		return 0, true
 	}
 	now := time.Now()
@@ -107,7 +130,7 @@ func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 	} else if at.After(deadline) {
 		return 0, false
 	}
-	p.next = at.Add(Jitter(p.pause))
+	p.next = at.Add(p.Pause(p.fails - 1))
 	return at.Sub(now), true
 }
 
@@ -115,8 +138,8 @@ func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
 func (p *Pacer) Failed() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pause = min(max(2*p.pause, p.Min), p.Max)
-	if next := time.Now().Add(Jitter(p.pause)); next.After(p.next) {
+	p.fails++
+	if next := time.Now().Add(p.Pause(p.fails - 1)); next.After(p.next) {
 		p.next = next
 	}
 }
@@ -124,7 +147,7 @@ func (p *Pacer) Failed() {
 // OK records a call that succeeded: the outage is over.
 func (p *Pacer) OK() {
 	p.mu.Lock()
-	p.pause, p.next = 0, time.Time{}
+	p.fails, p.next = 0, time.Time{}
 	p.mu.Unlock()
 }
 

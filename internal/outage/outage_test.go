@@ -43,7 +43,7 @@ func TestLog_one_line_per_interval_then_recovery(t *testing.T) {
 
 func TestPacer_spaces_calls_across_callers(t *testing.T) {
 	t.Parallel()
-	p := &Pacer{Min: 100 * time.Millisecond, Max: 400 * time.Millisecond}
+	p := &Pacer{Backoff: Backoff{Min: 100 * time.Millisecond, Max: 400 * time.Millisecond}}
 	far := time.Now().Add(time.Hour)
 	if w, ok := p.Reserve(far); w != 0 || !ok {
 		t.Fatalf("no outage: wait %s, %v; want 0, true", w, ok)
@@ -66,7 +66,7 @@ func TestPacer_spaces_calls_across_callers(t *testing.T) {
 	}
 	// A caller that cannot wait (deadline in the past) gets a slot that is
 	// free now.
-	q := &Pacer{Min: time.Millisecond, Max: time.Millisecond}
+	q := &Pacer{Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 	q.Failed()
 	testenv.Eventually(t, 5*time.Second, "a slot granted to a caller past its deadline", func() bool {
 		_, ok := q.Reserve(time.Now().Add(-time.Second))
@@ -77,7 +77,25 @@ func TestPacer_spaces_calls_across_callers(t *testing.T) {
 		t.Fatalf("after recovery: wait %s, %v; want 0, true", w, ok)
 	}
 	p.Failed()
-	if p.pause != p.Min {
-		t.Fatalf("first failure after a recovery: pause %s, want Min", p.pause)
+	if w, ok := p.Reserve(far); !ok || w < p.Min/2-time.Millisecond || w > p.Min {
+		t.Fatalf("first failure after a recovery: wait %s, want a pause of Min (within [%s, %s])", w, p.Min/2, p.Min)
+	}
+}
+
+func TestBackoff_pauses_double_within_their_bounds(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+	for n, want := range []time.Duration{20, 40, 80, 160, 320, 640, 1000, 1000} {
+		want *= time.Millisecond
+		for range 50 {
+			if d := b.Pause(n); d < want/2 || d > want {
+				t.Fatalf("Pause(%d) = %s, want within [%s, %s]", n, d, want/2, want)
+			}
+		}
+	}
+	for _, n := range []int{62, 100, -1} {
+		if d := b.Pause(n); d < b.Max/2 || d > b.Max {
+			t.Fatalf("Pause(%d) = %s, want within the Max's [%s, %s]", n, d, b.Max/2, b.Max)
+		}
 	}
 }

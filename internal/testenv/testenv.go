@@ -153,24 +153,47 @@ func (s Service) missing(t testing.TB, why string) {
 	t.Skip(msg)
 }
 
-var skipMu sync.Mutex
+// fileMu serialises the appends of RecordSkip and Report.
+var fileMu sync.Mutex
 
 // RecordSkip appends "name: how" to the file named by INBOX_SKIP_FILE, for
 // the one-line summary `make test` prints. Tests that skip for other reasons
 // than a service (a capability a server lacks) call it too.
 func RecordSkip(name, how string) {
-	path := os.Getenv("INBOX_SKIP_FILE")
+	_ = appendLine("INBOX_SKIP_FILE", fmt.Sprintf("%s (%s)", name, how))
+}
+
+// appendLine appends line to the file named by the environment variable
+// env, if it is set.
+func appendLine(env, line string) error {
+	path := os.Getenv(env)
 	if path == "" {
-		return
+		return nil
 	}
-	skipMu.Lock()
-	defer skipMu.Unlock()
+	fileMu.Lock()
+	defer fileMu.Unlock()
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
-		return
+		return err
 	}
-	defer f.Close()
-	fmt.Fprintf(f, "%s (%s)\n", name, how)
+	_, err = fmt.Fprintln(f, line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Report logs line on t and appends "test: line" to the file named by
+// INBOX_REPORT_FILE, which `make test` prints at its end: for the few
+// figures a test measures that a reader of CI's output should see (go test
+// shows a passing test's log only with -v).
+func Report(t testing.TB, format string, args ...any) {
+	t.Helper()
+	line := fmt.Sprintf(format, args...)
+	t.Log(line)
+	if err := appendLine("INBOX_REPORT_FILE", t.Name()+": "+line); err != nil {
+		t.Errorf("INBOX_REPORT_FILE: %v", err)
+	}
 }
 
 // Eventually polls cond until it holds, and fails the test, naming what it

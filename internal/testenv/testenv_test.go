@@ -94,3 +94,18 @@ func TestService_available(t *testing.T) {
 		t.Fatalf("URL %q, skipped %q, failed %q", got, f.skipped, f.failed)
 	}
 }
+
+func TestReport_appends_to_the_report_file(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "report")
+	t.Setenv("INBOX_REPORT_FILE", file)
+	testenv.Report(t, "ratio: %.2f", 0.5)
+	testenv.Report(t, "second")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := t.Name() + ": ratio: 0.50\n" + t.Name() + ": second\n"
+	if string(data) != want {
+		t.Fatalf("report file holds %q, want %q", data, want)
+	}
+}

@@ -116,7 +116,9 @@ type Op struct {
 type Driver interface {
 	// Apply runs ops, in one round trip where the backend allows, and sets
 	// res[i] (Claims only) and errs[i] for ops[i]; len(res) and len(errs)
-	// are len(ops). Ops on the same key take effect in slice order (a
+	// are len(ops). A Busy claim sets [inbox.Claim.BackingOff] when it met
+	// a failed attempt's backoff rather than a live lease; the layer
+	// passes every field of a claim on as it is. Ops on the same key take effect in slice order (a
 	// Release followed by a Claim of its key acquires it; several Claims of
 	// one key give exactly one Acquired while the lease is live); ops on
 	// different keys may be applied in any order. A non-nil return fails
@@ -150,6 +152,11 @@ type Config struct {
 	// zero passes Op.Lease zero on to the driver, for a backend that picks
 	// its default itself (a remote service).
 	Lease time.Duration
+
+	// Retention is how long the backend keeps a processed key, reported
+	// by [Store.Retention] ([inbox.RetentionReporter]). Optional; zero
+	// means not known. The layer does not enforce it: the driver does.
+	Retention time.Duration
 
 	// MaxLease is the longest lease TryBegin and Extend accept; longer ones
 	// fail with [inbox.ErrInvalidLease]. Optional; zero means no bound.
@@ -195,8 +202,9 @@ type Store struct {
 }
 
 var (
-	_ inbox.LeaseStore = (*Store)(nil)
-	_ inbox.Admin      = (*Store)(nil)
+	_ inbox.LeaseStore        = (*Store)(nil)
+	_ inbox.Admin             = (*Store)(nil)
+	_ inbox.RetentionReporter = (*Store)(nil)
 )
 
 // New returns the portable store over d.
@@ -208,6 +216,8 @@ func New(d Driver, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: driver.Config.Name is required", inbox.ErrInvalidArgument)
 	case cfg.Lease < 0:
 		return nil, fmt.Errorf("%w: %s: default lease %s is negative", inbox.ErrInvalidLease, cfg.Name, cfg.Lease)
+	case cfg.Retention < 0:
+		return nil, fmt.Errorf("%w: %s: retention %s is negative", inbox.ErrInvalidArgument, cfg.Name, cfg.Retention)
 	case cfg.MaxLease < 0 || (cfg.MaxLease > 0 && cfg.Lease > cfg.MaxLease):
 		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
 	}
@@ -217,6 +227,10 @@ func New(d Driver, cfg Config) (*Store, error) {
 	}
 	return s, nil
 }
+
+// Retention implements [inbox.RetentionReporter]: [Config.Retention], zero
+// when the driver did not say.
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
 // Close makes every later call fail with [inbox.ErrClosed] and closes the
 // driver. Calls in flight finish or fail as the driver's Close leaves them.

@@ -313,6 +313,62 @@ func TestStore_batches_calls_made_during_a_round_trip(t *testing.T) {
 	}
 }
 
+// Each caller of a batch gets its own claim, every field as the driver set
+// it: Busy on a backoff says BackingOff, Busy on a live lease does not.
+func TestStore_batched_claims_keep_their_fields(t *testing.T) {
+	t.Parallel()
+	f := &fake{gate: make(chan struct{}), entered: make(chan struct{}, 16)}
+	f.apply = func(ops []driver.Op, res []inbox.Claim, errs []error) error {
+		for i, op := range ops {
+			switch op.Key {
+			case "backoff":
+				res[i] = inbox.Claim{Status: inbox.Busy, ExpiresAt: time.Unix(20, 0), RetryAfter: 20 * time.Second, BackingOff: true, Attempts: 2}
+			case "held":
+				res[i] = inbox.Claim{Status: inbox.Busy, ExpiresAt: time.Unix(10, 0), RetryAfter: 10 * time.Second, Attempts: 1}
+			default:
+				res[i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, Lease: op.Lease}
+			}
+		}
+		return nil
+	}
+	s := newStore(t, f, driver.Config{Batch: driver.Batch{MaxBatch: 8}})
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { first <- errOf(s.TryBegin(ctx, "first", inbox.BeginOptions{})) }()
+	<-f.entered // the first round trip is in flight, holding the gate
+	keys := []string{"backoff", "held", "backoff", "held"}
+	claims := make([]inbox.Claim, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i], errs[i] = s.TryBegin(ctx, k, inbox.BeginOptions{})
+		}()
+		waitBatched(t, s, i+1)
+	}
+	close(f.gate)
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if b := f.got(); len(b) != 2 || len(b[1]) != len(keys) {
+		t.Fatalf("batches %v, want the claims in one batch after the first", b)
+	}
+	for i, k := range keys {
+		c := claims[i]
+		if errs[i] != nil {
+			t.Fatalf("TryBegin(%q): %v", k, errs[i])
+		}
+		want := k == "backoff"
+		if c.Status != inbox.Busy || c.BackingOff != want || (want && (c.RetryAfter != 20*time.Second || c.Attempts != 2)) ||
+			(!want && (c.RetryAfter != 10*time.Second || c.Attempts != 1)) {
+			t.Fatalf("TryBegin(%q) = %+v, want the driver's Busy claim of that key (BackingOff %v)", k, c, want)
+		}
+	}
+}
+
 // waitBatched waits until n calls are queued behind the round trip in flight.
 func waitBatched(t *testing.T, s *driver.Store, n int) {
 	t.Helper()

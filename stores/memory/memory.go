@@ -129,6 +129,31 @@ func (r *record) expired(now time.Time) bool { return !now.Before(r.expiresAt) }
 // Store is the in-memory [inbox.LeaseStore]. It is safe for concurrent use.
 // The portable layer it embeds ([driver.Store]) validates input and maps
 // errors; the records live in its driver.
+//
+// Its methods are those of the portable layer it embeds, [driver.Store],
+// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
+//
+//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
+//     lease: Acquired, Busy (another live lease, or a failed attempt's
+//     backoff), Processed or Dead.
+//   - Complete(ctx, key, leaseID): marks key processed under the lease;
+//     repeating it after success succeeds.
+//   - Release(ctx, key, leaseID): gives the lease back unmarked.
+//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
+//     out opts.RetryAfter, or is dead with opts.Dead.
+//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
+//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
+//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
+//     ([inbox.Store]).
+//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - Retention() time.Duration: how long a processed key stays processed
+//     ([inbox.RetentionReporter], for the middleware's stale check).
+//   - BatchStats: how calls were batched; Close.
+//
+// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
+// leaseID no longer holds the key; bad input wraps
+// [inbox.ErrInvalidArgument]; a backend failure wraps
+// [inbox.ErrStoreUnavailable].
 type Store struct {
 	*driver.Store
 	m *mem
@@ -158,7 +183,7 @@ func New(opts Options) (*Store, error) {
 	m := &mem{opts: opts, epoch: epoch, epochWall: epoch.Round(0), recs: make(map[string]*record), order: list.New()}
 	// No Timeout and no batching: a call never waits for anything but the
 	// mutex.
-	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease})
+	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease, Retention: opts.Retention})
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +339,7 @@ func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
 		m.setLease(r, now, r.lease)
 	default:
 		if now.Before(r.retryAt) { // a failed attempt's backoff
-			c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, m.wall(r.retryAt), r.retryAt.Sub(now)
+			c.Status, c.ExpiresAt, c.RetryAfter, c.BackingOff = inbox.Busy, m.wall(r.retryAt), r.retryAt.Sub(now), true
 			return c, nil
 		}
 		r.leaseID = op.LeaseID
@@ -411,7 +436,9 @@ func (m *mem) Extend(_ context.Context, key, leaseID string, lease time.Duration
 		return time.Time{}, err
 	}
 	m.setLease(r, now, lease)
+	seen := r.lastSeen
 	m.touch(r, now)
+	r.lastSeen = seen // a heartbeat is no sighting: LastSeen stays the acquisition's (inbox.Record)
 	return m.wall(r.leaseUntil), nil
 }
 

@@ -61,11 +61,11 @@
 //     races between inserts, and between an insert and an update, are
 //     resolved. The store then reads the document and answers Processed,
 //     Dead (with the reason), or Busy (with the holder's deadline, or the
-//     backoff's end, and the time left); a retry by the holder (same
-//     BeginOptions.LeaseID) renews its lease with a conditional update on
-//     {leaseId, leaseUntil > now} without counting an attempt; a record past
-//     its retention is replaced by a fresh one with a conditional replace on
-//     {expiresAt <= now}.
+//     backoff's end and Claim.BackingOff, and the time left); a retry by
+//     the holder (same BeginOptions.LeaseID) renews its lease with a
+//     conditional update on {leaseId, leaseUntil > now} without counting an
+//     attempt; a record past its retention is replaced by a fresh one with
+//     a conditional replace on {expiresAt <= now}.
 //  3. When the record changed between those steps, TryBegin starts over, at
 //     most 4 times, then fails with inbox.ErrStoreUnavailable.
 //

@@ -110,6 +110,31 @@ func (o Options) Validate() error {
 // by Options.Timeout and names the store, the operation and the key in
 // errors; what is MongoDB's own (the documents, the claim algorithm, the
 // server's clock) is in its driver.
+//
+// Its methods are those of the portable layer it embeds, [driver.Store],
+// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
+//
+//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
+//     lease: Acquired, Busy (another live lease, or a failed attempt's
+//     backoff), Processed or Dead.
+//   - Complete(ctx, key, leaseID): marks key processed under the lease;
+//     repeating it after success succeeds.
+//   - Release(ctx, key, leaseID): gives the lease back unmarked.
+//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
+//     out opts.RetryAfter, or is dead with opts.Dead.
+//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
+//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
+//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
+//     ([inbox.Store]).
+//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - Retention() time.Duration: how long a processed key stays processed
+//     ([inbox.RetentionReporter], for the middleware's stale check).
+//   - BatchStats: how calls were batched; Close.
+//
+// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
+// leaseID no longer holds the key; bad input wraps
+// [inbox.ErrInvalidArgument]; a backend failure wraps
+// [inbox.ErrStoreUnavailable].
 type Store struct {
 	*driver.Store
 	b *backend
@@ -182,7 +207,7 @@ func newStore(client *mongo.Client, opts Options) (*Store, error) {
 	}
 	// No batching: see "Round trips" in the package documentation. A
 	// negative Timeout is the layer's "no bound".
-	ds, err := driver.New(b, driver.Config{Name: "mongo store", Lease: opts.Lease, Timeout: opts.Timeout})
+	ds, err := driver.New(b, driver.Config{Name: "mongo store", Lease: opts.Lease, Retention: opts.Retention, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +504,7 @@ func (b *backend) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) 
 			// A failed attempt's backoff: Busy for every caller, the failed
 			// lease's too (its leaseId was cleared).
 			return inbox.Claim{
-				Status: inbox.Busy, ExpiresAt: d.RetryAt.UTC(), RetryAfter: d.RetryAt.Sub(now),
+				Status: inbox.Busy, ExpiresAt: d.RetryAt.UTC(), RetryAfter: d.RetryAt.Sub(now), BackingOff: true,
 				Attempts: int(d.Attempts), PayloadMismatch: d.mismatch(op.PayloadHash),
 			}, nil
 		}
@@ -590,8 +615,7 @@ func (b *backend) Extend(ctx context.Context, key, leaseID string, lease time.Du
 	now := b.clock.now(ctx)
 	until := deadline(now, lease)
 	res, err := b.coll.UpdateOne(ctx, held(key, leaseID, now), bson.D{{Key: "$set", Value: bson.D{
-		{Key: "leaseUntil", Value: until},
-		{Key: "lastSeen", Value: now},
+		{Key: "leaseUntil", Value: until}, // lastSeen stays: a heartbeat is no sighting (inbox.Record.LastSeen)
 		{Key: "expiresAt", Value: until.Add(b.opts.Retention)},
 	}}})
 	if err != nil {

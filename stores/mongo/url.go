@@ -31,7 +31,15 @@ const (
 // must be a MongoDB connection string option.
 var urlParams = []string{"collection", "timeout", "ensure_indexes"}
 
+// secretParams are the connection string options that carry secrets:
+// authMechanismProperties holds AWS_SESSION_TOKEN:<token> with
+// authMechanism=MONGODB-AWS, the others the password of the client's TLS
+// key. They are registered with [stores.RegisterSecretParams], so that
+// [stores.Redact] masks them in logs and errors.
+var secretParams = []string{"authMechanismProperties", "tlsCertificateKeyFilePassword", "sslClientCertificateKeyPassword"}
+
 func init() {
+	stores.RegisterSecretParams(secretParams...)
 	stores.Register(Scheme, stores.OpenerFunc(openURL))
 	stores.Register(SchemeSRV, stores.OpenerFunc(openURL))
 }
@@ -144,34 +152,11 @@ func checkDriverOptions(scheme string, q url.Values) error {
 }
 
 // scrub removes the URL's password and secret parameter values from a
-// message that may quote them (a driver error).
-func scrub(msg string, u *url.URL) string {
-	if u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			for _, form := range []string{pw, url.QueryEscape(pw), url.PathEscape(pw)} {
-				msg = strings.ReplaceAll(msg, form, "xxxxx")
-			}
-		}
-	}
-	return scrubValues(msg, u.Query())
-}
+// message that may quote them (a driver error), with the one list of
+// secret-bearing parameters of package stores.
+func scrub(msg string, u *url.URL) string { return stores.Scrub(msg, u) }
 
-// scrubValues masks the values of parameters that carry secrets.
+// scrubValues masks the values of q's parameters that carry secrets.
 func scrubValues(msg string, q url.Values) string {
-	for name, vs := range q {
-		ln := strings.ToLower(name)
-		secret := strings.Contains(ln, "authmechanismproperties")
-		for _, s := range []string{"token", "password", "secret", "key"} {
-			secret = secret || strings.Contains(ln, s)
-		}
-		if !secret {
-			continue
-		}
-		for _, v := range vs {
-			if v != "" {
-				msg = strings.ReplaceAll(msg, v, "xxxxx")
-			}
-		}
-	}
-	return msg
+	return stores.Scrub(msg, &url.URL{RawQuery: q.Encode()})
 }

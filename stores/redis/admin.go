@@ -282,7 +282,7 @@ func (d *rdb) readList(ctx context.Context, opts inbox.ListOptions, keys []strin
 		if err != nil {
 			return nil, mapErr(err)
 		}
-		r, now, err := record(v)
+		r, now, err := getReply(v)
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/stores"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/redis/internal/redistest"
 )
@@ -110,10 +113,10 @@ func TestList_prefixes_with_glob_characters(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
 	base := testPrefix(t, c)
-	a := newStore(t, c, redisstore.Options{Prefix: base + "s*"})
-	b := newStore(t, c, redisstore.Options{Prefix: base + "sx*"})
-	markAll(t, c, base+"s*", []string{"[ab]1", "a1", `q\x`, "q?"})
-	markAll(t, c, base+"sx*", []string{"a2", "[ab]2"})
+	a := newStore(t, c, redisstore.Options{Prefix: base + "s*:"})
+	b := newStore(t, c, redisstore.Options{Prefix: base + "sx*:"})
+	markAll(t, c, base+"s*:", []string{"[ab]1", "a1", `q\x`, "q?"})
+	markAll(t, c, base+"sx*:", []string{"a2", "[ab]2"})
 	for _, tc := range []struct {
 		prefix string
 		want   []string
@@ -214,7 +217,16 @@ func TestList_reads_records_as_Get_does(t *testing.T) {
 	if err := c.Set(ctx, prefix+"foreign", "not a record", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.List(ctx, inbox.ListOptions{Limit: 10})
+	// The page that reaches the foreign value fails; on a shared Redis with
+	// many keys that may not be the first one.
+	var err error
+	for opts := (inbox.ListOptions{Limit: 10}); err == nil; {
+		var p inbox.ListPage
+		if p, err = s.List(ctx, opts); err == nil && p.Next == "" {
+			break
+		}
+		opts.Cursor = p.Next
+	}
 	if !errors.Is(err, inbox.ErrStoreUnavailable) || !strings.Contains(err.Error(), prefix+"foreign") {
 		t.Fatalf("List over a foreign value: %v, want ErrStoreUnavailable naming its key", err)
 	}
@@ -266,5 +278,62 @@ func TestList_cluster(t *testing.T) {
 	rs := newStore(t, ring, redisstore.Options{Prefix: "p:"})
 	if _, err := rs.List(ctx, inbox.ListOptions{}); !errors.Is(err, inbox.ErrNotSupported) {
 		t.Fatalf("List on a Ring: %v, want ErrNotSupported", err)
+	}
+}
+
+// A prefix must end with ':', so that it cannot reach another namespace's
+// keys: "app" would make the inbox key "le:1" the Redis key "apple:1"
+// (refused, by New and by URL, saying what to use); under "app:", Forget,
+// ForceRelease and List of "le:1" never touch the neighbour "apple:"'s keys.
+func TestPrefix_stays_in_its_namespace(t *testing.T) {
+	t.Parallel()
+	c := sharedClient(t)
+	base := testPrefix(t, c)
+	_, err := redisstore.New(c, redisstore.Options{Prefix: base + "app"})
+	if !errors.Is(err, inbox.ErrInvalidArgument) || !strings.Contains(err.Error(), `"`+base+`app" does not end with ":"`) ||
+		!strings.Contains(err.Error(), `use "`+base+`app:"`) {
+		t.Fatalf("New with prefix %q: %v; want an invalid argument naming it and the prefix to use", base+"app", err)
+	}
+	u := withQuery(t, testenv.Redis.URL(t), "prefix="+url.QueryEscape(base+"app")+"&check=false")
+	if s, err := stores.Open(context.Background(), u); err == nil {
+		_ = s.Close()
+		t.Fatal("Open with a prefix without a separator succeeded")
+	} else if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), "does not end with") {
+		t.Fatalf("Open with a prefix without a separator: %v, want an invalid URL saying why", err)
+	}
+
+	ctx := context.Background()
+	neighbour := base + "apple:1" // another application's key
+	if err := c.Set(ctx, neighbour, "theirs", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, c, redisstore.Options{Prefix: base + "app:"})
+	if page, err := s.List(ctx, inbox.ListOptions{}); err != nil || len(page.Items) != 0 {
+		t.Fatalf("List of an empty store beside %s = %+v, %v; want nothing", neighbour, page, err)
+	}
+	if err := s.Forget(ctx, "le:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForceRelease(ctx, "le:1"); err != nil {
+		t.Fatal(err)
+	}
+	claim, err := s.TryBegin(ctx, "le:1", inbox.BeginOptions{})
+	if err != nil || claim.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(le:1) = %+v, %v", claim, err)
+	}
+	if err := s.ForceRelease(ctx, "le:1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := listPages(t, s, inbox.ListOptions{Limit: 10}); !slices.Equal(got, []string{"le:1"}) {
+		t.Fatalf("List = %q, want the store's own key only", got)
+	}
+	if err := s.Forget(ctx, "le:1"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Get(ctx, neighbour).Result(); err != nil || v != "theirs" {
+		t.Fatalf("the neighbour's key %s after the store's calls: %q, %v; want it untouched", neighbour, v, err)
+	}
+	if n, err := c.Exists(ctx, base+"app:le:1").Result(); err != nil || n != 0 {
+		t.Fatalf("the store's own key after Forget: exists %d, %v", n, err)
 	}
 }

@@ -64,9 +64,9 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 		// expiry (the key is gone already), leaves the decision to the
 		// script: it finds this lease's record, if any, and renews it.
 		if e, err := fc.exp.Result(); ok && err == nil && e >= 0 {
-			// SET NX wrote the fresh record: acquired, at the time of the
-			// SET rounded down to the millisecond (see scripts.go).
-			until := (int64(e/time.Millisecond)-fc.ttlMS)*1000 + fc.leaseUS
+			// SET NX wrote the fresh record: acquired at the time of the
+			// SET rounded down to the millisecond, as the scripts read it.
+			until := acquiredAt(int64(e/time.Millisecond), fc.ttlMS) + fc.leaseUS
 			res[fc.i] = inbox.Claim{Status: inbox.Acquired, LeaseID: op.LeaseID, ExpiresAt: fromMicros(until), Lease: time.Duration(fc.leaseUS) * time.Microsecond, Attempts: 1}
 			continue
 		}
@@ -167,10 +167,10 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5}
 
 // fastClaim is the claim of ops[i] as SET NX PX of a fresh record and
-// PEXPIRETIME (see scripts.go).
+// PEXPIRETIME (see "Record layouts" in doc.go).
 type fastClaim struct {
 	i              int
-	leaseUS, ttlMS int64 // the lease and the fresh record's physical TTL
+	leaseUS, ttlMS int64 // the fresh record's lease and physical TTL
 	set            *redis.BoolCmd
 	exp            *redis.DurationCmd
 }
@@ -180,7 +180,7 @@ func (d *rdb) queueClaim(ctx context.Context, p redis.Pipeliner, i int, op drive
 	leaseUS := micros(op.Lease)
 	ttl := ttlMS(leaseUS + d.retUS)
 	k := d.opts.Prefix + op.Key
-	rec := freshRecord(op.LeaseID, op.Owner, op.PayloadHash, leaseUS, ttl)
+	rec := fresh(op.LeaseID, op.Owner, op.PayloadHash, leaseUS, ttl).encode()
 	return fastClaim{
 		i: i, leaseUS: leaseUS, ttlMS: ttl,
 		set: p.SetNX(ctx, k, rec, time.Duration(ttl)*time.Millisecond),
@@ -261,7 +261,8 @@ func reply(op driver.Op, v any) (inbox.Claim, error) {
 }
 
 // claimReply decodes the reply of opsScript to a claim (B): {status,
-// until, lease, now, mismatch, attempts} and, when dead, the reason.
+// until, lease, now, mismatch, attempts} and, when dead, the reason. Busy
+// is status 3 on a live lease, 5 in a backoff.
 func claimReply(op driver.Op, v any) (inbox.Claim, error) {
 	a, ok := v.([]any)
 	var r [6]int64
@@ -285,8 +286,9 @@ func claimReply(op driver.Op, v any) (inbox.Claim, error) {
 		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, fromMicros(until), time.Duration(granted)*time.Microsecond
 	case 2:
 		c.Status = inbox.Processed
-	case 3:
+	case 3, 5: // a live lease, a failed attempt's backoff
 		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, fromMicros(until), time.Duration(until-now)*time.Microsecond
+		c.BackingOff = status == 5
 	case 4:
 		reason, ok := a[6].(string)
 		if !ok {

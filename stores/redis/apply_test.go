@@ -17,8 +17,9 @@ import (
 	"github.com/watermill-inbox/inbox/stores/redis/internal/redistest"
 )
 
-// An outcome of one operation of a batch: the claim's status for a claim,
-// "ok" or "lost" (ErrLeaseLost) for the others.
+// An outcome of one operation of a batch: the claim's status for a claim
+// ("BackingOff" for Busy in a backoff), "ok" or "lost" (ErrLeaseLost) for
+// the others.
 type outcome string
 
 func outcomeOf(op driver.Op, c inbox.Claim, err error) outcome {
@@ -27,6 +28,8 @@ func outcomeOf(op driver.Op, c inbox.Claim, err error) outcome {
 		return "lost"
 	case err != nil:
 		return outcome("error: " + err.Error())
+	case op.Kind == driver.Claim && c.Status == inbox.Busy && c.BackingOff:
+		return "BackingOff"
 	case op.Kind == driver.Claim:
 		return outcome(c.Status.String())
 	}
@@ -90,11 +93,17 @@ var batchOrderCases = []struct {
 			holderOp(driver.Complete, "done", "y"), claimOp("k", "c"), claimOp("k", "d")},
 		[]outcome{"Acquired", "lost", "Busy", "ok", "Acquired", "Busy"}, inbox.StateInProgress},
 	// Fail takes its place in the order like Release: a backoff makes the
-	// claims after it Busy, dead makes them Dead, and the failed lease is
-	// fenced off.
+	// claims after it Busy (BackingOff, the failed lease's included), dead
+	// makes them Dead, and the failed lease is fenced off.
 	{"claim then fail with a backoff", nil,
-		[]driver.Op{claimOp("k", "a"), failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute}), claimOp("k", "a")},
-		[]outcome{"Acquired", "ok", "Busy"}, inbox.StateAvailable},
+		[]driver.Op{claimOp("k", "a"), failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute}), claimOp("k", "a"), claimOp("k", "b")},
+		[]outcome{"Acquired", "ok", "BackingOff", "BackingOff"}, inbox.StateAvailable},
+	{"claims of a key in backoff", []driver.Op{claimOp("k", "a"), failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute})},
+		[]driver.Op{claimOp("k", "a"), claimOp("k", "b"), claimOp("k", "c")},
+		[]outcome{"BackingOff", "BackingOff", "BackingOff"}, inbox.StateAvailable},
+	{"claim of a key in backoff alone, among other keys", []driver.Op{claimOp("k", "a"), failOp("k", "a", inbox.FailOptions{RetryAfter: time.Minute}), claimOp("held", "x")},
+		[]driver.Op{claimOp("new", "n"), claimOp("k", "b"), claimOp("held", "y")},
+		[]outcome{"Acquired", "BackingOff", "Busy"}, inbox.StateAvailable},
 	{"fail without a backoff then another's claim", []driver.Op{claimOp("k", "a")},
 		[]driver.Op{failOp("k", "a", inbox.FailOptions{Reason: "r"}), claimOp("k", "b")},
 		[]outcome{"ok", "Acquired"}, inbox.StateInProgress},

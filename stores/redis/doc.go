@@ -53,33 +53,23 @@
 //	                                          Cluster, CLUSTER SLOTS first)
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
-// "inbox:"): a few MessagePack values one after the other, the first the
-// kind of record. scripts.go documents the layout. A claim of a new key
-// writes a fresh record (kind 0: lease id, owner, payload hash, lease length
-// and the TTL it was written with, no time at all). Complete of a fresh
-// record, the message's usual path, is the cheapest script call: it reads
-// the record and its expiry and writes a completed fresh record (kind 3:
-// the same values, the fresh record's expiry and its own TTL), without
-// reading the clock or decoding anything. The times of both kinds are
-// derived from the key's expiry, and they live exactly as long as Redis
-// holds the key; they hold no reason and no backoff, which only a Fail
-// writes. Any other change writes the full layout (kind 1 in flight,
-// released or in a backoff, 2 processed, 4 dead: lease id, owner, payload
-// hash, lease deadline, lease length, attempts, first seen, last seen,
-// expiry, the latest Fail's reason and the end of its backoff, times in
-// microseconds of the Redis clock), whose expiry is logical: every script
-// compares it with TIME, so a processed key is processed for exactly the
-// retention and a lease ends exactly at its deadline. The physical TTL is
-// lease + retention while a record is in flight (an expired lease keeps the
-// record's history, attempts and first seen, for the next TryBegin), the
-// end of the backoff + retention after a Fail with one, and the retention
-// once it is processed, released or dead, never before the logical
-// expiry. A fresh or completed record's times are those of its SET rounded
-// down to the millisecond, so its lease or retention ends up to a
-// millisecond before the full length has passed since the SET ran. The
-// store owns every key under its prefix: a value it did not write there is
-// an error wrapping [inbox.ErrStoreUnavailable] (WRONGTYPE, or an
-// unexpected record), never overwritten.
+// "inbox:"), that holds its record: a few MessagePack values (the layouts
+// are described under "Record layouts" in the source of doc.go). The records
+// that the claim of a new key and the Complete after it write hold no time:
+// their times are derived from the key's expiry, the time of each SET
+// rounded down to the millisecond, so the lease, or the retention, ends up
+// to a millisecond before its full length has passed since the SET ran, and
+// they live exactly as long as Redis holds the key. Every other record holds
+// its times, in microseconds of the Redis clock, and a logical expiry that
+// every script compares with TIME, so a processed key is processed for
+// exactly the retention and a lease ends exactly at its deadline. The
+// physical TTL is lease + retention while a record is in flight (an expired
+// lease keeps the record's history, attempts and first seen, for the next
+// TryBegin), the end of the backoff + retention after a Fail with one, and
+// the retention once it is processed, released or dead, never before the
+// logical expiry. The store owns every key under its prefix: a value it did
+// not write there is an error wrapping [inbox.ErrStoreUnavailable]
+// (WRONGTYPE, or an unexpected record), never overwritten.
 //
 // Leases and retention are kept in whole microseconds (rounded up) and are
 // at most [MaxDuration] (100 years).
@@ -116,8 +106,9 @@
 // Fail with a backoff (FailOptions.RetryAfter) clears the lease and keeps
 // the end of the backoff, "retry at", on the Redis clock: until then every
 // TryBegin, the failed lease's own included, answers Busy with ExpiresAt
-// the retry at and RetryAfter the time left, and Get reports the key
-// Available with Record.RetryAt. The first acquisition after it clears the
+// the retry at, RetryAfter the time left and Claim.BackingOff true (a Busy
+// on a live lease has it false), and Get reports the key Available with
+// Record.RetryAt. The first acquisition after it clears the
 // retry at. The record lives until the retry at plus the retention. A
 // backoff longer than [MaxDuration] is MaxDuration.
 //
@@ -235,7 +226,11 @@
 //
 // The store's parameters are retention, lease and check (shared by every
 // store), prefix, timeout (per call), conn_check (true or false, see below)
-// and cluster (true or false; an addr parameter implies true). Durations are
+// and cluster (true or false; an addr parameter implies true). prefix
+// ([Options.Prefix], default inbox:) must end with ':', so that the store's
+// keys stay in its namespace: prefix=app is refused (with the inbox key
+// le:1 it would reach the Redis key apple:1, another namespace's; use
+// prefix=app:). Durations are
 // Go durations that may start with days: retention=7d, retention=1d12h,
 // timeout=5s. A Cluster URL names no database, or 0. master_name makes a
 // Sentinel client ([redis.NewFailoverClient]): the URL's host and every addr
@@ -365,3 +360,117 @@
 // bare SET NX PX, with one caller and with 16, on a server of its own. The
 // measured figures are in BENCHMARKS.md at the repository root.
 package redisstore
+
+// Record layouts
+//
+// This is the one description of the records the store keeps. The Go side
+// of the codec is record.go (record, encode), with the tests' reader in
+// decode_test.go (decode, view); the scripts'
+// side is in scripts.go: decode, load and save in the prelude clock, and
+// the short way of Complete at the top of opsScript. codec_test.go checks,
+// on a real Redis, that each side reads what the other writes, layout by
+// layout.
+//
+// The record of an inbox key is one Redis string: MessagePack values one
+// after the other, no array around them, so that a script reads them all
+// with one call of cmsgpack.unpack. The first value is the kind, which
+// names the layout and what follows:
+//
+//	kind  layout           values after the kind            written by
+//	0     fresh            id ow ph ln ttl                  the client: the fast claim (apply.go)
+//	3     completed fresh  id ow ph ln ttl E1 ttl2          opsScript's short way of Complete
+//	1     full             id ow ph lu ln at fs ls ex rs ra save: in flight, released, in a backoff
+//	2     full             the same                         save: processed
+//	4     full             the same                         save: dead
+//	1, 2  short            id ow ph lu ln at fs ls ex       nothing now (older versions did)
+//
+// with
+//
+//	id    lease id: of the live or expired lease; after Complete the
+//	      completing lease's; "" after Release, Fail, MarkProcessed or
+//	      ForceRelease
+//	ow    owner of the latest acquisition
+//	ph    first non-empty payload hash, "" while there is none
+//	lu    lease deadline, 0 when released, failed, processed or dead
+//	ln    length of the current lease
+//	at    attempts (leases acquired)
+//	fs    first seen
+//	ls    last seen
+//	ex    logical expiry of the whole record
+//	rs    reason of the latest Fail, "" when none
+//	ra    retry at: the end of the backoff of the latest Fail, 0 when
+//	      none; cleared by the next acquisition
+//	ttl   the physical TTL the fresh record was written with (lease +
+//	      retention, rounded up, plus one)
+//	E1    the fresh record's absolute expiry (PEXPIRETIME when Complete ran)
+//	ttl2  the physical TTL the completed record was written with (the
+//	      retention, rounded up)
+//
+// Times and durations are microseconds of the Redis clock, except ttl, E1
+// and ttl2, which are milliseconds.
+//
+// Encodings. Strings are MessagePack str: fixstr, str 8, str 16 or str 32,
+// the smallest that fits, from both writers. Integers are never negative:
+// the client writes positive fixint or uint 64; the scripts' cmsgpack.pack
+// writes the smallest that fits (positive fixint, uint 8, 16, 32 or 64).
+// Both decoders take any integer format, negative ones included; the Go
+// decoder refuses floats and integers beyond int64, which no writer writes
+// and the scripts would read as Lua numbers. Both refuse a record with a
+// value missing, a value more or a value of the wrong type. The short way of
+// Complete reads no value: it matches the record's bytes, the kind's byte (0
+// or 3) followed by the str header and the bytes of its lease id (a fixstr,
+// or a str 8 since lease ids are at most [inbox.MaxLeaseIDLen] bytes), and
+// writes a completed fresh record as the byte 3, the fresh record's bytes
+// after its kind and cmsgpack.pack(E1, ttl2).
+//
+// Who reads what. Every layout is read by decode, which every script runs
+// through load, and by the tests' Go decode (decode_test.go; the store reads
+// records only through the scripts). load returns each as the values of the full
+// layout: a fresh record as kind 0, a completed one as kind 2, a short one
+// with rs "" and ra 0. Every change a script makes writes the full layout
+// (save), except the short way of Complete.
+//
+// Times from PEXPIRETIME. Kinds 0 and 3 hold no time of their own: the
+// client that writes a fresh record does not know the Redis clock. Their
+// times come from the key's absolute expiry E (PEXPIRETIME, milliseconds of
+// the Redis clock, exact and the same for every reader), read by load and by
+// the fast claim's pipeline (SET key record NX PX ttl, then PEXPIRETIME key,
+// one round trip; on Cluster both go to the key's node):
+//
+//	fresh (kind 0):      acquired a = (E - ttl) * 1000, the time of the SET
+//	                     rounded down to the millisecond; lu = a + ln;
+//	                     at 1; fs = ls = a; ex = E * 1000
+//	completed (kind 3):  fs = (E1 - ttl) * 1000; processed at
+//	                     ls = (E - ttl2) * 1000; lu 0; at 1; ex = E * 1000
+//
+// Both live exactly as long as Redis holds the key and never hold a reason
+// or a backoff (a Fail writes the full layout). The client computes the
+// claim's ExpiresAt from the PEXPIRETIME reply as load does (acquiredAt in
+// record.go), so the claim, Busy replies and Get agree to the microsecond.
+//
+// Why two layouts without time. Kinds 0 and 3 exist for speed only: kind 0
+// lets the claim of a new key be a native SET NX, no script; kind 3 lets
+// the Complete of a fresh record, the message's usual path, run without
+// TIME, decoding or encoding. Both were measured on 2026-11-26
+// (BENCHMARKS.md, "the record layouts that exist for speed"): writing the
+// full layout instead costs, on Kafka through cmd/inboxbench, 17 to 19
+// percent more Redis CPU per message without kind 3 (the throughput moved
+// within its noise; a target of issue 14 on that CPU has about 15 percent
+// of room), and about a quarter of the throughput and 50 to 70 percent more
+// Redis CPU without kind 0. Both stay.
+//
+// Logical expiry. A record of the full or short layout holds its times and
+// is absent once TIME reaches ex, whatever its physical TTL, which save sets
+// one millisecond past ex so that Redis never drops a record before the
+// scripts stop seeing it. ex is lu plus the retention while a lease is in
+// flight, max(now, ra) plus the retention after a Fail with a backoff, and
+// now plus the retention after any other change (Complete, Release, a dead
+// Fail, MarkProcessed, ForceRelease).
+//
+// Layouts still read because older versions wrote them. The short layout
+// (kinds 1 and 2 without rs and ra) is what the store wrote before Fail
+// existed (issue 16). Nothing writes it now; the scripts read it as rs ""
+// and ra 0 and the next change rewrites it in the full layout. A short
+// record lives at most its lease + the retention after its last write, so
+// it can stop being read once every store of a deployment has run a newer
+// version for that long. A kind-4 record is never short.

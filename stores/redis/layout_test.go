@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -18,87 +17,55 @@ import (
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 )
 
-// The record layout of scripts.go, pinned: a fresh record is the
-// MessagePack values 0, lease id, owner, payload hash, lease (µs) and TTL
-// (ms); Complete of a fresh record writes 3 and the same values, then the
-// fresh record's expiry and its own TTL (ms); any other record a script
-// wrote is kind (1 in flight, released or in a backoff, 2 processed, 4
-// dead), lease id, owner, payload hash, lease deadline, lease, attempts,
-// first seen, last seen, expiry, reason, retry at.
+// The record layouts ("Record layouts" in doc.go) pinned through the
+// store's behaviour. The tests here name a record's values in the order of
+// its layout, one after the other; rawRecord and packRecord convert them
+// with the store's Go codec (codec_test.go checks it against the scripts').
 
-// unpackRecord decodes the MessagePack values of a record: strings as
-// string, integers as int64, anything else fails the test.
-func unpackRecord(t *testing.T, b []byte) []any {
-	t.Helper()
-	var out []any
-	for len(b) > 0 {
-		c := b[0]
-		b = b[1:]
-		var n int
-		switch {
-		case c < 0x80:
-			out = append(out, int64(c))
-			continue
-		case c&0xe0 == 0xa0:
-			n = int(c & 0x1f)
-		case c == 0xd9:
-			n, b = int(b[0]), b[1:]
-		case c == 0xda:
-			n, b = int(binary.BigEndian.Uint16(b)), b[2:]
-		case c == 0xcc:
-			out, b = append(out, int64(b[0])), b[1:]
-			continue
-		case c == 0xcd:
-			out, b = append(out, int64(binary.BigEndian.Uint16(b))), b[2:]
-			continue
-		case c == 0xce:
-			out, b = append(out, int64(binary.BigEndian.Uint32(b))), b[4:]
-			continue
-		case c == 0xcf || c == 0xd3:
-			out, b = append(out, int64(binary.BigEndian.Uint64(b))), b[8:]
-			continue
-		default:
-			t.Fatalf("unexpected MessagePack byte %#x in record", c)
-		}
-		out, b = append(out, string(b[:n])), b[n:]
-	}
-	return out
-}
-
+// rawRecord returns the values of key's record in the order of its layout:
+// strings as string, integers as int64.
 func rawRecord(t *testing.T, c *redis.Client, key string) []any {
 	t.Helper()
-	v, err := c.Get(context.Background(), key).Bytes()
+	b, err := c.Get(context.Background(), key).Bytes()
 	if err != nil {
 		t.Fatalf("GET %s: %v", key, err)
 	}
-	return unpackRecord(t, v)
+	r, err := redisstore.DecodeRecord(b)
+	if err != nil {
+		t.Fatalf("record under %s: %v", key, err)
+	}
+	v := []any{r.Kind, r.ID, r.Owner, r.PayloadHash}
+	switch r.Kind {
+	case redisstore.KindFresh:
+		return append(v, r.Lease, r.TTL)
+	case redisstore.KindCompleted:
+		return append(v, r.Lease, r.TTL, r.FreshExpiry, r.TTL2)
+	}
+	v = append(v, r.Until, r.Lease, r.Attempts, r.FirstSeen, r.LastSeen, r.Expiry)
+	if r.Short {
+		return v
+	}
+	return append(v, r.Reason, r.RetryAt)
 }
 
-// packRecord encodes values as the client does: str, positive fixint or
-// uint 64.
-func packRecord(vals ...any) string {
-	var b []byte
-	for _, v := range vals {
-		switch v := v.(type) {
-		case string:
-			switch {
-			case len(v) < 32:
-				b = append(b, 0xa0|byte(len(v)))
-			case len(v) <= 0xff:
-				b = append(b, 0xd9, byte(len(v)))
-			default:
-				b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(len(v)))
-			}
-			b = append(b, v...)
-		case int64:
-			if v < 0x80 {
-				b = append(b, byte(v))
-			} else {
-				b = binary.BigEndian.AppendUint64(append(b, 0xcf), uint64(v))
-			}
+// packRecord encodes the values of a record, in the order of its layout,
+// with the store's Go codec.
+func packRecord(vals ...any) []byte {
+	str := func(i int) string { return vals[i].(string) }
+	num := func(i int) int64 { return vals[i].(int64) }
+	r := redisstore.Record{Kind: num(0), ID: str(1), Owner: str(2), PayloadHash: str(3)}
+	switch {
+	case r.Kind == redisstore.KindFresh:
+		r.Lease, r.TTL = num(4), num(5)
+	case r.Kind == redisstore.KindCompleted:
+		r.Lease, r.TTL, r.FreshExpiry, r.TTL2 = num(4), num(5), num(6), num(7)
+	default:
+		r.Until, r.Lease, r.Attempts, r.FirstSeen, r.LastSeen, r.Expiry = num(4), num(5), num(6), num(7), num(8), num(9)
+		if r.Short = len(vals) == 10; !r.Short {
+			r.Reason, r.RetryAt = str(10), num(11)
 		}
 	}
-	return string(b)
+	return redisstore.EncodeRecord(r)
 }
 
 // A claim of a new key writes the fresh record with SET NX PX, its times
@@ -137,8 +104,8 @@ func TestStore_record_layout(t *testing.T) {
 		t.Fatalf("Get = %+v, %v; want in progress until %v, first and last seen at %d µs", r, err, cl.ExpiresAt, acquired)
 	}
 	b, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-2"})
-	if err != nil || b.Status != inbox.Busy || !b.ExpiresAt.Equal(cl.ExpiresAt) {
-		t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %v", b, err, cl.ExpiresAt)
+	if err != nil || b.Status != inbox.Busy || !b.ExpiresAt.Equal(cl.ExpiresAt) || b.BackingOff {
+		t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %v, not BackingOff", b, err, cl.ExpiresAt)
 	}
 	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
 		t.Fatal("a Busy TryBegin changed the fresh record")
@@ -258,8 +225,8 @@ func TestStore_scripts_read_fresh_records(t *testing.T) {
 	t.Run("in flight", func(t *testing.T) {
 		acquired := fresh("a", "lease-1", time.Minute, 3_600_000)
 		cl, err := s.TryBegin(ctx, "a", inbox.BeginOptions{LeaseID: "lease-2"})
-		if err != nil || cl.Status != inbox.Busy || cl.ExpiresAt.UnixMicro() != acquired+time.Minute.Microseconds() {
-			t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %d µs", cl, err, acquired+time.Minute.Microseconds())
+		if err != nil || cl.Status != inbox.Busy || cl.ExpiresAt.UnixMicro() != acquired+time.Minute.Microseconds() || cl.BackingOff {
+			t.Fatalf("TryBegin by another lease = %+v, %v; want Busy until %d µs, not BackingOff", cl, err, acquired+time.Minute.Microseconds())
 		}
 		cl, err = s.TryBegin(ctx, "a", inbox.BeginOptions{LeaseID: "lease-1", Lease: 5 * time.Second, PayloadHash: "hash-2"})
 		if err != nil || cl.Status != inbox.Acquired || cl.Lease != time.Minute || !cl.PayloadMismatch {
@@ -465,8 +432,8 @@ func TestStore_record_layout_fail(t *testing.T) {
 	expiry(want[9].(int64))
 	for _, id := range []string{"lease-1", "lease-2"} {
 		b := claim(id, inbox.Busy)
-		if b.ExpiresAt.UnixMicro() != retryAt || b.RetryAfter <= 0 || b.RetryAfter > 10*time.Minute || b.Attempts != 1 {
-			t.Fatalf("TryBegin(%s) in the backoff = %+v; want Busy until %d µs, 1 attempt", id, b, retryAt)
+		if b.ExpiresAt.UnixMicro() != retryAt || b.RetryAfter <= 0 || b.RetryAfter > 10*time.Minute || b.Attempts != 1 || !b.BackingOff {
+			t.Fatalf("TryBegin(%s) in the backoff = %+v; want Busy until %d µs, 1 attempt, BackingOff", id, b, retryAt)
 		}
 	}
 	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
@@ -490,8 +457,11 @@ func TestStore_record_layout_fail(t *testing.T) {
 	}
 	expiry(want[9].(int64))
 	second := claim("lease-3", inbox.Acquired)
-	if second.Attempts != 2 {
+	if second.Attempts != 2 || second.BackingOff {
 		t.Fatalf("claim after ForceRelease: %+v, want attempt 2", second)
+	}
+	if b := claim("lease-2", inbox.Busy); b.BackingOff || !b.ExpiresAt.Equal(second.ExpiresAt) {
+		t.Fatalf("TryBegin by another lease after the backoff = %+v; want Busy on lease-3 until %v, not BackingOff", b, second.ExpiresAt)
 	}
 	got = rawRecord(t, c, prefix+"k")
 	if got[0] != int64(1) || got[1] != "lease-3" || got[4] != second.ExpiresAt.UnixMicro() || got[6] != int64(2) || got[10] != "boom" || got[11] != int64(0) {
@@ -580,8 +550,8 @@ func TestStore_record_layout_fail_without_backoff_and_dead_expiry(t *testing.T) 
 }
 
 // Records of kinds 1 and 2 written before the reason and the retry at
-// existed (ten values) read as without either, and the next change writes
-// the current layout.
+// existed (ten values) read as without either (a live lease's Busy is not
+// BackingOff), and the next change writes the current layout.
 func TestStore_scripts_read_records_without_reason(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
@@ -595,6 +565,13 @@ func TestStore_scripts_read_records_without_reason(t *testing.T) {
 	}
 	if err := c.Set(ctx, prefix+"done", packRecord(int64(2), "", "me", "h", int64(0), int64(1000), int64(1), now-2000, now-1000, ex), time.Hour).Err(); err != nil {
 		t.Fatal(err)
+	}
+	lu := now + time.Hour.Microseconds()
+	if err := c.Set(ctx, prefix+"held", packRecord(int64(1), "lease-0", "me", "h", lu, time.Hour.Microseconds(), int64(1), now-2000, now-1000, lu+ex-now), 2*time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := s.TryBegin(ctx, "held", inbox.BeginOptions{LeaseID: "lease-9"}); err != nil || cl.Status != inbox.Busy || cl.BackingOff || cl.ExpiresAt.UnixMicro() != lu {
+		t.Fatalf("TryBegin of a leased record without retry at = %+v, %v; want Busy until %d µs, not BackingOff", cl, err, lu)
 	}
 	if r, err := s.Get(ctx, "released"); err != nil || r.State != inbox.StateAvailable || r.Attempts != 3 || r.Reason != "" || !r.RetryAt.IsZero() {
 		t.Fatalf("Get of a released record without reason = %+v, %v", r, err)

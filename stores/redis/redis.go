@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,9 @@ const (
 
 	// MaxPrefixLen is the longest Options.Prefix, in bytes.
 	MaxPrefixLen = 256
+
+	// PrefixSeparator ends every Options.Prefix.
+	PrefixSeparator = ":"
 )
 
 // Batching of the store's calls (see "Batched round trips" in the package
@@ -48,8 +52,14 @@ const (
 type Options struct {
 	// Prefix is prepended to every inbox key to make its Redis key, so one
 	// Redis can hold several inboxes and other data. The store owns every
-	// key under it. Optional; default [DefaultPrefix] ("inbox:"); at most
-	// [MaxPrefixLen] bytes.
+	// key under it: its List, Forget and every other call touch no key
+	// outside it. It must end with ':' ([PrefixSeparator]), so that it ends
+	// where a namespace ends: without the separator, Prefix "app" and the
+	// inbox key "le:1" would make the Redis key "apple:1", another
+	// application's ("apple:"). Two stores on one Redis must not use
+	// prefixes one of which starts with the other ("inbox:" owns
+	// "inbox:billing:..."). Optional; default [DefaultPrefix] ("inbox:");
+	// at most [MaxPrefixLen] bytes.
 	Prefix string
 
 	// Retention is how long a processed key stays processed, and how long
@@ -102,6 +112,10 @@ func (o Options) Validate() error {
 	if len(o.Prefix) > MaxPrefixLen {
 		return fmt.Errorf("%w: redis store: Prefix is %d bytes, longer than the limit of %d", inbox.ErrInvalidArgument, len(o.Prefix), MaxPrefixLen)
 	}
+	if o.Prefix != "" && !strings.HasSuffix(o.Prefix, PrefixSeparator) {
+		return fmt.Errorf("%w: redis store: Prefix %q does not end with %q: without the separator the store's keys run into other namespaces (prefix \"app\" and key \"le:1\" make \"apple:1\"); use %q",
+			inbox.ErrInvalidArgument, o.Prefix, PrefixSeparator, o.Prefix+PrefixSeparator)
+	}
 	if o.Retention != 0 && (o.Retention < time.Millisecond || o.Retention > MaxDuration) {
 		return fmt.Errorf("%w: redis store: Retention %s is outside [1ms, %s]", inbox.ErrInvalidArgument, o.Retention, MaxDuration)
 	}
@@ -114,6 +128,31 @@ func (o Options) Validate() error {
 // Store is the Redis [inbox.LeaseStore]. It is safe for concurrent use. The
 // portable layer it embeds ([driver.Store]) validates input, bounds and
 // batches calls and maps errors; the Redis commands are its driver's.
+//
+// Its methods are those of the portable layer it embeds, [driver.Store],
+// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
+//
+//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
+//     lease: Acquired, Busy (another live lease, or a failed attempt's
+//     backoff), Processed or Dead.
+//   - Complete(ctx, key, leaseID): marks key processed under the lease;
+//     repeating it after success succeeds.
+//   - Release(ctx, key, leaseID): gives the lease back unmarked.
+//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
+//     out opts.RetryAfter, or is dead with opts.Dead.
+//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
+//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
+//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
+//     ([inbox.Store]).
+//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - Retention() time.Duration: how long a processed key stays processed
+//     ([inbox.RetentionReporter], for the middleware's stale check).
+//   - BatchStats: how calls were batched; Close.
+//
+// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
+// leaseID no longer holds the key; bad input wraps
+// [inbox.ErrInvalidArgument]; a backend failure wraps
+// [inbox.ErrStoreUnavailable].
 type Store struct {
 	*driver.Store
 	d *rdb
@@ -155,11 +194,12 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt((retUS+999)/1000, 10)},
 	}
 	ds, err := driver.New(d, driver.Config{
-		Name:     "redis store",
-		Lease:    opts.Lease,
-		MaxLease: MaxDuration,
-		Timeout:  opts.Timeout,
-		Batch:    driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
+		Name:      "redis store",
+		Lease:     opts.Lease,
+		Retention: opts.Retention,
+		MaxLease:  MaxDuration,
+		Timeout:   opts.Timeout,
+		Batch:     driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
 	})
 	if err != nil {
 		return nil, err
@@ -185,7 +225,7 @@ func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
 
 // ttlMS is the physical TTL, in milliseconds, of a fresh record whose
 // logical expiry is us microseconds away: rounded up to the next
-// millisecond, plus one (see scripts.go).
+// millisecond, plus one (see "Record layouts" in doc.go).
 func ttlMS(us int64) int64 { return (us+999)/1000 + 1 }
 
 // mapErr keeps go-redis's error of a command in the chain, and turns those
@@ -258,13 +298,13 @@ func (d *rdb) Get(ctx context.Context, key string) (inbox.Record, error) {
 	if err != nil {
 		return inbox.Record{}, mapErr(err)
 	}
-	r, _, err := record(v)
+	r, _, err := getReply(v)
 	return r, err
 }
 
-// record decodes the reply of getScript: the record (State NotFound when
+// getReply decodes the reply of getScript: the record (State NotFound when
 // absent) and the Redis clock when it was read.
-func record(v any) (inbox.Record, time.Time, error) {
+func getReply(v any) (inbox.Record, time.Time, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return inbox.Record{}, time.Time{}, badReply(v)

@@ -19,7 +19,15 @@ const (
 	SchemeTLS = "rediss"
 )
 
+// secretParams are the parameters of a Redis URL that carry secrets:
+// go-redis's password, the master's password of a Sentinel URL (the user
+// info holds the Sentinels' own). They are registered with
+// [stores.RegisterSecretParams], so that [stores.Redact] masks them in logs
+// and errors.
+var secretParams = []string{"password"}
+
 func init() {
+	stores.RegisterSecretParams(secretParams...)
 	stores.Register(Scheme, stores.OpenerFunc(openURL))
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }

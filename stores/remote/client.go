@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -28,15 +31,54 @@ import (
 // concurrent use. The portable layer it embeds ([driver.Store]) validates
 // input, refuses calls once closed, fills in the lease id and names the
 // store, the operation and the key in errors; the protocol is its driver's.
+//
+// Its methods are those of the portable layer it embeds, [driver.Store],
+// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
+//
+//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
+//     lease: Acquired, Busy (another live lease, or a failed attempt's
+//     backoff), Processed or Dead.
+//   - Complete(ctx, key, leaseID): marks key processed under the lease;
+//     repeating it after success succeeds.
+//   - Release(ctx, key, leaseID): gives the lease back unmarked.
+//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
+//     out opts.RetryAfter, or is dead with opts.Dead.
+//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
+//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
+//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
+//     ([inbox.Store]).
+//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - Retention() time.Duration: the retention the service announces, once
+//     its discovery document is read (its own method, [Store.Retention]).
+//   - BatchStats: how calls were batched; Close.
+//
+// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
+// leaseID no longer holds the key; bad input wraps
+// [inbox.ErrInvalidArgument]; a backend failure wraps
+// [inbox.ErrStoreUnavailable].
 type Store struct {
 	*driver.Store
 	c *client
 }
 
 var (
-	_ inbox.LeaseStore = (*Store)(nil)
-	_ inbox.Admin      = (*Store)(nil)
+	_ inbox.LeaseStore        = (*Store)(nil)
+	_ inbox.Admin             = (*Store)(nil)
+	_ inbox.RetentionReporter = (*Store)(nil)
 )
+
+// Retention implements [inbox.RetentionReporter]: the retention the
+// service announces in its discovery document (whole seconds), once the
+// store has read it (on its first call, or [Store.Check]); zero before, and
+// from a service that does not announce it.
+func (s *Store) Retention() time.Duration {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.c.disc == nil {
+		return 0
+	}
+	return s.c.disc.Retention
+}
 
 // client is the store's [driver.Driver]: protocol v1 over HTTP.
 type client struct {
@@ -76,7 +118,21 @@ type Discovery struct {
 	// ("extend", "leaseId", "payloadHash", "payloadMismatch", "fail",
 	// "admin").
 	Extensions []string
+	// MaxRetryAfter is the longest backoff of a failed attempt the service
+	// grants (its maxRetryAfterMs); zero when it does not say.
+	MaxRetryAfter time.Duration
+	// Retention is the service's store's retention, in whole seconds
+	// (retentionSeconds, an extension), or zero when the service does not
+	// announce it.
+	Retention time.Duration
 }
+
+// Bounds of what a service may answer, beyond which an answer is refused
+// as broken (ErrProtocol): durations that time.Duration holds.
+const (
+	maxLeaseSeconds = math.MaxInt64 / int64(time.Second)
+	maxMillis       = math.MaxInt64 / int64(time.Millisecond)
+)
 
 // Has reports whether d lists extension ext.
 func (d *Discovery) Has(ext string) bool {
@@ -240,15 +296,14 @@ func transientCode(code int) bool {
 		(code >= 500 && code != http.StatusNotImplemented)
 }
 
-// backoff is the wait before attempt i (1-based retries): 50 ms doubling up
-// to 1 s, jittered over its upper half; a Retry-After of a 429 or 503 is
-// honoured up to 5 s.
+// retryBackoff spaces the retries of a call (outage.Backoff's table lists
+// every retry loop of the library).
+var retryBackoff = outage.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+
+// backoff is the wait before attempt i (1-based retries): retryBackoff's; a
+// Retry-After of a 429 or 503 is honoured up to 5 s.
 func backoff(i int, h http.Header) time.Duration {
-	d := 50 * time.Millisecond << (i - 1)
-	if d > time.Second || d <= 0 {
-		d = time.Second
-	}
-	d = outage.Jitter(d)
+	d := retryBackoff.Pause(i - 1)
 	if h != nil {
 		if sec, err := strconv.Atoi(h.Get("Retry-After")); err == nil && sec > 0 {
 			ra := min(time.Duration(sec)*time.Second, 5*time.Second)
@@ -330,7 +385,7 @@ func (c *client) statusError(ep endpoint, res result) error {
 	_ = json.Unmarshal(res.body, &e)
 	detail := http.StatusText(res.code)
 	if e.Error != "" {
-		detail = fmt.Sprintf("%s: %s", e.Error, truncate(e.Message, 300))
+		detail = errorCode(e.Error) + ": " + quote(e.Message, maxQuotedMessage)
 	}
 	code := res.code
 	switch {
@@ -347,15 +402,17 @@ func (c *client) statusError(ep endpoint, res result) error {
 		return opError(ep, "%w: server refused the request (HTTP 400 %s)", sentinel, detail)
 	case code == http.StatusRequestEntityTooLarge:
 		return opError(ep, "%w: request body is over the server's limit (HTTP 413 %s)", inbox.ErrInvalidArgument, detail)
-	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+	case code == http.StatusUnauthorized:
 		return opError(ep, "%w: %w: HTTP %d %s: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail, c.refused())
+	case code == http.StatusForbidden:
+		return opError(ep, "%w: %w: HTTP %d %s: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, code, detail, c.forbidden())
 	case code == http.StatusNotFound:
 		return opError(ep, "%w: %w: HTTP 404 %s", inbox.ErrStoreUnavailable, ErrEndpointNotFound, detail)
 	case code == http.StatusNotImplemented:
 		return opError(ep, "%w: HTTP 501 %s", inbox.ErrNotSupported, detail)
 	case code >= 300 && code < 400:
-		return opError(ep, "%w: %w: unexpected redirect (HTTP %d to %q); redirects are not followed: is the base URL right?",
-			inbox.ErrStoreUnavailable, ErrProtocol, code, res.header.Get("Location"))
+		return opError(ep, "%w: %w: unexpected redirect (HTTP %d to %s); redirects are not followed: is the base URL right?",
+			inbox.ErrStoreUnavailable, ErrProtocol, code, quote(res.header.Get("Location"), 200))
 	case code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
 		return opError(ep, "%w: HTTP %d %s", inbox.ErrStoreUnavailable, code, detail)
 	}
@@ -371,11 +428,40 @@ func (c *client) refused() string {
 	return fmt.Sprintf("configuration error: the service refused the bearer token of %s: give it a token the service accepts", c.tokenFrom)
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// forbidden says, for an answer 403, what the service refused: a call the
+// token may not make, never the token.
+func (c *client) forbidden() string {
+	if c.auth == "" {
+		return "configuration error: the service refuses this call without a token (a service without tokens answers only loopback clients, never web pages; its admin endpoints may be off)"
 	}
-	return s[:n] + "..."
+	return fmt.Sprintf("configuration error: the bearer token of %s may not make this call (an admin endpoint with a consumer's token, or a key outside the token's prefixes)", c.tokenFrom)
+}
+
+// maxQuotedMessage bounds the part of a server's error message quoted in
+// errors.
+const maxQuotedMessage = 300
+
+// quote quotes text of the server's for an error: Go-quoted (no raw line
+// breaks or control bytes reach logs), at most n bytes of it, cut at a rune
+// boundary, with "..." after the quote when it was cut.
+func quote(s string, n int) string {
+	if len(s) <= n {
+		return strconv.Quote(s)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strconv.Quote(s[:cut]) + fmt.Sprintf("... (%d bytes)", len(s))
+}
+
+// errorCode is the error code of an error answer for an error: as it is
+// when it looks like one (snake_case, short), quoted otherwise.
+func errorCode(code string) string {
+	if len(code) <= 64 && strings.Trim(code, "abcdefghijklmnopqrstuvwxyz_") == "" {
+		return code
+	}
+	return quote(code, 64)
 }
 
 // decode reads a 200 answer into v.
@@ -509,13 +595,25 @@ func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, 
 	if w.LeasePolicy != wire.PolicyClamp && w.LeasePolicy != wire.PolicyReject {
 		return nil, false, protoError(discoveryEP, "unknown leasePolicy %q", w.LeasePolicy)
 	}
+	if lr := w.LeaseSeconds; lr != (wire.LeaseRange{}) && (lr.Min < 1 || lr.Default < lr.Min || lr.Max < lr.Default || lr.Max > maxLeaseSeconds) {
+		return nil, false, protoError(discoveryEP, "leaseSeconds {min %d, default %d, max %d} is not a range 1 <= min <= default <= max <= %d",
+			lr.Min, lr.Default, lr.Max, int64(maxLeaseSeconds))
+	}
+	if ms := w.MaxRetryAfterMs; ms < 0 || ms > maxMillis {
+		return nil, false, protoError(discoveryEP, "maxRetryAfterMs %d is outside [0, %d]", ms, int64(maxMillis))
+	}
+	if sec := w.RetentionSeconds; sec < 0 || sec > maxLeaseSeconds {
+		return nil, false, protoError(discoveryEP, "retentionSeconds %d is outside [0, %d]", sec, int64(maxLeaseSeconds))
+	}
 	if w.Auth == wire.AuthBearer && c.auth == "" {
 		return nil, false, opError(discoveryEP, "%w: %w: %s", inbox.ErrStoreUnavailable, ErrUnauthorized, c.refused())
 	}
 	return &Discovery{
 		Version: w.Version, Auth: w.Auth, LeasePolicy: w.LeasePolicy, Extensions: w.Extensions,
 		LeaseMin: time.Duration(w.LeaseSeconds.Min) * time.Second, LeaseMax: time.Duration(w.LeaseSeconds.Max) * time.Second,
-		LeaseDefault: time.Duration(w.LeaseSeconds.Default) * time.Second,
+		LeaseDefault:  time.Duration(w.LeaseSeconds.Default) * time.Second,
+		MaxRetryAfter: time.Duration(w.MaxRetryAfterMs) * time.Millisecond,
+		Retention:     time.Duration(w.RetentionSeconds) * time.Second,
 	}, false, nil
 }
 

@@ -18,11 +18,11 @@ import (
 func harness(newBacking func(t *testing.T, cfg storetest.Config) inbox.LeaseStore) storetest.Harness {
 	return storetest.Harness{
 		New: func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
-			base := serve(t, server.Config{Store: newBacking(t, cfg), Retention: cfg.Retention, LeaseMin: time.Second})
+			base := serve(t, server.Config{Store: newBacking(t, cfg), Retention: cfg.Retention, LeaseMin: time.Second, AdminNoAuth: true})
 			return newClient(t, remote.Options{URL: base})
 		},
 		Faults: func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
-			base, err := url.Parse(serve(t, server.Config{Store: newBacking(t, cfg), Retention: cfg.Retention, LeaseMin: time.Second}))
+			base, err := url.Parse(serve(t, server.Config{Store: newBacking(t, cfg), Retention: cfg.Retention, LeaseMin: time.Second, AdminNoAuth: true}))
 			if err != nil {
 				t.Fatal(err)
 			}

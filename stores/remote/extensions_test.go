@@ -25,7 +25,7 @@ import (
 // before the fail and admin extensions: its discovery document lists
 // neither, it has no fail, list, forget or force-release endpoint (404), it
 // ignores acceptDead (the field of try-begin and the query of GET) and its
-// answers carry no attempts, reason or retryAt.
+// answers carry no attempts, backoff, reason or retryAt.
 func oldServer(w http.ResponseWriter, req *http.Request, next http.Handler) {
 	switch req.URL.Path {
 	case "/v1/inbox/fail", "/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release":
@@ -44,7 +44,7 @@ func oldServer(w http.ResponseWriter, req *http.Request, next http.Handler) {
 		req.ContentLength = int64(len(b))
 	}
 	req.URL.RawQuery = ""
-	stripExt([]string{"fail", "admin"}, "attempts", "reason", "retryAt")(w, req, next)
+	stripExt([]string{"fail", "admin"}, "attempts", "backoff", "reason", "retryAt")(w, req, next)
 }
 
 // deadKey makes key dead on the backing store directly, with one attempt.
@@ -56,6 +56,34 @@ func deadKey(t *testing.T, backing inbox.LeaseStore, key, reason string) {
 	}
 	if err := backing.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{Dead: true, Reason: reason}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// backoffKey makes key wait out a backoff of an hour on the backing store
+// directly, after one attempt.
+func backoffKey(t *testing.T, backing inbox.LeaseStore, key string) {
+	t.Helper()
+	c, err := backing.TryBegin(ctxT(t), key, inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin on the backing store = %+v, %v", c, err)
+	}
+	if err := backing.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: time.Hour, Reason: "later"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A service with the fail extension from before "backoff" was added (it
+// sends attempts, reason and retryAt, not backoff): a key in backoff is
+// Busy with BackingOff false, so the middleware waits in-process, as on a
+// live lease.
+func TestClient_server_without_backoff_field(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, remote.Options{})
+	r.in.on("", stripExt(nil, "backoff"))
+	backoffKey(t, r.backing, "k")
+	b := mustBegin(t, r.client, "k", inbox.Busy)
+	if b.BackingOff || b.Attempts != 1 || b.RetryAfter < 59*time.Minute {
+		t.Fatalf("TryBegin of a key in backoff through a service that does not send backoff = %+v; want Busy for about an hour, 1 attempt, BackingOff false", b)
 	}
 }
 
@@ -97,8 +125,14 @@ func TestClient_old_server_without_fail_and_admin(t *testing.T) {
 
 	deadKey(t, r.backing, "dead", "poison")
 	b, err := r.client.TryBegin(ctx, "dead", inbox.BeginOptions{})
-	if err != nil || b.Status != inbox.Busy || b.RetryAfter <= time.Hour {
-		t.Fatalf("TryBegin of a dead key through a service without the fail extension = %+v, %v; want Busy until the record expires", b, err)
+	if err != nil || b.Status != inbox.Busy || b.RetryAfter <= time.Hour || b.BackingOff {
+		t.Fatalf("TryBegin of a dead key through a service without the fail extension = %+v, %v; want Busy until the record expires, not BackingOff", b, err)
+	}
+	// A backoff (made on the service's store by other means) is Busy
+	// without BackingOff: the service does not say it.
+	backoffKey(t, r.backing, "backoff")
+	if b := mustBegin(t, r.client, "backoff", inbox.Busy); b.BackingOff || b.RetryAfter <= 0 {
+		t.Fatalf("TryBegin of a key in backoff through a service without the fail extension = %+v; want Busy, not BackingOff", b)
 	}
 	rec, err := r.client.Get(ctx, "dead")
 	if err != nil || rec.State != inbox.StateInProgress || rec.LeaseUntil.Before(time.Now().Add(time.Hour)) {
@@ -120,8 +154,8 @@ func TestClient_fail_dead_and_admin(t *testing.T) {
 	if err != nil || rec.State != inbox.StateAvailable || rec.Reason != "later" || time.Until(rec.RetryAt) < 59*time.Minute {
 		t.Fatalf("Get after Fail with a backoff = %+v, %v; want Available, the reason, RetryAt in an hour", rec, err)
 	}
-	if b := mustBegin(t, r.client, "k", inbox.Busy); b.Attempts != 1 || b.RetryAfter < 59*time.Minute {
-		t.Fatalf("TryBegin during the backoff = %+v; want Busy for about an hour, 1 attempt", b)
+	if b := mustBegin(t, r.client, "k", inbox.Busy); b.Attempts != 1 || b.RetryAfter < 59*time.Minute || !b.BackingOff {
+		t.Fatalf("TryBegin during the backoff = %+v; want Busy, BackingOff, for about an hour, 1 attempt", b)
 	}
 	if err := r.client.ForceRelease(ctx, "k"); err != nil {
 		t.Fatal(err)
@@ -129,6 +163,9 @@ func TestClient_fail_dead_and_admin(t *testing.T) {
 	c = mustBegin(t, r.client, "k", inbox.Acquired)
 	if c.Attempts != 2 {
 		t.Fatalf("Attempts %d after ForceRelease, want 2", c.Attempts)
+	}
+	if b := mustBegin(t, r.client, "k", inbox.Busy); b.BackingOff {
+		t.Fatalf("TryBegin of the leased key = %+v; want Busy, not BackingOff", b)
 	}
 	if err := r.client.Fail(ctx, "k", c.LeaseID, inbox.FailOptions{Dead: true, Reason: "poison ✗"}); err != nil {
 		t.Fatal(err)

@@ -92,7 +92,9 @@ const testToken = "tok-3a9f-very-secret"
 func newRig(t *testing.T, opts remote.Options) *rig {
 	t.Helper()
 	backing := newMemory(t, 0)
-	h, err := server.New(server.Config{Store: backing, LeaseMin: time.Second, Token: testToken})
+	// The rig's client holds an admin token, accepted everywhere, so that
+	// it can make the admin calls too; consumers have a token of their own.
+	h, err := server.New(server.Config{Store: backing, LeaseMin: time.Second, Token: "consumer-" + testToken, AdminTokens: []string{testToken}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,14 @@
 //   - timeout: the bound of each HTTP attempt ([Options.Timeout]).
 //   - retries: extra attempts of calls safe to repeat ([Options.Retries]).
 //   - lease: the lease asked for when TryBegin names none ([Options.Lease]).
+//   - insecure=true: let the token travel over plain http:// to a host that
+//     is not loopback ([Options.Insecure]). Without it, such a URL is
+//     refused at Open, before anything is sent (the discovery request
+//     included): use https:// across a network.
 //   - retention is refused: retention is the service's business (set it on
-//     the store URL of inboxd).
+//     the store URL of inboxd). The service announces it in its discovery
+//     document (retentionSeconds), and [Store.Retention] reports it once the
+//     document is read, for the middleware's stale check.
 //   - check=false (read by [stores.Open] for every store) opens without the
 //     check below.
 //
@@ -42,7 +48,7 @@
 // [inbox.ErrStoreUnavailable] only. Errors name the token's source (the
 // token file's path, the URL's token= parameter), never the token:
 //
-//	remote store: the inbox service at http://127.0.0.1:8080 refuses this client (remote store: Get "inbox-remote:check": GET /v1/inbox/{key}: inbox: store unavailable: remote store: unauthorized (missing or wrong bearer token): HTTP 401 unauthorized: wrong bearer token: configuration error: the service refused the bearer token of token_file "/run/secrets/inbox": give it a token the service accepts)
+//	remote store: the inbox service at http://127.0.0.1:8080 refuses this client (remote store: Get "inbox-remote:check": GET /v1/inbox/{key}: inbox: store unavailable: remote store: unauthorized (missing or wrong bearer token): HTTP 401 unauthorized: "wrong bearer token": configuration error: the service refused the bearer token of token_file "/run/secrets/inbox": give it a token the service accepts)
 //
 // With check=false, Open sends nothing: the same mistakes fail the first
 // calls instead. [New] does no I/O either; call [Store.Check] after it to
@@ -78,7 +84,19 @@
 //   - Answers are read up to [Options.MaxResponseBytes]; status enums are
 //     strict: an unknown status, a status the endpoint cannot answer, a
 //     missing required field or malformed JSON is an error that names it and
-//     wraps [ErrProtocol] and [inbox.ErrStoreUnavailable].
+//     wraps [ErrProtocol] and [inbox.ErrStoreUnavailable]. So is a value out
+//     of bounds, named with the value: a granted leaseSeconds outside the
+//     discovery document's range (or beyond what a time.Duration holds); a
+//     discovery document whose range is not 1 <= min <= default <= max; a
+//     Busy retryAfterMs that is negative or longer than 7 days (or than the
+//     service's longest lease or maxRetryAfterMs, when longer); an owner, a
+//     payload hash, a reason, a lease id or a key longer than
+//     [inbox.MaxOwnerLen], [inbox.MaxPayloadHashLen], [inbox.MaxReasonLen],
+//     [inbox.MaxLeaseIDLen] or [inbox.MaxKeyLen].
+//   - The service's own text in its error answers (code and message) is
+//     quoted in the client's errors, Go-quoted (no raw line break or control
+//     byte) and cut at 300 bytes, so a service cannot write lines of its own
+//     into the logs that quote them.
 //   - The client reads the discovery document (GET /v1/inbox) once, before
 //     its first call, and keeps it. A failed read (no connection, timeout,
 //     401, 5xx, a broken document, or a service that requires a token while
@@ -105,7 +123,9 @@
 //     Options.Token, or of the URL's token= parameter), or "the service
 //     requires a bearer token and none is configured: add
 //     token_file=<path of a file holding the token> to the store URL" (set
-//     Options.Token, for a store made by [New]). 400 answers
+//     Options.Token, for a store made by [New]); a 403 says that the token
+//     may not make this call (a consumer's token on an admin endpoint, a
+//     key outside the token's prefixes). 400 answers
 //     map to [inbox.ErrInvalidKey], [inbox.ErrInvalidLease],
 //     [inbox.ErrInvalidLeaseID] or [inbox.ErrInvalidArgument] by their error
 //     code; input is also checked before it is sent. Redirects are never
@@ -120,7 +140,13 @@
 //     The lease granted is the server's leaseSeconds answer (ext.); without
 //     it, the lease asked for. Busy's RetryAfter is the
 //     server's retryAfterMs (ext.); without it, the time left until
-//     expiresAt on the local clock (clocks must then agree).
+//     expiresAt on the local clock (clocks must then agree). Busy's
+//     BackingOff (a failed attempt's backoff, not a live lease) is the
+//     server's "backoff": true (ext. fail); a service that does not send it
+//     (one without the fail extension, or with it from before the field
+//     was added) gives false, so the middleware waits for the key
+//     in-process instead of handing the message to a delay of its broker:
+//     the safe fallback, as on a live lease.
 //   - Times are RFC 3339 with fractions: as precise as the server's store.
 //   - Keys are escaped into the path byte by byte (everything outside
 //     [A-Za-z0-9_~-] as %XX, '.' and '/' included) and sent as escaped, so
@@ -174,6 +200,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -224,8 +251,17 @@ type Options struct {
 	URL string
 
 	// Token is the bearer token sent with every call. Optional; default none.
-	// It is never logged nor quoted in errors.
+	// It is never logged nor quoted in errors. Over plain http:// it is sent
+	// only to a loopback host (localhost, 127.0.0.0/8, ::1) unless Insecure:
+	// anyone on the network path could read it.
 	Token string
+
+	// Insecure lets Token travel over plain http:// to a host that is not
+	// loopback, for a network that is trusted (or encrypted below HTTP).
+	// Optional; default false: such options are refused by Validate. It
+	// does nothing else: it is refused with https://, whose certificates
+	// are always checked. URL parameter: insecure=true.
+	Insecure bool
 
 	// Timeout bounds each HTTP attempt. Optional; default 2 s.
 	Timeout time.Duration
@@ -285,6 +321,15 @@ func (o Options) Validate() error {
 	if strings.ContainsAny(o.Token, "\r\n") {
 		bad("Token holds a line break")
 	}
+	if u, err := parseBase(o.URL); err == nil {
+		switch {
+		case o.Insecure && u.Scheme == SchemeTLS:
+			bad("Insecure (insecure=true) is for http:// only: it lets a token travel in clear, and never turns off the certificate checks of https://")
+		case o.Token != "" && !o.Insecure && u.Scheme == Scheme && !loopbackHost(u.Hostname()):
+			bad("the bearer token would cross the network in clear: %s is plain http:// to %q, which is not a loopback address; use https://, "+
+				"or set Insecure (insecure=true in a store URL) if the network between them is trusted", stores.Redact(u), u.Hostname())
+		}
+	}
 	if o.Timeout < 0 {
 		bad("Timeout %s is negative", o.Timeout)
 	}
@@ -295,6 +340,17 @@ func (o Options) Validate() error {
 		bad("MaxResponseBytes %d is below 1024", o.MaxResponseBytes)
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackHost reports whether host (a URL's host name, without port or
+// brackets) is localhost or a loopback address: 127.0.0.0/8 or ::1. A name
+// that merely resolves to one is not.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // parseBase checks the base URL and returns it without a trailing slash.
@@ -324,7 +380,14 @@ func parseBase(raw string) (*url.URL, error) {
 	return b, nil
 }
 
+// secretParams are the parameters of a remote store URL that carry secrets:
+// token (token_file names a file, whose path is not secret). They are
+// registered with [stores.RegisterSecretParams], so that [stores.Redact]
+// masks them in logs and errors.
+var secretParams = []string{"token"}
+
 func init() {
+	stores.RegisterSecretParams(secretParams...)
 	stores.Register(Scheme, stores.OpenerFunc(openURL))
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
@@ -370,6 +433,9 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
 		return nil, err
 	}
+	if opts.Insecure, err = stores.PopBool(q, "insecure", false); err != nil {
+		return nil, err
+	}
 	if v, ok, err := stores.PopString(q, "retries"); err != nil {
 		return nil, err
 	} else if ok {
@@ -382,7 +448,7 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 			opts.Retries = -1
 		}
 	}
-	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries"); err != nil {
+	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries", "insecure"); err != nil {
 		return nil, err
 	}
 	base := *u

@@ -111,7 +111,7 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	}
 	st, err := inbox.ParseStatus(w.Status)
 	if err != nil {
-		return inbox.Claim{}, protoError(ep, "unknown status %q (want Acquired, Processed, Busy or Dead)", w.Status)
+		return inbox.Claim{}, protoError(ep, "unknown status %s (want Acquired, Processed, Busy or Dead)", quote(w.Status, 64))
 	}
 	if w.Attempts < 0 {
 		return inbox.Claim{}, protoError(ep, "negative attempts %d", w.Attempts)
@@ -120,11 +120,17 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	claim := inbox.Claim{Status: st, Attempts: w.Attempts, PayloadMismatch: w.PayloadMismatch}
 	switch st {
 	case inbox.Acquired:
+		if err := checkLen(ep, "leaseId", w.LeaseID, inbox.MaxLeaseIDLen); err != nil {
+			return inbox.Claim{}, err
+		}
 		if err := inbox.ValidateLeaseID(w.LeaseID); err != nil {
 			return inbox.Claim{}, protoError(ep, "Acquired without a usable leaseId: %v", err)
 		}
 		if w.ExpiresAt == nil {
 			return inbox.Claim{}, protoError(ep, "Acquired without expiresAt")
+		}
+		if err := checkGranted(ep, d, w.LeaseSeconds); err != nil {
+			return inbox.Claim{}, err
 		}
 		claim.LeaseID, claim.ExpiresAt = w.LeaseID, *w.ExpiresAt
 		switch {
@@ -142,15 +148,64 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 			return inbox.Claim{}, protoError(ep, "Busy without expiresAt")
 		}
 		claim.ExpiresAt = *w.ExpiresAt
+		if limit := maxRetryAfter(d); w.RetryAfterMs < 0 || w.RetryAfterMs > limit {
+			return inbox.Claim{}, protoError(ep, "Busy with retryAfterMs %d, outside [0, %d] (7 days, or the service's longest lease or backoff)", w.RetryAfterMs, limit)
+		}
 		if w.RetryAfterMs > 0 {
 			claim.RetryAfter = time.Duration(w.RetryAfterMs) * time.Millisecond
 		} else {
 			claim.RetryAfter = max(time.Until(claim.ExpiresAt), 0)
 		}
+		// backoff is the fail extension's: false from a service without it,
+		// or from one before it was added.
+		claim.BackingOff = w.Backoff
 	case inbox.Dead:
+		if err := checkLen(ep, "reason", w.Reason, inbox.MaxReasonLen); err != nil {
+			return inbox.Claim{}, err
+		}
 		claim.Reason = w.Reason
 	}
 	return claim, nil
+}
+
+// checkLen refuses a field of an answer longer than limit bytes (the limit
+// the inbox contract sets on it), naming the field and quoting the start of
+// its value.
+func checkLen(ep endpoint, field, v string, limit int) error {
+	if len(v) <= limit {
+		return nil
+	}
+	return protoError(ep, "%s of %d bytes is over the limit of %d: %s", field, len(v), limit, quote(v, 64))
+}
+
+// checkGranted refuses a granted lease (leaseSeconds of try-begin or extend,
+// 0 when absent) outside the service's own range (its discovery document),
+// or that a time.Duration cannot hold.
+func checkGranted(ep endpoint, d *Discovery, sec int64) error {
+	switch {
+	case sec == 0:
+		return nil
+	case sec < 0 || sec > maxLeaseSeconds:
+		return protoError(ep, "leaseSeconds %d granted, outside [1, %d]", sec, int64(maxLeaseSeconds))
+	case d != nil && d.LeaseMax > 0 && (time.Duration(sec)*time.Second < d.LeaseMin || time.Duration(sec)*time.Second > d.LeaseMax):
+		return protoError(ep, "leaseSeconds %d granted, outside the service's range [%d, %d] of its discovery document",
+			sec, int64(d.LeaseMin/time.Second), int64(d.LeaseMax/time.Second))
+	}
+	return nil
+}
+
+// maxBusyWait is the longest wait a Busy answer may announce (retryAfterMs)
+// whatever the service's discovery document says.
+const maxBusyWait = 7 * 24 * time.Hour
+
+// maxRetryAfter is the longest retryAfterMs a Busy answer may carry: 7 days,
+// or longer when the service's longest lease or backoff is.
+func maxRetryAfter(d *Discovery) int64 {
+	limit := maxBusyWait
+	if d != nil {
+		limit = max(limit, d.MaxRetryAfter, d.LeaseMax)
+	}
+	return int64(limit / time.Millisecond)
 }
 
 // holderCall sends a mark-processed, release, extend or fail with a lease
@@ -165,7 +220,7 @@ func (c *client) holderCall(ctx context.Context, ep endpoint, req any, ok string
 		return w, uncertain, err
 	}
 	if w.Status != ok && w.Status != wire.StatusLeaseLost {
-		return w, uncertain, protoError(ep, "unknown status %q (want %s or LeaseLost)", w.Status, ok)
+		return w, uncertain, protoError(ep, "unknown status %s (want %s or LeaseLost)", quote(w.Status, 64), ok)
 	}
 	return w, uncertain, nil
 }
@@ -254,7 +309,7 @@ func (c *client) Mark(ctx context.Context, key string) error {
 		return err
 	}
 	if w.Status != wire.StatusProcessed {
-		return protoError(markEP, "status %q for a mark without lease id, want Processed", w.Status)
+		return protoError(markEP, "status %s for a mark without lease id, want Processed", quote(w.Status, 64))
 	}
 	return nil
 }
@@ -262,8 +317,12 @@ func (c *client) Mark(ctx context.Context, key string) error {
 // Extend implements [driver.Driver]. It fails with [inbox.ErrNotSupported]
 // when the service's discovery document does not list the extend extension.
 func (c *client) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := c.needExt(ctx, extendEP, wire.ExtExtend); err != nil {
+	d, err := c.discoverFor(ctx, extendEP)
+	if err != nil {
 		return time.Time{}, err
+	}
+	if !d.Has(wire.ExtExtend) {
+		return time.Time{}, opError(extendEP, "%w: the service does not list the %s extension in its discovery document", inbox.ErrNotSupported, wire.ExtExtend)
 	}
 	w, _, err := c.holderCall(ctx, extendEP, wire.LeaseRequest{Key: key, LeaseID: leaseID, LeaseSeconds: leaseSeconds(lease)}, wire.StatusExtended)
 	if err != nil {
@@ -274,6 +333,9 @@ func (c *client) Extend(ctx context.Context, key, leaseID string, lease time.Dur
 	}
 	if w.ExpiresAt == nil {
 		return time.Time{}, protoError(extendEP, "Extended without expiresAt")
+	}
+	if err := checkGranted(extendEP, d, w.LeaseSeconds); err != nil {
+		return time.Time{}, err
 	}
 	return *w.ExpiresAt, nil
 }
@@ -310,7 +372,7 @@ func (c *client) Get(ctx context.Context, key string) (inbox.Record, error) {
 func parseRecord(ep endpoint, w wire.RecordResponse) (inbox.Record, error) {
 	state, err := inbox.ParseState(w.Status)
 	if err != nil {
-		return inbox.Record{}, protoError(ep, "unknown status %q (want NotFound, Available, InProgress, Processed or Dead)", w.Status)
+		return inbox.Record{}, protoError(ep, "unknown status %s (want NotFound, Available, InProgress, Processed or Dead)", quote(w.Status, 64))
 	}
 	if state == inbox.StateNotFound {
 		return inbox.Record{}, nil
@@ -320,6 +382,14 @@ func parseRecord(ep endpoint, w wire.RecordResponse) (inbox.Record, error) {
 	}
 	if w.Attempts < 0 {
 		return inbox.Record{}, protoError(ep, "negative attempts %d", w.Attempts)
+	}
+	for _, f := range []struct {
+		name, v string
+		limit   int
+	}{{"owner", w.Owner, inbox.MaxOwnerLen}, {"payloadHash", w.PayloadHash, inbox.MaxPayloadHashLen}, {"reason", w.Reason, inbox.MaxReasonLen}} {
+		if err := checkLen(ep, f.name, f.v, f.limit); err != nil {
+			return inbox.Record{}, err
+		}
 	}
 	r := inbox.Record{State: state, Attempts: w.Attempts, FirstSeen: *w.FirstSeen, LastSeen: *w.LastSeen,
 		Owner: w.Owner, PayloadHash: w.PayloadHash, Reason: w.Reason}
@@ -377,6 +447,9 @@ func (c *client) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPa
 	}
 	p := inbox.ListPage{Next: w.Next, Items: make([]inbox.ListItem, len(w.Items))}
 	for i, it := range w.Items {
+		if err := checkLen(ep, fmt.Sprintf("item %d: key", i), it.Key, inbox.MaxKeyLen); err != nil {
+			return inbox.ListPage{}, err
+		}
 		if err := inbox.ValidateKey(it.Key); err != nil {
 			return inbox.ListPage{}, protoError(ep, "item %d: %v", i, err)
 		}
@@ -385,7 +458,7 @@ func (c *client) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPa
 			return inbox.ListPage{}, err
 		}
 		if r.State == inbox.StateNotFound {
-			return inbox.ListPage{}, protoError(ep, "item %d (%q) is NotFound", i, it.Key)
+			return inbox.ListPage{}, protoError(ep, "item %d (%s) is NotFound", i, quote(it.Key, 64))
 		}
 		p.Items[i] = inbox.ListItem{Key: it.Key, Record: r}
 	}
@@ -416,7 +489,7 @@ func (c *client) keyCall(ctx context.Context, ep endpoint, key, ok string) error
 		return err
 	}
 	if w.Status != ok {
-		return protoError(ep, "unknown status %q (want %s)", w.Status, ok)
+		return protoError(ep, "unknown status %s (want %s)", quote(w.Status, 64), ok)
 	}
 	return nil
 }

@@ -136,7 +136,7 @@ func fmtAny(v any) string {
 func TestConformance_memory_without_extend(t *testing.T) {
 	h := harness(func(t *testing.T, cfg storetest.Config) inbox.LeaseStore { return newMemory(t, cfg.Retention) })
 	h.New = func(t *testing.T, cfg storetest.Config) inbox.LeaseStore {
-		sh, err := server.New(server.Config{Store: newMemory(t, cfg.Retention), LeaseMin: time.Second})
+		sh, err := server.New(server.Config{Store: newMemory(t, cfg.Retention), LeaseMin: time.Second, AdminNoAuth: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -117,17 +117,21 @@ func (r *claimRow) claim(op driver.Op) inbox.Claim {
 		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, r.until, op.Lease
 	default:
 		// Another live lease, or a failed attempt's backoff (a lease that
-		// nobody holds): until lease_until either way.
+		// nobody holds, told apart by its empty lease id: BackingOff):
+		// until lease_until either way.
 		//
 		// The clock was read when the statement began, and the statement may
 		// have waited for the holder's row lock since: the holder's write
 		// (its last_seen) happened before this reading, whatever the clock
-		// says.
+		// says. An Extend leaves last_seen as it was (a heartbeat is no
+		// sighting): after waiting on one, RetryAfter may overstate the time
+		// left by the wait, never understate it.
 		now := r.now
 		if r.lastOK && r.last.After(now) {
 			now = r.last
 		}
 		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, r.until, max(r.until.Sub(now), time.Microsecond)
+		c.BackingOff = r.leaseID == ""
 	}
 	return c
 }
@@ -358,8 +362,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 			for j, i := range g {
 				keys[j] = ops[i].Key
 			}
-			query = "SELECT " + claimCols + ", UTC_TIMESTAMP(6) FROM " + d.q.t +
-				" WHERE msg_key IN (" + placeholders(len(g)) + ") FOR UPDATE"
+			query = d.q.myClaimsRead(len(g))
 			args = keys
 		}
 		if err := d.claimRows(ctx, q, nil, query, args, w, res, errs); err != nil {
@@ -474,8 +477,7 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 	if len(keys) == 0 {
 		return nil
 	}
-	rows, err := q.QueryContext(ctx, "SELECT msg_key, state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM "+d.q.t+
-		" WHERE msg_key IN ("+placeholders(len(keys))+") ORDER BY msg_key FOR UPDATE", keys...)
+	rows, err := q.QueryContext(ctx, d.q.mySettleRead(len(keys)), keys...)
 	if err != nil {
 		return err
 	}
@@ -513,11 +515,7 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 		if len(args) == 1 {
 			continue
 		}
-		set := d.q.releaseSet
-		if k == driver.Complete {
-			set = d.q.completeSet
-		}
-		if _, err := q.ExecContext(ctx, "UPDATE "+d.q.t+" SET"+set+"\nWHERE msg_key IN ("+placeholders(len(args)-1)+")", args...); err != nil {
+		if _, err := q.ExecContext(ctx, d.q.mySettleUpdate(k, len(args)-1), args...); err != nil {
 			return err
 		}
 	}
@@ -543,10 +541,7 @@ func (d *sqlDriver) myFail(ctx context.Context, q querier, w *wave, held []bool,
 	if len(args) == 0 {
 		return nil
 	}
-	query := "UPDATE " + d.q.t + " AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex" +
-		strings.Repeat(" UNION ALL SELECT ?, ?, ?, ?, ?", len(args)/5-1) +
-		") AS u ON t.msg_key = u.k SET" + myFailSet("u.r", "u.s", "u.ra", "u.ex")
-	_, err := q.ExecContext(ctx, query, args...)
+	_, err := q.ExecContext(ctx, d.q.myFailsQuery(len(args)/5), args...)
 	return err
 }
 
@@ -589,7 +584,7 @@ func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.
 			for _, i := range g {
 				args = append(args, ops[i].Key, ops[i].LeaseID)
 			}
-			steps = append(steps, liteStep{w: w, kind: k, args: args, query: d.liteSettleQuery(k, len(g))})
+			steps = append(steps, liteStep{w: w, kind: k, args: args, query: d.q.liteSettleQuery(k, len(g))})
 		}
 		if g := w.kinds[driver.Mark]; len(g) > 0 {
 			args := make([]any, 0, 2*len(g))
@@ -749,14 +744,49 @@ func (q *queries) marksQuery(n int) string {
 // liteSettleQuery is SQLite's statement for n completes or releases (k):
 // a fenced UPDATE that returns the key of each row whose lease held it. Its
 // parameters are the retention, the n keys, then each key and its lease id.
-func (d *sqlDriver) liteSettleQuery(k driver.Kind, n int) string {
-	set, cond := d.q.completeSet, ""
+func (q *queries) liteSettleQuery(k driver.Kind, n int) string {
+	set, cond := q.completeSet, ""
 	if k == driver.Release {
-		set, cond = d.q.releaseSet, " AND state = 0"
+		set, cond = q.releaseSet, " AND state = 0"
 	}
-	return "UPDATE " + d.q.t + " SET" + set + "\nWHERE msg_key IN (" + placeholders(n) + ")" +
+	return "UPDATE " + q.t + " SET" + set + "\nWHERE msg_key IN (" + placeholders(n) + ")" +
 		" AND (msg_key, lease_id) IN (VALUES " + rowsQuery("", "(?, ?)", n, "") + ")" +
 		cond + " AND expires_at > " + liteNow + "\nRETURNING msg_key"
+}
+
+// myClaimsRead is MySQL 8's locking read of the rows of n claims, after
+// their upsert (which returns nothing there): claimCols and now per row.
+// Its parameters are the n keys.
+func (q *queries) myClaimsRead(n int) string {
+	return "SELECT " + claimCols + ", UTC_TIMESTAMP(6) FROM " + q.t + " WHERE msg_key IN (" + placeholders(n) + ") FOR UPDATE"
+}
+
+// mySettleRead is the locking read of the rows of n completes, releases
+// and fails on MySQL (mySettle): msg_key, state, lease_id, expires_at and
+// now per row. Its parameters are the n keys.
+func (q *queries) mySettleRead(n int) string {
+	return "SELECT msg_key, state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM " + q.t + " WHERE msg_key IN (" + placeholders(n) + ") ORDER BY msg_key FOR UPDATE"
+}
+
+// mySettleUpdate is the UPDATE of the rows of n completes or releases (k)
+// whose leases held them, on MySQL (mySettle). Its parameters are the
+// retention, then the n keys.
+func (q *queries) mySettleUpdate(k driver.Kind, n int) string {
+	set := q.releaseSet
+	if k == driver.Complete {
+		set = q.completeSet
+	}
+	return "UPDATE " + q.t + " SET" + set + "\nWHERE msg_key IN (" + placeholders(n) + ")"
+}
+
+// myFailsQuery is the UPDATE of the rows of n fails whose leases held
+// them, on MySQL (myFail), joined with a derived table of their values.
+// Its parameters are, per row: key, reason, new state, backoff, and
+// backoff plus retention (microseconds).
+func (q *queries) myFailsQuery(n int) string {
+	return "UPDATE " + q.t + " AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex" +
+		strings.Repeat(" UNION ALL SELECT ?, ?, ?, ?, ?", n-1) +
+		") AS u ON t.msg_key = u.k SET" + myFailSet("u.r", "u.s", "u.ra", "u.ex")
 }
 
 // rowsQuery is head, n copies of row separated by commas, then tail.

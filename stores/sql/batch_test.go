@@ -73,7 +73,7 @@ func TestApply_crafted_batches(t *testing.T) {
 				if res[0].Status != inbox.Acquired || res[2].Status != inbox.Acquired || res[2].LeaseID != "b" || res[3].Status != inbox.Busy {
 					t.Fatalf("claims: %+v", res)
 				}
-				if res[3].RetryAfter <= 0 || !res[3].ExpiresAt.Equal(res[2].ExpiresAt) {
+				if res[3].RetryAfter <= 0 || !res[3].ExpiresAt.Equal(res[2].ExpiresAt) || res[3].BackingOff {
 					t.Fatalf("busy claim %+v, holder's %+v", res[3], res[2])
 				}
 			})
@@ -92,8 +92,8 @@ func TestApply_crafted_batches(t *testing.T) {
 					t.Fatalf("first claim %+v, want Acquired by l0", res[0])
 				}
 				for i, c := range res[1:] {
-					if c.Status != inbox.Busy {
-						t.Fatalf("claim %d = %+v, want Busy", i+1, c)
+					if c.Status != inbox.Busy || c.BackingOff {
+						t.Fatalf("claim %d = %+v, want Busy on l0's lease, not BackingOff", i+1, c)
 					}
 				}
 				// The holder's retry in a later batch renews its lease.
@@ -138,6 +138,9 @@ func TestApply_crafted_batches(t *testing.T) {
 					if (w.err == nil) != (errs[i] == nil) || (w.err != nil && !errors.Is(errs[i], w.err)) || res[i].Status != w.status {
 						t.Errorf("op %d: %+v, %v; want status %v, error %v", i, res[i], errs[i], w.status, w.err)
 					}
+				}
+				if res[1].BackingOff {
+					t.Errorf("claim of a held key: %+v, not BackingOff", res[1])
 				}
 				if !res[2].PayloadMismatch || res[1].PayloadMismatch {
 					t.Errorf("payload mismatch: processed %v, busy %v", res[2].PayloadMismatch, res[1].PayloadMismatch)
@@ -193,8 +196,8 @@ func TestApply_crafted_batches(t *testing.T) {
 					t.Fatalf("claims: %+v", res)
 				}
 				for _, c := range res[2:] {
-					if c.Attempts != 1 || c.RetryAfter < 59*time.Minute || c.RetryAfter > time.Hour || c.LeaseID != "" {
-						t.Fatalf("claim during the backoff %+v; want Busy for about an hour, 1 attempt", c)
+					if c.Attempts != 1 || c.RetryAfter < 59*time.Minute || c.RetryAfter > time.Hour || c.LeaseID != "" || !c.BackingOff {
+						t.Fatalf("claim during the backoff %+v; want Busy, BackingOff, for about an hour, 1 attempt", c)
 					}
 				}
 				r, err := s.Get(ctx, k)
@@ -206,14 +209,14 @@ func TestApply_crafted_batches(t *testing.T) {
 				}
 				// A later batch: still busy; the failed lease is fenced.
 				res, errs = apply(t, s, claimOp(k, "c"), failOp(k, "a", inbox.FailOptions{Dead: true, RetryAfter: time.Hour}), driver.Op{Kind: driver.Release, Key: k, LeaseID: "a"})
-				if errs[0] != nil || res[0].Status != inbox.Busy || !errors.Is(errs[1], inbox.ErrLeaseLost) || !errors.Is(errs[2], inbox.ErrLeaseLost) {
+				if errs[0] != nil || res[0].Status != inbox.Busy || !res[0].BackingOff || !errors.Is(errs[1], inbox.ErrLeaseLost) || !errors.Is(errs[2], inbox.ErrLeaseLost) {
 					t.Fatalf("after the backoff began: %+v %v", res, errs)
 				}
 				if err := s.ForceRelease(ctx, k); err != nil {
 					t.Fatal(err)
 				}
 				res, errs = apply(t, s, claimOp(k, "d"), claimOp(k, "e"))
-				if errs[0] != nil || errs[1] != nil || res[0].Status != inbox.Acquired || res[0].Attempts != 2 || res[1].Status != inbox.Busy {
+				if errs[0] != nil || errs[1] != nil || res[0].Status != inbox.Acquired || res[0].Attempts != 2 || res[1].Status != inbox.Busy || res[1].BackingOff {
 					t.Fatalf("claims after ForceRelease: %+v %v", res, errs)
 				}
 			})
@@ -282,7 +285,7 @@ func TestApply_crafted_batches(t *testing.T) {
 						t.Errorf("op %d: %+v, want %v", i, res[i], want)
 					}
 				}
-				if res[8].Reason != "two" || res[7].RetryAfter < 59*time.Minute {
+				if res[8].Reason != "two" || res[7].RetryAfter < 59*time.Minute || !res[7].BackingOff || res[9].BackingOff {
 					t.Errorf("dead claim %+v, claim in a backoff %+v", res[8], res[7])
 				}
 				for i, want := range []struct {
@@ -390,7 +393,7 @@ func TestStore_concurrent_fails_each_their_own(t *testing.T) {
 						opts, holder, want, attempts := inbox.FailOptions{Reason: reason}, c.LeaseID, inbox.Acquired, 2
 						switch i % 4 {
 						case 1:
-							opts.RetryAfter, want, attempts = time.Hour, inbox.Busy, 1
+							opts.RetryAfter, want, attempts = time.Hour, inbox.Busy, 1 // BackingOff
 						case 2:
 							opts.Dead, want, attempts = true, inbox.Dead, 1
 						case 3:
@@ -401,8 +404,8 @@ func TestStore_concurrent_fails_each_their_own(t *testing.T) {
 							return fmt.Errorf("Fail(%s, %+v) by %q: %v", key, opts, holder, err)
 						}
 						c, err = s.TryBegin(ctx, key, inbox.BeginOptions{Lease: time.Minute})
-						if err != nil || c.Status != want || c.Attempts != attempts {
-							return fmt.Errorf("TryBegin(%s) after Fail(%+v) = %+v, %v; want %v with %d attempts", key, opts, c, err, want, attempts)
+						if err != nil || c.Status != want || c.Attempts != attempts || c.BackingOff != (i%4 == 1) {
+							return fmt.Errorf("TryBegin(%s) after Fail(%+v) = %+v, %v; want %v with %d attempts, BackingOff only after a backoff", key, opts, c, err, want, attempts)
 						}
 						if r, err := s.Get(ctx, key); err != nil || r.Reason != reason {
 							return fmt.Errorf("Get(%s) = %+v, %v; want the reason %q", key, r, err, reason)

@@ -35,6 +35,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return d.wrap(ctx, "Migrate", err)
 }
 
+// pgAdvisoryLock takes a transaction-scoped advisory lock ($1: its bigint
+// id) on PostgreSQL.
+const pgAdvisoryLock = "SELECT pg_advisory_xact_lock($1)"
+
 // runDDL runs stmts: on PostgreSQL in one transaction holding an advisory
 // lock of the table's, so that concurrent migrations wait for each other.
 func (d *sqlDriver) runDDL(ctx context.Context, stmts []string) error {
@@ -49,7 +53,7 @@ func (d *sqlDriver) runDDL(ctx context.Context, stmts []string) error {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("watermill-inbox:" + d.opts.Table))
 	return d.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
+		if _, err := tx.ExecContext(ctx, pgAdvisoryLock, int64(h.Sum64())); err != nil {
 			return err
 		}
 		for _, q := range stmts {
@@ -64,11 +68,16 @@ func (d *sqlDriver) runDDL(ctx context.Context, stmts []string) error {
 // probe reads no row of the columns cols of the table: it fails when one
 // of them does not exist.
 func (d *sqlDriver) probe(ctx context.Context, cols string) error {
-	rows, err := d.db.QueryContext(ctx, "SELECT "+cols+" FROM "+d.q.t+" WHERE 1 = 0")
+	rows, err := d.db.QueryContext(ctx, probeQuery(d.q.t, cols))
 	if err != nil {
 		return err
 	}
 	return rows.Close()
+}
+
+// probeQuery reads no row of the columns cols of table t.
+func probeQuery(t, cols string) string {
+	return "SELECT " + cols + " FROM " + t + " WHERE 1 = 0"
 }
 
 // missingColumns returns the indexes in addedColumns of the columns the

@@ -412,7 +412,7 @@ func bit(k driver.Kind) int { return 1 << (k - driver.Claim) }
 func pgQueries(t string) queries {
 	q := queries{
 		extend: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET lease_until = n.now + $3::bigint` + pgUS + `, last_seen = n.now, expires_at = n.now + $4::bigint` + pgUS + `
+UPDATE ` + t + ` AS t SET lease_until = n.now + $3::bigint` + pgUS + `, expires_at = n.now + $4::bigint` + pgUS + `
 FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.lease_until`,
 
@@ -613,7 +613,7 @@ ON DUPLICATE KEY UPDATE
 		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
 		markTail: "\nON DUPLICATE KEY UPDATE" + markSet("", myNew),
 
-		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
+		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
 WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
 		selectLeaseUntil: `SELECT lease_until FROM ` + t + ` WHERE msg_key = ?`,
 
@@ -684,7 +684,7 @@ func liteQueries(t string) queries {
 		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
 		markTail: "\nON CONFLICT (msg_key) DO UPDATE SET" + markSet("", liteNew),
 
-		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, last_seen = ` + now + `, expires_at = ` + now + ` + ?4
+		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, expires_at = ` + now + ` + ?4
 WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
 RETURNING lease_until`,
 

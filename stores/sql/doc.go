@@ -68,6 +68,11 @@
 //
 // # Statements and clocks
 //
+// Every statement the store sends, per dialect and for the default table,
+// is in testdata/postgres.sql, testdata/mysql.sql and testdata/sqlite.sql
+// in this package's directory, each named, with when it is sent and its
+// parameters (golden files that the package's tests hold to the code).
+//
 // A claim is an upsert whose SET col = CASE ... arms decide in the
 // statement, under the row lock, whether the record expired (start afresh),
 // is free (open, its lease or backoff ended or released: acquire,
@@ -108,9 +113,10 @@
 // zero), and as no caller's lease id is empty, every TryBegin, the failed
 // lease's id included, answers Busy until then, with ExpiresAt its end and
 // RetryAfter the time left, by the very conditions that decide for leases
-// (the claim statement gains no condition for backoffs). Get and List tell
-// the backoff from a lease by the empty lease id: StateAvailable with
-// RetryAt. The row lives until the end of the backoff plus the retention.
+// (the claim statement gains no condition for backoffs). The claim's
+// answer, Get and List tell the backoff from a lease by the empty lease
+// id: Busy with Claim.BackingOff (false on a live lease), StateAvailable
+// with RetryAt. The row lives until the end of the backoff plus the retention.
 // The acquisition after the backoff writes its own lease over it; the
 // reason stays, as history, until the row is forgotten or expires. With
 // Dead, Fail sets state 2 (and no backoff): every TryBegin answers

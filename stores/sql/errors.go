@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/outage"
 )
 
 // errKind classifies a driver error.
@@ -88,25 +88,27 @@ func classify(err error) errKind {
 	return kindOther
 }
 
+// deadlockBackoff spaces the retries of a deadlocked statement: 1 to 2 ms,
+// doubling (outage.Backoff's table lists every retry loop of the library).
+var deadlockBackoff = outage.Backoff{Min: 2 * time.Millisecond, Max: 256 * time.Millisecond}
+
 // retryDeadlocks runs f again, a few times with a short jittered pause,
 // when the database rolled it back to break a deadlock (MySQL's InnoDB does
 // so for concurrent upserts of one key) or a serialization conflict.
 func retryDeadlocks(ctx context.Context, f func() error) error {
 	const attempts = 8
-	wait := time.Millisecond
 	for i := 0; ; i++ {
 		err := f()
 		if err == nil || i == attempts-1 || classify(err) != kindRetry {
 			return err
 		}
-		t := time.NewTimer(wait + rand.N(wait))
+		t := time.NewTimer(deadlockBackoff.Pause(i))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return err
 		case <-t.C:
 		}
-		wait *= 2
 	}
 }
 

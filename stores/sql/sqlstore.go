@@ -107,6 +107,31 @@ func (o Options) Validate() error {
 // portable layer it embeds ([driver.Store]) validates input, refuses calls
 // once closed, maps errors and batches concurrent calls; the statements are
 // its driver's.
+//
+// Its methods are those of the portable layer it embeds, [driver.Store],
+// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
+//
+//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
+//     lease: Acquired, Busy (another live lease, or a failed attempt's
+//     backoff), Processed or Dead.
+//   - Complete(ctx, key, leaseID): marks key processed under the lease;
+//     repeating it after success succeeds.
+//   - Release(ctx, key, leaseID): gives the lease back unmarked.
+//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
+//     out opts.RetryAfter, or is dead with opts.Dead.
+//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
+//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
+//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
+//     ([inbox.Store]).
+//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - Retention() time.Duration: how long a processed key stays processed
+//     ([inbox.RetentionReporter], for the middleware's stale check).
+//   - BatchStats: how calls were batched; Close.
+//
+// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
+// leaseID no longer holds the key; bad input wraps
+// [inbox.ErrInvalidArgument]; a backend failure wraps
+// [inbox.ErrStoreUnavailable].
 type Store struct {
 	*driver.Store
 	d *sqlDriver
@@ -196,7 +221,7 @@ func newStore(db *sql.DB, opts Options) (*Store, error) {
 	if opts.batch != nil {
 		b = *opts.batch
 	}
-	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Batch: b})
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b})
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +242,7 @@ func (d *sqlDriver) prepare(ctx context.Context) error {
 		return nil
 	}
 	var version string
-	if err := d.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	if err := d.db.QueryRowContext(ctx, versionQuery).Scan(&version); err != nil {
 		return d.wrap(ctx, "asking the server version", err)
 	}
 	d.returning = mariaDBReturning(version)
@@ -225,6 +250,10 @@ func (d *sqlDriver) prepare(ctx context.Context) error {
 	d.ready.Store(true)
 	return nil
 }
+
+// versionQuery asks a MySQL-protocol server its version (see
+// mariaDBReturning).
+const versionQuery = "SELECT VERSION()"
 
 // mariaDBReturning reports whether a server version string is MariaDB 10.5
 // or later, which has INSERT ... RETURNING.

@@ -70,6 +70,19 @@ ON CONFLICT (msg_key) DO NOTHING`,
 	}
 }
 
+// The statements that bound a claim's lock waits: on PostgreSQL the
+// transaction's lock_timeout ($1, as "<n>ms"); on MySQL and MariaDB the
+// connection's innodb_lock_wait_timeout (whole seconds), reset to the
+// server's default before the connection goes back to the pool.
+const (
+	pgLockTimeout          = "SELECT set_config('lock_timeout', $1, true)"
+	myLockWaitTimeoutReset = "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+)
+
+func myLockWaitTimeout(secs int64) string {
+	return "SET SESSION innodb_lock_wait_timeout = " + strconv.FormatInt(secs, 10)
+}
+
 // BeginTxClaim begins a transaction on a pooled connection of its own and
 // claims key in it: the building block of the transactional mode
 // (package github.com/watermill-inbox/inbox/stores/sql/txinbox), where a
@@ -175,14 +188,14 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 
 	if d == MySQL {
 		secs := int64((opts.LockTimeout + time.Second - 1) / time.Second)
-		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = "+strconv.FormatInt(secs, 10)); err != nil {
+		if _, err := conn.ExecContext(ctx, myLockWaitTimeout(secs)); err != nil {
 			release()
 			return nil, nil, false, op("setting innodb_lock_wait_timeout", err)
 		}
 		release = func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if _, err := conn.ExecContext(rctx, "SET SESSION innodb_lock_wait_timeout = DEFAULT"); err != nil {
+			if _, err := conn.ExecContext(rctx, myLockWaitTimeoutReset); err != nil {
 				// Do not hand a connection with our timeout back to the pool.
 				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			}
@@ -201,7 +214,7 @@ func (s *sqlDriver) tryTxClaim(ctx context.Context, key string, opts TxClaimOpti
 	}
 	if d == Postgres {
 		ms := strconv.FormatInt(max(opts.LockTimeout.Milliseconds(), 1), 10) + "ms"
-		if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", ms); err != nil {
+		if _, err := tx.ExecContext(ctx, pgLockTimeout, ms); err != nil {
 			return abort("setting lock_timeout", err)
 		}
 	}

@@ -64,7 +64,15 @@ const (
 	SchemeSQLite     = "sqlite"
 )
 
+// secretParams are the parameters of the SQL URLs that carry secrets:
+// libpq's and pgx's password and sslpassword (the password of the client's
+// TLS key). A MySQL URL carries its password in the user info only. They are
+// registered with [stores.RegisterSecretParams], so that [stores.Redact]
+// masks them in logs and errors.
+var secretParams = []string{"password", "sslpassword"}
+
 func init() {
+	stores.RegisterSecretParams(secretParams...)
 	stores.Register(SchemePostgres, stores.OpenerFunc(openPostgres))
 	stores.Register(SchemePostgreSQL, stores.OpenerFunc(openPostgres))
 	stores.Register(SchemeMySQL, stores.OpenerFunc(openMySQL))
@@ -378,28 +386,5 @@ func openSQLite(ctx context.Context, u *url.URL, p stores.Params) (stores.Store,
 // redactErr removes u's secrets from a driver's parse error: the password of
 // the user info and the values of query parameters such as password and
 // sslpassword (pgx quotes the whole connection string when it cannot parse
-// it, and hides only the password).
-func redactErr(err error, u *url.URL) string {
-	msg := err.Error()
-	var secrets []string
-	if u.User != nil {
-		if pw, ok := u.User.Password(); ok {
-			secrets = append(secrets, pw)
-		}
-	}
-	for name, vs := range u.Query() {
-		ln := strings.ToLower(name)
-		if strings.Contains(ln, "password") || strings.Contains(ln, "secret") || strings.Contains(ln, "token") {
-			secrets = append(secrets, vs...)
-		}
-	}
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-		msg = strings.ReplaceAll(msg, url.QueryEscape(s), "xxxxx")
-		msg = strings.ReplaceAll(msg, url.PathEscape(s), "xxxxx")
-	}
-	return msg
-}
+// it, and hides only the password), with the one list of package stores.
+func redactErr(err error, u *url.URL) string { return stores.Scrub(err.Error(), u) }

@@ -189,6 +189,9 @@ func (s *suite) testForceRelease(t *testing.T) {
 	a := s.admin(t, st)
 	_, keys := adminFixture(t, st)
 	held := keys[inbox.StateInProgress][0]
+	if b := mustBegin(t, st, held, inbox.BeginOptions{Lease: longLease}, inbox.Busy); b.BackingOff {
+		t.Fatalf("claim of a held key before ForceRelease: %+v, want Busy, not BackingOff", b)
+	}
 	old := mustGet(t, st, held)
 	if err := a.ForceRelease(ctxT(t), held); err != nil {
 		t.Fatalf("ForceRelease of a live lease: %v", err)
@@ -201,10 +204,15 @@ func (s *suite) testForceRelease(t *testing.T) {
 		t.Fatalf("claim after ForceRelease: Attempts %d, want %d", c.Attempts, old.Attempts+1)
 	}
 	backoff := keys[inbox.StateAvailable][1]
+	if b := mustBegin(t, st, backoff, inbox.BeginOptions{Lease: longLease}, inbox.Busy); !b.BackingOff {
+		t.Fatalf("claim of a key in backoff before ForceRelease: %+v, want Busy and BackingOff", b)
+	}
 	if err := a.ForceRelease(ctxT(t), backoff); err != nil {
 		t.Fatalf("ForceRelease of a backoff: %v", err)
 	}
-	mustBegin(t, st, backoff, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	if c := mustBegin(t, st, backoff, inbox.BeginOptions{Lease: longLease}, inbox.Acquired); c.BackingOff {
+		t.Fatalf("claim after ForceRelease of a backoff: %+v, not BackingOff", c)
+	}
 	for _, k := range []string{keys[inbox.StateProcessed][0], keys[inbox.StateDead][0]} {
 		before := mustGet(t, st, k)
 		if err := a.ForceRelease(ctxT(t), k); err != nil {

@@ -32,8 +32,8 @@ func together(fns ...func()) {
 }
 
 // testConcurrentMixedKeys claims, all at once, keys that are new, held,
-// processed, released and marked: each claim gets its key's status, and Get
-// agrees.
+// in a failed attempt's backoff, processed, released and marked: each claim
+// gets its key's status, and Get agrees.
 func (s *suite) testConcurrentMixedKeys(t *testing.T) {
 	st := s.store(t)
 	const n = 8 // keys of each kind
@@ -62,6 +62,13 @@ func (s *suite) testConcurrentMixedKeys(t *testing.T) {
 			c := acquire(key)
 			if err := st.Complete(ctxT(t), key, c.LeaseID); err != nil {
 				t.Fatalf("setup: Complete(%q): %v", key, err)
+			}
+			return c
+		})
+		add("backoff", i, func(key string) inbox.Claim {
+			c := acquire(key)
+			if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: longLease, Reason: "later"}); err != nil {
+				t.Fatalf("setup: Fail(%q): %v", key, err)
 			}
 			return c
 		})
@@ -99,7 +106,7 @@ func (s *suite) testConcurrentMixedKeys(t *testing.T) {
 			if c.kind == "released" {
 				attempts = 2
 			}
-			if got.Status != inbox.Acquired || got.LeaseID != c.opts.LeaseID {
+			if got.Status != inbox.Acquired || got.LeaseID != c.opts.LeaseID || got.BackingOff {
 				t.Fatalf("TryBegin of a %s key = %+v, want Acquired under the lease it asked for, %q", c.kind, got, c.opts.LeaseID)
 			}
 			if r.State != inbox.StateInProgress || r.Attempts != attempts || r.Owner != c.opts.Owner || !within(r.LeaseUntil, got.ExpiresAt, s.h.TimePrecision) {
@@ -108,14 +115,22 @@ func (s *suite) testConcurrentMixedKeys(t *testing.T) {
 			}
 		case "held":
 			if got.Status != inbox.Busy || got.LeaseID != "" || !within(got.ExpiresAt, c.holder.ExpiresAt, s.h.TimePrecision) ||
-				got.RetryAfter <= 0 || got.RetryAfter > longLease+s.h.TimePrecision {
-				t.Fatalf("TryBegin of a held key = %+v, want Busy until the holder's %s, without a lease id", got, c.holder.ExpiresAt)
+				got.RetryAfter <= 0 || got.RetryAfter > longLease+s.h.TimePrecision || got.BackingOff {
+				t.Fatalf("TryBegin of a held key = %+v, want Busy until the holder's %s, without a lease id, not BackingOff", got, c.holder.ExpiresAt)
 			}
 			if r.State != inbox.StateInProgress || r.Attempts != 1 || r.Owner != "holder" || !within(r.LeaseUntil, c.holder.ExpiresAt, s.h.TimePrecision) {
 				t.Fatalf("Get of a held key after a Busy claim = %+v, want it still the holder's (1 attempt, until %s)", r, c.holder.ExpiresAt)
 			}
 			if err := st.Complete(ctxT(t), c.key, c.holder.LeaseID); err != nil {
 				t.Fatalf("the holder's Complete after a Busy claim: %v", err)
+			}
+		case "backoff":
+			if got.Status != inbox.Busy || !got.BackingOff || got.LeaseID != "" || got.Attempts != 1 ||
+				got.RetryAfter <= 0 || got.RetryAfter > longLease+s.h.TimePrecision || !within(got.ExpiresAt, r.RetryAt, s.h.TimePrecision) {
+				t.Fatalf("TryBegin of a key in backoff = %+v, want Busy, BackingOff, until the record's RetryAt %s, without a lease id", got, r.RetryAt)
+			}
+			if r.State != inbox.StateAvailable || r.Attempts != 1 || r.Owner != "holder" || r.RetryAt.IsZero() {
+				t.Fatalf("Get of a key in backoff after a Busy claim = %+v, want it still Available after 1 attempt, with a RetryAt", r)
 			}
 		case "completed", "marked":
 			if got.Status != inbox.Processed || got.LeaseID != "" {
@@ -206,6 +221,18 @@ func wantIs(err, target error) error {
 	return nil
 }
 
+// wantBusy is a call that claims the key without a lease id of its own and
+// wants Busy, BackingOff as given.
+func wantBusy(backingOff bool) func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
+	return func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
+		c, err := st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease})
+		if err == nil && (c.Status != inbox.Busy || c.BackingOff != backingOff || c.RetryAfter <= 0) {
+			return fmt.Errorf("claim %+v, want Busy with BackingOff %v", c, backingOff)
+		}
+		return wantNil(err)
+	}
+}
+
 // wantClaim is a call that claims the key without a lease id of its own
 // and wants status.
 func wantClaim(status inbox.Status) func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
@@ -235,6 +262,13 @@ func (s *suite) mixedCalls() []mixedCall {
 		id := held(t, st, key)
 		if err := st.Complete(ctxT(t), key, id); err != nil {
 			t.Fatalf("setup: Complete(%q): %v", key, err)
+		}
+		return id
+	}
+	backoff := func(t *testing.T, st inbox.LeaseStore, key string) string {
+		id := held(t, st, key)
+		if err := st.Fail(ctxT(t), key, id, inbox.FailOptions{RetryAfter: longLease}); err != nil {
+			t.Fatalf("setup: Fail(%q): %v", key, err)
 		}
 		return id
 	}
@@ -304,7 +338,17 @@ func (s *suite) mixedCalls() []mixedCall {
 				return wantNil(err)
 			},
 			wantState(inbox.StateInProgress, 1)},
-		{"TryBegin of a held key", held, wantClaim(inbox.Busy), wantState(inbox.StateInProgress, 1)},
+		{"TryBegin of a held key", held, wantBusy(false), wantState(inbox.StateInProgress, 1)},
+		{"TryBegin of a key in backoff", backoff, wantBusy(true), wantState(inbox.StateAvailable, 1)},
+		{"TryBegin of a key in backoff under the failed lease", backoff,
+			func(ctx context.Context, st inbox.LeaseStore, key, lease string) error {
+				c, err := st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease, LeaseID: lease})
+				if err == nil && (c.Status != inbox.Busy || !c.BackingOff || c.LeaseID != "") {
+					return fmt.Errorf("claim %+v, want Busy, BackingOff, without a lease id", c)
+				}
+				return wantNil(err)
+			},
+			wantState(inbox.StateAvailable, 1)},
 		{"TryBegin of a processed key", completed, wantClaim(inbox.Processed), wantState(inbox.StateProcessed, 1)},
 		{"Get of a held key", held,
 			func(ctx context.Context, st inbox.LeaseStore, key, _ string) error {
@@ -429,7 +473,7 @@ func (s *suite) testReleaseClaimRace(t *testing.T) {
 				wantErr(t, "Complete by the holder that released", st.Complete(ctxT(t), p.key, p.holder.LeaseID), inbox.ErrLeaseLost)
 			case inbox.Busy:
 				busy++
-				if c.LeaseID != "" || !within(c.ExpiresAt, p.holder.ExpiresAt, s.h.TimePrecision) {
+				if c.LeaseID != "" || !within(c.ExpiresAt, p.holder.ExpiresAt, s.h.TimePrecision) || c.BackingOff {
 					t.Fatalf("round %d: Busy claim %+v, want the holder's deadline %s and no lease id", round, c, p.holder.ExpiresAt)
 				}
 				if r.State != inbox.StateAvailable || r.Attempts != 1 {

@@ -106,6 +106,9 @@ func (s *suite) checkOneWinner(t *testing.T, rs []raced) raced {
 		if c.LeaseID != "" {
 			t.Fatalf("racer %d: Busy claim carries lease id %q", i, c.LeaseID)
 		}
+		if c.BackingOff {
+			t.Fatalf("racer %d: Busy on the winner's live lease says BackingOff", i)
+		}
 		if !within(c.ExpiresAt, w.claim.ExpiresAt, s.h.TimePrecision) {
 			t.Fatalf("racer %d: Busy ExpiresAt %s, want the winner's %s", i, c.ExpiresAt, w.claim.ExpiresAt)
 		}
@@ -187,6 +190,12 @@ func (s *suite) testBusyFields(t *testing.T) {
 	}
 	if b.LeaseID != "" {
 		t.Fatalf("Busy claim leaks the holder's lease id %q", b.LeaseID)
+	}
+	if b.BackingOff {
+		t.Fatal("Busy on a live lease says BackingOff, want false (no failed attempt is waiting)")
+	}
+	if c.BackingOff {
+		t.Fatal("Acquired claim says BackingOff")
 	}
 	if r := mustGet(t, st, key); r.Attempts != 1 {
 		t.Fatalf("a Busy TryBegin changed Attempts to %d, want 1", r.Attempts)

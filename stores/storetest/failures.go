@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -57,11 +58,18 @@ func (s *suite) testFailBackoff(t *testing.T) {
 	if r.RetryAt.IsZero() && during() {
 		t.Fatalf("after Fail with a backoff of %s: no RetryAt", backoff)
 	}
-	// Busy with the time left until the backoff ends (the failed lease's id
-	// is no exception: its attempt is over), then acquirable once.
+	// Busy with the time left until the backoff ends, BackingOff, whatever
+	// lease id the claim carries (the failed lease's id is no exception:
+	// its attempt is over), then acquirable once.
 	var got inbox.Claim
+	var gotID string
+	calls := 0
 	pollUntil(t, expireDeadline(backoff), "the backoff to end", func() bool {
-		cl, err := st.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: longLease, LeaseID: c.LeaseID, Owner: "second"})
+		id := c.LeaseID
+		if calls++; calls%2 == 0 {
+			id = inbox.NewLeaseID()
+		}
+		cl, err := st.TryBegin(ctxT(t), key, inbox.BeginOptions{Lease: longLease, LeaseID: id, Owner: "second"})
 		if err != nil {
 			t.Fatalf("TryBegin during the backoff: %v", err)
 		}
@@ -78,10 +86,17 @@ func (s *suite) testFailBackoff(t *testing.T) {
 			if !r.RetryAt.IsZero() && !within(cl.ExpiresAt, r.RetryAt, s.h.TimePrecision) {
 				t.Fatalf("Busy during the backoff: ExpiresAt %s, want the record's RetryAt %s", cl.ExpiresAt, r.RetryAt)
 			}
+			if !cl.BackingOff || cl.LeaseID != "" {
+				t.Fatalf("Busy during the backoff, claim with lease id %q: %+v; want BackingOff and no lease id", id, cl)
+			}
 		case inbox.Acquired:
 			if early {
 				t.Fatalf("acquired %s after a Fail with a backoff of %s", time.Since(failed), backoff)
 			}
+			if cl.BackingOff || cl.LeaseID != id {
+				t.Fatalf("acquired after the backoff: %+v; want the lease %q asked for, not BackingOff", cl, id)
+			}
+			gotID = id
 		default:
 			t.Fatalf("TryBegin during the backoff = %v, want Busy or Acquired", cl.Status)
 		}
@@ -94,6 +109,73 @@ func (s *suite) testFailBackoff(t *testing.T) {
 	after := mustGet(t, st, key)
 	if after.State != inbox.StateInProgress || !after.RetryAt.IsZero() || after.Owner != "second" {
 		t.Fatalf("after the backoff: %+v; want InProgress under the second owner, no RetryAt", after)
+	}
+	// The key that backed off is leased now: others (the failed lease among
+	// them, unless it is the one that acquired) are Busy on the live lease,
+	// not BackingOff.
+	others := []string{"", inbox.NewLeaseID()}
+	if gotID != c.LeaseID {
+		others = append(others, c.LeaseID)
+	}
+	for _, id := range others {
+		b := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, LeaseID: id}, inbox.Busy)
+		if b.BackingOff || !within(b.ExpiresAt, got.ExpiresAt, s.h.TimePrecision) {
+			t.Fatalf("claim with lease id %q on the lease taken after the backoff: %+v; want Busy until %s, not BackingOff", id, b, got.ExpiresAt)
+		}
+	}
+	if err := st.Complete(ctxT(t), key, gotID); err != nil {
+		t.Fatalf("Complete after the backoff: %v", err)
+	}
+}
+
+// testFailBackoffConcurrent claims a key in backoff with many calls at once
+// (in one batch, on a store that batches), some under the failed lease's
+// id: each is Busy and BackingOff with the backoff's deadline, and the
+// record is left as it was. The claims on a live lease, in one batch, are
+// the concurrency cases' (never BackingOff).
+func (s *suite) testFailBackoffConcurrent(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "backoff-race")
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: longLease, Owner: "first"}, inbox.Acquired)
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: longLease, Reason: "later"}); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	before := mustGet(t, st, key)
+	if before.State != inbox.StateAvailable || before.RetryAt.IsZero() {
+		t.Fatalf("after Fail with a backoff of %s: %+v; want Available with a RetryAt", longLease, before)
+	}
+	ctx := ctxT(t)
+	claims := make([]inbox.Claim, racers)
+	errs := make([]error, racers)
+	ids := make([]string, racers)
+	fns := make([]func(), racers)
+	for i := range fns {
+		ids[i] = inbox.NewLeaseID()
+		if i%4 == 0 {
+			ids[i] = c.LeaseID
+		}
+		fns[i] = func() {
+			claims[i], errs[i] = st.TryBegin(ctx, key, inbox.BeginOptions{Lease: longLease, LeaseID: ids[i], Owner: fmt.Sprint("racer-", i)})
+		}
+	}
+	together(fns...)
+	for i, cl := range claims {
+		if errs[i] != nil {
+			t.Fatalf("racer %d: TryBegin: %v", i, errs[i])
+		}
+		if cl.Status != inbox.Busy || !cl.BackingOff || cl.LeaseID != "" || cl.Attempts != 1 {
+			t.Fatalf("racer %d (lease id %q, the failed one: %v): %+v; want Busy, BackingOff, no lease id, 1 attempt",
+				i, ids[i], ids[i] == c.LeaseID, cl)
+		}
+		if cl.RetryAfter <= longLease/2 || cl.RetryAfter > longLease+s.h.TimePrecision {
+			t.Fatalf("racer %d: RetryAfter %s a moment after a backoff of %s began, want in (%s, %s]", i, cl.RetryAfter, longLease, longLease/2, longLease)
+		}
+		if !within(cl.ExpiresAt, before.RetryAt, s.h.TimePrecision) {
+			t.Fatalf("racer %d: ExpiresAt %s, want the record's RetryAt %s", i, cl.ExpiresAt, before.RetryAt)
+		}
+	}
+	if after := mustGet(t, st, key); !s.sameRecord(after, before) {
+		t.Fatalf("claims during the backoff changed the record: %+v, was %+v", after, before)
 	}
 }
 

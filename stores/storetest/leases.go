@@ -24,6 +24,9 @@ func (s *suite) testLeaseExpiryFencing(t *testing.T) {
 		if c.Status != inbox.Busy && c.Status != inbox.Acquired {
 			t.Fatalf("TryBegin while waiting for expiry = %v, want Busy or Acquired", c.Status)
 		}
+		if c.BackingOff {
+			t.Fatalf("TryBegin while a lease runs out = %+v: BackingOff without a failed attempt", c)
+		}
 		cur = c
 		return c.Status == inbox.Acquired
 	})
@@ -200,6 +203,76 @@ func (s *suite) testExtendNonHolder(t *testing.T) {
 	wantErr(t, "Extend with a foreign lease", err, inbox.ErrLeaseLost)
 	if r := mustGet(t, st, key); !within(r.LeaseUntil, c.ExpiresAt, s.h.TimePrecision) {
 		t.Fatalf("a foreign Extend moved LeaseUntil to %s from %s", r.LeaseUntil, c.ExpiresAt)
+	}
+}
+
+// testRetentionReported: a store that implements inbox.RetentionReporter
+// reports the retention it was configured with, at the latest after its
+// first call (the remote store learns it from the service's discovery
+// document). The middleware's stale check reads it.
+func (s *suite) testRetentionReported(t *testing.T) {
+	ret := s.h.Retention
+	st := s.h.New(t, Config{Retention: ret})
+	rr, ok := st.(inbox.RetentionReporter)
+	if !ok {
+		t.Skip("the store does not implement inbox.RetentionReporter: the middleware cannot tell messages too old to be checked (Config.Timestamp)")
+	}
+	if _, err := st.Get(ctxT(t), newKey(t, "retention-reported")); err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if got := rr.Retention(); got != ret {
+		t.Fatalf("Retention() = %s, want the %s the store was configured with", got, ret)
+	}
+}
+
+// A heartbeat is no sighting: Extend moves LeaseUntil, not LastSeen, so
+// that a lease held for long while its heartbeat runs (a handler that hangs)
+// lists as old: List with StateInProgress and OlderThan finds it, which is
+// what inboxctl ls -stuck asks.
+func (s *suite) testExtendKeepsLastSeen(t *testing.T) {
+	st := s.store(t)
+	key := newKey(t, "extend-last-seen")
+	lease := s.h.Lease
+	c := mustBegin(t, st, key, inbox.BeginOptions{Lease: lease}, inbox.Acquired)
+	if s.h.NoExtend {
+		t.Skip("the store states it cannot extend leases (Harness.NoExtend)")
+	}
+	acquired := mustGet(t, st, key)
+	// Heartbeats until the store's clock (an Extend's deadline less the
+	// lease) is age past the acquisition.
+	age := 2 * lease
+	pollUntil(t, expireDeadline(age), "the store's clock to pass the acquisition by "+age.String(), func() bool {
+		until, err := st.Extend(ctxT(t), key, c.LeaseID, lease)
+		if err != nil {
+			t.Fatalf("Extend by the holder: %v", err)
+		}
+		return until.Add(-lease).Sub(acquired.LastSeen) >= age
+	})
+	// A last heartbeat, long, so that the lease still holds while the
+	// checks below run: a short one can run out on a loaded machine
+	// before List reads the record, which then lists as expired.
+	until, err := st.Extend(ctxT(t), key, c.LeaseID, longLease)
+	if err != nil {
+		t.Fatalf("a last, long Extend by the holder: %v", err)
+	}
+	r := mustGet(t, st, key)
+	if r.State != inbox.StateInProgress || !within(r.LeaseUntil, until, s.h.TimePrecision) {
+		t.Fatalf("after the heartbeats: %v until %s, want InProgress until the last Extend's %s", r.State, r.LeaseUntil, until)
+	}
+	if !within(r.LastSeen, acquired.LastSeen, s.h.TimePrecision) || !within(r.FirstSeen, acquired.FirstSeen, s.h.TimePrecision) {
+		t.Fatalf("Extend moved first/last seen to %s/%s from the acquisition's %s/%s",
+			r.FirstSeen, r.LastSeen, acquired.FirstSeen, acquired.LastSeen)
+	}
+	a, ok := st.(inbox.Admin)
+	if !ok {
+		return
+	}
+	held := listAll(t, a, inbox.ListOptions{Prefix: key, State: inbox.StateInProgress, OlderThan: age})
+	if got := s.listed(held); len(got) != 1 || got[0] != key {
+		t.Fatalf("List(in progress, older than %s) = %q, want the lease extended for that long, %q", age, got, key)
+	}
+	if got := listAll(t, a, inbox.ListOptions{Prefix: key, State: inbox.StateInProgress, OlderThan: time.Hour}); len(got) != 0 {
+		t.Fatalf("List(in progress, older than 1h) = %q, want none", keysOf(got))
 	}
 }
 

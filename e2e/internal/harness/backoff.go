@@ -50,18 +50,7 @@ func Backoff(t *testing.T, bk BrokerKind, sk StoreKind) {
 	consumers := 1
 	if e.b.Kind == Rabbit {
 		consumers = lanes
-		if shared == nil {
-			// One store for the consumers of this process, rather than a
-			// connection pool each.
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			s, err := stores.Open(ctx, spec.Store.URL)
-			cancel()
-			if err != nil {
-				t.Fatalf("opening the store: %v", err)
-			}
-			t.Cleanup(func() { _ = s.Close() })
-			shared = s
-		}
+		shared = e.sharedStore(t)
 	}
 	var cs []*Consumer
 	for range consumers {
@@ -133,4 +122,21 @@ func mean(ds []time.Duration) time.Duration {
 		sum += float64(d)
 	}
 	return time.Duration(math.Round(sum / float64(len(ds))))
+}
+
+// sharedStore is the store instance the in-process consumers of a case
+// share: the case's own (memory), else one opened from its URL, closed when
+// the test ends (rather than a connection pool per consumer).
+func (e *env) sharedStore(t *testing.T) stores.Store {
+	if e.store.Shared != nil {
+		return e.store.Shared
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s, err := stores.Open(ctx, e.spec.Store.URL)
+	cancel()
+	if err != nil {
+		t.Fatalf("opening the store: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }

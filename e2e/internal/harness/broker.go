@@ -19,8 +19,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/internal/testenv"
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
 )
 
 // Broker kinds.
@@ -166,7 +166,7 @@ func (b BrokerSpec) amqpConfig() wamqp.Config {
 	// Publishers set the AMQP message-id (from IdempotencyKey); subscribers
 	// turn every header into a string instead of requeueing the delivery
 	// forever, and copy the message-id into the metadata.
-	cfg.Marshaler = amqpkey.Marshaler{}
+	cfg.Marshaler = inboxamqp.Marshaler{}
 	return cfg
 }
 
@@ -215,29 +215,36 @@ func (b BrokerSpec) Subscriber(group string) (message.Subscriber, error) {
 	case Rabbit:
 		return wamqp.NewSubscriber(b.amqpConfig(), watermill.NopLogger{})
 	case Kafka:
-		cfg := kafka.DefaultSaramaSubscriberConfig()
-		cfg.Version = sarama.V2_1_0_0
-		cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-		cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
-		cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
-		cfg.Consumer.Group.Session.Timeout = b.Session
-		cfg.Consumer.Group.Heartbeat.Interval = b.Session / 10
-		cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
-		// How long a rebalance waits for members to rejoin (60 s by
-		// default): a member that closes mid-rebalance must not hold the
-		// others' joins, and their router's close, for a minute.
-		cfg.Consumer.Group.Rebalance.Timeout = 2 * b.Session
-		cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
 		return kafka.NewSubscriber(kafka.SubscriberConfig{
 			Brokers:               b.Brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
 			ConsumerGroup:         group,
-			OverwriteSaramaConfig: cfg,
+			OverwriteSaramaConfig: b.subscriberConfig(),
 			NackResendSleep:       50 * time.Millisecond,
 			ReconnectRetrySleep:   100 * time.Millisecond,
 		}, watermill.NopLogger{})
 	}
 	return nil, fmt.Errorf("unknown broker kind %q", b.Kind)
+}
+
+// subscriberConfig is the sarama config of consumers: from the oldest
+// offset, short waits and sessions, so that a killed consumer's partitions
+// move on quickly.
+func (b BrokerSpec) subscriberConfig() *sarama.Config {
+	cfg := kafka.DefaultSaramaSubscriberConfig()
+	cfg.Version = sarama.V2_1_0_0
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	cfg.Consumer.Group.Session.Timeout = b.Session
+	cfg.Consumer.Group.Heartbeat.Interval = b.Session / 10
+	cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
+	// How long a rebalance waits for members to rejoin (60 s by default): a
+	// member that closes mid-rebalance must not hold the others' joins, and
+	// their router's close, for a minute.
+	cfg.Consumer.Group.Rebalance.Timeout = 2 * b.Session
+	cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
+	return cfg
 }
 
 // Raw is a message published with the broker's own client, bypassing

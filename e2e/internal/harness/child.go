@@ -22,6 +22,23 @@ const childEnv = "INBOX_E2E_CHILD_SPEC"
 // meant to be killed at its crash point long before.
 const childLimit = 90 * time.Second
 
+// childRoleEnv names the role (RegisterChild) a child process runs; without
+// it the child runs a consumer.
+const childRoleEnv = "INBOX_E2E_CHILD_ROLE"
+
+// roleLimit is how long a child process of a role runs before it exits on
+// its own, should the test that started it be gone.
+const roleLimit = 4 * time.Minute
+
+var childRoles = map[string]func(spec []byte) error{}
+
+// RegisterChild makes [StartChildRole] with role run f in a child process
+// (the test binary run again), with the spec as JSON. f runs until the
+// process is killed (at a crash point it chose, or by the test); an error
+// it returns ends the process with status 2. Call it from init, so that the
+// child finds it before [Main] runs.
+func RegisterChild(role string, f func(spec []byte) error) { childRoles[role] = f }
+
 // Main is the TestMain of the suite's test packages, which exit with its
 // result: os.Exit(harness.Main(m)). In a child process (re-executed by
 // [StartChild]) it runs the consumer its spec describes until the spec's
@@ -30,6 +47,9 @@ const childLimit = 90 * time.Second
 // leases, not on the CPU.
 func Main(m *testing.M) int {
 	if raw := os.Getenv(childEnv); raw != "" {
+		if role := os.Getenv(childRoleEnv); role != "" {
+			return runRole(role, raw)
+		}
 		return runChild(raw)
 	}
 	flag.Parse()
@@ -65,6 +85,27 @@ func runChild(raw string) int {
 	return 3
 }
 
+func runRole(role, raw string) int {
+	f, ok := childRoles[role]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "e2e child: no role %q registered\n", role)
+		return 2
+	}
+	done := make(chan error, 1)
+	go func() { done <- f([]byte(raw)) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e child %s: %v\n", role, err)
+			return 2
+		}
+		return 0
+	case <-time.After(roleLimit):
+		fmt.Fprintf(os.Stderr, "e2e child %s: still running after %s; exiting\n", role, roleLimit)
+		return 3
+	}
+}
+
 // Child is a consumer running in a child process (the test binary run
 // again).
 type Child struct {
@@ -95,6 +136,21 @@ func (l *lockedBuffer) String() string {
 // the test ends, if still running.
 func StartChild(t testing.TB, spec ConsumerSpec) *Child {
 	t.Helper()
+	return startProcess(t, "", spec)
+}
+
+// StartChildRole runs role ([RegisterChild]) in a new process, with spec
+// as JSON. It is killed when the test ends, if still running.
+func StartChildRole(t testing.TB, role string, spec any) *Child {
+	t.Helper()
+	if _, ok := childRoles[role]; !ok {
+		t.Fatalf("no child role %q registered", role)
+	}
+	return startProcess(t, role, spec)
+}
+
+func startProcess(t testing.TB, role string, spec any) *Child {
+	t.Helper()
 	raw, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +162,9 @@ func StartChild(t testing.TB, spec ConsumerSpec) *Child {
 	out := &lockedBuffer{}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	if role != "" {
+		cmd.Env = append(cmd.Env, childRoleEnv+"="+role)
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the child consumer: %v", err)
@@ -124,6 +183,19 @@ func StartChild(t testing.TB, spec ConsumerSpec) *Child {
 		}
 	})
 	return c
+}
+
+// Output is what the child printed so far.
+func (c *Child) Output() string { return c.output.String() }
+
+// Exited reports whether the child has ended.
+func (c *Child) Exited() bool {
+	select {
+	case <-c.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 // WaitKilled waits for the child to die of the SIGKILL it sends itself at

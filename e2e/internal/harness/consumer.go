@@ -18,8 +18,8 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
 )
@@ -83,6 +83,28 @@ type ConsumerSpec struct {
 	// one share it (FailFirst then counts all their runs of a message).
 	// Nil: the consumer makes its own.
 	Runs *RunLog `json:"-"`
+
+	// Redeliver hands failed attempts to the broker's redelivery
+	// (inboxamqp.Delays, inboxkafka.Retry: inboxmw.Config.Redelivery).
+	Redeliver bool `json:"redeliver,omitempty"`
+	// Backoff, when set, is a fixed inboxmw.Config.Backoff (else the
+	// default).
+	Backoff time.Duration `json:"backoff,omitempty"`
+	// Redelivery is the Redeliverer the consumer made for Redeliver, for
+	// the modes to put in their inboxmw.Config (set by NewConsumer).
+	Redelivery inboxmw.Redeliverer `json:"-"`
+	// Handoffs logs the hand-offs to Redelivery; in-process consumers given
+	// the same one share it. Nil: the consumer makes its own.
+	Handoffs *HandoffLog `json:"-"`
+}
+
+// BackoffFunc is the inboxmw.Config.Backoff of the spec: nil for the
+// default, else the fixed Backoff.
+func (s ConsumerSpec) BackoffFunc() func(int) time.Duration {
+	if s.Backoff <= 0 {
+		return nil
+	}
+	return func(int) time.Duration { return s.Backoff }
 }
 
 // RunLog records the handler's runs, by message (payload), and which
@@ -129,7 +151,7 @@ func (r *RunLog) Heal(id string) {
 func (s ConsumerSpec) IDSources() []keying.IDSource {
 	src := []keying.IDSource{keying.FromMetadata(keying.DefaultIDMetadataKey)}
 	if s.Broker.Kind == Rabbit {
-		src = append(src, amqpkey.FromMessageID())
+		src = append(src, inboxamqp.FromMessageID())
 	}
 	return append(src, keying.FromUUID())
 }
@@ -203,6 +225,8 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		StoreTimeout: spec.StoreTimeout,
 		MissingKey:   spec.MissingKey(),
 		MaxAttempts:  spec.MaxAttempts,
+		Redelivery:   spec.Redelivery,
+		Backoff:      spec.BackoffFunc(),
 		Metrics:      outcomes,
 		Logger:       outcomes.Logger(),
 	})
@@ -383,7 +407,17 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 	var (
 		ib  *Inbox
 		err error
+		red *redelivery
 	)
+	if spec.Redeliver {
+		if spec.Handoffs == nil {
+			spec.Handoffs = &HandoffLog{}
+		}
+		if red, err = newRedelivery(ctx, spec); err != nil {
+			return nil, fmt.Errorf("redelivery: %w", err)
+		}
+		spec.Redelivery = red
+	}
 	if spec.Store.Mode == "" {
 		ib, err = leaseInbox(ctx, spec, shared)
 	} else if f, ok := modes[spec.Store.Mode]; ok {
@@ -392,9 +426,15 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 		err = fmt.Errorf("unknown store mode %q", spec.Store.Mode)
 	}
 	if err != nil {
+		if red != nil {
+			_ = red.close()
+		}
 		return nil, fmt.Errorf("building the inbox: %w", err)
 	}
 	c := &Consumer{Spec: spec, Probe: &Probe{}, Inbox: ib, done: make(chan error, 1)}
+	if red != nil {
+		c.closers = append(c.closers, red.close) // after the router and the inbox
+	}
 	if c.Spec.Runs == nil {
 		c.Spec.Runs = NewRunLog()
 	}
@@ -408,6 +448,9 @@ func NewConsumer(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*
 	sub, err := spec.Broker.Subscriber(spec.Group)
 	if err != nil {
 		return fail(fmt.Errorf("subscriber: %w", err))
+	}
+	if red != nil {
+		sub = red.subscriber(sub)
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {

@@ -104,8 +104,14 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			v.t.Errorf("%s %s: answer %d %s does not follow openapi.yaml: %v", r.Method, r.URL.EscapedPath(), res.StatusCode, answer, err)
 		}
-		var st struct{ Status, Error string }
+		var st struct {
+			Status, Error string
+			Backoff       bool
+		}
 		_ = json.Unmarshal(answer, &st)
+		if st.Backoff {
+			st.Status += " backoff"
+		}
 		v.mu.Lock()
 		v.seen[fmt.Sprintf("%s %d %s%s", rt.Operation.OperationID, res.StatusCode, st.Status, st.Error)]++
 		v.mu.Unlock()
@@ -162,7 +168,7 @@ func TestServerAndClient_follow_openapi_during_storetest(t *testing.T) {
 			}
 		}
 		for _, want := range []string{
-			"tryBegin 200 Acquired", "tryBegin 200 Busy", "tryBegin 200 Processed", "markProcessed 200 Processed",
+			"tryBegin 200 Acquired", "tryBegin 200 Busy", "tryBegin 200 Busy backoff", "tryBegin 200 Processed", "markProcessed 200 Processed",
 			"markProcessed 200 LeaseLost", "release 200 Released", "release 200 LeaseLost", "extend 200 Extended",
 			"extend 200 LeaseLost", "getRecord 200 NotFound", "getRecord 200 Available", "getRecord 200 InProgress",
 			"getRecord 200 Processed", "discovery 200 ", "tryBegin 200 Dead", "getRecord 200 Dead", "fail 200 Released",
@@ -180,7 +186,7 @@ func TestServerAndClient_follow_openapi_during_storetest(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = m.Close() })
-			v, base := newValidator(t, server.Config{Store: m}, true)
+			v, base := newValidator(t, server.Config{Store: m, AdminNoAuth: true}, true)
 			mu.Lock()
 			all = append(all, v)
 			mu.Unlock()
@@ -214,14 +220,28 @@ func (f failing) Extend(context.Context, string, string, time.Duration) (time.Ti
 // answers are checked).
 func TestServer_error_answers_follow_openapi(t *testing.T) {
 	t.Parallel()
-	v, base := newValidator(t, server.Config{Token: "tok", LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048}, false)
-	send := func(method, path, body string, auth bool) int {
+	v, base := newValidator(t, server.Config{Token: "tok", AdminTokens: []string{"adm"}, LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048, MaxRetryAfter: time.Hour}, false)
+	// send sends a request with the consumer's token (auth), the admin's
+	// (on the admin endpoints) or none; hdr (name, value, ...) overrides
+	// the Content-Type of a body (application/json) or sets the Host.
+	send := func(method, path, body string, auth bool, hdr ...string) int {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 		if body != "" {
 			req.Header.Set("Content-Type", "application/json")
 		}
 		if auth {
-			req.Header.Set("Authorization", "Bearer tok")
+			tok := "tok"
+			if strings.HasSuffix(path, "/list") || strings.HasSuffix(path, "/forget") || strings.HasSuffix(path, "/force-release") {
+				tok = "adm"
+			}
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			if hdr[i] == "Host" {
+				req.Host = hdr[i+1]
+			} else {
+				req.Header.Set(hdr[i], hdr[i+1])
+			}
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -250,11 +270,16 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 		{"GET", "/v2/nothing", ``, true, 404},
 		{"GET", "/healthz", ``, false, 200},
 		{"GET", "/readyz", ``, false, 200},
-		{"GET", "/metrics", ``, false, 200},
+		{"GET", "/metrics", ``, false, 401},
+		{"GET", "/metrics", ``, true, 200},
 		{"GET", "/v1/inbox", ``, false, 200},
 		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L"}`, false, 401},
 		{"POST", "/v1/inbox/fail", `{"key":"k"}`, true, 400},
 		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","retryAfterMs":-1}`, true, 400},
+		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","retryAfterMs":3600001}`, true, 400},
+		{"POST", "/v1/inbox/try-begin", "{\"key\":\"k\xff\"}", true, 400},
+		{"POST", "/v1/inbox/try-begin", `{"key":"k\udc00"}`, true, 400},
+		{"POST", "/v1/inbox/try-begin", `{"key":"a","key":"b"}`, true, 400},
 		{"POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","reason":"` + strings.Repeat("r", 1025) + `"}`, true, 400},
 		{"POST", "/v1/inbox/list", `{}`, false, 401},
 		{"POST", "/v1/inbox/list", `{"state":"Sleeping"}`, true, 400},
@@ -274,6 +299,25 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 	} {
 		if got := send(c.method, c.path, c.body, c.auth); got != c.code {
 			t.Errorf("%s %s %s = %d, want %d", c.method, c.path, c.body, got, c.code)
+		}
+	}
+	// A consumer's token on the admin endpoints; bodies that are not JSON.
+	for _, path := range []string{"/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release"} {
+		req, _ := http.NewRequest("POST", base+path, strings.NewReader(`{"key":"k"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 403 {
+			t.Errorf("%s with a consumer's token = %d, want 403", path, resp.StatusCode)
+		}
+	}
+	for _, path := range []string{"/v1/inbox/try-begin", "/v1/inbox/forget", "/v1/inbox/fail"} {
+		if got := send("POST", path, `{"key":"k"}`, true, "Content-Type", "text/plain"); got != 415 {
+			t.Errorf("POST %s as text/plain = %d, want 415", path, got)
 		}
 	}
 	for _, f := range []struct {
@@ -298,7 +342,8 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"tryBegin 200 Busy", "getRecord 200 InProgress", "getRecord 200 Dead", "list 200 "} {
+	for _, want := range []string{"tryBegin 200 Busy", "getRecord 200 InProgress", "getRecord 200 Dead", "list 200 ", "discovery 200 ",
+		"forget 403 forbidden", "list 403 forbidden", "tryBegin 415 unsupported_media_type", "fail 415 unsupported_media_type"} {
 		if v.seen[want] == 0 {
 			t.Errorf("no %q answer was checked; seen %v", want, v.seen)
 		}
@@ -306,11 +351,34 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 	// A store without admin operations: 501 on the admin endpoints.
 	m, _ := memory.New(memory.Options{})
 	t.Cleanup(func() { _ = m.Close() })
-	_, base = newValidator(t, server.Config{Store: plain{m}}, true)
+	_, base = newValidator(t, server.Config{Store: plain{m}, AdminNoAuth: true}, true)
 	for _, path := range []string{"/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release"} {
 		if got := send("POST", path, `{"key":"k"}`, false); got != 501 {
 			t.Errorf("%s over a store without admin operations = %d, want 501", path, got)
 		}
+	}
+	// A server without tokens: a web page's requests (an Origin, a Host
+	// that is not loopback) are refused; the admin endpoints are off
+	// without AdminNoAuth.
+	nv, nbase := newValidator(t, server.Config{}, false)
+	base = nbase
+	for _, c := range []struct {
+		method, path, body string
+		hdr                []string
+	}{
+		{"POST", "/v1/inbox/forget", `{"key":"order:42"}`, []string{"Origin", "http://attacker.example", "Content-Type", "text/plain"}},
+		{"POST", "/v1/inbox/try-begin", `{"key":"k"}`, []string{"Origin", "http://attacker.example"}},
+		{"GET", "/v1/inbox/k", ``, []string{"Host", "attacker.example:8080"}},
+		{"GET", "/v1/inbox", ``, []string{"Host", "attacker.example:8080"}},
+		{"GET", "/metrics", ``, []string{"Host", "attacker.example:8080"}},
+		{"POST", "/v1/inbox/list", `{}`, nil},
+	} {
+		if got := send(c.method, c.path, c.body, false, c.hdr...); got != 403 {
+			t.Errorf("%s %s with %q on a server without tokens = %d, want 403", c.method, c.path, c.hdr, got)
+		}
+	}
+	if nv.seen["getRecord 403 forbidden"] == 0 || nv.seen["discovery 403 forbidden"] == 0 {
+		t.Errorf("the 403 answers were not checked: %v", nv.seen)
 	}
 }
 

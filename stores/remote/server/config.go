@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,6 +33,9 @@ const (
 	DefaultMaxBodyBytes = 16 << 10
 	DefaultReadyTimeout = 2 * time.Second
 	DefaultStoreTimeout = 10 * time.Second
+	// DefaultMaxRetryAfter bounds the backoff of a failed attempt (the fail
+	// extension's retryAfterMs).
+	DefaultMaxRetryAfter = 24 * time.Hour
 )
 
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].
@@ -46,17 +51,28 @@ type Config struct {
 	Store inbox.LeaseStore
 
 	// Retention is the Store's retention, as configured on the store
-	// itself. The server uses it only to tell a client that does not read
-	// the status Dead (a try-begin without acceptDead, a GET without
-	// ?acceptDead=true) when a dead key's record expires: such a client is
-	// told Busy, or InProgress, until then. Optional; default
-	// inbox.DefaultRetention, every store's default.
+	// itself. The server tells a client that does not read the status Dead
+	// (a try-begin without acceptDead, a GET without ?acceptDead=true) when
+	// a dead key's record expires: such a client is told Busy, or
+	// InProgress, until then. The discovery document announces it
+	// (retentionSeconds, whole seconds) when it is known: set here, or
+	// reported by the Store ([inbox.RetentionReporter]); clients use it to
+	// tell messages too old to be checked. Optional; default the Store's
+	// own, else inbox.DefaultRetention, every store's default.
 	Retention time.Duration
 
-	// Token turns bearer authentication on: every call but discovery,
-	// /healthz, /readyz and /metrics must carry "Authorization: Bearer
-	// <Token>", else the answer is 401. Optional; default "" (auth none).
-	// The token is never logged.
+	// Token turns bearer authentication on: every call of a consumer (all
+	// but discovery, the admin endpoints, /healthz and /readyz) must carry
+	// "Authorization: Bearer <Token>", else the answer is 401; so must
+	// /metrics, unless MetricsOpen. Optional; default "" (auth none). The
+	// token is never logged.
+	//
+	// Without any consumer token (Token, Tokens, Grants), auth is none, and
+	// the server defends against web pages instead: it refuses (403
+	// forbidden) every request but /healthz and /readyz that carries an
+	// Origin header (a browser's cross-site request) or whose Host header
+	// is not a loopback name or address (localhost, 127.0.0.0/8, ::1, with
+	// or without port) or one of AllowedHosts (DNS rebinding).
 	Token string
 
 	// Tokens are more accepted bearer tokens, beside Token: for a rotation
@@ -64,6 +80,48 @@ type Config struct {
 	// then drop the old one ([Server.SetTokens] changes the set while
 	// serving). Any token turns auth on. Optional; none may be empty.
 	Tokens []string
+
+	// Grants are more consumers' tokens, beside Token and Tokens, each
+	// with the key prefixes it may touch ([Server.SetGrants] changes them
+	// while serving). Optional.
+	Grants []Grant
+
+	// AdminTokens are the operators' bearer tokens: the admin endpoints
+	// (list, forget, force-release) need one of them, and a consumer's
+	// token is answered 403 forbidden there. An admin token is also
+	// accepted on every other endpoint, for every key. A token that is
+	// both an admin's and a consumer's is an admin's; Validate refuses
+	// that. [Server.SetAdminTokens] changes them while serving. Optional;
+	// none may be empty. Without any, the admin endpoints are off (403
+	// forbidden, and the discovery document leaves the admin extension
+	// out), unless AdminNoAuth.
+	AdminTokens []string
+
+	// AdminNoAuth serves the admin endpoints without a token. It needs auth
+	// none (no Token, Tokens, Grants or AdminTokens): every caller may then
+	// act on every key anyway, and the Host and Origin checks stop web
+	// pages. Optional; default false. cmd/inboxd sets it when it serves
+	// auth none on a loopback address.
+	AdminNoAuth bool
+
+	// AllowedHosts are the host names or addresses, besides the loopback
+	// ones, that a request's Host header may name when auth is none (see
+	// Token): the names under which trusted clients reach a server without
+	// tokens on a private network. A port in the Host header is ignored;
+	// names are compared without regard to case. Optional.
+	AllowedHosts []string
+
+	// MetricsOpen serves /metrics without a token. Optional; default false:
+	// when consumers need a token, /metrics needs one too (a consumer's or
+	// an admin's).
+	MetricsOpen bool
+
+	// MaxRetryAfter bounds the backoff of a failed attempt (retryAfterMs of
+	// the fail extension), in whole milliseconds; the discovery document
+	// says it (maxRetryAfterMs). A longer one is clamped to it or refused
+	// with 400 invalid_argument, as LeasePolicy says for leases. Optional;
+	// default 24 h.
+	MaxRetryAfter time.Duration
 
 	// LeaseMin and LeaseMax bound the leases the server grants, in whole
 	// seconds. Optional; defaults 30 s and 120 s (the inbox ADR's range).
@@ -111,6 +169,9 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.Retention == 0 {
+		c.Retention = storeRetention(c.Store)
+	}
+	if c.Retention == 0 {
 		c.Retention = inbox.DefaultRetention
 	}
 	if c.LeaseMin == 0 {
@@ -143,6 +204,9 @@ func (c *Config) setDefaults() {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -158,8 +222,44 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// Grant is a consumer's bearer token and the keys it may touch.
+type Grant struct {
+	// Token is the bearer token. Required. It is never logged nor quoted in
+	// errors.
+	Token string
+
+	// Prefixes, when not empty, restrict the token to the keys that start
+	// with one of them: a call on another key, GET included, is answered
+	// 403 forbidden. Optional; default none: every key. None may be empty.
+	Prefixes []string
+}
+
+func (g Grant) validate() error {
+	if g.Token == "" {
+		return errors.New("its token is empty")
+	}
+	for i, p := range g.Prefixes {
+		if p == "" || !utf8.ValidString(p) || len(p) > inbox.MaxKeyLen {
+			return fmt.Errorf("its prefix %d must be 1 to %d bytes of UTF-8", i, inbox.MaxKeyLen)
+		}
+	}
+	return nil
+}
+
+// consumerTokens are Token, Tokens and Grants as grants.
+func (c Config) consumerTokens() []Grant {
+	var out []Grant
+	if c.Token != "" {
+		out = append(out, Grant{Token: c.Token})
+	}
+	for _, t := range c.Tokens {
+		out = append(out, Grant{Token: t})
+	}
+	return append(out, c.Grants...)
+}
+
 // Validate reports every problem of c (after defaults), joined, each wrapping
-// [ErrInvalidConfig]. It never quotes Token or Tokens.
+// [ErrInvalidConfig]. It never quotes a token.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -172,6 +272,34 @@ func (c Config) Validate() error {
 		if t == "" {
 			bad("Tokens[%d] is empty", i)
 		}
+	}
+	consumers := map[string]bool{}
+	for _, t := range c.consumerTokens() {
+		consumers[t.Token] = true
+	}
+	for i, g := range c.Grants {
+		if err := g.validate(); err != nil {
+			bad("Grants[%d]: %v", i, err)
+		}
+	}
+	for i, t := range c.AdminTokens {
+		switch {
+		case t == "":
+			bad("AdminTokens[%d] is empty", i)
+		case consumers[t]:
+			bad("AdminTokens[%d] is also a consumer's token: give operators tokens of their own", i)
+		}
+	}
+	if c.AdminNoAuth && (len(consumers) > 0 || len(c.AdminTokens) > 0) {
+		bad("AdminNoAuth needs auth none: it is for a server without any token (with tokens, give operators AdminTokens)")
+	}
+	for i, h := range c.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, " \t\r\n/@") {
+			bad("AllowedHosts[%d] %q is not a host name or address", i, h)
+		}
+	}
+	if c.MaxRetryAfter < time.Millisecond || c.MaxRetryAfter%time.Millisecond != 0 {
+		bad("MaxRetryAfter %s must be a whole number of milliseconds, at least 1 ms (the protocol counts backoffs in milliseconds)", c.MaxRetryAfter)
 	}
 	for _, d := range []struct {
 		name string
@@ -209,4 +337,12 @@ func (c Config) Validate() error {
 		bad("Gatherer is required when Registerer is not a prometheus.Gatherer")
 	}
 	return errors.Join(errs...)
+}
+
+// storeRetention is the retention s reports, zero when it does not.
+func storeRetention(s inbox.LeaseStore) time.Duration {
+	if r, ok := s.(inbox.RetentionReporter); ok {
+		return max(r.Retention(), 0)
+	}
+	return 0
 }

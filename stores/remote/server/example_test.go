@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,6 +37,7 @@ func ExampleNew() {
 
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/inbox/try-begin", strings.NewReader(`{"key":"k","leaseSeconds":5}`))
 	req.Header.Set("Authorization", "Bearer a-secret-token")
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		panic(err)
@@ -82,4 +84,48 @@ func ExampleServer_SetTokens() {
 	// Output:
 	// 200 200
 	// 401 200
+}
+
+// A consumer's token limited to the keys of its own consumers, and an
+// operator's token for the admin endpoints, which a consumer's token may
+// not call.
+func ExampleGrant() {
+	store, err := memory.New(memory.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	h, err := server.New(server.Config{
+		Store:       store,
+		Grants:      []server.Grant{{Token: "billing-token", Prefixes: []string{"rabbit:billing:"}}},
+		AdminTokens: []string{"operator-token"}, // from files in real use
+	})
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	post := func(token, path, body string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		defer resp.Body.Close()
+		var answer struct{ Status, Error string }
+		_ = json.NewDecoder(resp.Body).Decode(&answer)
+		fmt.Println(path, resp.StatusCode, answer.Status+answer.Error)
+	}
+
+	post("billing-token", "/v1/inbox/try-begin", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	post("billing-token", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:label-handler:42"}`)
+	post("billing-token", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	post("operator-token", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	// Output:
+	// /v1/inbox/try-begin 200 Acquired
+	// /v1/inbox/try-begin 403 forbidden
+	// /v1/inbox/forget 403 forbidden
+	// /v1/inbox/forget 200 Forgotten
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/memory"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 )
 
@@ -15,13 +16,28 @@ import (
 
 func TestServer_discovery_lists_fail_and_admin(t *testing.T) {
 	t.Parallel()
-	_, b, _ := call(t, newServer(t, server.Config{}), "GET", "/v1/inbox", "")
-	if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail admin]" {
-		t.Fatalf("extensions %s", got)
+	for _, cfg := range []server.Config{{AdminNoAuth: true}, {AdminTokens: []string{"adm"}}, {Token: "t", AdminTokens: []string{"adm"}}} {
+		_, b, _ := call(t, newServer(t, cfg), "GET", "/v1/inbox", "")
+		if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail admin]" || b["maxRetryAfterMs"] != 86400000.0 {
+			t.Fatalf("discovery %v: want the extensions with admin, and maxRetryAfterMs 24 h", b)
+		}
+	}
+	// No admin token and not AdminNoAuth: the admin endpoints are off.
+	for _, cfg := range []server.Config{{}, {Token: "t"}} {
+		h := newServer(t, cfg)
+		_, b, _ := call(t, h, "GET", "/v1/inbox", "")
+		if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail]" {
+			t.Fatalf("extensions without an admin token: %s", got)
+		}
+		for _, path := range []string{"list", "forget", "force-release"} {
+			code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, `{"key":"k"}`, "Authorization", "Bearer t")
+			want(t, path+" without an admin token", code, b, 403, "error", "forbidden")
+		}
 	}
 	// A store without inbox.Admin: no admin extension, and its endpoints
 	// answer 501.
-	h := newServer(t, server.Config{Store: plain{newMemory(t)}})
+	h := newServer(t, server.Config{Store: plain{newMemory(t)}, AdminNoAuth: true})
+	var b map[string]any
 	_, b, _ = call(t, h, "GET", "/v1/inbox", "")
 	if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail]" {
 		t.Fatalf("extensions over a store without Admin: %s", got)
@@ -37,7 +53,7 @@ type plain struct{ inbox.LeaseStore }
 
 func TestServer_fail_backoff_and_dead(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{LeaseMin: time.Second})
+	h := newServer(t, server.Config{LeaseMin: time.Second, AdminNoAuth: true})
 	code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k","leaseId":"L1","owner":"o"}`)
 	want(t, "try-begin", code, b, 200, "status", "Acquired")
 	if b["attempts"] != 1.0 {
@@ -55,13 +71,20 @@ func TestServer_fail_backoff_and_dead(t *testing.T) {
 	}
 	code, b, _ = call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k","leaseId":"L1","acceptDead":true}`)
 	want(t, "try-begin during the backoff", code, b, 200, "status", "Busy")
-	if ms, _ := b["retryAfterMs"].(float64); ms < 50000 || ms > 60000 || b["attempts"] != 1.0 || b["expiresAt"] == nil {
-		t.Fatalf("Busy during the backoff %v: want retryAfterMs within a minute, attempts 1, expiresAt", b)
+	if ms, _ := b["retryAfterMs"].(float64); ms < 50000 || ms > 60000 || b["attempts"] != 1.0 || b["expiresAt"] == nil || b["backoff"] != true {
+		t.Fatalf("Busy during the backoff %v: want retryAfterMs within a minute, attempts 1, expiresAt, backoff true", b)
 	}
 	code, b, _ = call(t, h, "POST", "/v1/inbox/force-release", `{"key":"k"}`)
 	want(t, "force-release of a backoff", code, b, 200, "status", "Released")
 	code, b, _ = call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k","leaseId":"L2"}`)
 	want(t, "try-begin after force-release", code, b, 200, "status", "Acquired")
+	for _, body := range []string{`{"key":"k","leaseId":"L1","acceptDead":true}`, `{"key":"k"}`} {
+		code, b, _ = call(t, h, "POST", "/v1/inbox/try-begin", body)
+		want(t, "try-begin of a leased key", code, b, 200, "status", "Busy")
+		if _, ok := b["backoff"]; ok || b["retryAfterMs"] == nil {
+			t.Fatalf("Busy on a live lease %v: want retryAfterMs and no backoff", b)
+		}
+	}
 	code, b, _ = call(t, h, "POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L2","dead":true,"retryAfterMs":5,"reason":"poison"}`)
 	want(t, "fail dead", code, b, 200, "status", "Dead")
 	if len(b) != 1 {
@@ -88,8 +111,8 @@ func TestServer_fail_backoff_and_dead(t *testing.T) {
 		want(t, "try-begin of a dead key without acceptDead", code, b, 200, "status", "Busy")
 		exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(b["expiresAt"]))
 		ms, _ := b["retryAfterMs"].(float64)
-		if !exp.Equal(expiry) || time.Duration(ms)*time.Millisecond < inbox.DefaultRetention-time.Minute || b["reason"] != nil || b["leaseId"] != nil {
-			t.Fatalf("Busy answer %v for a dead key: want expiresAt %s (the Fail plus the retention), retryAfterMs until then, no reason", b, expiry)
+		if !exp.Equal(expiry) || time.Duration(ms)*time.Millisecond < inbox.DefaultRetention-time.Minute || b["reason"] != nil || b["leaseId"] != nil || b["backoff"] != nil {
+			t.Fatalf("Busy answer %v for a dead key: want expiresAt %s (the Fail plus the retention), retryAfterMs until then, no reason, no backoff", b, expiry)
 		}
 	}
 	for _, target := range []string{"/v1/inbox/k", "/v1/inbox/k?acceptDead=false", "/v1/inbox/k?acceptDead=maybe"} {
@@ -136,7 +159,7 @@ func TestServer_dead_key_past_the_configured_retention(t *testing.T) {
 
 func TestServer_list(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{})
+	h := newServer(t, server.Config{AdminNoAuth: true})
 	for _, k := range []string{"p:a", "p:b", "p:c", "q:a"} {
 		code, _, _ := call(t, h, "POST", "/v1/inbox/mark-processed", fmt.Sprintf(`{"key":%q}`, k))
 		if code != 200 {
@@ -176,7 +199,7 @@ func TestServer_list(t *testing.T) {
 
 func TestServer_fail_and_admin_bad_input(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{MaxKeyBytes: 10})
+	h := newServer(t, server.Config{MaxKeyBytes: 10, AdminNoAuth: true})
 	long := strings.Repeat("r", inbox.MaxReasonLen+1)
 	for _, c := range []struct{ path, body, code string }{
 		{"fail", `{`, "invalid_json"},
@@ -187,7 +210,6 @@ func TestServer_fail_and_admin_bad_input(t *testing.T) {
 		{"fail", `{"key":"k","leaseId":"L","retryAfterMs":-1}`, "invalid_argument"},
 		{"fail", `{"key":"k","leaseId":"L","retryAfterMs":1.5}`, "invalid_argument"},
 		{"fail", `{"key":"k","leaseId":"L","retryAfterMs":"5"}`, "invalid_argument"},
-		{"fail", `{"key":"k","leaseId":"L","retryAfterMs":1e300}`, "invalid_argument"},
 		{"fail", `{"key":"k","leaseId":"L","dead":"yes"}`, "invalid_argument"},
 		{"fail", `{"key":"k","leaseId":"L","reason":"` + long + `"}`, "invalid_argument"},
 		{"fail", `{"key":"k","leaseId":"L","reason":"a\u0000b"}`, "invalid_argument"},
@@ -226,19 +248,54 @@ func TestServer_fail_and_admin_bad_input(t *testing.T) {
 	}
 }
 
+// fail needs a consumer's token (or an admin's); the admin endpoints an
+// admin's: a consumer's token is answered 403 there.
 func TestServer_fail_and_admin_need_the_token(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{Token: "t0k"})
+	h := newServer(t, server.Config{Token: "t0k", AdminTokens: []string{"adm1n"}})
 	for path, body := range map[string]string{
 		"fail": `{"key":"k","leaseId":"L"}`, "list": `{}`, "forget": `{"key":"k"}`, "force-release": `{"key":"k"}`,
 	} {
+		admin := path != "fail"
 		code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, body)
 		want(t, path+" without the token", code, b, 401, "error", "unauthorized")
 		code, b, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer wrong")
 		want(t, path+" with a wrong token", code, b, 401, "error", "unauthorized")
-		code, _, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer t0k")
+		code, b, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer t0k")
+		if admin {
+			want(t, path+" with a consumer's token", code, b, 403, "error", "forbidden")
+		} else if code != http.StatusOK {
+			t.Errorf("%s with the consumer's token: %d", path, code)
+		}
+		code, _, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer adm1n")
 		if code != http.StatusOK {
-			t.Errorf("%s with the token: %d", path, code)
+			t.Errorf("%s with the admin's token: %d", path, code)
+		}
+	}
+}
+
+// The discovery document announces the store's retention when the server
+// knows it: set in Config.Retention, or reported by the store.
+func TestServer_discovery_announces_the_retention_when_known(t *testing.T) {
+	t.Parallel()
+	short, err := memory.New(memory.Options{Retention: 90 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = short.Close() })
+	for _, c := range []struct {
+		what string
+		cfg  server.Config
+		want any
+	}{
+		{"a store with the default retention", server.Config{}, float64(7 * 24 * 3600)},
+		{"a store of 90 minutes", server.Config{Store: short}, float64(5400)},
+		{"Config.Retention over a store that does not report one", server.Config{Store: plain{newMemory(t)}, Retention: 2 * time.Hour}, float64(7200)},
+		{"a store that does not report one", server.Config{Store: plain{newMemory(t)}}, nil},
+	} {
+		_, b, _ := call(t, newServer(t, c.cfg), "GET", "/v1/inbox", "")
+		if b["retentionSeconds"] != c.want {
+			t.Errorf("%s: retentionSeconds %v, want %v", c.what, b["retentionSeconds"], c.want)
 		}
 	}
 }

@@ -50,12 +50,18 @@ func FuzzServer_request_body(f *testing.F) {
 		`{"key":"k","acceptDead":true}`} {
 		f.Add(uint8(i), []byte(b))
 	}
-	h := newServer(f, server.Config{})
+	h := newServer(f, server.Config{AdminNoAuth: true})
 	f.Fuzz(func(t *testing.T, ep uint8, body []byte) {
 		path := "/v1/inbox/" + fuzzPaths[int(ep)%len(fuzzPaths)]
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+		req.Host = "127.0.0.1:8080"
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(rec, req)
 		checkAnswer(t, path, rec)
+		if rec.Code == http.StatusForbidden || rec.Code == http.StatusUnsupportedMediaType {
+			t.Fatalf("%s: %d %s: the body never reached the operation", path, rec.Code, rec.Body)
+		}
 	})
 }
 
@@ -77,8 +83,12 @@ func FuzzServer_key_path(f *testing.F) {
 			return // Go's server answers 400 before any handler
 		}
 		req.URL = u
+		req.Host = "127.0.0.1:8080"
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		checkAnswer(t, "GET "+req.RequestURI, rec)
+		if rec.Code == http.StatusForbidden {
+			t.Fatalf("GET %s: 403 %s: the key never reached the store", req.RequestURI, rec.Body)
+		}
 	})
 }

@@ -23,9 +23,12 @@
 // Business outcomes are 200 answers with a status enum; 4xx and 5xx answers
 // are errors with a body {"error": code, "message": text}: 400 for bad input
 // (codes invalid_json, invalid_key, invalid_lease, invalid_lease_id,
-// invalid_argument), 401 for a missing or wrong bearer token, 404 for an
-// unknown path, 405 for a wrong method, 413 for a body over
-// [Config.MaxBodyBytes], 501 not_supported when the store cannot extend
+// invalid_argument), 401 for a missing or wrong bearer token, 403 forbidden
+// for a call the token may not make (see "Who may call what" below), or a
+// browser's request to a server without tokens, 404 for an unknown path,
+// 405 for a wrong method, 413 for a body over [Config.MaxBodyBytes], 415
+// unsupported_media_type for a POST that is not application/json, 501
+// not_supported when the store cannot extend
 // leases or has no admin operations, 503 store_unavailable when the store is
 // down or closed, 500 for other store failures. Unknown request fields are
 // ignored; field names match exactly.
@@ -35,13 +38,15 @@
 // [inbox.Admin]. With fail:
 //
 //   - try-begin answers attempts (the key's count of acquired leases, this
-//     acquisition included) with every status; to a request with
+//     acquisition included) with every status, and "backoff": true with a
+//     Busy of a key whose failed attempt's backoff runs (no lease is live:
+//     [inbox.Claim.BackingOff]; absent on a live lease); to a request with
 //     "acceptDead": true, a dead key answers {"status": "Dead", "reason",
-//     "attempts"}; to one without, it answers Busy with expiresAt the dead
-//     record's expiry and retryAfterMs the time until then, so a client of
-//     the protocol before the extension never sees a status it cannot read
-//     and never runs a dead key's handler. The expiry is the record's last
-//     write (the Fail) plus [Config.Retention].
+//     "attempts"}; to one without, it answers Busy (without backoff) with
+//     expiresAt the dead record's expiry and retryAfterMs the time until
+//     then, so a client of the protocol before the extension never sees a
+//     status it cannot read and never runs a dead key's handler. The expiry
+//     is the record's last write (the Fail) plus [Config.Retention].
 //   - fail ends a failed attempt under its leaseId ([inbox.LeaseStore.Fail]):
 //     Released (given back, acquirable once retryAfterMs has passed; until
 //     then try-begin answers Busy), Dead (with "dead": true), or LeaseLost
@@ -52,7 +57,7 @@
 //     backoff runs); the status Dead only with ?acceptDead=true, else a
 //     dead record reads InProgress with leaseUntil its expiry.
 //
-// With admin (the operators' side, same bearer auth): list answers
+// With admin (the operators' side, under admin tokens): list answers
 // {"items": [{"key", <the fields of a GET answer>}], "next"} (state is a
 // status name, Dead included; olderThanMs compares lastSeen with the
 // store's clock; limit is at most 1000, default 100; next is "" when the
@@ -73,10 +78,40 @@
 //     outside it they are clamped or refused ([Config.LeasePolicy]). A
 //     leaseSeconds of zero, negative or not an integer is refused under
 //     either policy. The lease granted is answered in leaseSeconds.
+//   - A fail's retryAfterMs is bounded by [Config.MaxRetryAfter] (24 h by
+//     default; the discovery document's maxRetryAfterMs): a longer one is
+//     clamped to it, or refused under PolicyReject, as leases are.
 //   - Timestamps are RFC 3339 in UTC with up to nanosecond fractions, as
 //     precise as the store keeps them.
-//   - Discovery, /healthz, /readyz (which reads a key of the store) and
-//     /metrics need no token: none of them holds a secret.
+//   - Request bodies are strict JSON: a POST must say Content-Type
+//     application/json (charset utf-8 at most), else 415; a body that is not
+//     valid UTF-8, holds an escaped lone surrogate, or names a member twice
+//     is 400 invalid_json (encoding/json alone would read the first two as
+//     U+FFFD, making two keys one record).
+//
+// # Who may call what
+//
+//   - Consumers' tokens ([Config.Token], Tokens, Grants) may call
+//     try-begin, mark-processed, release, extend, fail, GET and /metrics;
+//     a [Grant] with Prefixes only on keys that start with one of them (403
+//     forbidden otherwise, GET included).
+//   - Admin tokens ([Config.AdminTokens]) may call everything, the admin
+//     endpoints list, forget and force-release included, on every key. A
+//     consumer's token gets 403 there. Without admin tokens, the admin
+//     endpoints are off (403, and no admin extension in discovery) unless
+//     [Config.AdminNoAuth] serves them to everyone on a server without
+//     tokens.
+//   - Discovery, /healthz and /readyz (which reads a key of the store) need
+//     no token: they hold no secret, and probes and load balancers cannot
+//     easily send one. /metrics needs a token when consumers do, unless
+//     [Config.MetricsOpen].
+//   - Without consumers' tokens (auth none), every caller may make every
+//     consumer call, so the server stops what a web page could make a
+//     browser send: a request with an Origin header, or with a Host header
+//     that is not localhost, an address of 127.0.0.0/8 or ::1 (with or
+//     without port), or one of [Config.AllowedHosts], is 403 forbidden
+//     (/healthz and /readyz excepted). That defeats a cross-site form POST
+//     and DNS rebinding. With tokens, a page cannot send one.
 //
 // Metrics (Prometheus): inbox_server_requests_total{endpoint, code, status}
 // and inbox_server_request_duration_seconds{endpoint}. endpoint is
@@ -87,8 +122,8 @@
 // LeaseLost, Forgotten, NotFound, Available, InProgress); OK for a 200
 // answer without one (discovery, list, /healthz, /readyz, /metrics); the
 // error code of an error
-// answer, as in its body (invalid_json, ..., unauthorized, not_found,
-// store_unavailable, internal_error), /readyz's 503 included
+// answer, as in its body (invalid_json, ..., unauthorized, forbidden,
+// not_found, unsupported_media_type, store_unavailable, internal_error), /readyz's 503 included
 // (store_unavailable, or draining during shutdown).
 package server
 
@@ -102,10 +137,14 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -147,8 +186,11 @@ type Server struct {
 	cfg       Config
 	admin     inbox.Admin // Config.Store's, nil when it has none
 	log       *slog.Logger
-	tokens    atomic.Pointer[[][32]byte] // SHA-256 of each accepted token; nil: auth none, for good (the discovery document says so)
-	discovery []byte                     // the discovery document, encoded once
+	auth      atomic.Pointer[authState] // the accepted tokens
+	authMu    sync.Mutex                // serialises the Set methods
+	hosts     map[string]bool           // Config.AllowedHosts, lower case
+	adminOn   bool                      // the admin endpoints are served (admin tokens, or AdminNoAuth)
+	discovery []byte                    // the discovery document, encoded once
 	metrics   http.Handler
 	draining  atomic.Bool
 
@@ -158,52 +200,93 @@ type Server struct {
 	ops map[string]operation // the POSTed operations of protocol v1, by path
 }
 
-// operation is one POSTed operation of protocol v1: its endpoint label and
-// its handler of the request body.
+// operation is one POSTed operation of protocol v1: its endpoint label,
+// whether it is an admin's, and its handler of the request body.
 type operation struct {
-	ep string
-	f  func(ctx context.Context, body []byte) reply
+	ep    string
+	admin bool
+	f     func(ctx context.Context, body []byte) reply
 }
+
+// authState is the set of accepted tokens, replaced whole by the Set
+// methods.
+type authState struct {
+	// consumers are the consumers' tokens; nil: auth none, for good (the
+	// discovery document says so).
+	consumers []grantHash
+	// admins are the SHA-256 of the admin tokens; nil: none, for good.
+	admins [][32]byte
+}
+
+// grantHash is a Grant with its token hashed.
+type grantHash struct {
+	hash     [32]byte
+	prefixes []string
+}
+
+// principal is what a request's bearer token allows.
+type principal struct {
+	admin    bool
+	prefixes []string // nil: every key
+}
+
+// everyKey is the principal of a request to a server with auth none.
+var everyKey = &principal{}
+
+type principalKey struct{}
 
 // New returns the handler for cfg. It fails with an error wrapping
 // [ErrInvalidConfig] that lists every problem of cfg, or with the error of
 // registering the metrics.
 func New(cfg Config) (*Server, error) {
+	retentionKnown := cfg.Retention > 0 || storeRetention(cfg.Store) > 0
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	s.ops = map[string]operation{
-		wire.TryBegin: {epTryBegin, s.tryBegin}, wire.MarkProcessed: {epMark, s.markProcessed},
-		wire.Release: {epRelease, s.release}, wire.Extend: {epExtend, s.extend}, wire.Fail: {epFail, s.fail},
-		wire.List: {epList, s.list}, wire.Forget: {epForget, s.forget}, wire.ForceRelease: {epForce, s.forceRelease},
+		wire.TryBegin: {epTryBegin, false, s.tryBegin}, wire.MarkProcessed: {epMark, false, s.markProcessed},
+		wire.Release: {epRelease, false, s.release}, wire.Extend: {epExtend, false, s.extend}, wire.Fail: {epFail, false, s.fail},
+		wire.List: {epList, true, s.list}, wire.Forget: {epForget, true, s.forget}, wire.ForceRelease: {epForce, true, s.forceRelease},
 	}
+	s.adminOn = len(cfg.AdminTokens) > 0 || cfg.AdminNoAuth
 	extensions := wire.Extensions
 	if a, ok := cfg.Store.(inbox.Admin); ok {
 		s.admin = a
-	} else {
+	}
+	if s.admin == nil || !s.adminOn {
 		extensions = slices.DeleteFunc(slices.Clone(extensions), func(e string) bool { return e == wire.ExtAdmin })
 	}
-	tokens := cfg.Tokens
-	if cfg.Token != "" {
-		tokens = append([]string{cfg.Token}, tokens...)
-	}
+	var st authState
 	auth := wire.AuthNone
-	if len(tokens) > 0 {
+	if grants := cfg.consumerTokens(); len(grants) > 0 {
 		auth = wire.AuthBearer
-		s.storeTokens(tokens)
+		st.consumers = hashGrants(grants)
 	}
-	doc, err := json.Marshal(wire.DiscoveryResponse{
+	if len(cfg.AdminTokens) > 0 {
+		st.admins = hashTokens(cfg.AdminTokens)
+	}
+	s.auth.Store(&st)
+	s.hosts = map[string]bool{}
+	for _, h := range cfg.AllowedHosts {
+		s.hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
+	}
+	disc := wire.DiscoveryResponse{
 		Version: wire.Version,
 		Auth:    auth,
 		LeaseSeconds: wire.LeaseRange{
 			Min: int64(cfg.LeaseMin / time.Second), Max: int64(cfg.LeaseMax / time.Second),
 			Default: int64(cfg.LeaseDefault / time.Second),
 		},
-		LeasePolicy: string(cfg.LeasePolicy),
-		Extensions:  extensions,
-	})
+		LeasePolicy:     string(cfg.LeasePolicy),
+		Extensions:      extensions,
+		MaxRetryAfterMs: int64(cfg.MaxRetryAfter / time.Millisecond),
+	}
+	if retentionKnown {
+		disc.RetentionSeconds = int64(cfg.Retention / time.Second)
+	}
+	doc, err := json.Marshal(disc)
 	if err != nil {
 		return nil, err
 	}
@@ -253,8 +336,40 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var ep string
 	var rep reply
 	switch {
+	case path == "/healthz":
+		ep = epHealthz
+		if s.method(w, r, &rep, http.MethodGet) {
+			rep = reply{code: http.StatusOK, body: map[string]string{"status": statusOK}, status: statusOK}
+		}
+		s.write(w, rep)
+		s.done(r, ep, start, rep)
+		return
+	case path == "/readyz":
+		ep = epReadyz
+		if s.method(w, r, &rep, http.MethodGet) {
+			rep = s.ready(r.Context())
+		}
+		s.write(w, rep)
+		s.done(r, ep, start, rep)
+		return
 	case path == wire.Discovery:
 		ep = epDiscovery
+	case path == "/metrics":
+		ep = epMetrics
+	case r.Method == http.MethodPost && isOp:
+		ep = op.ep
+	case strings.HasPrefix(path, wire.KeyPrefix):
+		ep = epGet
+	default:
+		ep = epOther
+	}
+	if bad := s.checkBrowser(r); bad != nil {
+		s.write(w, *bad)
+		s.done(r, ep, start, *bad)
+		return
+	}
+	switch ep {
+	case epDiscovery:
 		if !s.method(w, r, &rep, http.MethodGet) {
 			break
 		}
@@ -263,39 +378,86 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(s.discovery)
 		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
-	case path == "/healthz":
-		ep = epHealthz
-		if s.method(w, r, &rep, http.MethodGet) {
-			rep = reply{code: http.StatusOK, body: map[string]string{"status": statusOK}, status: statusOK}
-		}
-	case path == "/readyz":
-		ep = epReadyz
-		if s.method(w, r, &rep, http.MethodGet) {
-			rep = s.ready(r.Context())
-		}
-	case path == "/metrics":
-		ep = epMetrics
+	case epMetrics:
 		if !s.method(w, r, &rep, http.MethodGet) {
 			break
+		}
+		if !s.cfg.MetricsOpen {
+			if _, ok := s.authorize(w, r, false, &rep); !ok {
+				break
+			}
 		}
 		s.metrics.ServeHTTP(w, r)
 		s.done(r, ep, start, reply{code: http.StatusOK, status: statusOK})
 		return
-	case r.Method == http.MethodPost && isOp:
-		ep, rep = op.ep, s.post(w, r, op.f)
-	case strings.HasPrefix(path, wire.KeyPrefix):
-		ep = epGet
-		if s.method(w, r, &rep, http.MethodGet) && s.authorized(w, r, &rep) {
-			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
-			rep = s.get(ctx, path, acceptDead(r))
-			cancel()
+	case epGet:
+		if !s.method(w, r, &rep, http.MethodGet) {
+			break
 		}
+		who, ok := s.authorize(w, r, false, &rep)
+		if !ok {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), principalKey{}, who), s.cfg.StoreTimeout)
+		rep = s.get(ctx, path, acceptDead(r))
+		cancel()
+	case epOther:
+		rep = errReply(http.StatusNotFound, wire.CodeNotFound, fmt.Sprintf("no endpoint %s %s in protocol v1", r.Method, quote(path, 200)))
 	default:
-		ep = epOther
-		rep = errReply(http.StatusNotFound, wire.CodeNotFound, fmt.Sprintf("no endpoint %s %s in protocol v1", r.Method, path))
+		rep = s.post(w, r, op)
 	}
 	s.write(w, rep)
 	s.done(r, ep, start, rep)
+}
+
+// checkBrowser refuses, on a server with auth none, what a web page can
+// send: a request with an Origin header (a browser's cross-site request,
+// such as a form's POST), or one whose Host header is not a loopback name
+// or address or one of Config.AllowedHosts (a page whose name was rebound
+// to a loopback address). With bearer auth, a page cannot send the token.
+func (s *Server) checkBrowser(r *http.Request) *reply {
+	if s.auth.Load().consumers != nil {
+		return nil
+	}
+	if _, ok := r.Header["Origin"]; ok {
+		rep := errReply(http.StatusForbidden, wire.CodeForbidden,
+			"a request with an Origin header (from a web page) is refused by a server without tokens: give inboxd a token file (INBOX_TOKEN_FILE) to serve browsers' code")
+		return &rep
+	}
+	if !s.hostAllowed(r.Host) {
+		rep := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(
+			"Host %s is not a loopback name or address, nor an allowed host: a server without tokens answers only requests to localhost, 127.0.0.1 or ::1 (cmd/inboxd: INBOX_ALLOWED_HOSTS names others)",
+			quote(r.Host, 100)))
+		return &rep
+	}
+	return nil
+}
+
+// hostAllowed reports whether a Host header names a loopback name or
+// address (localhost, 127.0.0.0/8, ::1) or an allowed host, with or
+// without port.
+func (s *Server) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.Trim(host, "[]"))
+	if host == "" {
+		return false
+	}
+	if host == "localhost" || s.hosts[host] {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// quote quotes s for a message, at most n bytes of it.
+func quote(s string, n int) string {
+	if len(s) <= n {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(strings.ToValidUTF8(s[:n], "")) + "..."
 }
 
 // method checks r's method, setting a 405 reply when it is not want.
@@ -316,68 +478,160 @@ func (s *Server) method(w http.ResponseWriter, r *http.Request, rep *reply, want
 	return false
 }
 
-// authorized checks the bearer token, setting a 401 reply when it is missing
-// or wrong. Comparison is in constant time over hashes, so neither the token
-// nor its length leaks through timing.
-func (s *Server) authorized(w http.ResponseWriter, r *http.Request, rep *reply) bool {
-	accepted := s.tokens.Load()
-	if accepted == nil {
-		return true
+// authorize checks the bearer token of a request to a consumer's endpoint
+// (admin false: the protocol's calls, GET, /metrics) or to an admin's,
+// setting a 401 reply when it is missing or wrong and a 403 reply when it
+// may not make the call. It returns what the token allows. Comparison is in
+// constant time over hashes, so neither a token nor its length leaks
+// through timing.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, rep *reply) (*principal, bool) {
+	st := s.auth.Load()
+	if !admin && st.consumers == nil {
+		return everyKey, true
+	}
+	if admin && !s.adminOn {
+		*rep = errReply(http.StatusForbidden, wire.CodeForbidden,
+			"the admin endpoints are off: this server has no admin token (cmd/inboxd: INBOX_ADMIN_TOKEN_FILE; the discovery document does not list the admin extension)")
+		return nil, false
+	}
+	if admin && st.admins == nil { // AdminNoAuth: auth none
+		return &principal{admin: true}, true
 	}
 	h := r.Header.Get("Authorization")
 	scheme, tok, _ := strings.Cut(h, " ")
-	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	match := 0
-	for _, want := range *accepted {
-		match |= subtle.ConstantTimeCompare(got[:], want[:])
+	who := st.lookup(sha256.Sum256([]byte(strings.TrimSpace(tok))))
+	if !strings.EqualFold(scheme, "Bearer") {
+		who = nil
 	}
-	if strings.EqualFold(scheme, "Bearer") && match == 1 {
-		return true
+	switch {
+	case who == nil:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="inbox"`)
+		msg := "missing bearer token"
+		if h != "" {
+			msg = "wrong bearer token"
+		}
+		*rep = errReply(http.StatusUnauthorized, wire.CodeUnauthorized, msg)
+		return nil, false
+	case admin && !who.admin:
+		*rep = errReply(http.StatusForbidden, wire.CodeForbidden, "this endpoint needs an admin token; the bearer token is a consumer's")
+		return nil, false
 	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="inbox"`)
-	msg := "missing bearer token"
-	if h != "" {
-		msg = "wrong bearer token"
-	}
-	*rep = errReply(http.StatusUnauthorized, wire.CodeUnauthorized, msg)
-	return false
+	return who, true
 }
 
-// SetTokens replaces the accepted bearer tokens, while serving: requests
-// that start after it returns are checked against tokens only. It fails,
-// changing nothing, with an error wrapping [ErrInvalidConfig] when tokens is
-// empty or holds an empty token, or when the server was made without a
-// token (its discovery document says auth none; make a new server to turn
-// auth on). It never quotes a token.
-func (s *Server) SetTokens(tokens ...string) error {
-	if s.tokens.Load() == nil {
-		return fmt.Errorf("%w: SetTokens on a server made without a token (auth none)", ErrInvalidConfig)
-	}
-	if len(tokens) == 0 {
-		return fmt.Errorf("%w: SetTokens with no token would refuse every client", ErrInvalidConfig)
-	}
-	for i, t := range tokens {
-		if t == "" {
-			return fmt.Errorf("%w: SetTokens: token %d is empty", ErrInvalidConfig, i)
+// lookup returns what the token of hash got allows, nil when it is not
+// accepted. It compares with every token, in constant time each; an admin's
+// token wins over a consumer's.
+func (st *authState) lookup(got [32]byte) *principal {
+	var who *principal
+	for i := range st.consumers {
+		if subtle.ConstantTimeCompare(got[:], st.consumers[i].hash[:]) == 1 {
+			who = &principal{prefixes: st.consumers[i].prefixes}
 		}
 	}
-	s.storeTokens(tokens)
+	for _, want := range st.admins {
+		if subtle.ConstantTimeCompare(got[:], want[:]) == 1 {
+			who = &principal{admin: true}
+		}
+	}
+	return who
+}
+
+// SetTokens replaces the consumers' bearer tokens (Config.Token, Tokens and
+// Grants) with tokens that may touch every key, while serving: requests
+// that start after it returns are checked against them only. It fails,
+// changing nothing, with an error wrapping [ErrInvalidConfig] when tokens is
+// empty or holds an empty token or an admin's token, or when the server was
+// made without a consumer token (its discovery document says auth none; make
+// a new server to turn auth on). It never quotes a token.
+func (s *Server) SetTokens(tokens ...string) error {
+	grants := make([]Grant, len(tokens))
+	for i, t := range tokens {
+		grants[i] = Grant{Token: t}
+	}
+	return s.SetGrants(grants...)
+}
+
+// SetGrants is [Server.SetTokens] with each token's key prefixes.
+func (s *Server) SetGrants(grants ...Grant) error {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	old := s.auth.Load()
+	if old.consumers == nil {
+		return fmt.Errorf("%w: SetTokens on a server made without a token (auth none)", ErrInvalidConfig)
+	}
+	if len(grants) == 0 {
+		return fmt.Errorf("%w: SetTokens with no token would refuse every client", ErrInvalidConfig)
+	}
+	hashes := hashGrants(grants)
+	for i, g := range grants {
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("%w: SetTokens: grant %d: %v", ErrInvalidConfig, i, err)
+		}
+		if slices.Contains(old.admins, hashes[i].hash) {
+			return fmt.Errorf("%w: SetTokens: token %d is an admin's: give operators tokens of their own", ErrInvalidConfig, i)
+		}
+	}
+	s.auth.Store(&authState{consumers: hashes, admins: old.admins})
 	return nil
 }
 
-func (s *Server) storeTokens(tokens []string) {
+// SetAdminTokens replaces the admin tokens (Config.AdminTokens) while
+// serving, as [Server.SetTokens] does the consumers'. It fails, changing
+// nothing, with an error wrapping [ErrInvalidConfig] when tokens is empty or
+// holds an empty token or a consumer's, or when the server was made without
+// an admin token. It never quotes a token.
+func (s *Server) SetAdminTokens(tokens ...string) error {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	old := s.auth.Load()
+	if old.admins == nil {
+		return fmt.Errorf("%w: SetAdminTokens on a server made without an admin token", ErrInvalidConfig)
+	}
+	if len(tokens) == 0 {
+		return fmt.Errorf("%w: SetAdminTokens with no token would refuse every operator", ErrInvalidConfig)
+	}
+	hashes := hashTokens(tokens)
+	for i, t := range tokens {
+		if t == "" {
+			return fmt.Errorf("%w: SetAdminTokens: token %d is empty", ErrInvalidConfig, i)
+		}
+		for _, c := range old.consumers {
+			if c.hash == hashes[i] {
+				return fmt.Errorf("%w: SetAdminTokens: token %d is a consumer's: give operators tokens of their own", ErrInvalidConfig, i)
+			}
+		}
+	}
+	s.auth.Store(&authState{consumers: old.consumers, admins: hashes})
+	return nil
+}
+
+func hashTokens(tokens []string) [][32]byte {
 	hashes := make([][32]byte, len(tokens))
 	for i, t := range tokens {
 		hashes[i] = sha256.Sum256([]byte(t))
 	}
-	s.tokens.Store(&hashes)
+	return hashes
 }
 
-// post reads the body of a POST endpoint and calls f with it.
-func (s *Server) post(w http.ResponseWriter, r *http.Request, f func(ctx context.Context, body []byte) reply) reply {
+func hashGrants(grants []Grant) []grantHash {
+	out := make([]grantHash, len(grants))
+	for i, g := range grants {
+		out[i] = grantHash{hash: sha256.Sum256([]byte(g.Token)), prefixes: slices.Clone(g.Prefixes)}
+	}
+	return out
+}
+
+// post checks the token and the Content-Type of a POSTed operation, reads
+// its body and calls op's handler with it.
+func (s *Server) post(w http.ResponseWriter, r *http.Request, op operation) reply {
 	var rep reply
-	if !s.authorized(w, r, &rep) {
+	who, ok := s.authorize(w, r, op.admin, &rep)
+	if !ok {
 		return rep
+	}
+	if bad := jsonContent(r); bad != nil {
+		return *bad
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
@@ -388,9 +642,27 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, f func(ctx context
 		}
 		return errReply(http.StatusBadRequest, wire.CodeInvalidJSON, "cannot read the request body: "+err.Error())
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), principalKey{}, who), s.cfg.StoreTimeout)
 	defer cancel()
-	return f(ctx, body)
+	return op.f(ctx, body)
+}
+
+// jsonContent refuses, 415, a POST whose Content-Type is not
+// application/json (with, at most, charset=utf-8): a web page's form or
+// text/plain POST never reaches an operation.
+func jsonContent(r *http.Request) *reply {
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	ok := err == nil && mt == "application/json"
+	for k, v := range params {
+		ok = ok && k == "charset" && strings.EqualFold(v, "utf-8")
+	}
+	if ok {
+		return nil
+	}
+	rep := errReply(http.StatusUnsupportedMediaType, wire.CodeUnsupportedMedia,
+		fmt.Sprintf("Content-Type %s: the protocol's requests are application/json", quote(ct, 100)))
+	return &rep
 }
 
 func decodeReply(err error) reply {
@@ -401,7 +673,10 @@ func decodeReply(err error) reply {
 	return errReply(http.StatusBadRequest, wire.CodeInvalidJSON, err.Error())
 }
 
-func (s *Server) checkKey(key string) *reply {
+// checkKey checks a key of a request: its length and form, and that the
+// request's token may touch it (a 403 when it is outside the token's
+// prefixes).
+func (s *Server) checkKey(ctx context.Context, key string) *reply {
 	if len(key) > s.cfg.MaxKeyBytes {
 		r := errReply(http.StatusBadRequest, wire.CodeInvalidKey,
 			fmt.Sprintf("key is %d bytes, longer than the server's limit of %d", len(key), s.cfg.MaxKeyBytes))
@@ -409,6 +684,15 @@ func (s *Server) checkKey(key string) *reply {
 	}
 	if err := inbox.ValidateKey(key); err != nil {
 		r := s.storeReply(err)
+		return &r
+	}
+	if who, _ := ctx.Value(principalKey{}).(*principal); who != nil && len(who.prefixes) > 0 {
+		for _, p := range who.prefixes {
+			if strings.HasPrefix(key, p) {
+				return nil
+			}
+		}
+		r := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf("key %s is outside the key prefixes this bearer token may touch", quote(key, 100)))
 		return &r
 	}
 	return nil
@@ -461,7 +745,7 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 	if err != nil {
 		return decodeReply(err)
 	}
-	if r := s.checkKey(req.Key); r != nil {
+	if r := s.checkKey(ctx, req.Key); r != nil {
 		return *r
 	}
 	lease, bad := s.lease(req.LeaseSeconds)
@@ -502,6 +786,7 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 		resp.LeaseID, resp.ExpiresAt, resp.LeaseSeconds = c.LeaseID, utc(c.ExpiresAt), seconds(granted)
 	case inbox.Busy:
 		resp.ExpiresAt, resp.RetryAfterMs = utc(c.ExpiresAt), max(wire.CeilMillis(c.RetryAfter), 1) // never early
+		resp.Backoff = c.BackingOff                                                                 // false for a dead key told as Busy
 	case inbox.Processed:
 	case inbox.Dead:
 		resp.Reason = c.Reason
@@ -541,13 +826,13 @@ func acceptDead(r *http.Request) bool {
 }
 
 // leaseBody decodes and checks a mark-processed, release or extend body.
-func (s *Server) leaseBody(body []byte, leaseOptional bool) (wire.LeaseRequest, *reply) {
+func (s *Server) leaseBody(ctx context.Context, body []byte, leaseOptional bool) (wire.LeaseRequest, *reply) {
 	req, err := wire.DecodeLease(body)
 	if err != nil {
 		r := decodeReply(err)
 		return req, &r
 	}
-	if r := s.checkKey(req.Key); r != nil {
+	if r := s.checkKey(ctx, req.Key); r != nil {
 		return req, r
 	}
 	if leaseOptional && !req.HasLeaseID {
@@ -561,7 +846,7 @@ func (s *Server) leaseBody(body []byte, leaseOptional bool) (wire.LeaseRequest, 
 }
 
 func (s *Server) markProcessed(ctx context.Context, body []byte) reply {
-	req, bad := s.leaseBody(body, true)
+	req, bad := s.leaseBody(ctx, body, true)
 	if bad != nil {
 		return *bad
 	}
@@ -575,7 +860,7 @@ func (s *Server) markProcessed(ctx context.Context, body []byte) reply {
 }
 
 func (s *Server) release(ctx context.Context, body []byte) reply {
-	req, bad := s.leaseBody(body, false)
+	req, bad := s.leaseBody(ctx, body, false)
 	if bad != nil {
 		return *bad
 	}
@@ -584,7 +869,7 @@ func (s *Server) release(ctx context.Context, body []byte) reply {
 }
 
 func (s *Server) extend(ctx context.Context, body []byte) reply {
-	req, bad := s.leaseBody(body, false)
+	req, bad := s.leaseBody(ctx, body, false)
 	if bad != nil {
 		return *bad
 	}
@@ -614,7 +899,7 @@ func (s *Server) get(ctx context.Context, path string, acceptDead bool) reply {
 	if err != nil {
 		return errReply(http.StatusBadRequest, wire.CodeInvalidKey, err.Error())
 	}
-	if r := s.checkKey(key); r != nil {
+	if r := s.checkKey(ctx, key); r != nil {
 		return *r
 	}
 	rec, err := s.cfg.Store.Get(ctx, key)
@@ -656,7 +941,7 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 	if err != nil {
 		return decodeReply(err)
 	}
-	if r := s.checkKey(req.Key); r != nil {
+	if r := s.checkKey(ctx, req.Key); r != nil {
 		return *r
 	}
 	if err := inbox.ValidateLeaseID(req.LeaseID); err != nil {
@@ -664,8 +949,9 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 	}
 	opts := inbox.FailOptions{Dead: req.Dead, Reason: req.Reason}
 	if req.RetryAfterMs != nil {
-		if opts.RetryAfter, err = millis("retryAfterMs", *req.RetryAfterMs); err != nil {
-			return errReply(http.StatusBadRequest, wire.CodeInvalidArgument, err.Error())
+		var bad *reply
+		if opts.RetryAfter, bad = s.retryAfter(*req.RetryAfterMs); bad != nil {
+			return *bad
 		}
 	}
 	if err := opts.Validate(); err != nil {
@@ -677,6 +963,25 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 	}
 	err = s.cfg.Store.Fail(ctx, req.Key, req.LeaseID, opts)
 	return s.leaseOutcome(req.Key, err, ok, wire.StatusResponse{Status: ok})
+}
+
+// retryAfter applies Config.MaxRetryAfter and the lease policy to a fail's
+// retryAfterMs, as lease does to leaseSeconds: a negative one is refused, a
+// longer one clamped to the bound or, under PolicyReject, refused.
+func (s *Server) retryAfter(ms int64) (time.Duration, *reply) {
+	limit := int64(s.cfg.MaxRetryAfter / time.Millisecond)
+	switch {
+	case ms < 0:
+		r := errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("retryAfterMs %d is negative", ms))
+		return 0, &r
+	case ms <= limit:
+		return time.Duration(ms) * time.Millisecond, nil
+	case s.cfg.LeasePolicy == PolicyReject:
+		r := errReply(http.StatusBadRequest, wire.CodeInvalidArgument, fmt.Sprintf("retryAfterMs %d is over the server's limit of %d (%s, the discovery document's maxRetryAfterMs)",
+			ms, limit, s.cfg.MaxRetryAfter))
+		return 0, &r
+	}
+	return s.cfg.MaxRetryAfter, nil
 }
 
 // millis is the duration of field, a count of milliseconds, or an error
@@ -741,7 +1046,7 @@ func (s *Server) list(ctx context.Context, body []byte) reply {
 }
 
 // keyCall is forget and force-release: a body {"key"} and one admin call.
-func (s *Server) keyCall(body []byte, call func(key string) error, status string) reply {
+func (s *Server) keyCall(ctx context.Context, body []byte, call func(key string) error, status string) reply {
 	if s.admin == nil {
 		return noAdmin()
 	}
@@ -749,7 +1054,7 @@ func (s *Server) keyCall(body []byte, call func(key string) error, status string
 	if err != nil {
 		return decodeReply(err)
 	}
-	if r := s.checkKey(req.Key); r != nil {
+	if r := s.checkKey(ctx, req.Key); r != nil {
 		return *r
 	}
 	if err := call(req.Key); err != nil {
@@ -759,11 +1064,11 @@ func (s *Server) keyCall(body []byte, call func(key string) error, status string
 }
 
 func (s *Server) forget(ctx context.Context, body []byte) reply {
-	return s.keyCall(body, func(key string) error { return s.admin.Forget(ctx, key) }, wire.StatusForgotten)
+	return s.keyCall(ctx, body, func(key string) error { return s.admin.Forget(ctx, key) }, wire.StatusForgotten)
 }
 
 func (s *Server) forceRelease(ctx context.Context, body []byte) reply {
-	return s.keyCall(body, func(key string) error { return s.admin.ForceRelease(ctx, key) }, wire.StatusReleased)
+	return s.keyCall(ctx, body, func(key string) error { return s.admin.ForceRelease(ctx, key) }, wire.StatusReleased)
 }
 
 func (s *Server) ready(ctx context.Context) reply {
@@ -842,6 +1147,9 @@ func (s *Server) done(r *http.Request, ep string, start time.Time, rep reply) {
 			append(attrs, slog.String("error", rep.err.Error()), slog.String("key", rep.key))...)
 	case rep.code == http.StatusUnauthorized:
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "inbox server: unauthorized request", attrs...)
+	case rep.code == http.StatusForbidden:
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "inbox server: forbidden request",
+			append(attrs, slog.String("host", quote(r.Host, 100)), slog.Bool("origin", r.Header.Get("Origin") != ""))...)
 	case rep.code >= 400:
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "inbox server: request refused", attrs...)
 	default:

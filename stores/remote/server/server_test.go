@@ -47,6 +47,8 @@ func newServer(t testing.TB, cfg server.Config) *server.Server {
 }
 
 // call sends one request to h in process and returns code and decoded body.
+// The request's Host is 127.0.0.1:8080, and a body is application/json,
+// unless hdr (name, value, ...) names them ("Host" sets the Host).
 func call(t testing.TB, h http.Handler, method, target, body string, hdr ...string) (int, map[string]any, http.Header) {
 	t.Helper()
 	var rd io.Reader
@@ -54,7 +56,16 @@ func call(t testing.TB, h http.Handler, method, target, body string, hdr ...stri
 		rd = strings.NewReader(body)
 	}
 	req := httptest.NewRequest(method, target, rd)
+	// As a client of a server on loopback sends, unless hdr says otherwise.
+	req.Host = "127.0.0.1:8080"
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	rec := httptest.NewRecorder()
@@ -298,7 +309,7 @@ func rawGet(t *testing.T, addr, target string) (string, string) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", target)
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", target)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatalf("GET %s: %v", target, err)
@@ -402,7 +413,9 @@ func TestServer_ready_health_drain_and_metrics(t *testing.T) {
 	want(t, "serving while draining", code, b, 200, "status", "Acquired")
 
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.Host = "localhost:8080"
+	h.ServeHTTP(rec, req)
 	for _, line := range []string{
 		`inbox_server_requests_total{code="200",endpoint="try-begin",status="Acquired"} 2`,
 		`inbox_server_requests_total{code="200",endpoint="try-begin",status="Busy"} 1`,
@@ -475,10 +488,14 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	store := newMemory(t)
-	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "t0k", LeaseMin: time.Second})
+	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "t0k", AdminTokens: []string{"adm"}, LeaseMin: time.Second})
 	auth := []string{"Authorization", "Bearer t0k"}
 	post := func(path, body string) map[string]any {
-		_, b, _ := call(t, h, "POST", path, body, auth...)
+		a := auth
+		if strings.Contains("/v1/inbox/list /v1/inbox/force-release /v1/inbox/forget", path) {
+			a = []string{"Authorization", "Bearer adm"}
+		}
+		_, b, _ := call(t, h, "POST", path, body, a...)
 		return b
 	}
 	for _, path := range []string{"/v1/inbox", "/healthz", "/readyz", "/metrics"} {
@@ -504,16 +521,18 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	post("/v1/inbox/try-begin", `{"key":"d","acceptDead":true}`)                       // Dead
 	call(t, h, "GET", "/v1/inbox/d?acceptDead=true", "", auth...)                      // Dead
 	lease = post("/v1/inbox/try-begin", `{"key":"e"}`)["leaseId"]
-	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease)) // Released
-	post("/v1/inbox/list", `{}`)                                                            // OK
-	post("/v1/inbox/force-release", `{"key":"e"}`)                                          // Released
-	post("/v1/inbox/forget", `{"key":"e"}`)                                                 // Forgotten
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                // 401
-	post("/v1/inbox/try-begin", `{`)                                                        // 400
-	post("/v1/inbox/try-begin", `{"key":""}`)                                               // 400 invalid_key
-	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                 // 413
-	call(t, h, "DELETE", "/v1/inbox", "")                                                   // 405
-	call(t, h, "GET", "/nowhere", "")                                                       // 404
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease))                               // Released
+	post("/v1/inbox/list", `{}`)                                                                                          // OK
+	post("/v1/inbox/force-release", `{"key":"e"}`)                                                                        // Released
+	post("/v1/inbox/forget", `{"key":"e"}`)                                                                               // Forgotten
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                              // 401
+	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                        // 403, a consumer's token
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer t0k", "Content-Type", "text/plain") // 415
+	post("/v1/inbox/try-begin", `{`)                                                                                      // 400
+	post("/v1/inbox/try-begin", `{"key":""}`)                                                                             // 400 invalid_key
+	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                               // 413
+	call(t, h, "DELETE", "/v1/inbox", "")                                                                                 // 405
+	call(t, h, "GET", "/nowhere", "")                                                                                     // 404
 	_ = store.Close()
 	call(t, h, "GET", "/readyz", "")           // 503 store_unavailable
 	post("/v1/inbox/try-begin", `{"key":"z"}`) // 503 store_unavailable
@@ -524,7 +543,8 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 		"LeaseLost": true, "Forgotten": true, "NotFound": true, "Available": true, "InProgress": true, "OK": true}
 	codes := map[string]bool{"invalid_json": true, "invalid_key": true, "invalid_lease": true, "invalid_lease_id": true,
 		"invalid_argument": true, "body_too_large": true, "unauthorized": true, "not_found": true, "method_not_allowed": true,
-		"not_supported": true, "store_unavailable": true, "internal_error": true, "draining": true}
+		"not_supported": true, "store_unavailable": true, "internal_error": true, "draining": true,
+		"forbidden": true, "unsupported_media_type": true}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -551,7 +571,7 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 			t.Errorf("status %s never counted: the test misses a case", st)
 		}
 	}
-	for _, st := range []string{"invalid_json", "invalid_key", "body_too_large", "unauthorized", "not_found", "method_not_allowed", "store_unavailable", "draining"} {
+	for _, st := range []string{"invalid_json", "invalid_key", "body_too_large", "unauthorized", "forbidden", "unsupported_media_type", "not_found", "method_not_allowed", "store_unavailable", "draining"} {
 		if !seen[st] {
 			t.Errorf("error code %s never counted: the test misses a case", st)
 		}

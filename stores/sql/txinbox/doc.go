@@ -50,8 +50,14 @@
 // sees the key processed when the first transaction commits, claims the key
 // when it rolls back, and after [Config.LockTimeout] (default 10 s) fails
 // with an error wrapping [inbox.ErrBusy], so the broker redelivers later.
-// There is no lease, no heartbeat and no Extend in this mode: the middleware's
-// Lease, HeartbeatInterval and MaxBusyWait do not apply, and its FailOpen is
+// There is no lease, no heartbeat and no Extend in this mode: the
+// middleware's Lease and HeartbeatInterval do not apply, nor does its
+// StoreTimeout ([Store.BeginTx] runs under the message's context, as the
+// transaction lives on in the handler, and the commit takes no context).
+// Its MaxBusyWait does not bound the wait on a concurrent claim (the lock
+// timeout does), only the retries of a BeginTx that fails (the database
+// down): they are paced, for at most MaxBusyWait, then the message is
+// nacked with an error wrapping [inbox.ErrStoreUnavailable]. Its FailOpen is
 // refused (the handler needs the transaction). The lock timeout per
 // database:
 //
@@ -90,7 +96,11 @@
 // built on the transaction, relayed to the broker by a forwarder; see
 // [OutboxFunc]), and without one the transaction rolls back and the
 // middleware returns an error wrapping [ErrMessagesReturned], on the first
-// message, so the mistake shows at once.
+// message, so the mistake shows at once. The messages reach the outbox with
+// the ids the middleware derives from the input's key (inboxmw.OutputID,
+// unless inboxmw.Config.KeepOutputIDs): a forwarder that relays one twice
+// (a crash between its publish and its ack) sends the same id twice, which
+// the next stage's inbox drops.
 //
 // # Messages without a key
 //

@@ -27,7 +27,8 @@ func (p *failingPublisher) Close() error { return nil }
 
 // In a real router whose publisher fails, the messages a handler returns in
 // transactional mode are not lost: they are in the outbox, committed with the
-// handler's write and the mark, and the router had nothing to publish.
+// handler's write and the mark, with their derived ids, and the router had
+// nothing to publish.
 func TestTx_router_with_failing_publisher_loses_no_returned_message(t *testing.T) {
 	forTx(t, func(t *testing.T, e *txEnv) {
 		outbox := e.table + "_outbox"
@@ -99,6 +100,12 @@ func TestTx_router_with_failing_publisher_loses_no_returned_message(t *testing.T
 		}
 		if n := pub.calls.Load(); n != 0 {
 			t.Fatalf("the router published %d times: returned messages must go to the outbox only", n)
+		}
+		// The outbox holds the message with the id derived from the input's
+		// key: a redelivery that ran the handler again (a rollback) would
+		// store the same id, which the next stage's inbox drops.
+		if want := inboxmw.OutputID(keyOf(msg), 0); countRows(t, e.db, outbox, "uuid = '"+want+"'") != 1 {
+			t.Fatalf("the outbox message's UUID is not the derived id %s", want)
 		}
 	})
 }

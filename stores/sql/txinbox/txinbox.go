@@ -151,7 +151,10 @@ type Store struct {
 	closed atomic.Bool
 }
 
-var _ inboxmw.TxStore = (*Store)(nil)
+var (
+	_ inboxmw.TxStore         = (*Store)(nil)
+	_ inbox.RetentionReporter = (*Store)(nil)
+)
 
 // New returns the store for cfg. It does no I/O: the table must exist, and
 // a missing one shows on the first claim as an error wrapping
@@ -185,6 +188,10 @@ func (s *Store) store(ctx context.Context) (*sqlstore.Store, error) {
 	}
 	return st, nil
 }
+
+// Retention implements [inbox.RetentionReporter]: [Config.Retention], after
+// its default.
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
 // Close makes later calls fail with [inbox.ErrClosed] and frees the
 // statements the store prepared (on SQLite). It does not close Config.DB,

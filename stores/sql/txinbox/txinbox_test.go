@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
@@ -576,6 +577,83 @@ func TestTx_keys_from_keying_id_sources(t *testing.T) {
 		}
 		if laxCalls.Load() != 2 {
 			t.Fatalf("handler ran %d times for two messages without a key, want 2 (no deduplication)", laxCalls.Load())
+		}
+	})
+}
+
+// handOff is an inboxmw.Redeliverer that publishes the copy back to its
+// topic at once, recording each hand-off's delay and attempts.
+type handOff struct {
+	pub message.Publisher
+
+	mu       sync.Mutex
+	delays   []time.Duration
+	attempts []string
+}
+
+func (h *handOff) Redeliver(_ context.Context, topic string, msg *message.Message, delay time.Duration) error {
+	h.mu.Lock()
+	h.delays = append(h.delays, delay)
+	h.attempts = append(h.attempts, msg.Metadata.Get(inboxmw.MetadataAttempts))
+	h.mu.Unlock()
+	return h.pub.Publish(topic, msg)
+}
+
+// In the transactional mode a failed handler rolls back, then the message is
+// handed to Config.Redelivery with the backoff of its attempt, counted by
+// the copies (the store counts none); the copy commits once.
+func TestTx_failed_handler_rolls_back_then_hands_off(t *testing.T) {
+	forTx(t, func(t *testing.T, e *txEnv) {
+		ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
+		t.Cleanup(func() { _ = ps.Close() })
+		broker := &handOff{pub: ps}
+		ib := e.middleware(t, txinbox.Config{}, inboxmw.Config{Redelivery: broker, Backoff: func(n int) time.Duration {
+			return time.Duration(n) * time.Second
+		}})
+		r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls, nacks atomic.Int32
+		r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				if err != nil {
+					nacks.Add(1)
+				}
+				return out, err
+			}
+		}, ib.Middleware)
+		r.AddConsumerHandler("handler", "orders", ps, func(msg *message.Message) error {
+			if err := e.writeEffect(msg, "attempt"); err != nil {
+				return err
+			}
+			if calls.Add(1) <= 2 {
+				return errors.New("downstream timeout")
+			}
+			return nil
+		})
+		go func() { _ = r.Run(context.Background()) }()
+		<-r.Running()
+		t.Cleanup(func() { _ = r.Close() })
+		msg := newMsg()
+		if err := ps.Publish("orders", msg); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for e.effectCount(t, msg.UUID) == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := e.effectCount(t, msg.UUID); n != 1 || calls.Load() != 3 || nacks.Load() != 0 {
+			t.Fatalf("%d effect rows after %d runs, %d nacks; want 1 after 3, 0", n, calls.Load(), nacks.Load())
+		}
+		broker.mu.Lock()
+		defer broker.mu.Unlock()
+		if fmt.Sprint(broker.delays) != "[1s 2s]" || fmt.Sprint(broker.attempts) != "[1 2]" {
+			t.Fatalf("hand-offs with delays %v and attempts %v, want [1s 2s] and [1 2]", broker.delays, broker.attempts)
+		}
+		if ok, err := e.store.IsProcessed(ctxT(t), keyOf(msg)); err != nil || !ok {
+			t.Fatalf("IsProcessed = %v, %v", ok, err)
 		}
 	})
 }

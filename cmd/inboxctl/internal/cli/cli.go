@@ -29,6 +29,9 @@ const (
 	// ExitUsage: a command, a flag or an argument is unknown, missing or
 	// malformed; nothing was sent to a store.
 	ExitUsage = 2
+	// ExitRefused: release or forget of a key whose lease is live, without
+	// -force; nothing was changed.
+	ExitRefused = 3
 )
 
 // StoreURLEnv names the variable that -store defaults to.
@@ -94,12 +97,16 @@ func Run(ctx context.Context, args []string, env Env) int {
 	r := &runner{env: env, store: env.Getenv(StoreURLEnv)}
 	err := r.run(ctx, args)
 	var ue *usageError
+	var re *refusedError
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return ExitOK
 	case errors.As(err, &ue):
 		fmt.Fprintf(env.Stderr, "inboxctl: %s\n", oneLine(err.Error()))
 		return ExitUsage
+	case errors.As(err, &re):
+		fmt.Fprintf(env.Stderr, "inboxctl: %s\n", oneLine(err.Error()))
+		return ExitRefused
 	default:
 		fmt.Fprintf(env.Stderr, "inboxctl: %s\n", oneLine(err.Error()))
 		return ExitFailure
@@ -117,6 +124,8 @@ type runner struct {
 	env   Env
 	store string
 	json  bool
+	// force and dryRun are release's and forget's -force and -dry-run.
+	force, dryRun bool
 }
 
 func (r *runner) globalFlags(fs *flag.FlagSet) {
@@ -310,7 +319,8 @@ a field without a value is left out (attempts and status are always there).
 
 Exit status: 0 done (a get, release or forget of an unknown key included:
 it says "not found"), 1 the store could not be opened or failed, 2 a usage
-error (unknown command or flag, bad value, missing -store or KEY).
+error (unknown command or flag, bad value, missing -store or KEY), 3 release
+or forget refused: the key's lease is live and -force was not given.
 
 Examples:
 `)

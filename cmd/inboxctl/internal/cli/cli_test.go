@@ -374,6 +374,50 @@ func TestLs_older_than(t *testing.T) {
 	}
 }
 
+// ls -stuck D lists the leases acquired at least D ago, however often their
+// heartbeat extended them since: a handler that hangs while its heartbeat
+// runs.
+func TestLs_stuck(t *testing.T) {
+	t.Parallel()
+	st := newStore(t)
+	populate(t, st)
+	e := onStore(shared{st})
+	const hung = "p:hung"
+	c := begin(t, st, hung, inbox.BeginOptions{Lease: time.Second, Owner: "stuck-host"})
+	var until time.Time
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if until, err = st.Extend(ctxT(t), hung, c.LeaseID, time.Second); err != nil { // the heartbeat
+			t.Fatal(err)
+		}
+		got := jsonLines[record](t, e.ok(t, "ls", "-json", "-stuck", "200ms").stdout)
+		if slices.Contains(keysOf(got), hung) {
+			// The fixture's lease is older still; the processed, dead and
+			// released keys are not leases.
+			if !slices.Equal(keysOf(got), []string{kInProgress, hung}) {
+				t.Fatalf("ls -stuck 200ms = %q, want %q", keysOf(got), []string{kInProgress, hung})
+			}
+			if r := got[1]; r.LeaseUntil == nil || !r.LeaseUntil.After(c.ExpiresAt) || r.LastSeen == nil || r.Owner != "stuck-host" {
+				t.Fatalf("the stuck lease is listed as %+v: want its heartbeat's lease until (after %s), its last seen and owner", r, c.ExpiresAt)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ls -stuck 200ms never listed the lease extended for 10 s; last %q (extended until %s)", keysOf(got), until)
+		}
+		time.Sleep(50 * time.Millisecond) // the heartbeat's period; the listing decides
+	}
+	begin(t, st, "p:fresh", inbox.BeginOptions{})
+	if got := keysOf(jsonLines[record](t, e.ok(t, "ls", "-json", "-stuck", "1h", "-prefix", "p:").stdout)); len(got) != 0 {
+		t.Fatalf("ls -stuck 1h = %q, want none", got)
+	}
+	table := e.ok(t, "ls", "-stuck", "200ms", "-prefix", "p:").stdout
+	if strings.Contains(table, "p:fresh") || !strings.Contains(table, hung+" ") {
+		t.Fatalf("ls -stuck 200ms printed:\n%s\nwant the hung lease, not the fresh one", table)
+	}
+}
+
 // recorder records the ListOptions of each List call, and serves at most
 // pageSize records a page, with an empty page (and a new cursor) before each
 // real one when gaps is set, as stores that scan (Redis) may answer.
@@ -424,6 +468,13 @@ func TestLs_passes_its_flags_to_List(t *testing.T) {
 	want = inbox.ListOptions{State: inbox.StateInProgress, OlderThan: 10 * time.Minute, Limit: 100}
 	if calls := rec2.Calls(); len(calls) != 1 || calls[0] != want {
 		t.Fatalf("List calls %+v, want one with %+v (the default -limit)", calls, want)
+	}
+	for _, args := range [][]string{{"ls", "-stuck", "10m"}, {"ls", "-stuck", "10m", "-state", "in-progress"}} {
+		rec3 := &recorder{Store: newStore(t)}
+		onStore(rec3).ok(t, args...)
+		if calls := rec3.Calls(); len(calls) != 1 || calls[0] != want {
+			t.Fatalf("%q: List calls %+v, want one with %+v", args, calls, want)
+		}
 	}
 }
 
@@ -496,9 +547,10 @@ func TestLs_beyond_one_page(t *testing.T) {
 
 // change is what release and forget print with -json.
 type change struct {
-	Key    string `json:"key"`
-	Before record `json:"before"`
-	After  record `json:"after"`
+	Key    string  `json:"key"`
+	Before record  `json:"before"`
+	After  *record `json:"after"`
+	DryRun bool    `json:"dryRun"`
 }
 
 func TestRelease(t *testing.T) {
@@ -507,7 +559,23 @@ func TestRelease(t *testing.T) {
 	populate(t, st)
 	e := onStore(shared{st})
 
-	out := e.ok(t, "release", kInProgress).stdout
+	// A live lease: refused without -force, dry runs change nothing.
+	for _, args := range [][]string{{"release", kInProgress}, {"release", "-dry-run", kInProgress}, {"-json", "release", kInProgress}} {
+		e.fails(t, cli.ExitRefused, append([]string{"-store", "memory://"}, args...),
+			"release "+kInProgress+" on memory://: refused: its lease is live (InProgress, attempts 1, lease until ", `owner "host-3"`, "pass -force to release it anyway")
+	}
+	if out := e.ok(t, "release", "-force", "-dry-run", kInProgress).stdout; !strings.HasPrefix(out, "would release "+kInProgress+" (dry run: nothing changed)\n  is:  InProgress, attempts 1, lease until ") {
+		t.Fatalf("release -force -dry-run printed:\n%s", out)
+	}
+	cs := jsonLines[change](t, e.ok(t, "release", "-force", "-dry-run", "-json", kInProgress).stdout)
+	if len(cs) != 1 || !cs[0].DryRun || cs[0].Before.Status != "InProgress" || cs[0].After != nil {
+		t.Fatalf("release -force -dry-run -json = %+v, want dryRun and the record before, no after", cs)
+	}
+	if r := get(t, st, kInProgress); r.State != inbox.StateInProgress {
+		t.Fatalf("after the refused and dry-run releases: %+v, want the lease still live", r)
+	}
+
+	out := e.ok(t, "release", "-force", kInProgress).stdout
 	if !strings.HasPrefix(out, "released "+kInProgress+"\n  was: InProgress, attempts 1, lease until ") ||
 		!strings.Contains(out, "\n  now: Available, attempts 1, owner \"host-3\"") {
 		t.Fatalf("release of a live lease printed:\n%s", out)
@@ -519,9 +587,16 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("claim after release: attempts %d, want 2", c.Attempts)
 	}
 
-	cs := jsonLines[change](t, e.ok(t, "release", "-json", kBackoff).stdout)
-	if len(cs) != 1 || cs[0].Key != kBackoff || cs[0].Before.Status != "Available" || cs[0].Before.RetryAt == nil ||
-		cs[0].After.Status != "Available" || cs[0].After.RetryAt != nil {
+	// A backoff needs no -force.
+	if out := e.ok(t, "release", "-dry-run", kBackoff).stdout; !strings.HasPrefix(out, "would release "+kBackoff+" (dry run: nothing changed)") {
+		t.Fatalf("release -dry-run of a backoff printed:\n%s", out)
+	}
+	if r := get(t, st, kBackoff); r.RetryAt.IsZero() {
+		t.Fatalf("release -dry-run ended the backoff: %+v", r)
+	}
+	cs = jsonLines[change](t, e.ok(t, "release", "-json", kBackoff).stdout)
+	if len(cs) != 1 || cs[0].Key != kBackoff || cs[0].Before.Status != "Available" || cs[0].Before.RetryAt == nil || cs[0].DryRun ||
+		cs[0].After == nil || cs[0].After.Status != "Available" || cs[0].After.RetryAt != nil {
 		t.Fatalf("release -json of a backoff = %+v, want before with retryAt, after without", cs)
 	}
 	begin(t, st, kBackoff, inbox.BeginOptions{}) // acquirable at once
@@ -540,7 +615,7 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("release of an unknown key printed %q", out)
 	}
 	cs = jsonLines[change](t, e.ok(t, "release", "p:never-seen", "-json").stdout)
-	if len(cs) != 1 || cs[0].Before.Status != "NotFound" || cs[0].After.Status != "NotFound" {
+	if len(cs) != 1 || cs[0].Before.Status != "NotFound" || cs[0].After == nil || cs[0].After.Status != "NotFound" {
 		t.Fatalf("release -json of an unknown key = %+v", cs)
 	}
 }
@@ -551,6 +626,12 @@ func TestForget(t *testing.T) {
 	populate(t, st)
 	e := onStore(shared{st})
 
+	if out := e.ok(t, "forget", "-dry-run", kDead).stdout; !strings.HasPrefix(out, "would forget "+kDead+": its next delivery would run the handler (dry run: nothing changed)\n  is:  Dead, attempts 1") {
+		t.Fatalf("forget -dry-run printed:\n%s", out)
+	}
+	if r := get(t, st, kDead); r.State != inbox.StateDead {
+		t.Fatalf("after forget -dry-run: %+v, want the key still dead", r)
+	}
 	out := e.ok(t, "forget", kDead).stdout
 	if !strings.HasPrefix(out, "forgot "+kDead+": its next delivery runs the handler\n  was: Dead, attempts 1, owner \"host-4\", reason \"poison: xxx") ||
 		strings.Contains(out, "note:") {
@@ -565,11 +646,16 @@ func TestForget(t *testing.T) {
 
 	cs := jsonLines[change](t, e.ok(t, "-json", "forget", kProcessed).stdout)
 	if len(cs) != 1 || cs[0].Key != kProcessed || cs[0].Before.Status != "Processed" || cs[0].Before.FirstSeen == nil ||
-		cs[0].After.Status != "NotFound" || cs[0].After.FirstSeen != nil {
+		cs[0].After == nil || cs[0].After.Status != "NotFound" || cs[0].After.FirstSeen != nil {
 		t.Fatalf("forget -json = %+v, want before Processed and after NotFound", cs)
 	}
 
-	out = e.ok(t, "forget", kInProgress).stdout
+	e.fails(t, cli.ExitRefused, []string{"-store", "memory://", "forget", kInProgress},
+		"forget "+kInProgress+" on memory://: refused: its lease is live", "pass -force to forget it anyway")
+	if r := get(t, st, kInProgress); r.State != inbox.StateInProgress {
+		t.Fatalf("after the refused forget: %+v, want the lease still live", r)
+	}
+	out = e.ok(t, "forget", "-force", kInProgress).stdout
 	if !strings.Contains(out, "\n  note: its lease was live") {
 		t.Fatalf("forget of a live lease must warn; printed:\n%s", out)
 	}
@@ -645,6 +731,9 @@ func TestUsage_errors(t *testing.T) {
 		{append(s, "ls", "-older-than", "-5m"), []string{`"-5m"`, "-older-than", "must be positive"}},
 		{append(s, "ls", "-older-than", "0"), []string{"-older-than", "must be positive"}},
 		{append(s, "ls", "-limit", "0"), []string{"-limit 0 must be at least 1"}},
+		{append(s, "ls", "-stuck", "10m", "-state", "dead"), []string{"ls: -stuck 10m0s means -state in-progress -older-than 10m0s", "nor a -state other than in-progress"}},
+		{append(s, "ls", "-stuck", "10m", "-older-than", "1h"), []string{"-stuck 10m0s means", "no -older-than"}},
+		{append(s, "ls", "-stuck", "0"), []string{"-stuck", "must be positive"}},
 		{append(s, "ls", "-limit", "many"), []string{"-limit"}},
 		{append(s, "ls", "extra"), []string{`unexpected argument(s) ["extra"]`}},
 		{append(s, "get"), []string{"get: want one KEY, got 0 arguments"}},

@@ -34,35 +34,50 @@ with -json its status is NotFound.`,
 			summary: "list records by state, key prefix and age",
 			help: `Lists the records that the flags select, in key order, paging through the
 store until -limit records are printed or none is left. Stuck leases are
--state in-progress -older-than 10m: live leases that no claim or heartbeat
-(Extend) has touched for 10 minutes. Dead keys are -state dead. When -limit stops the
-listing before the end, a note on stderr says so. Text output is a table
-(keys and reasons holding control characters are quoted, reasons cut to 60
-characters: get or -json show them whole); -json prints one object a line.`,
+-stuck 10m: leases still held that were acquired 10 minutes ago or more,
+however often their heartbeat extended them since (a handler that hangs
+while its heartbeat runs; a crashed consumer's lease ends by itself once its
+length has passed). -stuck D is -state in-progress -older-than D: a
+heartbeat (Extend) does not move last seen, so an in-progress record's last
+seen is when its lease was acquired. Dead keys are -state dead. When -limit
+stops the listing before the end, a note on stderr says so. Text output is
+a table (keys and reasons holding control characters are quoted, reasons
+cut to 60 characters: get or -json show them whole); -json prints one
+object a line.`,
 			examples: []string{
 				"-store redis://127.0.0.1:6379/0 ls -state in-progress",
-				"-store redis://127.0.0.1:6379/0 ls -state in-progress -older-than 10m",
+				"-store redis://127.0.0.1:6379/0 ls -stuck 10m",
 				"-store redis://127.0.0.1:6379/0 ls -state dead -prefix rabbit:billing: -json",
 			},
 			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
 				o := &lsOptions{limit: 100}
 				fs.Var(&o.state, "state", "keep records in this `state`: available, in-progress, processed or dead (default every state)")
 				fs.StringVar(&o.prefix, "prefix", "", "keep keys that start with this `prefix` (byte for byte)")
-				fs.Var(&o.olderThan, "older-than", "keep records last seen at least this `age` ago on the store's clock: 30s, 10m, 36h, 7d, 1d12h")
+				fs.Var(&o.olderThan, "older-than", "keep records last seen at least this `age` ago on the store's clock: 30s, 10m, 36h, 7d, 1d12h\n"+
+					"(an in-progress record's last seen is when its lease was acquired: heartbeats do not move it)")
+				fs.Var(&o.stuck, "stuck", "keep the leases held for at least this `age`, heartbeat or not: -state in-progress -older-than age")
 				fs.IntVar(&o.limit, "limit", o.limit, "print at most `n` records")
 				return func(ctx context.Context, _ []string) error { return r.ls(ctx, o) }
 			},
 		},
 		{
 			name: "release", args: "KEY", nargs: 1,
-			summary: "end a key's live lease or backoff now, whoever holds it",
+			summary: "end a key's live lease (-force) or backoff now, whoever holds it",
 			help: `For a stuck consumer: the key becomes available, so its next delivery
 acquires it at once; the old holder's Complete, Release and Extend then fail
-with ErrLeaseLost, and its attempts are kept. A processed or dead key, or one
+with ErrLeaseLost, and its attempts are kept. A live lease is ended only with
+-force: its holder may still be running the handler, which another delivery
+would then run too (exit status 3 without it; ls -stuck lists the leases held
+for long). A backoff ends without -force. A processed or dead key, or one
 without a lease or backoff, is left as it is (forget deletes a record).
-Prints the record as it was and as it is.`,
-			examples: []string{"-store redis://127.0.0.1:6379/0 release 'rabbit:billing:charge:4f1e2a9c'"},
-			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+Prints the record as it was and as it is; -dry-run prints what would change
+and changes nothing (refusing what release would refuse).`,
+			examples: []string{
+				"-store redis://127.0.0.1:6379/0 release -force 'rabbit:billing:charge:4f1e2a9c'",
+				"-store redis://127.0.0.1:6379/0 release -dry-run 'rabbit:billing:charge:4f1e2a9c'",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				r.changeFlags(fs, "end a live lease, whose holder may still be running the handler")
 				return r.release
 			},
 		},
@@ -71,12 +86,18 @@ Prints the record as it was and as it is.`,
 			summary: "delete a key's record, so that its next delivery runs the handler",
 			help: `The replay path for dead keys: after forget, the next delivery of the message
 runs the handler as if it were new (attempts start again at 1). It deletes
-the record whatever its state, processed included, and asks nothing: it
-prints the record it deleted. Forgetting a key whose lease is live lets
-another delivery run the handler while the holder still does (the holder's
-Complete then fails with ErrLeaseLost); release it, or wait for it, instead.`,
-			examples: []string{"-store redis://127.0.0.1:6379/0 forget 'rabbit:billing:charge:4f1e2a9c'"},
-			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+the record whatever its state, processed included, and prints the record it
+deleted. A key whose lease is live is forgotten only with -force (exit status
+3 without it): another delivery could then run the handler while the holder
+still does (the holder's Complete then fails with ErrLeaseLost); wait for
+it, or release it, instead. -dry-run prints what would be deleted and
+deletes nothing (refusing what forget would refuse).`,
+			examples: []string{
+				"-store redis://127.0.0.1:6379/0 forget 'rabbit:billing:charge:4f1e2a9c'",
+				"-store redis://127.0.0.1:6379/0 forget -dry-run 'rabbit:billing:charge:4f1e2a9c'",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				r.changeFlags(fs, "forget a key whose lease is live, whose holder may still be running the handler")
 				return r.forget
 			},
 		},
@@ -129,6 +150,7 @@ type lsOptions struct {
 	state     stateFlag
 	prefix    string
 	olderThan durationFlag
+	stuck     durationFlag
 	limit     int
 }
 
@@ -137,6 +159,12 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		return usagef("ls: -limit %d must be at least 1", o.limit)
 	}
 	opts := inbox.ListOptions{State: o.state.State, Prefix: o.prefix, OlderThan: time.Duration(o.olderThan)}
+	if o.stuck > 0 {
+		if o.olderThan > 0 || (o.state.State != inbox.StateNotFound && o.state.State != inbox.StateInProgress) {
+			return usagef("ls: -stuck %s means -state in-progress -older-than %s: it takes no -older-than, nor a -state other than in-progress", &o.stuck, &o.stuck)
+		}
+		opts.State, opts.OlderThan = inbox.StateInProgress, time.Duration(o.stuck)
+	}
 	if err := opts.Validate(); err != nil {
 		return usagef("ls: %v", err)
 	}
@@ -200,11 +228,25 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 	return nil
 }
 
+// changeFlags defines release's and forget's -force (what it allows, for
+// its usage line) and -dry-run.
+func (r *runner) changeFlags(fs *flag.FlagSet, force string) {
+	fs.BoolVar(&r.force, "force", false, force)
+	fs.BoolVar(&r.dryRun, "dry-run", false, "print what would change, and change nothing")
+}
+
+// refusedError is a change refused because the key's lease is live and
+// -force was not given: exit status ExitRefused.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
 // change is what release and forget share: on the -store store it reads
 // key's record, calls act when needed says the record calls for it, and
 // reads the record again; with -json it prints both records, and the caller
-// prints its text otherwise. verb (the command's name) and done (its past
-// participle) word the errors.
+// prints its text otherwise. A live lease is refused without -force, and
+// with -dry-run act is not called (after is then before). verb (the
+// command's name) and done (its past participle) word the errors.
 func (r *runner) change(ctx context.Context, key, verb, done string, needed func(inbox.Record) bool,
 	act func(a inbox.Admin, ctx context.Context, key string) error,
 ) (before, after inbox.Record, err error) {
@@ -222,7 +264,11 @@ func (r *runner) change(ctx context.Context, key, verb, done string, needed func
 		return before, after, fmt.Errorf("%s %s on %s: reading the record: %w", verb, showKey(key), label, err)
 	}
 	after = before
-	if needed(before) {
+	if needed(before) && before.State == inbox.StateInProgress && !r.force {
+		return before, after, &refusedError{fmt.Sprintf("%s %s on %s: refused: its lease is live (%s): its holder may still be running the handler; pass -force to %s it anyway, or wait for the lease to end (ls -stuck lists leases held for long)",
+			verb, showKey(key), label, summary(before), verb)}
+	}
+	if needed(before) && !r.dryRun {
 		if err := act(a, ctx, key); err != nil {
 			return before, after, fmt.Errorf("%s %s on %s: %w", verb, showKey(key), label, err)
 		}
@@ -231,10 +277,16 @@ func (r *runner) change(ctx context.Context, key, verb, done string, needed func
 		}
 	}
 	if r.json {
-		return before, after, r.writeJSON(changeJSON{Key: key, Before: toJSON(before), After: toJSON(after)})
+		c := changeJSON{Key: key, Before: toJSON(before), DryRun: r.dryRun}
+		if !r.dryRun {
+			c.After = ptr(toJSON(after))
+		}
+		return before, after, r.writeJSON(c)
 	}
 	return before, after, nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // held tells whether a record has a lease or a backoff for release to end.
 func held(rec inbox.Record) bool { return rec.State == inbox.StateInProgress || !rec.RetryAt.IsZero() }
@@ -252,6 +304,8 @@ func (r *runner) release(ctx context.Context, args []string) error {
 	case !held(before):
 		_, err = fmt.Fprintf(w, "nothing to release: %s is %s without a lease or backoff (release ends those; forget deletes a record)\n  is:  %s\n",
 			showKey(key), before.State, summary(before))
+	case r.dryRun:
+		_, err = fmt.Fprintf(w, "would release %s (dry run: nothing changed)\n  is:  %s\n", showKey(key), summary(before))
 	default:
 		_, err = fmt.Fprintf(w, "released %s\n  was: %s\n  now: %s\n", showKey(key), summary(before), summary(after))
 	}
@@ -270,8 +324,12 @@ func (r *runner) forget(ctx context.Context, args []string) error {
 		_, err = fmt.Fprintf(w, "nothing to forget: %s not found\n", showKey(key))
 		return err
 	}
+	if r.dryRun {
+		_, err = fmt.Fprintf(w, "would forget %s: its next delivery would run the handler (dry run: nothing changed)\n  is:  %s\n", showKey(key), summary(before))
+		return err
+	}
 	fmt.Fprintf(w, "forgot %s: its next delivery runs the handler\n  was: %s\n", showKey(key), summary(before))
-	if before.State == inbox.StateInProgress {
+	if before.State == inbox.StateInProgress { // -force
 		fmt.Fprintf(w, "  note: its lease was live: the holder's Complete will fail with ErrLeaseLost, and another delivery may run the handler meanwhile\n")
 	}
 	if after.State != inbox.StateNotFound {

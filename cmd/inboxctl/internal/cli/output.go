@@ -38,11 +38,12 @@ type keyedJSON struct {
 }
 
 // changeJSON is the output of release and forget: the record before and
-// after the command.
+// after the command; with -dry-run, dryRun true and no after.
 type changeJSON struct {
-	Key    string     `json:"key"`
-	Before recordJSON `json:"before"`
-	After  recordJSON `json:"after"`
+	Key    string      `json:"key"`
+	Before recordJSON  `json:"before"`
+	After  *recordJSON `json:"after,omitempty"`
+	DryRun bool        `json:"dryRun,omitempty"`
 }
 
 func toJSON(r inbox.Record) recordJSON {

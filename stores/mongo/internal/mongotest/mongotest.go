@@ -263,8 +263,8 @@ func testBusyWithinLease(t *testing.T, client *mongo.Client) {
 			if errs[i] != nil {
 				t.Fatalf("racer %d: %v", i, errs[i])
 			}
-			if c.Status == inbox.Busy && (c.RetryAfter <= 0 || c.RetryAfter > lease) {
-				t.Fatalf("racer %d: Busy with RetryAfter %s for a %s lease", i, c.RetryAfter, lease)
+			if c.Status == inbox.Busy && (c.RetryAfter <= 0 || c.RetryAfter > lease || c.BackingOff) {
+				t.Fatalf("racer %d: Busy with RetryAfter %s for a %s lease (BackingOff %v, want false)", i, c.RetryAfter, lease, c.BackingOff)
 			}
 		}
 	}
@@ -346,8 +346,8 @@ func testFailLayout(t *testing.T, client *mongo.Client) {
 		t.Fatalf("after Fail with a backoff of 1h: %v; want no lease id, the reason, retryAt in an hour, expiresAt a retention after it", d)
 	}
 	c, err = s.TryBegin(ctxT(t), key, inbox.BeginOptions{})
-	if err != nil || c.Status != inbox.Busy || c.Attempts != 1 {
-		t.Fatalf("TryBegin during the backoff = %+v, %v; want Busy after 1 attempt", c, err)
+	if err != nil || c.Status != inbox.Busy || c.Attempts != 1 || !c.BackingOff || !c.ExpiresAt.Equal(retryAt.Time().UTC()) {
+		t.Fatalf("TryBegin during the backoff = %+v, %v; want Busy, BackingOff, until retryAt %v, after 1 attempt", c, err, retryAt.Time().UTC())
 	}
 	if err := s.ForceRelease(ctxT(t), key); err != nil {
 		t.Fatal(err)

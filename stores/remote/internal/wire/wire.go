@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Version is the protocol version in paths and in the discovery document.
@@ -68,9 +69,9 @@ const (
 	ExtLeaseID         = "leaseId"         // try-begin honours the caller's leaseId
 	ExtPayloadHash     = "payloadHash"     // try-begin records payloadHash; GET returns it
 	ExtPayloadMismatch = "payloadMismatch" // try-begin answers payloadMismatch
-	// ExtFail: POST /v1/inbox/fail; try-begin answers attempts, and Dead
-	// (with reason) to a request with acceptDead; GET answers reason and
-	// retryAt, and Dead with ?acceptDead=true.
+	// ExtFail: POST /v1/inbox/fail; try-begin answers attempts, backoff
+	// with Busy, and Dead (with reason) to a request with acceptDead; GET
+	// answers reason and retryAt, and Dead with ?acceptDead=true.
 	ExtFail = "fail"
 	// ExtAdmin: POST /v1/inbox/list, forget and force-release.
 	ExtAdmin = "admin"
@@ -90,6 +91,8 @@ const (
 	CodeInvalidArgument  = "invalid_argument"
 	CodeBodyTooLarge     = "body_too_large"
 	CodeUnauthorized     = "unauthorized"
+	CodeForbidden        = "forbidden"              // 403: the token may not make this call, or a browser's request to a server without tokens
+	CodeUnsupportedMedia = "unsupported_media_type" // 415: a POST that is not application/json
 	CodeNotFound         = "not_found"
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeNotSupported     = "not_supported"
@@ -119,6 +122,7 @@ type TryBeginResponse struct {
 	ExpiresAt       *time.Time `json:"expiresAt,omitempty"`
 	LeaseSeconds    int64      `json:"leaseSeconds,omitempty"`    // ext., granted
 	RetryAfterMs    int64      `json:"retryAfterMs,omitempty"`    // ext., with Busy
+	Backoff         bool       `json:"backoff,omitempty"`         // ext. "fail", with Busy: a failed attempt's backoff, no live lease
 	PayloadMismatch bool       `json:"payloadMismatch,omitempty"` // ext.
 	Attempts        int        `json:"attempts"`                  // ext. "fail", always sent by this server
 	Reason          string     `json:"reason,omitempty"`          // ext. "fail", with Dead
@@ -209,6 +213,12 @@ type DiscoveryResponse struct {
 	LeaseSeconds LeaseRange `json:"leaseSeconds"`
 	LeasePolicy  string     `json:"leasePolicy"`
 	Extensions   []string   `json:"extensions"`
+	// MaxRetryAfterMs is the longest backoff of a failed attempt the
+	// server grants (ext. "fail"); 0 when the server does not say.
+	MaxRetryAfterMs int64 `json:"maxRetryAfterMs,omitempty"`
+	// RetentionSeconds is the store's retention in whole seconds, when the
+	// server knows it (ext.).
+	RetentionSeconds int64 `json:"retentionSeconds,omitempty"`
 }
 
 // ErrorResponse is the body of 4xx and 5xx answers.
@@ -236,15 +246,48 @@ type field struct {
 // decodeObject reads body as one JSON object and fills the known fields.
 // Member names are matched exactly (encoding/json alone would also accept
 // "KEY" for "key"); unknown members are ignored; null means absent. It
-// reports whether leaseId was present.
+// refuses, as invalid_json, a body that is not valid UTF-8 or holds an
+// escaped lone surrogate (encoding/json would turn either into U+FFFD, so
+// two different keys would name one record), and an object that names a
+// member twice (which one counts would be a guess). It reports whether
+// leaseId was present.
 func decodeObject(body []byte, fields []field) (hasLeaseID bool, err error) {
+	if err := checkText(body); err != nil {
+		return false, &DecodeError{CodeInvalidJSON, "request body " + err.Error()}
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	var obj map[string]json.RawMessage
-	if err := dec.Decode(&obj); err != nil {
+	tok, err := dec.Token()
+	if err != nil {
 		return false, &DecodeError{CodeInvalidJSON, "request body is not a JSON object: " + jsonErr(err)}
 	}
-	if obj == nil {
+	switch tok := tok.(type) {
+	case nil:
 		return false, &DecodeError{CodeInvalidJSON, "request body is null, want a JSON object"}
+	case json.Delim:
+		if tok != '{' {
+			return false, &DecodeError{CodeInvalidJSON, "request body is not a JSON object: JSON array where an object was expected"}
+		}
+	default:
+		return false, &DecodeError{CodeInvalidJSON, fmt.Sprintf("request body is not a JSON object: JSON %s where an object was expected", scalarKind(tok))}
+	}
+	obj := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false, &DecodeError{CodeInvalidJSON, "request body is not a JSON object: " + jsonErr(err)}
+		}
+		name, _ := tok.(string) // the decoder gives a string here or an error
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return false, &DecodeError{CodeInvalidJSON, "request body is not a JSON object: " + jsonErr(err)}
+		}
+		if _, dup := obj[name]; dup {
+			return false, &DecodeError{CodeInvalidJSON, fmt.Sprintf("request body names the member %s twice", quoteName(name))}
+		}
+		obj[name] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return false, &DecodeError{CodeInvalidJSON, "request body is not a JSON object: " + jsonErr(err)}
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return false, &DecodeError{CodeInvalidJSON, "request body holds more than one JSON value"}
@@ -260,6 +303,91 @@ func decodeObject(body []byte, fields []field) (hasLeaseID bool, err error) {
 		hasLeaseID = hasLeaseID || f.name == "leaseId"
 	}
 	return hasLeaseID, nil
+}
+
+// scalarKind names the JSON type of a scalar token.
+func scalarKind(tok json.Token) string {
+	switch tok.(type) {
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	}
+	return "number"
+}
+
+// quoteName quotes a member name for a message, at most 64 bytes of it.
+func quoteName(name string) string {
+	if len(name) <= 64 {
+		return strconv.Quote(name)
+	}
+	return strconv.Quote(strings.ToValidUTF8(name[:64], "")) + "..."
+}
+
+// checkText reports, as a phrase following "request body", where b is not
+// valid UTF-8 or holds a \u escape of a lone UTF-16 surrogate in a string.
+// Everything else about the JSON is left to the decoder.
+func checkText(b []byte) error {
+	if !utf8.Valid(b) {
+		i := 0
+		for i < len(b) {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			i += n
+		}
+		return fmt.Errorf("is not valid UTF-8 (byte %d): JSON text must be UTF-8", i)
+	}
+	inString := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case !inString:
+			inString = c == '"'
+		case c == '"':
+			inString = false
+		case c == '\\' && i+1 < len(b) && b[i+1] == 'u':
+			r := hex4(b[i+2:])
+			switch {
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return fmt.Errorf("holds a lone low surrogate \\u%04X at byte %d: a string must be valid Unicode", r, i)
+			case r >= 0xD800 && r <= 0xDBFF:
+				if i+7 >= len(b) || b[i+6] != '\\' || b[i+7] != 'u' {
+					return fmt.Errorf("holds a lone high surrogate \\u%04X at byte %d: a string must be valid Unicode", r, i)
+				}
+				if lo := hex4(b[i+8:]); lo < 0xDC00 || lo > 0xDFFF {
+					return fmt.Errorf("holds a lone high surrogate \\u%04X at byte %d: a string must be valid Unicode", r, i)
+				}
+				i += 11
+			default:
+				i += 5
+			}
+		case c == '\\':
+			i++ // the escaped byte, which may be '"' or '\\'
+		}
+	}
+	return nil
+}
+
+// hex4 is the value of the four hex digits that start b, or -1.
+func hex4(b []byte) rune {
+	if len(b) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return -1
+		}
+	}
+	return r
 }
 
 // jsonErr shortens encoding/json's messages, which name Go types.

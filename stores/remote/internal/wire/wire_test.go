@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -73,4 +74,42 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A body whose text is not valid UTF-8 (raw bytes, or an escaped lone
+// surrogate) is refused, not read with U+FFFD in place, which would make two
+// different keys one record; so is an object naming a member twice.
+// Surrogate pairs, escaped backslashes and U+FFFD itself are fine.
+func TestDecode_refuses_invalid_unicode_and_duplicate_members(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		"{\"key\":\"a\xffb\"}",
+		"{\"key\":\"a\xc3\"}",
+		`{"key":"a\udc00b"}`,
+		`{"key":"a\ud800b"}`,
+		`{"key":"a\ud800\u0041"}`,
+		`{"key":"a\uD800"}`,
+		`{"owner":"\udfff","key":"k"}`,
+		`{"key":"a","key":"b"}`,
+		`{"key":"a","k\u0065y":"b"}`,
+		`{"key":"a","x":1,"x":2}`,
+	} {
+		_, err := wire.DecodeTryBegin([]byte(body))
+		var de *wire.DecodeError
+		if !errors.As(err, &de) || de.Code != wire.CodeInvalidJSON {
+			t.Errorf("DecodeTryBegin(%q) = %v, want an invalid_json DecodeError", body, err)
+		}
+	}
+	for body, key := range map[string]string{
+		`{"key":"a\ud83d\ude00b"}`:   "a\U0001F600b",
+		`{"key":"a\\ud800"}`:         `a\ud800`,
+		`{"key":"\ufffd"}`:           "\uFFFD",
+		`{"key":"\\\"\ud83d\ude00"}`: "\\\"\U0001F600",
+		`{"key":"k","KEY":"other"}`:  "k",
+	} {
+		r, err := wire.DecodeTryBegin([]byte(body))
+		if err != nil || r.Key != key {
+			t.Errorf("DecodeTryBegin(%q) = %q, %v; want key %q", body, r.Key, err, key)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package amqpkey_test
+package inboxamqp_test
 
 import (
 	"errors"
@@ -12,8 +12,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
 )
 
 func TestHeaderString_converts_every_amqp_field_type(t *testing.T) {
@@ -59,7 +59,7 @@ func TestHeaderString_converts_every_amqp_field_type(t *testing.T) {
 		}, `{"a":"<b>&","bytes":"aGk=","f":2.5,"list":[2,"x","1.5","2024-05-01T12:00:00Z"],"nan":"NaN","nested":{"ok":true,"void":null},"z":1}`},
 		{"array", []any{true, nil, float32(0.5)}, `[true,null,0.5]`},
 	} {
-		got, err := amqpkey.HeaderString(tc.in)
+		got, err := inboxamqp.HeaderString(tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("%s: HeaderString(%#v) = %q, %v; want %q", tc.name, tc.in, got, err, tc.want)
 		}
@@ -69,12 +69,12 @@ func TestHeaderString_converts_every_amqp_field_type(t *testing.T) {
 func TestHeaderString_rejects_types_amqp_has_no_field_for(t *testing.T) {
 	t.Parallel()
 	for _, in := range []any{struct{}{}, amqp091.Table{"x": []any{complex(1, 2)}}, map[string]any{}} {
-		_, err := amqpkey.HeaderString(in)
+		_, err := inboxamqp.HeaderString(in)
 		if !errors.Is(err, inbox.ErrInvalidArgument) {
 			t.Errorf("HeaderString(%#v) error %v, want one wrapping inbox.ErrInvalidArgument", in, err)
 		}
 	}
-	_, err := amqpkey.HeaderString(amqp091.Table{"outer": amqp091.Table{"inner": struct{}{}}})
+	_, err := inboxamqp.HeaderString(amqp091.Table{"outer": amqp091.Table{"inner": struct{}{}}})
 	if err == nil || !strings.Contains(err.Error(), `table field "outer": table field "inner"`) {
 		t.Errorf("error %v does not name the path to the bad value", err)
 	}
@@ -104,7 +104,7 @@ func TestMarshaler_Unmarshal_turns_headers_into_strings(t *testing.T) {
 		t.Fatal("watermill-amqp's DefaultMarshaler accepted non-string headers: the premise of this package changed")
 	}
 
-	msg, err := amqpkey.Marshaler{}.Unmarshal(d)
+	msg, err := inboxamqp.Marshaler{}.Unmarshal(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,19 +136,19 @@ func TestMarshaler_Unmarshal_turns_headers_into_strings(t *testing.T) {
 	if _, isInt := headers["retries"].(int32); !isInt {
 		t.Error("Unmarshal modified the delivery's header table")
 	}
-	if id, _ := amqpkey.FromMessageID().ID(msg); id != "order-42" {
+	if id, _ := inboxamqp.FromMessageID().ID(msg); id != "order-42" {
 		t.Errorf("FromMessageID = %q, want order-42", id)
 	}
 }
 
 func TestMarshaler_Unmarshal_is_deterministic(t *testing.T) {
 	t.Parallel()
-	first, err := amqpkey.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: mixedHeaders()})
+	first, err := inboxamqp.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: mixedHeaders()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
-		again, err := amqpkey.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: mixedHeaders()})
+		again, err := inboxamqp.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: mixedHeaders()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func TestMarshaler_Unmarshal_is_deterministic(t *testing.T) {
 
 func TestMarshaler_Unmarshal_message_id_field_holds_only_the_property(t *testing.T) {
 	t.Parallel()
-	m := amqpkey.Marshaler{MessageIDKey: "mid"}
+	m := inboxamqp.Marshaler{MessageIDKey: "mid"}
 	msg, err := m.Unmarshal(amqp091.Delivery{Headers: amqp091.Table{"mid": "forged"}})
 	if err != nil {
 		t.Fatal(err)
@@ -175,8 +175,8 @@ func TestMarshaler_Unmarshal_message_id_field_holds_only_the_property(t *testing
 	if got := msg.Metadata["mid"]; got != "real" {
 		t.Errorf("metadata[mid] = %q, want the property %q", got, "real")
 	}
-	if _, ok := msg.Metadata[amqpkey.DefaultMessageIDKey]; ok {
-		t.Errorf("the default field %q was set although MessageIDKey is %q", amqpkey.DefaultMessageIDKey, "mid")
+	if _, ok := msg.Metadata[inboxamqp.DefaultMessageIDKey]; ok {
+		t.Errorf("the default field %q was set although MessageIDKey is %q", inboxamqp.DefaultMessageIDKey, "mid")
 	}
 	id, err := keying.FromMetadata("mid").ID(msg)
 	if err != nil || id != "real" {
@@ -186,14 +186,14 @@ func TestMarshaler_Unmarshal_message_id_field_holds_only_the_property(t *testing
 
 func TestMarshaler_Unmarshal_without_headers(t *testing.T) {
 	t.Parallel()
-	msg, err := amqpkey.Marshaler{}.Unmarshal(amqp091.Delivery{Body: []byte("x")})
+	msg, err := inboxamqp.Marshaler{}.Unmarshal(amqp091.Delivery{Body: []byte("x")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if msg.UUID != "" || len(msg.Metadata) != 0 {
 		t.Errorf("got UUID %q, metadata %v; want none", msg.UUID, msg.Metadata)
 	}
-	if id, _ := amqpkey.FromMessageID().ID(msg); id != "" {
+	if id, _ := inboxamqp.FromMessageID().ID(msg); id != "" {
 		t.Errorf("FromMessageID = %q without a message-id", id)
 	}
 }
@@ -202,7 +202,7 @@ func TestMarshaler_Marshal_sets_message_id(t *testing.T) {
 	t.Parallel()
 	withKey := message.NewMessage("uuid-1", []byte("x"))
 	withKey.Metadata.Set("IdempotencyKey", "order-1")
-	withKey.Metadata.Set(amqpkey.DefaultMessageIDKey, "stale, from an earlier hop")
+	withKey.Metadata.Set(inboxamqp.DefaultMessageIDKey, "stale, from an earlier hop")
 	withoutKey := message.NewMessage("uuid-2", nil)
 	long := message.NewMessage("uuid-3", nil)
 	long.Metadata.Set("IdempotencyKey", strings.Repeat("k", 300))
@@ -212,15 +212,15 @@ func TestMarshaler_Marshal_sets_message_id(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		m    amqpkey.Marshaler
+		m    inboxamqp.Marshaler
 		msg  *message.Message
 		want string
 	}{
-		{"IdempotencyKey", amqpkey.Marshaler{}, withKey, "order-1"},
-		{"UUID", amqpkey.Marshaler{}, withoutKey, "uuid-2"},
-		{"hashed when over 255 bytes", amqpkey.Marshaler{}, long, keying.HashID(strings.Repeat("k", 300))},
-		{"IDKeys", amqpkey.Marshaler{IDKeys: []string{"Missing", "OrderID"}}, custom, "o-9"},
-		{"PostprocessPublishing wins", amqpkey.Marshaler{DefaultMarshaler: amqp.DefaultMarshaler{
+		{"IdempotencyKey", inboxamqp.Marshaler{}, withKey, "order-1"},
+		{"UUID", inboxamqp.Marshaler{}, withoutKey, "uuid-2"},
+		{"hashed when over 255 bytes", inboxamqp.Marshaler{}, long, keying.HashID(strings.Repeat("k", 300))},
+		{"IDKeys", inboxamqp.Marshaler{IDKeys: []string{"Missing", "OrderID"}}, custom, "o-9"},
+		{"PostprocessPublishing wins", inboxamqp.Marshaler{DefaultMarshaler: amqp.DefaultMarshaler{
 			PostprocessPublishing: func(p amqp091.Publishing) amqp091.Publishing { p.MessageId = "mine"; return p },
 		}}, withKey, "mine"},
 	} {
@@ -231,10 +231,10 @@ func TestMarshaler_Marshal_sets_message_id(t *testing.T) {
 		if p.MessageId != tc.want {
 			t.Errorf("%s: MessageId = %q, want %q", tc.name, p.MessageId, tc.want)
 		}
-		if len(p.MessageId) > amqpkey.MaxMessageIDLen {
+		if len(p.MessageId) > inboxamqp.MaxMessageIDLen {
 			t.Errorf("%s: MessageId is %d bytes, over the AMQP limit", tc.name, len(p.MessageId))
 		}
-		if _, ok := p.Headers[amqpkey.DefaultMessageIDKey]; ok {
+		if _, ok := p.Headers[inboxamqp.DefaultMessageIDKey]; ok {
 			t.Errorf("%s: the message-id metadata field was sent as a header", tc.name)
 		}
 		if p.Headers[amqp.DefaultMessageUUIDHeaderKey] != tc.msg.UUID || p.DeliveryMode != amqp091.Persistent {
@@ -248,7 +248,7 @@ func TestMarshaler_round_trip(t *testing.T) {
 	msg := message.NewMessage("uuid-1", []byte("body"))
 	msg.Metadata.Set("IdempotencyKey", "order-1")
 	msg.Metadata.Set("tenant", "acme")
-	m := amqpkey.Marshaler{}
+	m := inboxamqp.Marshaler{}
 	p, err := m.Marshal(msg)
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestMarshaler_round_trip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.UUID != "uuid-1" || string(got.Payload) != "body" || got.Metadata["tenant"] != "acme" ||
-		got.Metadata["IdempotencyKey"] != "order-1" || got.Metadata[amqpkey.DefaultMessageIDKey] != "order-1" {
+		got.Metadata["IdempotencyKey"] != "order-1" || got.Metadata[inboxamqp.DefaultMessageIDKey] != "order-1" {
 		t.Errorf("round trip gave UUID %q payload %q metadata %v", got.UUID, got.Payload, got.Metadata)
 	}
 }

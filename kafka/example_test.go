@@ -1,11 +1,11 @@
-package kafkakey_test
+package inboxkafka_test
 
 import (
 	"context"
 	"fmt"
 
+	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
@@ -23,7 +23,7 @@ func ExampleFromOffset() {
 		Store:     store,
 		Bus:       "kafka",
 		Group:     "billing", // the consumer group
-		IDSources: append(keying.DefaultIDSources(), kafkakey.FromOffset()),
+		IDSources: append(keying.DefaultIDSources(), inboxkafka.FromOffset()),
 	}
 	ib, err := inboxmw.New(cfg)
 	if err != nil {

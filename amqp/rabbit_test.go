@@ -1,4 +1,4 @@
-package amqpkey_test
+package inboxamqp_test
 
 import (
 	"context"
@@ -14,9 +14,9 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
@@ -41,7 +41,7 @@ func newRabbit(t *testing.T) *rabbit {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rabbit{uri: uri, ch: ch, queue: "amqpkey-test-" + watermill.NewShortUUID()}
+	r := &rabbit{uri: uri, ch: ch, queue: "inboxamqp-test-" + watermill.NewShortUUID()}
 	// The parameters of watermill-amqp's NewNonDurableQueueConfig, so that its
 	// own declaration of the queue agrees.
 	if _, err := ch.QueueDeclare(r.queue, false, false, false, false, nil); err != nil {
@@ -112,7 +112,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 		Store:     store,
 		Bus:       "rabbit",
 		Group:     r.queue,
-		IDSources: []keying.IDSource{amqpkey.FromMessageID()},
+		IDSources: []keying.IDSource{inboxamqp.FromMessageID()},
 		Metrics:   counts,
 	})
 	if err != nil {
@@ -120,7 +120,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 	}
 
 	cfg := amqp.NewNonDurableQueueConfig(r.uri)
-	cfg.Marshaler = amqpkey.Marshaler{}
+	cfg.Marshaler = inboxamqp.Marshaler{}
 	sub, err := amqp.NewSubscriber(cfg, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 	receivedMW := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			mu.Lock()
-			received = append(received, msg.Metadata.Get(amqpkey.DefaultMessageIDKey))
+			received = append(received, msg.Metadata.Get(inboxamqp.DefaultMessageIDKey))
 			mu.Unlock()
 			return h(msg)
 		}
@@ -198,7 +198,7 @@ func TestMarshaler_on_RabbitMQ_consumes_foreign_headers_once_keyed_by_message_id
 }
 
 // TestDefaultMarshaler_requeues_non_string_headers_in_a_loop documents why
-// package amqpkey exists: with watermill-amqp's DefaultMarshaler, one
+// package inboxamqp exists: with watermill-amqp's DefaultMarshaler, one
 // delivery with an int header is nacked with requeue by the subscriber
 // itself, again and again, and never reaches a handler. The test watches the
 // subscriber fail on it five times, then stops it.

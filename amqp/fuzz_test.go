@@ -1,4 +1,4 @@
-package amqpkey_test
+package inboxamqp_test
 
 import (
 	"encoding/base64"
@@ -8,7 +8,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
+	"github.com/watermill-inbox/inbox/amqp"
 )
 
 // FuzzHeaderString checks that every value a delivery can carry converts
@@ -23,11 +23,11 @@ func FuzzHeaderString(f *testing.F) {
 		table := amqp091.Table{s: b, "i": i, "f": fl, "list": []any{s, b, i, fl, bo, amqp091.Decimal{Scale: scale, Value: dv}}}
 		values = append(values, table, []any{table, values[0]})
 		for _, v := range values {
-			got, err := amqpkey.HeaderString(v)
+			got, err := inboxamqp.HeaderString(v)
 			if err != nil {
 				t.Fatalf("HeaderString(%#v): %v", v, err)
 			}
-			again, _ := amqpkey.HeaderString(v)
+			again, _ := inboxamqp.HeaderString(v)
 			if got != again {
 				t.Fatalf("HeaderString(%#v) gave %q then %q", v, got, again)
 			}
@@ -35,7 +35,7 @@ func FuzzHeaderString(f *testing.F) {
 				t.Fatalf("HeaderString(%#v) = %q is not valid UTF-8", v, got)
 			}
 		}
-		got, _ := amqpkey.HeaderString(b)
+		got, _ := inboxamqp.HeaderString(b)
 		if back, err := base64.StdEncoding.DecodeString(got); err != nil || string(back) != string(b) {
 			t.Fatalf("bytes %x gave %q, which does not decode back (%v)", b, got, err)
 		}

@@ -1,4 +1,4 @@
-package kafkakey_test
+package inboxkafka_test
 
 import (
 	"context"
@@ -16,16 +16,16 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/keying/kafkakey"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 func TestFromOffset_message_outside_a_kafka_router_has_no_id(t *testing.T) {
 	t.Parallel()
-	src := kafkakey.FromOffset()
-	if src.Name() != kafkakey.SourceName || src.Name() != "kafka-offset" {
+	src := inboxkafka.FromOffset()
+	if src.Name() != inboxkafka.SourceName || src.Name() != "kafka-offset" {
 		t.Fatalf("Name() = %q, want %q", src.Name(), "kafka-offset")
 	}
 	id, err := src.ID(message.NewMessage(watermill.NewUUID(), []byte("x")))
@@ -87,7 +87,7 @@ func TestFromOffset_keys_by_topic_partition_offset_in_a_router(t *testing.T) {
 		failed bool
 	)
 	handler := func(msg *message.Message) error {
-		id, err := kafkakey.FromOffset().ID(msg)
+		id, err := inboxkafka.FromOffset().ID(msg)
 		if err != nil {
 			return err
 		}
@@ -163,7 +163,7 @@ func runRouter(t *testing.T, brokers []string, topic, group string, store inbox.
 		Store:     store,
 		Bus:       "kafka",
 		Group:     "billing",
-		IDSources: []keying.IDSource{kafkakey.FromOffset()},
+		IDSources: []keying.IDSource{inboxkafka.FromOffset()},
 		Metrics:   &rr.counts,
 	})
 	if err != nil {

@@ -1,72 +1,4 @@
-// Package amqpkey keys Watermill messages consumed from RabbitMQ (or any AMQP
-// 0-9-1 broker) by their AMQP message-id property, and makes
-// watermill-amqp/v2 accept deliveries whose headers are not all strings.
-//
-// # Why a marshaler
-//
-// watermill-amqp's [amqp.DefaultMarshaler] turns every AMQP header into a
-// metadata string and fails when a header is an int, a bool, a byte array, a
-// timestamp or a nested table, as other clients (Java, Python, .NET, the
-// RabbitMQ shovel and federation plugins) routinely send. The subscriber
-// nacks such a delivery with requeue before any middleware sees it, so
-// RabbitMQ hands it straight back: a hot loop that never reaches the
-// handler, the inbox or a poison queue (TestDefaultMarshaler_requeues_non_string_headers_in_a_loop
-// shows it). It also drops the delivery's message-id property, the id AMQP
-// producers set for exactly this purpose.
-//
-// [Marshaler] wraps DefaultMarshaler: it turns every header value into a
-// string (see "Header values" below) instead of failing, and copies the
-// message-id property into the metadata field [DefaultMessageIDKey]
-// ("amqp_message_id"), which [FromMessageID] reads:
-//
-//	amqpConfig := amqp.NewDurableQueueConfig(uri)
-//	amqpConfig.Marshaler = amqpkey.Marshaler{}
-//	...
-//	inboxmw.Config{
-//		...
-//		IDSources: []keying.IDSource{
-//			keying.FromMetadata(keying.DefaultIDMetadataKey), // IdempotencyKey
-//			amqpkey.FromMessageID(),
-//			keying.FromUUID(),
-//		},
-//	}
-//
-// Use it on the publishing side too: Marshal sets the message-id property from
-// the IdempotencyKey metadata field, else from the Watermill UUID, so that
-// consumers that are not Watermill see a stable id as well.
-//
-// # Header values
-//
-// Each header value becomes a string, deterministically (the same value
-// always gives the same string):
-//
-//   - string: unchanged.
-//   - bool: "true" or "false".
-//   - integers (int8 to int64, uint8 to uint64): decimal, e.g. "-42".
-//   - float32, float64: the shortest decimal that reads back as the same
-//     value (strconv 'g' format, e.g. "1.5", "1e+21"); "NaN", "+Inf", "-Inf".
-//   - amqp.Decimal: the exact decimal, e.g. Value 12345, Scale 2: "123.45".
-//   - []byte: standard base64 with padding (RFC 4648), as encoding/json
-//     writes bytes, so binary values survive and never produce invalid UTF-8.
-//   - time.Time: RFC 3339 in UTC, e.g. "2024-05-01T12:00:00Z".
-//   - nil (AMQP void): "".
-//   - amqp.Table and arrays: compact JSON with keys sorted and HTML
-//     characters unescaped, whose leaves follow the rules above (numbers and
-//     booleans stay JSON numbers and booleans; bytes, timestamps, decimals
-//     and non-finite floats become JSON strings).
-//
-// The Watermill UUID header ("_watermill_message_uuid" unless configured) is
-// converted the same way before DefaultMarshaler reads it.
-//
-// # Cost
-//
-// A delivery whose headers are all strings (what Watermill producers send) is
-// handed to DefaultMarshaler as it is once the header types are checked, with
-// no copy of the headers. A delivery with other header types is copied and
-// converted; nested tables, turned into JSON, cost the most.
-// BenchmarkUnmarshal compares the two with DefaultMarshaler; BENCHMARKS.md at
-// the repository root has what it measured.
-package amqpkey
+package inboxamqp
 
 import (
 	"bytes"
@@ -136,13 +68,17 @@ func (m Marshaler) messageIDKey() string {
 // Marshal is DefaultMarshaler's Marshal that also sets the message-id
 // property (see [Marshaler.IDKeys]), unless PostprocessPublishing set one. An
 // id longer than [MaxMessageIDLen] bytes is replaced by [keying.HashID] of
-// it.
+// it. It sets the timestamp property too, unless PostprocessPublishing set
+// one: from the metadata field [TimestampKey] of a message consumed through
+// Marshaler (a republished copy keeps its producer's time), else the time
+// of publishing.
 func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	p, err := m.DefaultMarshaler.Marshal(msg)
 	if err != nil {
 		return p, err
 	}
 	delete(p.Headers, m.messageIDKey())
+	stampPublishing(&p, msg)
 	if p.MessageId == "" {
 		p.MessageId = m.publishID(msg)
 	}
@@ -168,7 +104,7 @@ func (m Marshaler) publishID(msg *message.Message) string {
 // Unmarshal turns every header into a string (see the package
 // documentation), lets DefaultMarshaler build the message, then sets the
 // metadata field [Marshaler.MessageIDKey] to the delivery's message-id
-// property. It fails only where DefaultMarshaler would on string headers.
+// property, and [TimestampKey] to its timestamp property. It fails only where DefaultMarshaler would on string headers.
 // The delivery's own header table is not modified.
 func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	if !allStrings(d.Headers) {
@@ -191,6 +127,7 @@ func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	} else {
 		delete(msg.Metadata, m.messageIDKey())
 	}
+	stampDelivery(msg, d)
 	return msg, nil
 }
 
@@ -273,7 +210,7 @@ func HeaderString(v any) (string, error) {
 	}
 }
 
-var errUnsupported = fmt.Errorf("%w: amqpkey: a value of a Go type that AMQP 0-9-1 has no field type for", inbox.ErrInvalidArgument)
+var errUnsupported = fmt.Errorf("%w: inboxamqp: a value of a Go type that AMQP 0-9-1 has no field type for", inbox.ErrInvalidArgument)
 
 // jsonValue maps an AMQP field value to what encoding/json writes as the
 // rules of the package documentation ask.

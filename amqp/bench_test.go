@@ -1,4 +1,4 @@
-package amqpkey_test
+package inboxamqp_test
 
 import (
 	"testing"
@@ -6,13 +6,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/watermill-inbox/inbox/keying/amqpkey"
+	"github.com/watermill-inbox/inbox/amqp"
 )
 
-// BenchmarkUnmarshal compares the cost of the amqpkey marshaler with
+// BenchmarkUnmarshal compares the cost of the inboxamqp marshaler with
 // watermill-amqp's DefaultMarshaler on a delivery whose headers are all
 // strings (what Watermill producers send, and all DefaultMarshaler accepts),
-// and measures amqpkey on a delivery with headers of other types.
+// and measures inboxamqp on a delivery with headers of other types.
 func BenchmarkUnmarshal(b *testing.B) {
 	strs := amqp091.Table{
 		amqp.DefaultMessageUUIDHeaderKey: "0b6c3a8e-6f0e-4f7b-9d1c-3c2b1a0f9e8d",
@@ -30,18 +30,18 @@ func BenchmarkUnmarshal(b *testing.B) {
 			}
 		}
 	})
-	b.Run("strings/amqpkey", func(b *testing.B) {
+	b.Run("strings/inboxamqp", func(b *testing.B) {
 		b.ReportAllocs()
-		m := amqpkey.Marshaler{}
+		m := inboxamqp.Marshaler{}
 		for b.Loop() {
 			if _, err := m.Unmarshal(d); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
-	b.Run("mixed/amqpkey", func(b *testing.B) {
+	b.Run("mixed/inboxamqp", func(b *testing.B) {
 		b.ReportAllocs()
-		m := amqpkey.Marshaler{}
+		m := inboxamqp.Marshaler{}
 		dm := amqp091.Delivery{Headers: mixedHeaders(), MessageId: "order-42", Body: []byte(`{"order":42}`)}
 		for b.Loop() {
 			if _, err := m.Unmarshal(dm); err != nil {

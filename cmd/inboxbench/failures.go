@@ -1,0 +1,829 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/keying"
+	inboxmw "github.com/watermill-inbox/inbox/middleware"
+)
+
+// The failures section (issue 21): the inbox on Redis with its broker's
+// redelivery (inboxmw.Config.Redelivery: RabbitMQ delay queues, Kafka
+// retry topics), on RabbitMQ with failuresRabbitConsumers competing
+// consumers and on Kafka with failuresKafkaPartitions partitions, with
+// handlers that never fail, that fail each attempt at random with
+// probability failureRate, and that do so with as many always-failing
+// (poison) keys as consumers besides; and, at a size of its own, the same
+// random failures without Redelivery (the in-process wait of before issue
+// 21) against a failure-free trial of that size.
+const (
+	failuresRabbitConsumers = 4
+	failuresKafkaPartitions = 16
+	failureRate             = 0.1
+	// poisonMaxAttempts is MaxAttempts of the variant with poison keys.
+	poisonMaxAttempts = 3
+	// failuresTrialTimeout is the least bound on a failures trial: a key
+	// that fails five times in a row waits out backoffs of up to 2, 4, 8,
+	// 16 and 32 s, each rounded up to the broker's ladder.
+	failuresTrialTimeout = 5 * time.Minute
+	// failuresShare is the share of a trial's keys whose end the first
+	// throughput figure waits for.
+	failuresShare = 0.9
+)
+
+// A failureVariant is how a failures trial's handler fails and what the
+// middleware does with a failed attempt.
+type failureVariant struct {
+	name string
+	// rate is the probability that an attempt fails (transient, before the
+	// handler's effect).
+	rate float64
+	// poison adds as many always-failing keys as consumers, and sets
+	// MaxAttempts to poisonMaxAttempts.
+	poison bool
+	// inProcess leaves Config.Redelivery unset: a failed attempt's backoff
+	// is waited out in the consumer (before issue 21). Such variants run in
+	// a group of their own, at -failures-inprocess-n.
+	inProcess bool
+}
+
+// failuresBaseline is the variant without failures, every group's
+// baseline.
+const failuresBaseline = "no-failures"
+
+func failureVariants() []failureVariant {
+	return []failureVariant{
+		{name: failuresBaseline},
+		{name: "failures-10%", rate: failureRate},
+		{name: "failures-10%+poison", rate: failureRate, poison: true},
+		{name: "failures-10%-in-process", rate: failureRate, inProcess: true},
+	}
+}
+
+func failureVariantNames() string {
+	var names []string
+	for _, v := range failureVariants() {
+		names = append(names, v.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// A failGroup is one broker at one size: its variants are compared with its
+// baseline of the same repetition. The in-process group holds the baseline
+// and the in-process variants, at their own size.
+type failGroup struct {
+	broker    string
+	consumers int
+	n         int // keys per trial (poison keys besides)
+	inProcess bool
+	variants  []failureVariant
+}
+
+type failuresResults struct {
+	groups []failGroup
+	// trials[group index][variant][rep]
+	trials  []map[string][]failTrial
+	reps    int
+	backoff time.Duration // -failures-backoff
+}
+
+// failTrial is one failures trial.
+type failTrial struct {
+	keys, poison int
+	// t90 and tAll: from the first delivery until failuresShare of the keys,
+	// and all of them, were processed (the handler's effect applied, or the
+	// key dead: its DeadError acked by the poison queue's stand-in).
+	t90, tAll time.Duration
+	// pass is the time from the first delivery until every key's handler
+	// had run once (the first pass over the keys), and atPass the keys
+	// processed then.
+	pass   time.Duration
+	atPass int
+	failed int // failed attempts (the handler's injected errors)
+	// calls are the middleware's store calls by op (Metrics.StoreCall), the
+	// hand-offs to the broker (OpRedeliver) among them; outcomes its
+	// outcomes; waited its in-process waits (Metrics.Waited).
+	calls    map[string]int64
+	took     map[string]time.Duration
+	outcomes map[inboxmw.Outcome]int64
+	waited   time.Duration
+	// waits: for each failed attempt after which the key ran again, the
+	// time from the handler's failure to its next run; slack, the same
+	// less the backoff the store was given for that attempt (Fail's
+	// RetryAfter). waitViolations counts the waits shorter than their
+	// backoff; unmatched, the failed attempts without a Fail recorded, and
+	// Fails without a failed attempt.
+	waits, slack   []time.Duration
+	waitViolations int
+	unmatched      int
+	// deadViolations counts the keys that died (the poison keys, and keys
+	// whose random failures reached MaxAttempts) not after exactly
+	// poisonMaxAttempts attempts spaced by their backoffs (runs, Fails,
+	// the store's record), and the poison keys that did not die;
+	// randomDead, the keys that died of random failures.
+	deadViolations, randomDead int
+	// doubled counts keys whose effect was applied more than once.
+	doubled int
+}
+
+func (t failTrial) rate90() float64 {
+	return float64(need(t.keys, failuresShare)) / t.t90.Seconds()
+}
+
+func (t failTrial) rateAll() float64 { return float64(t.keys) / t.tAll.Seconds() }
+
+// ratePass is the keys (poison ones too) whose handler first ran, per
+// second of the first pass.
+func (t failTrial) ratePass() float64 { return float64(t.keys+t.poison) / t.pass.Seconds() }
+
+// handOffs is the hand-offs to the broker per failed attempt.
+func (t failTrial) handOffs() (float64, bool) {
+	if t.failed == 0 {
+		return 0, false
+	}
+	return float64(t.calls[inboxmw.OpRedeliver]) / float64(t.failed), true
+}
+
+// retryCalls is the store calls per failed attempt that retries cost: every
+// Fail and Release, and every TryBegin beyond each key's first.
+func (t failTrial) retryCalls() (float64, bool) {
+	if t.failed == 0 {
+		return 0, false
+	}
+	extra := t.calls[inboxmw.OpTryBegin] - int64(t.keys+t.poison) + t.calls[inboxmw.OpFail] + t.calls[inboxmw.OpRelease]
+	return float64(extra) / float64(t.failed), true
+}
+
+// meanCall is the mean time of a call of op, in ms.
+func (t failTrial) meanCall(op string) (float64, bool) {
+	if t.calls[op] == 0 {
+		return 0, false
+	}
+	return float64(t.took[op].Microseconds()) / 1e3 / float64(t.calls[op]), true
+}
+
+// need is the number of keys of n that share p of them takes: ceil(p × n).
+func need(n int, p float64) int { return int(math.Ceil(p * float64(n))) }
+
+// errInjected is the handler's failure.
+var errInjected = errors.New("inboxbench: injected failure")
+
+// unitHash maps (id, attempt) to [0, 1), deterministically: FNV-1a of id,
+// mixed with the attempt by SplitMix64's finalizer (FNV alone barely moves
+// its high bits when only the last bytes change, and a key that failed once
+// would fail again).
+func unitHash(id string, attempt int) float64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	x := h.Sum64() + uint64(attempt+1)*0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11) / (1 << 53)
+}
+
+// keyRuns is what happened to one key in a trial.
+type keyRuns struct {
+	key        string      // the inbox key (inboxmw.KeyFromCtx)
+	runs       []time.Time // each start of the handler
+	fails      []time.Time // each failure, when the handler returned it
+	ok         int         // effects applied
+	dead       bool        // its DeadError reached the stand-in
+	poison     bool
+	randomDead bool
+}
+
+// failProbe is a failures trial's handler and the poison queue's stand-in:
+// it fails attempts as the variant says, records every run and failure,
+// and times the trial.
+type failProbe struct {
+	v      failureVariant
+	n      int // regular keys
+	n90    int
+	poison int
+
+	mu           sync.Mutex
+	keys         map[string]*keyRuns // by message UUID
+	ended        int                 // regular keys processed or dead
+	poisonDead   int
+	failed       int
+	t0, t90, end time.Time
+	started      bool
+	// firstRuns counts the keys (poison ones too) whose handler ran at
+	// least once; pass is when the last one first ran, and atPass the
+	// regular keys processed then.
+	firstRuns int
+	pass      time.Time
+	atPass    int
+	done      chan struct{}
+}
+
+// messages makes the trial's messages: the poison ones first (on Kafka,
+// one at the head of each partition), then the n regular ones.
+func (p *failProbe) messages(topic string) []*message.Message {
+	msgs := benchMessages(topic, p.poison+p.n)
+	p.keys = make(map[string]*keyRuns, len(msgs))
+	for i, m := range msgs {
+		p.keys[m.UUID] = &keyRuns{poison: i < p.poison}
+	}
+	return msgs
+}
+
+// handler fails the attempt (before the effect) when the key is poison or
+// the hash of its id and attempt falls under the variant's rate; else it
+// applies the effect (counts the key processed).
+func (p *failProbe) handler(msg *message.Message) error {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := p.keys[msg.UUID]
+	if k == nil {
+		return fmt.Errorf("inboxbench: message %s is not one of the trial's", msg.UUID)
+	}
+	if k.key == "" {
+		k.key = inboxmw.KeyFromCtx(msg.Context())
+	}
+	attempt := len(k.runs)
+	k.runs = append(k.runs, now)
+	if attempt == 0 {
+		if p.firstRuns++; p.firstRuns == len(p.keys) {
+			p.pass, p.atPass = now, p.ended
+		}
+	}
+	if k.poison || p.v.rate > 0 && unitHash(msg.UUID, attempt) < p.v.rate {
+		k.fails = append(k.fails, time.Now())
+		p.failed++
+		return errInjected
+	}
+	if k.ok++; k.ok == 1 {
+		p.endKey()
+	}
+	return nil
+}
+
+// middleware is the outermost: it notes the first delivery, and stands in
+// for a poison queue: a DeadError is the end of its key, acked.
+func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		p.mu.Lock()
+		if !p.started {
+			p.started, p.t0 = true, time.Now()
+		}
+		p.mu.Unlock()
+		out, err := h(msg)
+		var dead *inbox.DeadError
+		if !errors.As(err, &dead) {
+			return out, err
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if k := p.keys[msg.UUID]; k != nil && !k.dead {
+			k.dead = true
+			if k.poison {
+				p.poisonDead++
+				p.check()
+			} else {
+				k.randomDead = true
+				p.endKey()
+			}
+		}
+		return nil, nil
+	}
+}
+
+// endKey counts a regular key's end; p.mu is held.
+func (p *failProbe) endKey() {
+	p.ended++
+	if p.ended == p.n90 {
+		p.t90 = time.Now()
+	}
+	if p.ended == p.n {
+		p.end = time.Now()
+	}
+	p.check()
+}
+
+// check closes done once every regular key ended and every poison key is
+// dead; p.mu is held.
+func (p *failProbe) check() {
+	if p.ended == p.n && p.poisonDead == p.poison && p.done != nil {
+		close(p.done)
+		p.done = nil
+	}
+}
+
+// failRecorder is the store of a failures trial: the Redis store, with
+// every Fail that landed recorded by key, in order.
+type failRecorder struct {
+	inbox.LeaseStore
+	mu    sync.Mutex
+	fails map[string][]inbox.FailOptions
+}
+
+func (r *failRecorder) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
+	err := r.LeaseStore.Fail(ctx, key, leaseID, opts)
+	if err == nil {
+		r.mu.Lock()
+		r.fails[key] = append(r.fails[key], opts)
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// countingMetrics counts the middleware's store calls by op, its outcomes
+// and its in-process waits.
+type countingMetrics struct {
+	mu       sync.Mutex
+	calls    map[string]int64
+	took     map[string]time.Duration // the calls' time, by op
+	outcomes map[inboxmw.Outcome]int64
+	waited   time.Duration
+}
+
+func newCountingMetrics() *countingMetrics {
+	return &countingMetrics{calls: map[string]int64{}, took: map[string]time.Duration{}, outcomes: map[inboxmw.Outcome]int64{}}
+}
+
+func (m *countingMetrics) Outcome(_ string, o inboxmw.Outcome) {
+	m.mu.Lock()
+	m.outcomes[o]++
+	m.mu.Unlock()
+}
+
+func (m *countingMetrics) StoreCall(op string, d time.Duration, _ error) {
+	m.mu.Lock()
+	m.calls[op]++
+	m.took[op] += d
+	m.mu.Unlock()
+}
+
+func (m *countingMetrics) Waited(_, _ string, d time.Duration) {
+	m.mu.Lock()
+	m.waited += d
+	m.mu.Unlock()
+}
+
+// failuresBackoff is the backoff of the section's inboxes: full jitter up
+// to base × 2^attempt, at most a minute; inboxmw.DefaultBackoff at 1 s.
+func failuresBackoff(base time.Duration) func(int) time.Duration {
+	if base == time.Second {
+		return inboxmw.DefaultBackoff
+	}
+	return inboxmw.ExponentialBackoff(base, time.Minute)
+}
+
+// runFailTrial consumes a new queue or topic of g.n keys (and the poison
+// keys of v) through the inbox on Redis, with the broker's redelivery
+// unless v is in-process, and checks the waits and the dead keys.
+func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration) (failTrial, error) {
+	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{})}
+	if v.poison {
+		p.poison = g.consumers
+	}
+	ts, err := b.prepare(ctx, trialSpec{n: g.n + p.poison, consumers: g.consumers, msgs: p.messages, redelivery: !v.inProcess, failures: true})
+	if err != nil {
+		return failTrial{}, err
+	}
+	defer ts.cleanup()
+	store := &failRecorder{LeaseStore: e.redisStore, fails: map[string][]inbox.FailOptions{}}
+	metrics := newCountingMetrics()
+	cfg := inboxmw.Config{Store: store, Bus: b.name(), Group: ts.group, Alias: keying.StaticAlias("bench"),
+		Backoff: failuresBackoff(backoff), Metrics: metrics}
+	if !v.inProcess {
+		cfg.Redelivery = ts.redelivery
+	}
+	if v.poison {
+		cfg.MaxAttempts = poisonMaxAttempts
+	}
+	ib, err := inboxmw.New(cfg)
+	if err != nil {
+		return failTrial{}, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return failTrial{}, err
+	}
+	router.AddMiddleware(p.middleware, ib.Middleware)
+	for i, sub := range ts.subs {
+		router.AddConsumerHandler("consumer-"+strconv.Itoa(i), ts.topic, sub, p.handler)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(runCtx) }()
+
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	what := fmt.Sprintf("failures %s/%s", b.name(), v.name)
+	var waitErr error
+	t := time.NewTimer(timeout)
+	select {
+	case <-done:
+	case <-t.C:
+		p.mu.Lock()
+		metrics.mu.Lock()
+		waitErr = fmt.Errorf("%s: %d of %d keys processed and %d of %d poison keys dead within %s (%d failed attempts; store calls and hand-offs %v; outcomes %v)",
+			what, p.ended, p.n, p.poisonDead, p.poison, timeout, p.failed, metrics.calls, metrics.outcomes)
+		metrics.mu.Unlock()
+		p.mu.Unlock()
+	case err := <-routerDone:
+		waitErr = fmt.Errorf("%s: router stopped early: %v", what, err)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	t.Stop()
+	closeErr := router.Close()
+	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer dcancel()
+	if err := ib.Close(dctx); err != nil {
+		closeErr = errors.Join(closeErr, fmt.Errorf("draining the inbox: %w", err))
+	}
+	if err := errors.Join(waitErr, closeErr); err != nil {
+		return failTrial{}, err
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	res := failTrial{keys: p.n, poison: p.poison, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
+		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited}
+	err = p.verify(&res, store.fails, func(key string) (inbox.Record, error) {
+		gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer gcancel()
+		return e.redisStore.Get(gctx, key)
+	})
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", what, err)
+	}
+	return res, nil
+}
+
+// verify fills in res's waits and violations from what the handler saw (p,
+// whose lock the caller holds), the Fails that landed (fails, by key), and
+// the store's records of the dead keys (get).
+func (p *failProbe) verify(res *failTrial, fails map[string][]inbox.FailOptions, get func(key string) (inbox.Record, error)) error {
+	seen := map[string]bool{}
+	for _, k := range p.keys {
+		if k.ok > 1 {
+			res.doubled++
+		}
+		fs := fails[k.key]
+		if k.key != "" {
+			seen[k.key] = true
+		}
+		res.unmatched += max(len(k.fails)-len(fs), len(fs)-len(k.fails))
+		spaced := true
+		for i, failedAt := range k.fails {
+			if i >= len(fs) || fs[i].Dead || i+1 >= len(k.runs) {
+				continue
+			}
+			wait, backoff := k.runs[i+1].Sub(failedAt), fs[i].RetryAfter
+			res.waits = append(res.waits, wait)
+			res.slack = append(res.slack, wait-backoff)
+			if wait < backoff {
+				res.waitViolations++
+				spaced = false
+			}
+		}
+		if k.randomDead {
+			res.randomDead++
+		}
+		if !k.poison && !k.dead {
+			continue
+		}
+		ok := k.dead && spaced && len(k.runs) == poisonMaxAttempts && len(k.fails) == poisonMaxAttempts &&
+			len(fs) == poisonMaxAttempts && fs[poisonMaxAttempts-1].Dead
+		if ok {
+			rec, err := get(k.key)
+			if err != nil {
+				return fmt.Errorf("reading the record of dead key %q: %w", k.key, err)
+			}
+			ok = rec.State == inbox.StateDead && rec.Attempts == poisonMaxAttempts
+		}
+		if !ok {
+			res.deadViolations++
+		}
+	}
+	for key, fs := range fails {
+		if !seen[key] {
+			res.unmatched += len(fs) // a Fail of a key whose handler never ran
+		}
+	}
+	return nil
+}
+
+func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*failuresResults, error) {
+	vs, err := pickFailures(o.failuresVariants)
+	if err != nil {
+		return nil, err
+	}
+	res := &failuresResults{reps: o.failuresReps, backoff: o.failuresBackoff}
+	for _, b := range o.brokers {
+		consumers, n, small := failuresRabbitConsumers, o.failuresN, o.failuresInProcessN
+		if b == "kafka" {
+			consumers, n, small = failuresKafkaPartitions, o.failuresKafkaN, o.failuresKafkaInProcessN
+		}
+		main := failGroup{broker: b, consumers: consumers, n: n}
+		inProc := failGroup{broker: b, consumers: consumers, n: small, inProcess: true}
+		for _, v := range vs {
+			if v.name == failuresBaseline {
+				main.variants = append(main.variants, v)
+				inProc.variants = append(inProc.variants, v)
+			} else if v.inProcess {
+				inProc.variants = append(inProc.variants, v)
+			} else {
+				main.variants = append(main.variants, v)
+			}
+		}
+		for _, g := range []failGroup{main, inProc} {
+			if !g.inProcess || len(g.variants) > 1 {
+				res.groups = append(res.groups, g)
+				res.trials = append(res.trials, map[string][]failTrial{})
+			}
+		}
+	}
+	if len(res.groups) == 0 {
+		return res, nil
+	}
+	e, err := newEnv(ctx, o, map[string]bool{"redis": true}, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.close(cctx); err != nil {
+			logf("cleaning up: %v", err)
+		}
+	}()
+	brokers := map[string]broker{}
+	defer func() {
+		for _, b := range brokers {
+			_ = b.close()
+		}
+	}()
+	for _, g := range res.groups {
+		if brokers[g.broker] != nil {
+			continue
+		}
+		var b broker
+		switch g.broker {
+		case "rabbitmq":
+			b, err = newRabbit(o.amqpURL, o.runID+"-f")
+		case "kafka":
+			b, err = newKafka(o.kafkaBrokers, o.runID+"-f")
+		default:
+			err = fmt.Errorf("unknown broker %q", g.broker)
+		}
+		if err != nil {
+			return nil, err
+		}
+		brokers[g.broker] = b
+	}
+	for rep := range res.reps {
+		for gi, g := range res.groups {
+			for _, v := range rotate(g.variants, rep+gi) {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				started := time.Now()
+				t, err := runFailTrial(ctx, e, brokers[g.broker], g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout))
+				if err != nil {
+					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
+				}
+				res.trials[gi][v.name] = append(res.trials[gi][v.name], t)
+				extra := ""
+				if h, ok := t.handOffs(); ok {
+					c, _ := t.retryCalls()
+					ho, _ := t.meanCall(inboxmw.OpRedeliver)
+					extra = fmt.Sprintf("; %d failed attempts, %.2f hand-offs (%.1f ms each) and %.2f store calls each, %d redelivery_failed, waits %s median, slack %s min; violations: %d waits, %d dead keys; %d dead of random failures",
+						t.failed, h, ho, c, t.outcomes[inboxmw.OutcomeRedeliveryFailed], durMedian(t.waits).Round(time.Millisecond), durMin(t.slack).Round(time.Millisecond),
+						t.waitViolations, t.deadViolations, t.randomDead)
+				}
+				logf("rep %d/%d failures %-8s x%-2d %-24s %6d keys: 90%% in %s (%.0f keys/s), all in %s (%.0f keys/s), first pass in %s (%.1f%% processed)%s  trial %s",
+					rep+1, res.reps, g.broker, g.consumers, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), t.tAll.Round(time.Millisecond), t.rateAll(),
+					t.pass.Round(time.Millisecond), 100*float64(t.atPass)/float64(t.keys),
+					extra, time.Since(started).Round(10*time.Millisecond))
+			}
+		}
+	}
+	return res, nil
+}
+
+// pickFailures returns the failure variants named, in the order of
+// failureVariants; the baseline is always among them.
+func pickFailures(names []string) ([]failureVariant, error) {
+	for _, n := range names {
+		if !slices.ContainsFunc(failureVariants(), func(v failureVariant) bool { return v.name == n }) {
+			return nil, fmt.Errorf("unknown failures variant %q (known: %s)", n, failureVariantNames())
+		}
+	}
+	var out []failureVariant
+	for _, v := range failureVariants() {
+		if v.name == failuresBaseline || slices.Contains(names, v.name) {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+func durMedian(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// durQuantile is the q-quantile of ds (nearest rank).
+func durQuantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func durMin(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	return slices.Min(ds)
+}
+
+// col returns f of variant v's trials in group g, one per repetition; those
+// for which f has no figure are left out.
+func (r *failuresResults) col(g int, v string, f func(failTrial) (float64, bool)) []float64 {
+	var out []float64
+	for _, t := range r.trials[g][v] {
+		if x, ok := f(t); ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// ratios returns f of v over f of the baseline, per repetition.
+func (r *failuresResults) ratios(g int, v string, f func(failTrial) float64) []float64 {
+	base := r.trials[g][failuresBaseline]
+	var out []float64
+	for i, t := range r.trials[g][v] {
+		if i < len(base) && f(base[i]) > 0 {
+			out = append(out, f(t)/f(base[i]))
+		}
+	}
+	return out
+}
+
+// find returns the index of the group of broker (the in-process one when
+// inProcess), or -1.
+func (r *failuresResults) find(broker string, inProcess bool) int {
+	if r == nil {
+		return -1
+	}
+	for i, g := range r.groups {
+		if g.broker == broker && g.inProcess == inProcess {
+			return i
+		}
+	}
+	return -1
+}
+
+// pairRatios is f of variant a over f of the baseline in broker's group,
+// per repetition; none when the group or the variant did not run.
+func (r *failuresResults) pairRatios(broker string, inProcess bool, a string, f func(failTrial) float64) []float64 {
+	g := r.find(broker, inProcess)
+	if g < 0 {
+		return nil
+	}
+	if _, ok := r.trials[g][a]; !ok {
+		return nil
+	}
+	return r.ratios(g, a, f)
+}
+
+// counts returns f of variant v's trials in broker's main group (and the
+// in-process group's, when inProcess), one per repetition: violation
+// counters.
+func (r *failuresResults) counts(broker string, v string, f func(failTrial) int) []float64 {
+	var out []float64
+	for _, inProcess := range []bool{false, true} {
+		g := r.find(broker, inProcess)
+		if g < 0 {
+			continue
+		}
+		for _, t := range r.trials[g][v] {
+			out = append(out, float64(f(t)))
+		}
+	}
+	return out
+}
+
+func rate90(t failTrial) float64  { return t.rate90() }
+func rateAll(t failTrial) float64 { return t.rateAll() }
+
+func ratePass(t failTrial) float64 { return t.ratePass() }
+
+func (r *failuresResults) markdown(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("## Failures: failed attempts held by the broker (issue 21)\n\n")
+	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
+		backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
+	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, every attempt fails with probability 0.1 (a transient error before the handler's effect, decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21. ", poisonMaxAttempts)
+	p("The in-process variant runs at a size of its own, against a `no-failures` trial of that size in the same repetition: its failed keys stall their consumer for their backoff, so at the full size one trial would take minutes. ")
+	p("%s of every variant (-failures-reps), each running every variant of a group once in an order rotated from one repetition to the next; ratios are taken within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
+	p("**Throughput** is keys processed per second (a key is processed when its handler's effect was applied, or when it is dead; the poison keys are not among the trial's keys), from the first delivery: **until 90%% of the trial's keys were processed**, the target's figure, and **until all were** (drain). ")
+	p("The backoff's full jitter (up to 2 s after a first failure, 4 s after a second) leaves a tail of waiting keys at the end of every trial with failures, which is the backoff policy's time, not the consumer's: the first figure leaves it out, the second includes it. ")
+	p("With failures of 10%%, about 90%% of the keys succeed at their first attempt, so the 90%% point comes near the end of the first pass over the keys: the tables also give the first pass, keys whose handler first ran per second until every key's had (poison keys included), and the share of the keys processed at its end. When that share is under 90%%, the 90%% figure waited for retried keys, and holds some of the backoff's time.\n\n")
+	p("**Waits**: for each failed attempt after which its key ran again, the time from the handler's failure to the next start of the handler; the backoff is the `RetryAfter` the store's `Fail` got for that attempt. Both ends are taken on the handler's side, outside the store's calls, so a wait shorter than its backoff is one the store and the broker really let through. ")
+	p("**Dead keys**: every poison key, and any key whose random failures reached `MaxAttempts`, must be dead after exactly %d attempts (%d runs of the handler, %d `Fail`s, the last one dead, the store's record dead with %d attempts), each run at least its backoff after the previous failure; a violation counts the key. ", poisonMaxAttempts, poisonMaxAttempts, poisonMaxAttempts, poisonMaxAttempts)
+	p("**Cost of the retries**, per failed attempt, from a counting `inboxmw.Metrics`: hand-offs to the broker (`Redeliver` calls, op `redeliver`: one broker round trip each, a publish and its confirm, with their mean time), and store calls (every `Fail` and `Release`, and every `TryBegin` beyond each key's first); the mean time of a `Fail`; `redelivery_failed` counts the hand-offs that failed (the message then goes back to the broker as an error); in-process wait is `Metrics.Waited`.\n\n")
+	for gi, g := range r.groups {
+		unit := map[string]string{"kafka": "partitions", "rabbitmq": "consumers"}[g.broker]
+		p("### %s, %d %s, %d keys per trial", g.broker, g.consumers, unit, g.n)
+		if g.inProcess {
+			p(" (the in-process wait, before issue 21)")
+		}
+		p("\n\n| variant | keys/s until 90%% processed | ÷ %s | keys/s until all processed (drain) | ÷ %s | first pass: keys first run/s | ÷ %s | processed at the first pass's end, %% | 90%% after s | all after s | first pass after s |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", failuresBaseline, failuresBaseline, failuresBaseline)
+		for _, v := range g.variants {
+			r90 := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.rate90(), true })
+			rAll := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.rateAll(), true })
+			q90, qAll := r.ratios(gi, v.name, rate90), r.ratios(gi, v.name, rateAll)
+			s90 := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.t90.Seconds(), true })
+			sAll := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.tAll.Seconds(), true })
+			rPass := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.ratePass(), true })
+			qPass := r.ratios(gi, v.name, ratePass)
+			atPass := r.col(gi, v.name, func(t failTrial) (float64, bool) { return 100 * float64(t.atPass) / float64(t.keys), true })
+			sPass := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.pass.Seconds(), true })
+			p("| %s | %.0f %s | %.2f %s | %.0f %s | %.2f %s | %.0f %s | %.2f %s | %.1f %s | %.2f | %.2f | %.2f |\n", v.name, median(r90), rangeOf(r90, "%.0f"), median(q90), rangeOf(q90, "%.2f"),
+				median(rAll), rangeOf(rAll, "%.0f"), median(qAll), rangeOf(qAll, "%.2f"),
+				median(rPass), rangeOf(rPass, "%.0f"), median(qPass), rangeOf(qPass, "%.2f"), median(atPass), rangeOf(atPass, "%.1f"),
+				median(s90), median(sAll), median(sPass))
+		}
+		p("\n| variant | failed attempts | hand-offs per failed attempt | hand-off, ms | store calls per failed attempt | Fail, ms | redelivery_failed | in-process wait per failed attempt, ms | wait before the next run: median, ms | p99, ms | min of (wait − backoff), ms | waits shorter than the backoff | dead keys in violation | dead of random failures | effects applied twice | attempts and Fails unpaired |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, v := range g.variants {
+			if v.name == failuresBaseline && len(r.col(gi, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), t.failed > 0 })) == 0 {
+				continue // no failed attempt, nothing to say
+			}
+			var waits, slack []time.Duration
+			var sum struct{ rf, wv, dv, rd, dbl, um int }
+			for _, t := range r.trials[gi][v.name] {
+				waits, slack = append(waits, t.waits...), append(slack, t.slack...)
+				sum.rf += int(t.outcomes[inboxmw.OutcomeRedeliveryFailed])
+				sum.wv += t.waitViolations
+				sum.dv += t.deadViolations
+				sum.rd += t.randomDead
+				sum.dbl += t.doubled
+				sum.um += t.unmatched
+			}
+			failed := r.col(gi, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), true })
+			hand := r.col(gi, v.name, failTrial.handOffs)
+			calls := r.col(gi, v.name, failTrial.retryCalls)
+			waited := r.col(gi, v.name, func(t failTrial) (float64, bool) {
+				if t.failed == 0 {
+					return 0, false
+				}
+				return float64(t.waited.Microseconds()) / 1e3 / float64(t.failed), true
+			})
+			ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1e3, 'f', 0, 64) }
+			minSlack := ""
+			if len(slack) > 0 {
+				minSlack = ms(durMin(slack))
+			}
+			handMs := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.meanCall(inboxmw.OpRedeliver) })
+			failMs := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.meanCall(inboxmw.OpFail) })
+			p("| %s | %.0f | %s | %s | %s | %s | %d | %s | %s | %s | %s | %d | %d | %d | %d | %d |\n", v.name, median(failed),
+				cell(hand, "%.2f", false), cell(handMs, "%.2f", false), cell(calls, "%.2f", false), cell(failMs, "%.2f", false), sum.rf, cell(waited, "%.0f", false),
+				ms(durMedian(waits)), ms(durQuantile(waits, 0.99)), minSlack, sum.wv, sum.dv, sum.rd, sum.dbl, sum.um)
+		}
+		p("\nCounts (redelivery_failed, violations, dead, applied twice, unpaired) are totals over the repetitions; the waits are pooled over them; the other figures are medians of the repetitions.\n\n")
+	}
+}
+
+// backoffName says which backoff the section used.
+func backoffName(base time.Duration) string {
+	if base == time.Second {
+		return "`inboxmw.DefaultBackoff` (full jitter up to 1 s × 2^attempt, at most 1 min)"
+	}
+	return fmt.Sprintf("full jitter up to %s × 2^attempt, at most 1 min (-failures-backoff; not the default)", base)
+}

@@ -1,0 +1,132 @@
+package inboxmw
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/keying"
+)
+
+// Redeliverer hands a message back to its broker, to be delivered to the
+// same handler again once a delay has passed: the broker, not the consumer,
+// then holds a failed attempt's backoff ([Config.Redelivery]). Package
+// inboxamqp (RabbitMQ delay queues that dead-letter back to the queue) and
+// package inboxkafka (retry topics) implement it.
+type Redeliverer interface {
+	// Redeliver publishes msg, a copy the middleware made of a message
+	// consumed from topic (the topic the router's handler subscribed to,
+	// [message.SubscribeTopicFromCtx]), so that the broker delivers it to
+	// the same queue or consumer group again after delay, rounded up to a
+	// delay the broker holds (an implementation with a longest delay uses it
+	// for longer waits: the copy then comes back early and is handed off
+	// again for the rest). It returns nil only once the broker holds the
+	// copy (a publisher confirm, an acknowledged produce): the middleware
+	// then acks the original. An error leaves the original to the broker's
+	// own redelivery.
+	//
+	// The copy keeps the original's UUID, payload and metadata, plus
+	// [MetadataKey] and [MetadataAttempts]; the implementation must carry
+	// them all. A copy that arrives twice, or while its key still waits, is
+	// harmless: the store decides when the key runs again and drops copies
+	// of a processed key.
+	Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error
+}
+
+// Metadata fields of the copies handed to a [Redeliverer].
+const (
+	// MetadataKey holds the inbox key of the message the copy was made of.
+	// A message carrying it is keyed by it, provided its bus, group and
+	// alias are this inbox's (else it is keyed as usual): a copy keeps its
+	// key even when the id came from where the broker put the original (a
+	// Kafka offset, an AMQP property). Like the IdempotencyKey field, it is
+	// trusted: a producer that sets it chooses the message's id.
+	MetadataKey = "inbox_key"
+
+	// MetadataAttempts counts the failed attempts behind the copy (decimal),
+	// for the transactional mode, whose store counts none: its backoff is
+	// Config.Backoff of this count.
+	MetadataAttempts = "inbox_attempts"
+)
+
+// DefaultRedeliveryMinDelay is the default of Config.RedeliveryMinDelay:
+// every failed attempt with a backoff of a millisecond or more is handed
+// off. A shorter wait costs a consumer less than a hand-off (a publish and
+// the broker's confirm); a longer one held in-process blocks its consumer
+// or partition for that long, and on Kafka for watermill-kafka's
+// NackResendSleep (100 ms by default) besides. A handed-off copy waits at
+// least the Redeliverer's shortest delay (250 ms for inboxamqp's and
+// inboxkafka's default ladders).
+const DefaultRedeliveryMinDelay = time.Millisecond
+
+// keyOf returns msg's inbox key: the one a copy carries (MetadataKey), when
+// its bus, group and alias are this inbox's, else the one its id sources
+// give.
+func (ib *Inbox) keyOf(msg *message.Message) (string, error) {
+	if carried := msg.Metadata.Get(MetadataKey); carried != "" {
+		if k, err := keying.Parse(carried); err == nil && k.Bus == ib.cfg.Bus && k.Group == ib.cfg.Group {
+			if alias, err := ib.cfg.Alias(msg); err == nil && alias == k.Alias {
+				return carried, nil
+			}
+		}
+	}
+	key, _, err := ib.keys.KeyString(msg)
+	return key, err
+}
+
+// redeliverable reports whether a wait of d goes to Config.Redelivery: one
+// is configured, d is at least RedeliveryMinDelay, and the message came
+// through a router (its topic is known).
+func (m *msgCall) redeliverable(d time.Duration) bool {
+	return m.ib.cfg.Redelivery != nil && d >= m.ib.cfg.RedeliveryMinDelay &&
+		message.SubscribeTopicFromCtx(m.msg.Context()) != ""
+}
+
+// redeliver hands a copy of the message to Config.Redelivery, to come back
+// after delay, and returns nil once the broker holds it: the caller then
+// returns nil, so the router acks the original. cause is the handler's
+// error when this attempt failed, nil for a delivery that found its key
+// waiting out a backoff. attempts is the key's count of failed attempts
+// carried by the copy (MetadataAttempts).
+func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) error {
+	ib := m.ib
+	topic := message.SubscribeTopicFromCtx(m.msg.Context())
+	cp := m.msg.Copy()
+	if m.key != "" {
+		cp.Metadata.Set(MetadataKey, m.key)
+	}
+	cp.Metadata.Set(MetadataAttempts, strconv.Itoa(attempts))
+	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
+	err := m.call(base, OpRedeliver, ib.cfg.StoreTimeout, func(ctx context.Context) error {
+		return ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
+	})
+	fields := m.fields().Add(watermill.LogFields{"topic": topic, "retry_after": delay.String(), "attempts": attempts})
+	if err != nil {
+		ib.m.Outcome(m.handler, OutcomeRedeliveryFailed)
+		ib.handOff.Fail("Inbox could not hand the message to the broker's redelivery; it goes back to the broker, and its redelivery waits in-process",
+			err, fields)
+		return err
+	}
+	ib.handOff.OK()
+	if cause != nil {
+		ib.m.Outcome(m.handler, OutcomeRedelivered)
+		ib.log.Error("Handler failed; the message is handed to the broker, which delivers it again after the backoff", cause, fields)
+	} else {
+		m.settle(OutcomeRedelivered)
+		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff; the message is handed to the broker for the rest", fields)
+	}
+	return nil
+}
+
+// attemptsOf returns the failed attempts a copy carries (MetadataAttempts),
+// 0 for a message that is not a copy.
+func attemptsOf(msg *message.Message) int {
+	n, err := strconv.Atoi(msg.Metadata.Get(MetadataAttempts))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}

@@ -1,0 +1,62 @@
+package driver_test
+
+import (
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/watermill-inbox/inbox/stores/driver"
+)
+
+// The type a user holds is each store's Store, which embeds *driver.Store:
+// go doc shows no promoted method of another package's type, so each
+// store's doc lists the methods itself. This test fails when one leaves out
+// a method of the portable layer.
+func TestStoreTypes_list_the_methods_a_user_calls(t *testing.T) {
+	t.Parallel()
+	var methods []string
+	typ := reflect.TypeOf(&driver.Store{})
+	for i := range typ.NumMethod() {
+		methods = append(methods, typ.Method(i).Name)
+	}
+	if len(methods) < 10 {
+		t.Fatalf("driver.Store has %d exported methods (%v): the listing is wrong", len(methods), methods)
+	}
+	for _, dir := range []string{"../memory", "../redis", "../sql", "../mongo", "../remote"} {
+		fset := token.NewFileSet()
+		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pkgs {
+			files := make([]*ast.File, 0, len(p.Files))
+			for _, f := range p.Files {
+				files = append(files, f)
+			}
+			dp, err := doc.NewFromFiles(fset, files, "example.com/"+p.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text string
+			for _, ty := range dp.Types {
+				if ty.Name == "Store" {
+					text = ty.Doc
+				}
+			}
+			if text == "" {
+				t.Errorf("%s: no documented type Store", dir)
+				continue
+			}
+			for _, m := range methods {
+				if !strings.Contains(text, m) {
+					t.Errorf("%s: the doc of Store does not list %s, a method of the driver.Store it embeds", dir, m)
+				}
+			}
+		}
+	}
+}

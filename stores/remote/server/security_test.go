@@ -1,0 +1,284 @@
+package server_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox/stores/remote/server"
+)
+
+// What a web page can send, or a client that does not speak the protocol:
+// a POST that is not application/json is refused with 415 and the
+// protocol's JSON error body, before the body is read.
+func TestServer_posts_must_be_json(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{AdminNoAuth: true})
+	for _, ct := range []string{"text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+		"application/json; charset=latin1", "application/jsonx", "application/json; foo=bar", "", "garbage;;"} {
+		for _, path := range []string{"try-begin", "mark-processed", "forget", "list"} {
+			code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, `{"key":"order:42"}`, "Content-Type", ct)
+			want(t, fmt.Sprintf("POST %s as %q", path, ct), code, b, 415, "error", "unsupported_media_type")
+			if msg, _ := b["message"].(string); !strings.Contains(msg, "application/json") {
+				t.Errorf("415 message %q does not say what to send", msg)
+			}
+		}
+	}
+	if _, b, _ := call(t, h, "GET", "/v1/inbox/order:42", ""); b["status"] != "NotFound" {
+		t.Fatalf("a refused POST changed the key: %v", b)
+	}
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8", "Application/JSON; charset=UTF-8"} {
+		code, b, _ := call(t, h, "POST", "/v1/inbox/mark-processed", `{"key":"order:42"}`, "Content-Type", ct)
+		want(t, "mark-processed as "+ct, code, b, 200, "status", "Processed")
+	}
+}
+
+// A server without tokens refuses what a browser sends for a web page: any
+// request with an Origin header (a cross-site form POST), and any whose Host
+// is not a loopback name or address (DNS rebinding: the page's own name,
+// rebound to 127.0.0.1). /healthz and /readyz answer anyone.
+func TestServer_without_token_refuses_browsers(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{AdminNoAuth: true, AllowedHosts: []string{"inbox.internal", "10.0.0.5", "[fd00::5]"}})
+	call(t, h, "POST", "/v1/inbox/mark-processed", `{"key":"order:42"}`)
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/inbox/forget", `{"key":"order:42"}`},
+		{"POST", "/v1/inbox/force-release", `{"key":"order:42"}`},
+		{"POST", "/v1/inbox/mark-processed", `{"key":"order:43"}`},
+		{"POST", "/v1/inbox/list", `{}`},
+		{"GET", "/v1/inbox/order:42", ``},
+		{"GET", "/v1/inbox", ``},
+		{"GET", "/metrics", ``},
+	} {
+		for _, hdr := range [][]string{
+			{"Origin", "http://attacker.example"},
+			{"Origin", "null"},
+			{"Origin", ""},
+			{"Origin", "http://attacker.example", "Content-Type", "text/plain"},
+			{"Host", "attacker.example:8080"},
+			{"Host", "attacker.example"},
+			{"Host", "localhost.attacker.example"},
+			{"Host", "127.0.0.1.nip.io:8080"},
+			{"Host", ""},
+			{"Host", "0.0.0.0:8080"},
+			{"Host", "10.0.0.6:8080"},
+		} {
+			code, b, _ := call(t, h, c.method, c.path, c.body, hdr...)
+			want(t, fmt.Sprintf("%s %s with %q", c.method, c.path, hdr), code, b, 403, "error", "forbidden")
+		}
+	}
+	if _, b, _ := call(t, h, "GET", "/v1/inbox/order:42", ""); b["status"] != "Processed" {
+		t.Fatalf("a refused request changed the key: %v", b)
+	}
+	for _, host := range []string{"localhost", "LocalHost:8080", "127.0.0.1", "127.0.0.1:8080", "127.9.9.9:1", "[::1]:8080", "::1", "[::ffff:127.0.0.1]:80",
+		"inbox.internal", "INBOX.internal:8080", "10.0.0.5:8080", "[fd00::5]:8080"} {
+		code, b, _ := call(t, h, "GET", "/v1/inbox/order:42", "", "Host", host)
+		want(t, "GET with Host "+host, code, b, 200, "status", "Processed")
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		code, b, _ := call(t, h, "GET", path, "", "Host", "attacker.example", "Origin", "http://attacker.example")
+		want(t, path+" from anywhere", code, b, 200, "status", "OK")
+	}
+	// With bearer auth a page cannot send the token: Origin and Host are
+	// the token's business, not the server's.
+	ht := newServer(t, server.Config{Token: "t0k"})
+	code, b, _ := call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Authorization", "Bearer t0k", "Host", "inbox.example.com", "Origin", "https://app.example.com")
+	want(t, "a token over any Host and Origin", code, b, 200, "status", "Acquired")
+	code, b, _ = call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Host", "inbox.example.com", "Origin", "https://app.example.com")
+	want(t, "no token over any Host and Origin", code, b, 401, "error", "unauthorized")
+}
+
+// A consumer's token may be limited to key prefixes: a call on a key
+// outside them is refused with 403 on every endpoint, GET included, and
+// changes nothing. An admin's token touches every key.
+func TestServer_token_key_prefixes(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{LeaseMin: time.Second, AdminTokens: []string{"adm"}, Tokens: []string{"any"}, Grants: []server.Grant{
+		{Token: "billing", Prefixes: []string{"rabbit:billing:", "kafka:billing:"}},
+	}})
+	as := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
+	code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`, as("any")...)
+	want(t, "an unlimited token", code, b, 200, "status", "Acquired")
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1"}`},
+		{"POST", "/v1/inbox/try-begin", `{"key":"rabbit:billing"}`},
+		{"POST", "/v1/inbox/try-begin", `{"key":"RABBIT:billing:h:1"}`},
+		{"POST", "/v1/inbox/mark-processed", `{"key":"rabbit:shipping:h:1"}`},
+		{"POST", "/v1/inbox/mark-processed", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`},
+		{"POST", "/v1/inbox/release", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`},
+		{"POST", "/v1/inbox/extend", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`},
+		{"POST", "/v1/inbox/fail", `{"key":"rabbit:shipping:h:1","leaseId":"S","dead":true}`},
+		{"GET", "/v1/inbox/rabbit:shipping:h:1", ``},
+		{"GET", "/v1/inbox/rabbit%3Ashipping%3Ah%3A1", ``},
+	} {
+		code, b, _ := call(t, h, c.method, c.path, c.body, as("billing")...)
+		want(t, fmt.Sprintf("%s %s with the billing token", c.method, c.path), code, b, 403, "error", "forbidden")
+	}
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("adm")...)
+	want(t, "the shipping key after the refused calls", code, b, 200, "status", "InProgress")
+	for _, key := range []string{"rabbit:billing:h:1", "kafka:billing:h:1"} {
+		code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		want(t, "try-begin of "+key+" with the billing token", code, b, 200, "status", "Acquired")
+		code, b, _ = call(t, h, "POST", "/v1/inbox/extend", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		want(t, "extend of "+key, code, b, 200, "status", "Extended")
+		code, b, _ = call(t, h, "POST", "/v1/inbox/mark-processed", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		want(t, "mark-processed of "+key, code, b, 200, "status", "Processed")
+		code, b, _ = call(t, h, "GET", "/v1/inbox/"+key, "", as("billing")...)
+		want(t, "GET of "+key, code, b, 200, "status", "Processed")
+	}
+	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:billing:h:1"}`, as("billing")...)
+	want(t, "forget with the billing token", code, b, 403, "error", "forbidden")
+	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:shipping:h:1"}`, as("adm")...)
+	want(t, "forget with the admin's token", code, b, 200, "status", "Forgotten")
+
+	// SetGrants changes the prefixes while serving.
+	if err := h.SetGrants(server.Grant{Token: "billing", Prefixes: []string{"rabbit:shipping:"}}); err != nil {
+		t.Fatal(err)
+	}
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("billing")...)
+	want(t, "GET after SetGrants", code, b, 200, "status", "NotFound")
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:billing:h:1", "", as("billing")...)
+	want(t, "GET of the old prefix after SetGrants", code, b, 403, "error", "forbidden")
+	code, _, _ = call(t, h, "GET", "/v1/inbox/k", "", as("any")...)
+	if code != 401 {
+		t.Fatalf("a token SetGrants dropped: %d, want 401", code)
+	}
+}
+
+// /metrics needs a token (a consumer's or an admin's) when consumers need
+// one, unless MetricsOpen; /healthz and /readyz never do; with auth none,
+// /metrics is as open as the protocol.
+func TestServer_metrics_need_a_token(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{Token: "t0k", AdminTokens: []string{"adm"}})
+	for _, hdr := range [][]string{nil, {"Authorization", "Bearer wrong"}} {
+		code, b, _ := call(t, h, "GET", "/metrics", "", hdr...)
+		want(t, fmt.Sprintf("/metrics with %q", hdr), code, b, 401, "error", "unauthorized")
+	}
+	for _, tok := range []string{"t0k", "adm"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 || !strings.Contains(rec.Body.String(), "inbox_server_requests_total") {
+			t.Fatalf("/metrics with the token %s: %d %.200s", tok, rec.Code, rec.Body.String())
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		code, b, _ := call(t, h, "GET", path, "")
+		want(t, path+" without a token", code, b, 200, "status", "OK")
+	}
+	for _, cfg := range []server.Config{{Token: "t0k", MetricsOpen: true}, {}} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.Host = "127.0.0.1:8080"
+		newServer(t, cfg).ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			t.Fatalf("/metrics without a token, config %+v: %d", cfg, rec.Code)
+		}
+	}
+}
+
+// A failed attempt's backoff is bounded by MaxRetryAfter (24 h by default,
+// said in discovery as maxRetryAfterMs): clamped under the clamp policy,
+// refused under reject, as leases are. A retry in the year 2319 is not
+// granted.
+func TestServer_fail_backoff_is_bounded(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{LeaseMin: time.Second})
+	for i, ms := range []string{"1e300", "9223372036854775807", "86400001", "31536000000"} {
+		key := fmt.Sprintf("k%d", i)
+		call(t, h, "POST", "/v1/inbox/try-begin", fmt.Sprintf(`{"key":%q,"leaseId":"L"}`, key))
+		code, b, _ := call(t, h, "POST", "/v1/inbox/fail", fmt.Sprintf(`{"key":%q,"leaseId":"L","retryAfterMs":%s}`, key, ms))
+		want(t, "fail with retryAfterMs "+ms, code, b, 200, "status", "Released")
+		_, b, _ = call(t, h, "GET", "/v1/inbox/"+key, "")
+		retryAt, err := time.Parse(time.RFC3339Nano, fmt.Sprint(b["retryAt"]))
+		if err != nil || time.Until(retryAt) > 24*time.Hour || time.Until(retryAt) < 23*time.Hour {
+			t.Fatalf("record after a fail with retryAfterMs %s: %v, want retryAt 24 h from now", ms, b)
+		}
+	}
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"exact","leaseId":"L"}`)
+	code, b, _ := call(t, h, "POST", "/v1/inbox/fail", `{"key":"exact","leaseId":"L","retryAfterMs":86400000}`)
+	want(t, "fail with the longest backoff", code, b, 200, "status", "Released")
+
+	r := newServer(t, server.Config{LeaseMin: time.Second, LeasePolicy: server.PolicyReject, MaxRetryAfter: time.Hour})
+	_, b, _ = call(t, r, "GET", "/v1/inbox", "")
+	want(t, "discovery", 200, b, 200, "maxRetryAfterMs", "3.6e+06")
+	call(t, r, "POST", "/v1/inbox/try-begin", `{"key":"k","leaseId":"L"}`)
+	for _, ms := range []string{"3600001", "1e300"} {
+		code, b, _ := call(t, r, "POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","retryAfterMs":`+ms+`}`)
+		want(t, "fail over the limit under reject", code, b, 400, "error", "invalid_argument")
+	}
+	code, b, _ = call(t, r, "POST", "/v1/inbox/fail", `{"key":"k","leaseId":"L","retryAfterMs":3600000}`)
+	want(t, "fail at the limit under reject", code, b, 200, "status", "Released")
+	for _, bad := range []time.Duration{-time.Second, time.Microsecond, 1500 * time.Microsecond} {
+		if _, err := server.New(server.Config{Store: newMemory(t), MaxRetryAfter: bad}); !errors.Is(err, server.ErrInvalidConfig) {
+			t.Errorf("MaxRetryAfter %s: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+// Invalid UTF-8 in a key is refused, not turned into U+FFFD (two keys, one
+// record), and so is a body naming a member twice.
+func TestServer_refuses_invalid_utf8_and_duplicate_members(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{})
+	for _, body := range []string{"{\"key\":\"order:\xff\"}", `{"key":"order:\udc00"}`, `{"key":"order:1","key":"order:2"}`} {
+		for _, path := range []string{"try-begin", "mark-processed"} {
+			code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, body)
+			want(t, fmt.Sprintf("POST %s %q", path, body), code, b, 400, "error", "invalid_json")
+		}
+	}
+	for _, key := range []string{"order:%EF%BF%BD", "order:%FF"} {
+		_, b, _ := call(t, h, "GET", "/v1/inbox/"+key, "")
+		if b["status"] == "Processed" {
+			t.Fatalf("GET %s: %v: a refused mark reached the store", key, b)
+		}
+	}
+}
+
+// The configurations that would give a consumer an operator's power are
+// refused.
+func TestConfig_validate_tokens(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t)
+	for name, cfg := range map[string]server.Config{
+		"admin token is a consumer's":  {Store: m, Token: "same", AdminTokens: []string{"same"}},
+		"admin token is a grant's":     {Store: m, Grants: []server.Grant{{Token: "same"}}, AdminTokens: []string{"same"}},
+		"empty admin token":            {Store: m, AdminTokens: []string{""}},
+		"empty grant token":            {Store: m, Grants: []server.Grant{{Token: ""}}},
+		"empty prefix":                 {Store: m, Grants: []server.Grant{{Token: "t", Prefixes: []string{""}}}},
+		"AdminNoAuth with a token":     {Store: m, Token: "t", AdminNoAuth: true},
+		"AdminNoAuth with admin token": {Store: m, AdminTokens: []string{"a"}, AdminNoAuth: true},
+		"allowed host with a path":     {Store: m, AllowedHosts: []string{"inbox/x"}},
+	} {
+		_, err := server.New(cfg)
+		if !errors.Is(err, server.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		} else if strings.Contains(err.Error(), "same") {
+			t.Errorf("%s: the error quotes a token: %v", name, err)
+		}
+	}
+	h := newServer(t, server.Config{Token: "c", AdminTokens: []string{"a"}})
+	if err := h.SetAdminTokens("c"); !errors.Is(err, server.ErrInvalidConfig) {
+		t.Errorf("SetAdminTokens of a consumer's token: %v", err)
+	}
+	if err := h.SetTokens("a"); !errors.Is(err, server.ErrInvalidConfig) {
+		t.Errorf("SetTokens of an admin's token: %v", err)
+	}
+	if err := newServer(t, server.Config{Token: "c"}).SetAdminTokens("a"); !errors.Is(err, server.ErrInvalidConfig) {
+		t.Errorf("SetAdminTokens on a server without admin tokens: %v", err)
+	}
+	if err := h.SetAdminTokens("a2"); err != nil {
+		t.Fatal(err)
+	}
+	code, b, _ := call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer a")
+	want(t, "list with the replaced admin token", code, b, 401, "error", "unauthorized")
+	code, _, _ = call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer a2")
+	if code != 200 {
+		t.Fatalf("list with the new admin token: %d", code)
+	}
+}
