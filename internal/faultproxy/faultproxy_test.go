@@ -10,6 +10,15 @@ import (
 )
 
 func echoServer(t *testing.T) string {
+	return lineServer(t, func(c net.Conn, line string) error {
+		_, err := c.Write([]byte(line))
+		return err
+	})
+}
+
+// lineServer serves each connection line by line: answer writes the reply
+// to each line, and an error of its closes the connection.
+func lineServer(t *testing.T, answer func(c net.Conn, line string) error) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +38,7 @@ func echoServer(t *testing.T) string {
 					if err != nil {
 						return
 					}
-					if _, err := c.Write([]byte(line)); err != nil {
+					if answer(c, line) != nil {
 						return
 					}
 				}
@@ -155,42 +164,21 @@ func TestProxy_delay(t *testing.T) {
 // each piece written gap after the previous one: a reply that the proxy
 // reads in several chunks.
 func chunkServer(t *testing.T, parts int, gap time.Duration) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	return lineServer(t, func(c net.Conn, line string) error {
+		for i := range parts {
+			piece := "x"
+			if i == parts-1 {
+				piece = line
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					for i := range parts {
-						piece := "x"
-						if i == parts-1 {
-							piece = line
-						}
-						if _, err := c.Write([]byte(piece)); err != nil {
-							return
-						}
-						if i < parts-1 {
-							time.Sleep(gap) // the shape of the reply, not a synchronisation
-						}
-					}
-				}
-			}()
+			if _, err := c.Write([]byte(piece)); err != nil {
+				return err
+			}
+			if i < parts-1 {
+				time.Sleep(gap) // the shape of the reply, not a synchronisation
+			}
 		}
-	}()
-	return ln.Addr().String()
+		return nil
+	})
 }
 
 // timedEcho sends lines "ping" lines on c and reads their replies (up to
