@@ -100,9 +100,11 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	}
 	cp.Metadata.Set(MetadataAttempts, strconv.Itoa(attempts))
 	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
-	err := m.call(base, OpRedeliver, ib.cfg.StoreTimeout, func(ctx context.Context) error {
-		return ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
-	})
+	ctx, cancel := context.WithTimeout(base, ib.cfg.StoreTimeout)
+	start := time.Now()
+	err := ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
+	cancel()
+	m.called(base, OpRedeliver, start, err)
 	fields := m.fields().Add(watermill.LogFields{"topic": topic, "retry_after": delay.String(), "attempts": attempts})
 	if err != nil {
 		ib.m.Outcome(m.handler, OutcomeRedeliveryFailed)
