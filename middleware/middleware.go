@@ -352,7 +352,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		if ib.cfg.PayloadHash == PayloadHashReject {
 			m.traced(OutcomePayloadMismatch)
 			if claim.Status == inbox.Acquired {
-				l := m.newLease(claim.LeaseID, granted(claim, opts), sent)
+				l := m.newLease(claim, opts, sent)
 				l.giveBack(OpRelease, "payload mismatch", l.failGiveUp(), func(ctx context.Context) error {
 					return ib.leases.Release(ctx, l.key, l.id)
 				})
@@ -367,14 +367,9 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
 		m.traced(OutcomeAcquired)
-		return m.newLease(claim.LeaseID, granted(claim, opts), sent).run()
+		return m.newLease(claim, opts, sent).run()
 	}
 	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
-}
-
-// granted is the lease length a claim was granted.
-func granted(c inbox.Claim, opts inbox.BeginOptions) time.Duration {
-	return cmp.Or(max(c.Lease, 0), opts.Lease)
 }
 
 // acked reports whether the router (or InstantAck) acked msg already.
@@ -508,6 +503,8 @@ func retryable(ctx context.Context, err error) bool {
 type lease struct {
 	msgCall
 	id       string
+	hash     string          // the claim's payload hash
+	expires  time.Time       // the claim's ExpiresAt (store clock)
 	base     context.Context // the message's values, without its cancellation
 	cancel   context.CancelCauseFunc
 	length   time.Duration // granted
@@ -534,13 +531,17 @@ type lease struct {
 // errHandlerReturned cancels the handler's context once the lease is over.
 var errHandlerReturned = errors.New("inbox: handler returned")
 
-func (m *msgCall) newLease(id string, length time.Duration, sent time.Time) *lease {
+// newLease returns the lease claim acquired, asked with opts and sent at
+// sent (local clock).
+func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
+	length := cmp.Or(max(claim.Lease, 0), opts.Lease) // granted
 	interval := m.ib.cfg.HeartbeatInterval
 	if interval >= length {
 		interval = length / 3
 	}
 	return &lease{
-		msgCall: *m, id: id, base: context.WithoutCancel(m.msg.Context()),
+		msgCall: *m, id: claim.LeaseID, hash: opts.PayloadHash, expires: claim.ExpiresAt,
+		base:   context.WithoutCancel(m.msg.Context()),
 		length: length, interval: interval, deadline: sent.Add(length), idx: -1,
 	}
 }
@@ -596,8 +597,13 @@ func (l *lease) settle(op driver.Kind, why string) {
 // send hands the lease's mark or release to the store, which answers
 // settled.
 func (l *lease) send() {
+	op := driver.Op{Kind: l.op, Key: l.key, LeaseID: l.id}
+	if l.op == driver.Complete {
+		// What the claim wrote: a store may mark without reading it.
+		op.Owner, op.PayloadHash, op.Lease, op.ExpiresAt = l.ib.cfg.Owner, l.hash, l.length, l.expires
+	}
 	l.sent = time.Now()
-	l.ib.async.Go(l.base, driver.Op{Kind: l.op, Key: l.key, LeaseID: l.id}, l.settled)
+	l.ib.async.Go(l.base, op, l.settled)
 }
 
 // settled gets the answer to send. A failed mark never nacks the message
@@ -790,7 +796,7 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 		return m.duplicate()
 	}
 	m.traced(OutcomeAcquired)
-	l := m.newLease("", ib.cfg.Lease, time.Now())
+	l := m.newLease(inbox.Claim{}, inbox.BeginOptions{Lease: ib.cfg.Lease}, time.Now())
 	l.interval, l.cancel = 0, func(error) {}
 	out, err := m.runHandler(m.msg.Context(), func(string) {})
 	if err != nil {

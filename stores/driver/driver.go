@@ -107,6 +107,13 @@ type Op struct {
 
 	// Failure holds a Fail's options.
 	Failure inbox.FailOptions
+
+	// ExpiresAt is, for a Complete whose caller knows it, the ExpiresAt of
+	// the claim that acquired the lease, with Lease its granted length and
+	// Owner and PayloadHash its options: what the claim wrote, so that a
+	// driver may complete the key without reading its record first. Zero
+	// otherwise (the Complete method has none).
+	ExpiresAt time.Time
 }
 
 // Driver is what a backend implements. Its methods are called only with

@@ -21,10 +21,11 @@
 // Redis's clock, not the consumer's. When the key exists (a duplicate, a
 // busy key, an expired lease to take over, the holder's own retry), SET NX
 // changes nothing and a Lua script decides, one more round trip. Complete,
-// Release, Fail and MarkProcessed are calls of one Lua script that applies
-// operations to a key; Extend, Get (IsProcessed is a Get) and ForceRelease
-// are a script each, Forget a DEL, and List a SCAN (see "Operators"
-// below). Scripts run by their SHA (EVALSHA); a server whose script cache
+// Release, Fail, MarkProcessed and Extend are calls of one Lua script that
+// applies operations to a key (the middleware's Complete, which knows what
+// its claim wrote, is a GET and a SET in it: the fenced mark at its
+// least); Get (IsProcessed is a Get) and ForceRelease are a script each,
+// Forget a DEL, and List a SCAN (see "Operators" below). Scripts run by their SHA (EVALSHA); a server whose script cache
 // is empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH) gets the
 // same calls again with EVAL, which loads the script. Scripts that need
 // the time read it with TIME (Redis 7 replicates scripts by their effects,
@@ -43,9 +44,8 @@
 //	  (processed, busy, dead, in a backoff, an expired lease, the
 //	  holder's retry)
 //	Complete, Release, Fail,              1   a script call each
-//	  MarkProcessed
-//	Extend, Get, IsProcessed,             1   a script each
-//	  ForceRelease
+//	  MarkProcessed, Extend
+//	Get, IsProcessed, ForceRelease        1   a script each
 //	Forget                                1   DEL
 //	List, one page                        2+  at most 16 SCAN calls, a
 //	                                          pipeline of the Get script
@@ -191,20 +191,21 @@
 // queued wait for room, honouring their context). A batch is one go-redis
 // pipeline (on Cluster, go-redis's ClusterClient splits it per node): the
 // native claims of new keys and a script call for each Complete, Release,
-// Fail and MarkProcessed. The claims whose key SET NX found then go together
+// Fail, MarkProcessed and Extend. The claims whose key SET NX found then go together
 // in a second pipeline, a script call each. A key that appears more than once
 // in a batch gets a single script call that applies its operations in the
 // order they were made (a Release then a claim of its key acquires it; two
 // claims of a new key give one Acquired), so calls on one key take effect in
 // that order, and no claim in the second pipeline can be overtaken by a later
-// call on its key. Extend, Get, IsProcessed and the operators' calls are not
+// call on its key. Get, IsProcessed and the operators' calls are not
 // batched.
 //
 // Each call keeps its own result (a lost lease is [inbox.ErrLeaseLost] for
-// that call only) and its own Timeout: a batch of several calls runs under
-// a context detached from theirs with the latest of their deadlines, and a
-// caller whose context ends gets its context's error (its call is not sent
-// if it was still queued; if it was, the result is dropped). A connection
+// that call only) and its own Timeout, which the batcher keeps without a
+// timer per call: a batch runs under a context detached from its callers',
+// canceled once the Timeout of all its calls has passed, and a caller whose
+// context ends gets its context's error (its call is not sent if it was
+// still queued; if it was, the result is dropped). A connection
 // that fails fails every call of its round trip with
 // [inbox.ErrStoreUnavailable]; on Cluster, those of the failing node.
 // Script calls that find no script (NOSCRIPT) are sent again, with EVAL,
