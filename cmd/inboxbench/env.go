@@ -51,6 +51,7 @@ type env struct {
 	dedupRepo  *redisstore.ExpiringKeyRepository
 	floor      *floor // floor-redis: a claim, no mark
 	floor2     *floor // floor2-redis: a claim and a mark
+	floor2f    *floor // floor2f-redis: a claim and a mark under its lease id
 
 	pg         *sql.DB
 	pgStore    *sqlstore.Store
@@ -175,8 +176,12 @@ func newEnv(ctx context.Context, o options, need map[string]bool, rtt time.Durat
 		if err != nil {
 			return e, err
 		}
-		e.floor = redisFloor("floor-redis", false, e.redis, e.prefix()+"floor:", inbox.DefaultLease, retention)
-		e.floor2 = redisFloor("floor2-redis", true, e.redis, e.prefix()+"floor2:", inbox.DefaultLease, retention)
+		e.floor = redisFloor("floor-redis", false, false, e.redis, e.prefix()+"floor:", inbox.DefaultLease, retention)
+		e.floor2 = redisFloor("floor2-redis", true, false, e.redis, e.prefix()+"floor2:", inbox.DefaultLease, retention)
+		e.floor2f = redisFloor("floor2f-redis", true, true, e.redis, e.prefix()+"floor2f:", inbox.DefaultLease, retention)
+		if err := fencedMark.Load(ctx, e.redis).Err(); err != nil {
+			return e, fmt.Errorf("redis: loading floor2f-redis's script: %w", err)
+		}
 	}
 	if need["remote"] {
 		e.remoteBacking, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "remote:", Retention: retention})

@@ -129,7 +129,7 @@ func TestRun_smoke(t *testing.T) {
 	}
 	section := doc[len(above) : len(doc)-len(below)]
 	for _, want := range []string{
-		"## Targets of issues 14, 21 and 24", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
+		"## Targets of issues 14, 21, 24 and 29", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
 		"Command: `inboxbench -sections micro,router,roundtrip -reps 2 ",
 		"| Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ",
 		"| Redis server CPU per message, Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ", "| ≤ 1.0 |",
@@ -177,10 +177,10 @@ func TestRun_smoke(t *testing.T) {
 			t.Errorf("row with a target and not one verdict: %s", l)
 		}
 	}
-	// Issue 14's 10 rows, issue 24's 16 against the floors and 4 against
-	// the Deduplicator at 250 µs, issue 13's 2 guards.
-	if rows != 32 || failureRows != 18 {
-		t.Errorf("%d rows in the targets table and %d of issue 21, want 32 and 18:\n%s", rows, failureRows, section)
+	// Issue 14's 10 rows, issue 29's 7, issue 24's 16 against the floors
+	// and 4 against the Deduplicator at 250 µs, issue 13's 2 guards.
+	if rows != 39 || failureRows != 18 {
+		t.Errorf("%d rows in the targets table and %d of issue 21, want 39 and 18:\n%s", rows, failureRows, section)
 	}
 }
 
@@ -383,7 +383,7 @@ func TestRedactArgs_masks_passwords_in_URL_flags(t *testing.T) {
 func TestFloorRedis_acks_a_claimed_key(t *testing.T) {
 	t.Parallel()
 	c, prefix := floorClient(t)
-	f := redisFloor("floor-redis", false, c, prefix, 30*time.Second, time.Minute)
+	f := redisFloor("floor-redis", false, false, c, prefix, 30*time.Second, time.Minute)
 	calls := 0
 	h := f.middleware(func(*message.Message) ([]*message.Message, error) {
 		calls++
@@ -416,8 +416,9 @@ func TestFloors_batch_concurrent_claims(t *testing.T) {
 	c, prefix := floorClient(t)
 	db, table := floorTable(t)
 	for _, f := range []*floor{
-		redisFloor("floor-redis", false, c, prefix+"1:", 30*time.Second, time.Minute),
-		redisFloor("floor2-redis", true, c, prefix+"2:", 30*time.Second, time.Minute),
+		redisFloor("floor-redis", false, false, c, prefix+"1:", 30*time.Second, time.Minute),
+		redisFloor("floor2-redis", true, false, c, prefix+"2:", 30*time.Second, time.Minute),
+		redisFloor("floor2f-redis", true, true, c, prefix+"2f:", 30*time.Second, time.Minute),
 		postgresFloor("floor2-postgres", db, table, 30*time.Second, time.Minute),
 	} {
 		t.Run(f.name, func(t *testing.T) {
@@ -512,7 +513,7 @@ func TestFloor2_marks_after_the_ack(t *testing.T) {
 		// "marked", and its time to live.
 		state func(t *testing.T, id string) (string, time.Duration)
 	}{
-		{redisFloor("floor2-redis", true, c, prefix, 30*time.Second, time.Minute), func(t *testing.T, id string) (string, time.Duration) {
+		{redisFloor("floor2-redis", true, false, c, prefix, 30*time.Second, time.Minute), func(t *testing.T, id string) (string, time.Duration) {
 			v, err := c.Get(ctx, prefix+id).Result()
 			if err == redis.Nil {
 				return "", 0
@@ -605,6 +606,9 @@ func floorClient(t *testing.T) (*redis.Client, string) {
 		t.Fatal(err)
 	}
 	c := redis.NewClient(ro)
+	if err := fencedMark.Load(context.Background(), c).Err(); err != nil {
+		t.Fatal(err)
+	}
 	prefix := "inboxbench-test:" + strings.ToLower(watermill.NewShortUUID()) + ":"
 	t.Cleanup(func() {
 		_ = deletePrefix(context.Background(), c, prefix)
