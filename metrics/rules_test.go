@@ -9,7 +9,7 @@ import (
 )
 
 // howToPrometheus tells a developer how to get promtool and prometheus.
-const howToPrometheus = "install Prometheus's promtool and server (Debian package prometheus; .ci/run installs it)"
+const howToPrometheus = "install the Debian package prometheus, promtool and the server, as .ci/run does"
 
 // The alert rules are valid for Prometheus (promtool check rules, its lint
 // fatal) and pass their unit tests (alerts_test.yml).
