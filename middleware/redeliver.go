@@ -30,7 +30,8 @@ type Redeliverer interface {
 	//
 	// The copy keeps the original's UUID, payload and metadata, plus
 	// [MetadataKey] and [MetadataAttempts]; the implementation must carry
-	// them all. A copy that arrives twice, or while its key still waits, is
+	// them all. It is the middleware's own: the implementation may change
+	// it and need not copy it again. A copy that arrives twice, or while its key still waits, is
 	// harmless: the store decides when the key runs again and drops copies
 	// of a processed key.
 	Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error
