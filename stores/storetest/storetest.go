@@ -225,6 +225,7 @@ func (s *suite) cases() []testCase {
 		{"Admin_List_pages_with_cursor", s.testListPages},
 		{"Admin_Forget_makes_key_new", s.testForget},
 		{"Admin_ForceRelease_frees_lease_and_backoff", s.testForceRelease},
+		{"Go_calls_get_their_methods_answers", s.testGo},
 	}
 }
 
