@@ -11,22 +11,22 @@ import (
 	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
-// keeper keeps the live leases of an Inbox with one goroutine and one
-// timer for all of them: it renews each lease every heartbeat interval
-// while its handler runs (the Extends that fall due together go out
-// together, through the store's batching), cancels the handler's context
-// when the lease is lost, settles a lease whose handler returned messages
-// on the router's verdict (it looks at msg.Acked and msg.Nacked every
-// verdictPoll while such leases wait), and sends again the marks and
-// releases that failed. A handler that returns within the heartbeat
-// interval costs it nothing but a heap push and a remove.
+// keeper keeps the live leases of an Inbox with one goroutine and one timer
+// for all of them. It renews each lease every heartbeat interval while its
+// handler runs (the Extends that fall due together go out together, through
+// the store's batching), cancels the handler's context when the lease is
+// lost, settles the lease of a handler that returned messages on the
+// router's verdict (looking at msg.Acked and msg.Nacked every verdictPoll
+// while such leases wait), and sends again the marks and releases that
+// failed. A handler that returns within its heartbeat interval costs it a
+// heap push and a removal.
 type keeper struct {
 	ib   *Inbox
 	mu   sync.Mutex
-	due  leaseHeap // by due: heartbeats, and settlements to send again
-	wait []*lease  // handlers that returned messages: settled on the verdict
-	at   time.Time // when the loop wakes next; zero when nothing is due
-	done bool      // closed or abandoned: nothing more is kept
+	due  callHeap   // by due: heartbeats, and settlements to send again
+	wait []*msgCall // handlers that returned messages, until the verdict
+	at   time.Time  // when the loop wakes next; zero when nothing is due
+	done bool       // closed or abandoned: nothing more is kept
 	kick chan struct{}
 	stop chan struct{}
 }
@@ -41,57 +41,54 @@ func newKeeper(ib *Inbox) *keeper {
 	return k
 }
 
-// hold starts the heartbeat of l, whose handler starts.
-func (k *keeper) hold(l *lease) {
+// hold starts the heartbeat of m, whose handler starts.
+func (k *keeper) hold(m *msgCall) {
 	k.mu.Lock()
-	l.due = time.Now().Add(l.interval)
-	heap.Push(&k.due, l)
-	k.wake(l.due)
+	m.due = time.Now().Add(m.interval)
+	heap.Push(&k.due, m)
+	k.wake(m.due)
 	k.mu.Unlock()
 }
 
-// await keeps l, whose handler returned messages, until the router's
-// verdict: the keeper then settles it (a Complete on ack, a Release on
-// nack). Its heartbeat goes on meanwhile.
-func (k *keeper) await(l *lease) {
+// await keeps m, whose handler returned messages, until the router's
+// verdict: then it settles the lease (a Complete on ack, a Release on
+// nack). The heartbeat goes on meanwhile.
+func (k *keeper) await(m *msgCall) {
 	k.mu.Lock()
-	l.verdict = true
-	k.wait = append(k.wait, l)
+	m.verdict = true
+	k.wait = append(k.wait, m)
 	k.wake(time.Now().Add(verdictPoll))
 	k.mu.Unlock()
 }
 
-// drop stops keeping l, whose handler is over, and reports whether its
+// drop stops keeping m, whose handler is over, and reports whether its
 // lease was lost. The answer of an Extend in flight is ignored from now on.
-func (k *keeper) drop(l *lease) (lost bool) {
+func (k *keeper) drop(m *msgCall) (lost bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if l.idx >= 0 {
-		heap.Remove(&k.due, l.idx)
+	if m.idx >= 0 {
+		heap.Remove(&k.due, m.idx)
 	}
-	if l.verdict {
-		l.verdict = false
-		for i, w := range k.wait {
-			if w == l {
-				k.wait = append(k.wait[:i], k.wait[i+1:]...)
-				break
-			}
+	if m.verdict {
+		m.verdict = false
+		if i := index(k.wait, m); i >= 0 {
+			k.wait = append(k.wait[:i], k.wait[i+1:]...)
 		}
 	}
-	l.settling = true
-	return l.lost
+	m.settling = true
+	return m.lost
 }
 
-// later has the keeper send l's settlement again at t. It refuses (false)
+// later has the keeper send m's settlement again at t. It refuses (false)
 // once the Inbox was closed or abandoned.
-func (k *keeper) later(l *lease, t time.Time) bool {
+func (k *keeper) later(m *msgCall, t time.Time) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.done {
 		return false
 	}
-	l.due = t
-	heap.Push(&k.due, l)
+	m.due = t
+	heap.Push(&k.due, m)
 	k.wake(t)
 	return true
 }
@@ -107,7 +104,7 @@ func (k *keeper) wake(t time.Time) {
 	}
 }
 
-// close stops the keeper once Close has drained every pending mark.
+// close stops the keeper, once Close has drained every pending mark.
 func (k *keeper) close() {
 	if k == nil {
 		return
@@ -128,31 +125,25 @@ func (k *keeper) abandon() {
 		return
 	}
 	k.mu.Lock()
-	waiting := k.wait
+	waiting, retries := k.wait, []*msgCall(nil)
 	k.wait = nil
-	var retries []*lease
-	for _, l := range k.due {
-		if l.settling {
-			retries = append(retries, l)
+	for k.due.Len() > 0 {
+		if m := heap.Pop(&k.due).(*msgCall); m.settling {
+			retries = append(retries, m)
 		}
 	}
 	k.mu.Unlock()
-	for _, l := range waiting {
-		l.settle(driver.Release, "middleware closed before the mark")
-	}
 	k.close()
-	for _, l := range retries {
-		k.mu.Lock()
-		if l.idx >= 0 {
-			heap.Remove(&k.due, l.idx)
+	for _, m := range waiting {
+		m.settleLease(driver.Release, "middleware closed before the mark")
+	}
+	for _, m := range retries {
+		if m.id == "" {
+			m.ib.pending.Done()
+			continue
 		}
-		k.mu.Unlock()
-		if l.id != "" {
-			l.op, l.why, l.giveUp = driver.Release, "middleware closed before the mark", time.Now()
-			l.send()
-		} else {
-			l.ib.pending.Done()
-		}
+		m.op, m.why, m.giveUp = driver.Release, "middleware closed before the mark", time.Now()
+		m.send()
 	}
 }
 
@@ -160,38 +151,32 @@ func (k *keeper) abandon() {
 func (k *keeper) loop() {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	var beats, resends []*lease
-	type verdict struct {
-		l   *lease
-		ack bool
-	}
-	var verdicts []verdict
+	var acks, nacks, beats, resends []*msgCall
 	for {
 		now := time.Now()
 		k.mu.Lock()
 		kept := k.wait[:0]
-		for _, l := range k.wait {
+		for _, m := range k.wait {
 			select {
-			case <-l.msg.Acked():
-				verdicts = append(verdicts, verdict{l, true})
-			case <-l.msg.Nacked():
-				verdicts = append(verdicts, verdict{l, false})
+			case <-m.msg.Acked():
+				acks = append(acks, m)
+			case <-m.msg.Nacked():
+				nacks = append(nacks, m)
 			default:
-				kept = append(kept, l)
+				kept = append(kept, m)
 			}
 		}
 		clear(k.wait[len(kept):])
 		k.wait = kept
-		for len(k.due) > 0 && !k.due[0].due.After(now) {
-			l := heap.Pop(&k.due).(*lease)
-			if l.settling {
-				resends = append(resends, l)
+		for k.due.Len() > 0 && !k.due[0].due.After(now) {
+			if m := heap.Pop(&k.due).(*msgCall); m.settling {
+				resends = append(resends, m)
 			} else {
-				beats = append(beats, l)
+				beats = append(beats, m)
 			}
 		}
 		var next time.Time
-		if len(k.due) > 0 {
+		if k.due.Len() > 0 {
 			next = k.due[0].due
 		}
 		if len(k.wait) > 0 && (next.IsZero() || now.Add(verdictPoll).Before(next)) {
@@ -200,23 +185,22 @@ func (k *keeper) loop() {
 		k.at = next
 		k.mu.Unlock()
 
-		for _, v := range verdicts {
-			if v.ack {
-				v.l.settle(driver.Complete, "")
-			} else {
-				v.l.settle(driver.Release, "message nacked")
-			}
+		for _, m := range acks {
+			m.settleLease(driver.Complete, "")
 		}
-		for _, l := range beats {
-			k.beat(l, now)
+		for _, m := range nacks {
+			m.settleLease(driver.Release, "message nacked")
 		}
-		for _, l := range resends {
-			l.send()
+		for _, m := range beats {
+			k.beat(m, now)
 		}
-		clear(verdicts)
-		clear(beats)
-		clear(resends)
-		verdicts, beats, resends = verdicts[:0], beats[:0], resends[:0]
+		for _, m := range resends {
+			m.send()
+		}
+		for _, s := range []*[]*msgCall{&acks, &nacks, &beats, &resends} {
+			clear(*s)
+			*s = (*s)[:0]
+		}
 		if next.IsZero() {
 			t.Stop()
 		} else {
@@ -232,68 +216,63 @@ func (k *keeper) loop() {
 	}
 }
 
-// beat renews l, whose heartbeat is due: an Extend sent without waiting,
-// whose answer goes to extended. A lease past its deadline is lost; one
+// beat renews m, whose heartbeat is due: an Extend sent without waiting,
+// whose answer goes to extended. A lease past its deadline is lost, one
 // whose Extend is still in flight at its deadline too.
-func (k *keeper) beat(l *lease, now time.Time) {
-	ib := k.ib
+func (k *keeper) beat(m *msgCall, now time.Time) {
 	k.mu.Lock()
 	switch {
-	case l.settling || l.lost:
+	case m.settling || m.lost:
 		k.mu.Unlock()
 		return
-	case !now.Before(l.deadline):
-		l.lost = true
+	case !now.Before(m.deadline):
+		m.lost = true
 		k.mu.Unlock()
-		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
-		return
-	case ib.extendOff.Load() || l.renewing:
-		// Wake at the deadline to cancel the handler.
-		l.due = l.deadline
-		heap.Push(&k.due, l)
-		k.mu.Unlock()
+		m.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, m.key))
 		return
 	}
-	l.renewing = true
-	l.due = l.deadline // lost then, unless the Extend has answered
-	heap.Push(&k.due, l)
+	// Due again at the deadline: then lost, unless the Extend answered (or,
+	// without Extend, to cancel the handler).
+	m.due = m.deadline
+	heap.Push(&k.due, m)
+	renew := !m.renewing && !k.ib.extendOff.Load()
+	m.renewing = m.renewing || renew
 	k.mu.Unlock()
-	sent := time.Now()
-	ib.async.Go(l.base, driver.Op{Kind: driver.Extend, Key: l.key, LeaseID: l.id, Lease: l.length}, func(_ inbox.Claim, err error) {
-		k.extended(l, sent, err)
-	})
+	if renew {
+		sent := time.Now()
+		k.ib.async.Go(m.base, driver.Op{Kind: driver.Extend, Key: m.key, LeaseID: m.id, Lease: m.length},
+			func(_ inbox.Claim, err error) { k.extended(m, sent, err) })
+	}
 }
 
-// extended gets the answer of l's Extend sent at sent.
-func (k *keeper) extended(l *lease, sent time.Time, err error) {
+// extended gets the answer of m's Extend sent at sent.
+func (k *keeper) extended(m *msgCall, sent time.Time, err error) {
 	ib := k.ib
-	l.called(l.base, OpExtend, sent, err)
+	m.called(m.base, OpExtend, sent, err)
 	k.mu.Lock()
-	l.renewing = false
-	if l.settling || l.lost {
+	m.renewing = false
+	if m.settling || m.lost {
 		k.mu.Unlock()
 		return // the handler is done, or the deadline passed first
 	}
-	if l.idx >= 0 {
-		heap.Remove(&k.due, l.idx)
+	if m.idx >= 0 {
+		heap.Remove(&k.due, m.idx)
 	}
-	now := time.Now()
-	switch {
+	switch now := time.Now(); {
 	case err == nil:
-		l.deadline = sent.Add(l.length)
-		l.due = now.Add(l.interval)
+		m.deadline, m.due = sent.Add(m.length), now.Add(m.interval)
 	case errors.Is(err, inbox.ErrLeaseLost):
-		l.lost = true
+		m.lost = true
 		k.mu.Unlock()
-		l.lose(fmt.Errorf("heartbeat of key %q: %w", l.key, err))
+		m.lose(fmt.Errorf("heartbeat of key %q: %w", m.key, err))
 		return
 	case errors.Is(err, inbox.ErrNotSupported):
-		l.due = l.deadline
+		m.due = m.deadline
 	default:
-		l.due = earlier(now.Add(max(l.interval/4, 10*time.Millisecond)), l.deadline)
+		m.due = earlier(now.Add(max(m.interval/4, 10*time.Millisecond)), m.deadline)
 	}
-	heap.Push(&k.due, l)
-	k.wake(l.due)
+	heap.Push(&k.due, m)
+	k.wake(m.due)
 	k.mu.Unlock()
 	switch {
 	case err == nil:
@@ -303,37 +282,46 @@ func (k *keeper) extended(l *lease, sent time.Time, err error) {
 			ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
 		}
 	default:
-		ib.m.Outcome(l.handler, OutcomeStoreError)
-		ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
+		ib.m.Outcome(m.handler, OutcomeStoreError)
+		ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, m.fields())
 	}
 }
 
 // lose cancels the handler's context: this consumer no longer holds the key.
-func (l *lease) lose(cause error) {
-	l.cancel(cause)
-	l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
-	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.fields())
+func (m *msgCall) lose(cause error) {
+	m.cancel(cause)
+	m.ib.m.Outcome(m.handler, OutcomeLeaseLost)
+	m.ib.log.Error("Inbox lease lost; handler context canceled", cause, m.fields())
 }
 
-// leaseHeap orders leases by due (container/heap).
-type leaseHeap []*lease
+func index(s []*msgCall, m *msgCall) int {
+	for i, x := range s {
+		if x == m {
+			return i
+		}
+	}
+	return -1
+}
 
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h leaseHeap) Swap(i, j int) {
+// callHeap orders leases by due (container/heap).
+type callHeap []*msgCall
+
+func (h callHeap) Len() int           { return len(h) }
+func (h callHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h callHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].idx, h[j].idx = i, j
 }
-func (h *leaseHeap) Push(x any) {
-	l := x.(*lease)
-	l.idx = len(*h)
-	*h = append(*h, l)
+func (h *callHeap) Push(x any) {
+	m := x.(*msgCall)
+	m.idx = len(*h)
+	*h = append(*h, m)
 }
-func (h *leaseHeap) Pop() any {
+func (h *callHeap) Pop() any {
 	old := *h
-	l := old[len(old)-1]
+	m := old[len(old)-1]
 	old[len(old)-1] = nil
-	l.idx = -1
+	m.idx = -1
 	*h = old[:len(old)-1]
-	return l
+	return m
 }

@@ -21,12 +21,12 @@ import (
 )
 
 // This file is the path of one message, top to bottom: its key, the claim,
-// the handler and the mark. handle picks the flow by the kind of store:
-// handleLeased (an inbox.LeaseStore), handleTx (a TxStore) or handlePlain.
-// No goroutine and no timer is started for a message: while its handler
-// runs, its lease is renewed by the Inbox's keeper (keeper.go), and after
-// the handler the mark is handed to the store without waiting for it
-// (send); its answer comes back to settled.
+// the handler, and the mark (a success) or the Fail (a failed attempt).
+// handle picks the flow by the kind of store: handleLeased (an
+// inbox.LeaseStore), handleTx (a TxStore) or handlePlain. No goroutine and
+// no timer is started for a message: while the handler runs, the Inbox's
+// keeper (keeper.go) renews its lease; after it, the mark is handed to the
+// store without waiting (send), and its answer comes back to settled.
 
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
@@ -37,9 +37,9 @@ type Inbox struct {
 	leases inbox.LeaseStore // the store, when it is a LeaseStore
 	txs    TxStore          // the store, when it is a TxStore
 	async  goer             // makes the calls after a handler without waiting
-	bound  time.Duration    // StoreTimeout, for a store that does not bound its calls itself
+	bound  time.Duration    // StoreTimeout, for a store that does not bound its calls
 	keys   *keying.Prepared // bus and group checked and escaped once, by New
-	keep   *keeper          // the live leases (leased and plain flows)
+	keep   *keeper          // the live leases (nil for a TxStore)
 	log    watermill.LoggerAdapter
 	m      Metrics
 
@@ -52,10 +52,10 @@ type Inbox struct {
 	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
 	health    *outage.Log  // rate-limits the logs of store failures
 	handOff   *outage.Log  // rate-limits the logs of failed hand-offs to Config.Redelivery
+	staleLog  *outage.Log  // rate-limits the logs of stale messages
 	pace      outage.Pacer // spaces the claims of a failing store
 
 	retention inbox.RetentionReporter // the store, when it reports its retention
-	staleLog  *outage.Log             // rate-limits the logs of stale messages
 }
 
 // goer makes a store call without the caller waiting for its answer, which
@@ -76,14 +76,8 @@ func New(cfg Config) (*Inbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	ib := &Inbox{
-		cfg:     cfg,
-		keys:    keys,
-		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
-		m:       cfg.Metrics,
-		abandon: make(chan struct{}),
-		pace:    outage.Pacer{Backoff: storeBackoff},
-	}
+	ib := &Inbox{cfg: cfg, keys: keys, m: cfg.Metrics, abandon: make(chan struct{}), pace: outage.Pacer{Backoff: storeBackoff},
+		log: cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group})}
 	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
 	ib.handOff = outage.NewLog(ib.log, "Inbox hand-offs to the broker's redelivery work again")
 	ib.staleLog = outage.NewLog(ib.log, "")
@@ -99,12 +93,12 @@ func New(cfg Config) (*Inbox, error) {
 	default:
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
-	if g, ok := cfg.Store.(goer); ok {
-		ib.async = g
-	} else if ib.txs == nil {
-		ib.async, ib.bound = goroutineGoer{ib}, cfg.StoreTimeout
-	}
 	if ib.txs == nil {
+		if g, ok := cfg.Store.(goer); ok {
+			ib.async = g
+		} else {
+			ib.async, ib.bound = goroutineGoer{ib}, cfg.StoreTimeout
+		}
 		ib.keep = newKeeper(ib)
 	}
 	if cfg.Timestamp != nil && ib.retention == nil {
@@ -119,7 +113,8 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return ib.handle(h, msg) }
 }
 
-// msgCall is one message going through the middleware.
+// msgCall is one message going through the middleware; from its claim to
+// its mark, also its lease.
 type msgCall struct {
 	ib       *Inbox
 	h        message.HandlerFunc
@@ -128,12 +123,37 @@ type msgCall struct {
 	key      string
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
+
+	// The lease (id "" in the plain flow, which has none):
+	id       string
+	hash     string                  // the claim's payload hash
+	expires  time.Time               // the claim's ExpiresAt (store clock)
+	length   time.Duration           // granted
+	interval time.Duration           // heartbeat period; 0: no heartbeat
+	base     context.Context         // the message's values, without its cancellation
+	cancel   context.CancelCauseFunc // the handler's context
+
+	// The keeper's, under its lock:
+	deadline time.Time // when the lease ends unless renewed (monotonic)
+	due      time.Time // when the keeper acts on it next
+	idx      int       // its index in the keeper's heap; -1 when not in it
+	verdict  bool      // waiting for the router's ack or nack
+	renewing bool      // an Extend is in flight
+	lost     bool      // the lease is no longer ours
+	settling bool      // the handler is done: no more heartbeats
+
+	// The call that ends the lease (settle), and its retries:
+	op     driver.Kind // Complete (Mark in the plain flow) or Release
+	why    string      // why a Release
+	giveUp time.Time
+	sent   time.Time
+	retry  int
 }
 
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now()}
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now(), idx: -1}
 	key, err := ib.keyOf(msg)
 	if err != nil {
 		return m.keyError(err)
@@ -152,9 +172,8 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return m.handleLeased()
 	case ib.txs != nil:
 		return m.handleTx()
-	default:
-		return m.handlePlain()
 	}
+	return m.handlePlain()
 }
 
 func (m *msgCall) fields() watermill.LogFields {
@@ -252,11 +271,10 @@ func (m *msgCall) traced(o Outcome) {
 	}
 }
 
-// call makes one store call and waits for it, bounded by Config.StoreTimeout
-// for a store that does not bound its calls itself, times it and traces it.
+// call makes one store call and waits for it (bounded by StoreTimeout for
+// a store that does not bound its calls itself), times it and traces it.
 func (m *msgCall) call(ctx context.Context, op string, f func(context.Context) error) error {
-	start := time.Now()
-	cctx := ctx
+	start, cctx := time.Now(), ctx
 	if m.ib.bound > 0 {
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, m.ib.bound)
@@ -334,17 +352,19 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	}
 	claim, sent, err := m.claim(ctx, opts)
 	m.attempts = claim.Attempts
-	if err == errRedelivered {
+	switch {
+	case err == errRedelivered:
 		return nil, nil // the broker holds a copy until the backoff ends
-	}
-	if errors.Is(err, inbox.ErrBusy) {
+	case errors.Is(err, inbox.ErrBusy):
 		return nil, err
-	}
-	if err != nil {
+	case err != nil:
 		if err := m.storeFailed(OpTryBegin, err); err != nil {
 			return nil, err
 		}
 		return m.runHandler(m.msg.Context(), func(string) {})
+	}
+	if claim.Status == inbox.Acquired {
+		m.hold(claim, opts, sent)
 	}
 	if claim.PayloadMismatch {
 		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
@@ -352,10 +372,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		if ib.cfg.PayloadHash == PayloadHashReject {
 			m.traced(OutcomePayloadMismatch)
 			if claim.Status == inbox.Acquired {
-				l := m.newLease(claim, opts, sent)
-				l.giveBack(OpRelease, "payload mismatch", l.failGiveUp(), func(ctx context.Context) error {
-					return ib.leases.Release(ctx, l.key, l.id)
-				})
+				m.giveBack(OpRelease, "payload mismatch", func(ctx context.Context) error { return ib.leases.Release(ctx, m.key, m.id) })
 			}
 			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, m.key)
 		}
@@ -367,7 +384,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
 		m.traced(OutcomeAcquired)
-		return m.newLease(claim, opts, sent).run()
+		return m.run()
 	}
 	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
 }
@@ -496,234 +513,176 @@ func retryable(ctx context.Context, err error) bool {
 		!errors.Is(err, inbox.ErrNotSupported) && !errors.Is(err, inbox.ErrBusy) && ctx.Err() == nil
 }
 
-// lease is one acquired key, from its claim to its mark, or one message of
-// a plain store (id "") from its handler to its mark. The fields under
-// "keeper's" belong to the keeper (keeper.go) and are read and written
-// under its lock.
-type lease struct {
-	msgCall
-	id       string
-	hash     string          // the claim's payload hash
-	expires  time.Time       // the claim's ExpiresAt (store clock)
-	base     context.Context // the message's values, without its cancellation
-	cancel   context.CancelCauseFunc
-	length   time.Duration // granted
-	interval time.Duration // heartbeat period; 0: no heartbeat (plain flow)
-
-	// keeper's:
-	deadline time.Time // when the lease ends unless renewed (monotonic)
-	due      time.Time // when the keeper acts on it next
-	idx      int       // its index in the keeper's heap, -1 when not in it
-	verdict  bool      // waiting for the router's ack or nack
-	renewing bool      // an Extend is in flight
-	lost     bool      // the lease is no longer ours
-	settling bool      // the handler is done: no more heartbeats
-
-	// The call that ends the lease after the handler (settle), and its
-	// retries:
-	op     driver.Kind // Complete (Mark for a plain store) or Release
-	why    string      // why a Release
-	giveUp time.Time
-	retry  int
-	sent   time.Time
+// hold records the lease that claim acquired (asked with opts, sent at
+// sent on the local clock).
+func (m *msgCall) hold(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) {
+	m.id, m.hash, m.expires = claim.LeaseID, opts.PayloadHash, claim.ExpiresAt
+	m.length = cmp.Or(max(claim.Lease, 0), opts.Lease)
+	m.interval = m.ib.cfg.HeartbeatInterval
+	if m.interval >= m.length {
+		m.interval = m.length / 3
+	}
+	m.deadline = sent.Add(m.length)
+	m.base = context.WithoutCancel(m.msg.Context())
 }
 
 // errHandlerReturned cancels the handler's context once the lease is over.
 var errHandlerReturned = errors.New("inbox: handler returned")
 
-// newLease returns the lease claim acquired, asked with opts and sent at
-// sent (local clock).
-func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
-	length := cmp.Or(max(claim.Lease, 0), opts.Lease) // granted
-	interval := m.ib.cfg.HeartbeatInterval
-	if interval >= length {
-		interval = length / 3
-	}
-	return &lease{
-		msgCall: *m, id: claim.LeaseID, hash: opts.PayloadHash, expires: claim.ExpiresAt,
-		base:   context.WithoutCancel(m.msg.Context()),
-		length: length, interval: interval, deadline: sent.Add(length), idx: -1,
-	}
-}
-
 // run executes the handler under the lease, which the keeper renews while
-// the handler runs. A handler that succeeded marks the key at once when it
-// returned no message, else when the router acked its message (the keeper
-// watches for the verdict: a failed publish nacks, and the handler must run
-// again). A handler that failed ends the attempt before run returns.
-func (l *lease) run() ([]*message.Message, error) {
-	hctx, cancel := context.WithCancelCause(l.msg.Context())
-	l.cancel = cancel
-	l.ib.pending.Add(1) // the lease's, until its mark or release is done
-	l.ib.keep.hold(l)
-	out, err := l.runHandler(hctx, l.aborted)
+// the handler runs. A handler that succeeded is marked at once when it
+// returned no message; one that returned messages, when the router acked
+// them (the keeper watches for the verdict: a failed publish nacks, and
+// the handler must run again). A handler that failed ends its attempt
+// before run returns.
+func (m *msgCall) run() ([]*message.Message, error) {
+	var hctx context.Context
+	hctx, m.cancel = context.WithCancelCause(m.msg.Context())
+	m.ib.pending.Add(1) // the lease's, until its mark or release is done
+	m.ib.keep.hold(m)
+	out, err := m.runHandler(hctx, m.aborted)
 	switch {
 	case err != nil:
-		return l.failed(out, err)
-	case len(out) > 0 && !acked(l.msg):
+		return m.failed(out, err)
+	case len(out) > 0 && !acked(m.msg):
 		// The handler's context stays live until the router acks or
 		// nacks: the messages it returned may be published with it.
-		l.ib.keep.await(l)
+		m.ib.keep.await(m)
 	default:
-		l.settle(driver.Complete, "")
+		m.settleLease(driver.Complete, "")
 	}
 	return out, nil
 }
 
-// settle ends the lease after the handler: the mark (Complete), or a
+// settleLease ends the lease after the handler: the mark (Complete), or a
 // Release (why) when the router nacked the message or Close gave up
 // waiting. It stops the heartbeat and sends the call without waiting.
-func (l *lease) settle(op driver.Kind, why string) {
-	lost := l.ib.keep.drop(l)
-	l.cancel(errHandlerReturned)
-	if l.id == "" { // plain store: no lease to give back
-		if op == driver.Release {
-			l.ib.m.Outcome(l.handler, OutcomeReleased)
-			l.ib.pending.Done()
-			return
-		}
-		op = driver.Mark
-	} else if lost && op == driver.Release {
-		l.ib.pending.Done()
+func (m *msgCall) settleLease(op driver.Kind, why string) {
+	lost := m.ib.keep.drop(m)
+	m.cancel(errHandlerReturned)
+	switch {
+	case m.id == "" && op == driver.Release: // plain flow: nothing to give back
+		m.ib.m.Outcome(m.handler, OutcomeReleased)
+		m.ib.pending.Done()
 		return
+	case lost && op == driver.Release:
+		m.ib.pending.Done()
+		return
+	case m.id == "":
+		op = driver.Mark
 	}
-	l.op, l.why, l.giveUp = op, why, l.deadline
-	if op == driver.Mark {
-		l.giveUp = time.Now().Add(l.ib.cfg.Lease)
-	}
-	l.send()
+	m.op, m.why, m.giveUp = op, why, m.deadline
+	m.send()
 }
 
-// send hands the lease's mark or release to the store, which answers
+// send hands the lease's mark or release to the store; its answer goes to
 // settled.
-func (l *lease) send() {
-	op := driver.Op{Kind: l.op, Key: l.key, LeaseID: l.id}
-	if l.op == driver.Complete {
+func (m *msgCall) send() {
+	op := driver.Op{Kind: m.op, Key: m.key, LeaseID: m.id}
+	if m.op == driver.Complete {
 		// What the claim wrote: a store may mark without reading it.
-		op.Owner, op.PayloadHash, op.Lease, op.ExpiresAt = l.ib.cfg.Owner, l.hash, l.length, l.expires
+		op.Owner, op.PayloadHash, op.Lease, op.ExpiresAt = m.ib.cfg.Owner, m.hash, m.length, m.expires
 	}
-	l.sent = time.Now()
-	l.ib.async.Go(l.base, op, l.settled)
+	m.sent = time.Now()
+	m.ib.async.Go(m.base, op, m.settled)
 }
 
 // settled gets the answer to send. A failed mark never nacks the message
-// (that would run the handler again): a failure that may pass is retried
-// by the keeper with jittered backoff (50 ms growing to 2 s) until the
+// (that would run the handler again): a failure that may pass is sent again
+// by the keeper after a jittered pause (50 ms growing to 2 s) until the
 // lease ends, and it is logged and counted if it still fails.
-func (l *lease) settled(_ inbox.Claim, err error) {
-	ib := l.ib
-	name := opName(l.op)
-	l.called(l.base, name, l.sent, err)
+func (m *msgCall) settled(_ inbox.Claim, err error) {
+	ib, name := m.ib, opName[m.op]
+	m.called(m.base, name, m.sent, err)
 	if err == nil {
 		ib.health.OK()
-		if l.op == driver.Release {
-			ib.m.Outcome(l.handler, OutcomeReleased)
-			ib.log.Debug("Inbox lease given back", l.fields().Add(watermill.LogFields{"reason": l.why}))
+		if m.op == driver.Release {
+			ib.m.Outcome(m.handler, OutcomeReleased)
+			ib.log.Debug("Inbox lease given back", m.fields().Add(watermill.LogFields{"reason": m.why}))
 		} else {
-			ib.m.Outcome(l.handler, OutcomeProcessed)
+			ib.m.Outcome(m.handler, OutcomeProcessed)
 		}
 		ib.pending.Done()
 		return
 	}
-	again := !errors.Is(err, inbox.ErrLeaseLost) && retryable(l.base, err)
-	if again {
-		ib.m.Outcome(l.handler, OutcomeStoreError)
-	}
-	if wait := storeBackoff.Pause(l.retry); again && time.Until(l.giveUp) >= wait {
-		// Everything of l is written before later: the keeper may send
-		// it again at once.
-		l.retry++
-		if l.op != driver.Release {
-			ib.m.Outcome(l.handler, OutcomeCompleteRetry)
+	if wait := storeBackoff.Pause(m.retry); !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err) && time.Until(m.giveUp) >= wait {
+		m.retry++ // before later: the keeper may send it again at once
+		ib.m.Outcome(m.handler, OutcomeStoreError)
+		if m.op != driver.Release {
+			ib.m.Outcome(m.handler, OutcomeCompleteRetry)
 		}
-		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err,
-			l.fields().Add(watermill.LogFields{"op": name}))
-		if ib.keep.later(l, time.Now().Add(wait)) {
+		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err, m.fields().Add(watermill.LogFields{"op": name}))
+		if ib.keep.later(m, time.Now().Add(wait)) {
 			return
 		}
 	}
 	switch {
-	case l.op == driver.Release:
+	case m.op == driver.Release:
 		if !errors.Is(err, inbox.ErrLeaseLost) {
-			ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, l.fields())
+			ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, m.fields())
 		}
 	case errors.Is(err, inbox.ErrLeaseLost):
-		if !l.lost {
-			ib.m.Outcome(l.handler, OutcomeLeaseLost)
+		if !m.lost {
+			ib.m.Outcome(m.handler, OutcomeLeaseLost)
 		}
-		ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, l.fields())
+		ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, m.fields())
 	default:
-		ib.m.Outcome(l.handler, OutcomeCompleteFailed)
-		ib.health.Fail("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, l.fields())
+		ib.m.Outcome(m.handler, OutcomeCompleteFailed)
+		ib.health.Fail("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
 	}
 	ib.pending.Done()
 }
 
-func opName(k driver.Kind) string {
-	switch k {
-	case driver.Release:
-		return OpRelease
-	case driver.Mark:
-		return OpMarkProcessed
-	case driver.Extend:
-		return OpExtend
-	}
-	return OpComplete
-}
+var opName = [...]string{driver.Complete: OpComplete, driver.Release: OpRelease, driver.Mark: OpMarkProcessed, driver.Extend: OpExtend}
 
 // ---- A failed attempt -------------------------------------------------------
 
 // failed ends an attempt whose handler returned err, in the handler's
-// goroutine: the store keeps the key for its backoff, or marks it dead
+// goroutine: the store keeps the key for its backoff or marks it dead
 // (fail), then the message is handed to the broker's delay
 // (Config.Redelivery), or its error returned for the broker to redeliver.
-// It is synchronous: Kafka's subscriber redelivers in-process at once, so
-// the key must be given back before the middleware returns.
-func (l *lease) failed(out []*message.Message, err error) ([]*message.Message, error) {
-	dead, backoff := l.fail(err.Error(), errors.Is(err, inbox.ErrPermanent))
-	n := l.ib.cfg.MaxAttempts
+// The Fail is synchronous: Kafka's subscriber redelivers in-process at once,
+// so the key must be given back before the middleware returns.
+func (m *msgCall) failed(out []*message.Message, err error) ([]*message.Message, error) {
+	dead, backoff := m.fail(err.Error(), errors.Is(err, inbox.ErrPermanent))
+	n := m.ib.cfg.MaxAttempts
 	switch {
 	case dead:
-		return out, l.dead(inbox.TruncateReason(err.Error(), 512), err)
-	case backoff > 0 && l.redeliverable(backoff) && l.redeliver(backoff, l.attempts, err) == nil:
+		return out, m.dead(inbox.TruncateReason(err.Error(), 512), err)
+	case backoff > 0 && m.redeliverable(backoff) && m.redeliver(backoff, m.attempts, err) == nil:
 		return nil, nil // the broker holds a copy until the backoff ends
 	case n > 0:
 		// Transient: a filtered poison queue lets the broker redeliver it.
-		return out, &inbox.AttemptError{Key: l.key, Attempt: l.attempts, MaxAttempts: n, RetryAfter: backoff, Err: err}
+		return out, &inbox.AttemptError{Key: m.key, Attempt: m.attempts, MaxAttempts: n, RetryAfter: backoff, Err: err}
 	}
 	return out, err
 }
 
 // aborted ends an attempt whose handler panicked or exited its goroutine.
-func (l *lease) aborted(why string) { l.fail(why, false) }
+func (m *msgCall) aborted(why string) { m.fail(why, false) }
 
 // fail gives the lease back after a failed handler (why), unless it was
 // lost: the store keeps the key from the next attempt for Config.Backoff,
 // or marks it dead when this attempt was the last one allowed
-// (Config.MaxAttempts) or the error permanent. It reports whether the key
-// is dead and the backoff the store holds. A store without Fail (an older
-// remote service) releases instead.
-func (l *lease) fail(why string, permanent bool) (dead bool, backoff time.Duration) {
-	lost := l.ib.keep.drop(l)
-	l.cancel(errHandlerReturned)
-	defer l.ib.pending.Done()
+// (Config.MaxAttempts) or the error is permanent. It reports whether the
+// key is dead and the backoff the store holds. A store without Fail (an
+// older remote service) releases instead.
+func (m *msgCall) fail(why string, permanent bool) (dead bool, backoff time.Duration) {
+	lost := m.ib.keep.drop(m)
+	m.cancel(errHandlerReturned)
+	defer m.ib.pending.Done()
 	if lost {
 		return false, 0
 	}
-	cfg := l.ib.cfg
+	cfg := m.ib.cfg
 	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
-	if opts.Dead = permanent || cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
-		opts.RetryAfter = cfg.Backoff(l.attempts)
+	if opts.Dead = permanent || cfg.MaxAttempts > 0 && m.attempts >= cfg.MaxAttempts; !opts.Dead {
+		opts.RetryAfter = cfg.Backoff(m.attempts)
 	}
-	giveUp := l.failGiveUp()
-	err := l.giveBack(OpFail, why, giveUp, func(ctx context.Context) error {
-		return l.ib.leases.Fail(ctx, l.key, l.id, opts)
-	})
+	err := m.giveBack(OpFail, why, func(ctx context.Context) error { return m.ib.leases.Fail(ctx, m.key, m.id, opts) })
 	if errors.Is(err, inbox.ErrNotSupported) {
-		err = l.giveBack(OpRelease, why, giveUp, func(ctx context.Context) error {
-			return l.ib.leases.Release(ctx, l.key, l.id)
-		})
 		opts = inbox.FailOptions{}
+		err = m.giveBack(OpRelease, why, func(ctx context.Context) error { return m.ib.leases.Release(ctx, m.key, m.id) })
 	}
 	if err != nil {
 		return false, 0
@@ -731,44 +690,40 @@ func (l *lease) fail(why string, permanent bool) (dead bool, backoff time.Durati
 	return opts.Dead, opts.RetryAfter
 }
 
-// failGiveUp is how long a give-back after a failed handler is retried:
-// the middleware returns only then (Kafka redelivers in-process at once),
-// so for at most MaxBusyWait.
-func (l *lease) failGiveUp() time.Time {
-	return earlier(l.deadline, time.Now().Add(l.ib.cfg.MaxBusyWait))
-}
-
 // giveBack makes a Release or a Fail and waits for it, retrying a failure
-// with jittered backoff (storeBackoff) until giveUp or Close gives up
-// waiting: a key left claimed waits for its lease to end before the next
-// delivery can run it. It logs the end and returns the last error.
-func (l *lease) giveBack(op, why string, giveUp time.Time, f func(context.Context) error) error {
-	ib := l.ib
-	err := l.call(l.base, op, f)
-	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(l.base, err); retry++ {
-		ib.m.Outcome(l.handler, OutcomeStoreError)
+// with jittered backoff (storeBackoff) for at most MaxBusyWait and until
+// the lease ends or Close gives up waiting: a key left claimed waits for
+// its lease to end before the next delivery can run it. It logs the end
+// and returns the last error.
+func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error {
+	ib := m.ib
+	giveUp := earlier(m.deadline, time.Now().Add(ib.cfg.MaxBusyWait))
+	err := m.call(m.base, op, f)
+	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err); retry++ {
+		ib.m.Outcome(m.handler, OutcomeStoreError)
 		wait := storeBackoff.Pause(retry)
 		if time.Until(giveUp) < wait {
 			break
 		}
-		ib.health.Fail("Inbox store call after the handler failed; retrying", err, l.fields().Add(watermill.LogFields{"op": op}))
+		ib.health.Fail("Inbox store call after the handler failed; retrying", err, m.fields().Add(watermill.LogFields{"op": op}))
+		t := time.NewTimer(wait)
 		select {
-		case <-time.After(wait):
+		case <-t.C:
 		case <-ib.abandon:
+			t.Stop()
 			return err
 		}
-		err = l.call(l.base, op, f)
+		err = m.call(m.base, op, f)
 	}
-	fields := l.fields().Add(watermill.LogFields{"reason": why})
+	fields := m.fields().Add(watermill.LogFields{"reason": why})
 	switch {
 	case err == nil:
 		ib.health.OK()
-		ib.m.Outcome(l.handler, OutcomeReleased)
+		ib.m.Outcome(m.handler, OutcomeReleased)
 		ib.log.Debug("Inbox lease given back", fields)
 	case errors.Is(err, inbox.ErrLeaseLost):
 		ib.log.Debug("Inbox lease already gone when given back", fields)
-	case errors.Is(err, inbox.ErrNotSupported):
-	default:
+	case !errors.Is(err, inbox.ErrNotSupported):
 		ib.health.Fail("Inbox "+op+" failed; the key stays claimed until its lease ends", err, fields)
 	}
 	return err
@@ -796,22 +751,21 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 		return m.duplicate()
 	}
 	m.traced(OutcomeAcquired)
-	l := m.newLease(inbox.Claim{}, inbox.BeginOptions{Lease: ib.cfg.Lease}, time.Now())
-	l.interval, l.cancel = 0, func(error) {}
 	out, err := m.runHandler(m.msg.Context(), func(string) {})
 	if err != nil {
 		return out, err
 	}
+	m.base, m.cancel, m.deadline = context.WithoutCancel(m.msg.Context()), func(error) {}, time.Now().Add(ib.cfg.Lease)
 	ib.pending.Add(1) // until the mark is done
 	if len(out) > 0 && !acked(m.msg) {
-		ib.keep.await(l)
+		ib.keep.await(m)
 	} else {
-		l.settle(driver.Complete, "")
+		m.settleLease(driver.Mark, "")
 	}
 	return out, nil
 }
 
-// goroutineGoer is the goer of a store that has no Go: each call in a
+// goroutineGoer is the goer of a store that has none: each call in a
 // goroutine of its own, bounded by Config.StoreTimeout.
 type goroutineGoer struct{ ib *Inbox }
 
@@ -944,8 +898,6 @@ func (ib *Inbox) track() bool {
 }
 
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
-
-// ---- Small helpers ---------------------------------------------------------
 
 // sleep waits for d, adding it to total, or until ctx ends.
 func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {
