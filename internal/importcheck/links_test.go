@@ -72,6 +72,36 @@ func TestStore_program_links_only_its_driver(t *testing.T) {
 	}
 }
 
+// A package made for one broker links that broker's client and not the
+// other's: a Kafka program does not link amqp091, nor a RabbitMQ program
+// sarama.
+func TestBroker_package_links_only_its_client(t *testing.T) {
+	t.Parallel()
+	g := graph(t)
+	clients := map[string][]string{
+		"kafka": {"github.com/IBM/sarama", "github.com/ThreeDotsLabs/watermill-kafka"},
+		"amqp":  {"github.com/rabbitmq/amqp091-go", "github.com/ThreeDotsLabs/watermill-amqp"},
+	}
+	for pkg, own := range clients {
+		linked := g.reach(t, module+"/"+pkg, module+"/middleware")
+		for _, o := range own {
+			if linked.find(g, o) == nil {
+				t.Errorf("package %s does not link %s: is the list of clients right?", pkg, o)
+			}
+		}
+		for other, theirs := range clients {
+			if other == pkg {
+				continue
+			}
+			for _, c := range theirs {
+				if chain := linked.find(g, c); chain != nil {
+					t.Errorf("a program of package %s links %s: %s", pkg, c, strings.Join(chain, " -> "))
+				}
+			}
+		}
+	}
+}
+
 // Every package of the library links only the driver of the store it is
 // part of (a package under stores/sql/postgres, pgx), and no store's driver
 // otherwise (package stores, stores/sql, the middleware, the brokers'
