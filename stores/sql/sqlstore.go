@@ -150,16 +150,19 @@ type sqlDriver struct {
 }
 
 // New returns a store over db, which must be open on a database of
-// opts.Dialect. It asks a MySQL-protocol server for its version (to tell
-// MariaDB from MySQL) and, with [Options.AutoMigrate], creates the table;
-// ctx bounds that work. The store does not close db.
+// opts.Dialect, whose package the program imports (see [Dialect]: New
+// refuses a dialect that is not linked). It asks a MySQL-protocol server
+// for its version (to tell MariaDB from MySQL) and, with
+// [Options.AutoMigrate], creates the table; ctx bounds that work. The store
+// does not close db.
 //
 // On MySQL and MariaDB, open db with parseTime=true and clientFoundRows=true
 // (the URL opener does): the store does not depend on them for correctness,
 // but they are the settings it is tested with. On SQLite, set a busy
-// timeout and immediate transactions, and limit the pool to one connection
-// (db.SetMaxOpenConns(1)): SQLite has one writer at a time, and waiting in
-// the pool is cheaper than SQLite's busy loop. See the package documentation.
+// timeout and immediate transactions (the DSN of sqlitedialect.DSN does),
+// and limit the pool to one connection (db.SetMaxOpenConns(1)): SQLite has
+// one writer at a time, and waiting in the pool is cheaper than SQLite's
+// busy loop.
 func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sql store: db is nil", inbox.ErrInvalidArgument)
