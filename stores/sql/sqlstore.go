@@ -107,8 +107,8 @@ func (o Options) Validate() error {
 // concurrent use. Its methods are those of the portable layer it embeds,
 // [driver.Store] (TryBegin, Complete, Release, Fail, Extend, Get,
 // IsProcessed, MarkProcessed, List, Forget, ForceRelease, Retention,
-// BatchStats), with the contracts of [inbox.LeaseStore] and [inbox.Admin],
-// and its own below.
+// BatchStats, Close), with the contracts of [inbox.LeaseStore] and
+// [inbox.Admin], and its own below.
 type Store struct {
 	*driver.Store
 	d *sqlDriver
