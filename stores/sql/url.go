@@ -13,6 +13,8 @@ import (
 	"github.com/watermill-inbox/inbox/stores/sql/internal/dialect"
 )
 
+// The dialects' packages register their URL schemes with package stores;
+// their openers open the store here.
 func init() { dialect.OpenURL = openURL }
 
 // storeParams are the parameters every SQL URL takes besides the shared
