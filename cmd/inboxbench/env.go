@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
@@ -25,6 +24,9 @@ import (
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/mysql"    // the dialect, and the database/sql driver "mysql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, and the database/sql driver "pgx"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 // retention of every benchmark key: long enough for a run, short enough that
@@ -254,7 +256,7 @@ func newEnv(ctx context.Context, o options, need map[string]bool, rtt time.Durat
 		if err != nil {
 			return e, err
 		}
-		e.lite, err = sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(e.liteDir, "inbox.db"), 10*time.Second))
+		e.lite, err = sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(e.liteDir, "inbox.db"), 10*time.Second))
 		if err != nil {
 			return e, err
 		}

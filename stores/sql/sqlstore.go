@@ -103,35 +103,12 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store is the SQL [inbox.LeaseStore]. It is safe for concurrent use. The
-// portable layer it embeds ([driver.Store]) validates input, refuses calls
-// once closed, maps errors and batches concurrent calls; the statements are
-// its driver's.
-//
-// Its methods are those of the portable layer it embeds, [driver.Store],
-// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
-//
-//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
-//     lease: Acquired, Busy (another live lease, or a failed attempt's
-//     backoff), Processed or Dead.
-//   - Complete(ctx, key, leaseID): marks key processed under the lease;
-//     repeating it after success succeeds.
-//   - Release(ctx, key, leaseID): gives the lease back unmarked.
-//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
-//     out opts.RetryAfter, or is dead with opts.Dead.
-//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
-//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
-//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
-//     ([inbox.Store]).
-//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
-//   - Retention() time.Duration: how long a processed key stays processed
-//     ([inbox.RetentionReporter], for the middleware's stale check).
-//   - BatchStats: how calls were batched; Close.
-//
-// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
-// leaseID no longer holds the key; bad input wraps
-// [inbox.ErrInvalidArgument]; a backend failure wraps
-// [inbox.ErrStoreUnavailable].
+// Store is the SQL [inbox.LeaseStore] and [inbox.Admin]. It is safe for
+// concurrent use. Its methods are those of the portable layer it embeds,
+// [driver.Store] (TryBegin, Complete, Release, Fail, Extend, Get,
+// IsProcessed, MarkProcessed, List, Forget, ForceRelease, Retention,
+// BatchStats, Close), with the contracts of [inbox.LeaseStore] and
+// [inbox.Admin], and its own below.
 type Store struct {
 	*driver.Store
 	d *sqlDriver
@@ -173,16 +150,19 @@ type sqlDriver struct {
 }
 
 // New returns a store over db, which must be open on a database of
-// opts.Dialect. It asks a MySQL-protocol server for its version (to tell
-// MariaDB from MySQL) and, with [Options.AutoMigrate], creates the table;
-// ctx bounds that work. The store does not close db.
+// opts.Dialect, whose package the program imports (see [Dialect]: New
+// refuses a dialect that is not linked). It asks a MySQL-protocol server
+// for its version (to tell MariaDB from MySQL) and, with
+// [Options.AutoMigrate], creates the table; ctx bounds that work. The store
+// does not close db.
 //
 // On MySQL and MariaDB, open db with parseTime=true and clientFoundRows=true
 // (the URL opener does): the store does not depend on them for correctness,
 // but they are the settings it is tested with. On SQLite, set a busy
-// timeout and immediate transactions, and limit the pool to one connection
-// (db.SetMaxOpenConns(1)): SQLite has one writer at a time, and waiting in
-// the pool is cheaper than SQLite's busy loop. See the package documentation.
+// timeout and immediate transactions (the DSN of sqlitedialect.DSN does),
+// and limit the pool to one connection (db.SetMaxOpenConns(1)): SQLite has
+// one writer at a time, and waiting in the pool is cheaper than SQLite's
+// busy loop.
 func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sql store: db is nil", inbox.ErrInvalidArgument)
