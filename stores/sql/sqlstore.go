@@ -55,6 +55,15 @@ type Options struct {
 	// default [DefaultCleanupBatch].
 	CleanupBatch int
 
+	// Timeout bounds each call, its wait in the batch queue included; a
+	// call that has no answer by then fails with an error wrapping
+	// inbox.ErrStoreUnavailable and context.DeadlineExceeded, and its round
+	// trip is canceled once every call it carries has timed out. Optional;
+	// default [DefaultTimeout] (10 s: longer than SQLite's busy timeout, so
+	// that a locked database answers with its own error first); negative
+	// means no bound.
+	Timeout time.Duration
+
 	// Logger receives the janitor's errors. Optional; default no logging.
 	Logger watermill.LoggerAdapter
 
@@ -76,10 +85,16 @@ func (o *Options) setDefaults() {
 	if o.CleanupBatch == 0 {
 		o.CleanupBatch = DefaultCleanupBatch
 	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = watermill.NopLogger{}
 	}
 }
+
+// DefaultTimeout is the default of Options.Timeout.
+const DefaultTimeout = 10 * time.Second
 
 // Validate reports whether o is usable after defaults. Errors wrap
 // [inbox.ErrInvalidArgument].
@@ -201,7 +216,7 @@ func newStore(db *sql.DB, opts Options) (*Store, error) {
 	if opts.batch != nil {
 		b = *opts.batch
 	}
-	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b})
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
