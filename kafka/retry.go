@@ -66,14 +66,19 @@ type RetryConfig struct {
 	RequiredAcks sarama.RequiredAcks
 
 	// Partitions is the number of partitions of each retry topic created at
-	// setup. A retry topic's partition handles one message at a time, as
-	// the main topic's do, so its partitions bound how many retries of one
-	// delay run at once. Each partition also costs the retry consumers
-	// fetch work and goroutines whether it holds copies or not: with a
-	// fast handler and few failures, fewer partitions than the main
-	// topic's are faster (BENCHMARKS.md measures it, issue 21). Default 0:
-	// as many as the main topic has.
+	// setup. Each partition costs the retry consumers fetch work and
+	// goroutines whether it holds copies or not, and a partition delivers
+	// its due copies concurrently (Concurrency), so a retry topic needs
+	// few. Default 0: as many as the main topic has.
 	Partitions int32
+
+	// Concurrency is the most copies of one retry topic's partition that
+	// the subscriber of [Retry.Subscriber] delivers at once: copies that are
+	// due, sent to the router, not yet acked. It bounds, with Partitions,
+	// how many retries of one delay run at once: with a handler of 100 ms,
+	// one partition retries up to Concurrency × 10 copies a second. Default
+	// [DefaultConcurrency].
+	Concurrency int
 
 	// ReplicationFactor is the replication factor of each retry topic
 	// created at setup. Default 0: the main topic's.
@@ -119,6 +124,9 @@ func DefaultTopicName(topic, group string, delay time.Duration) string {
 // about twice its backoff.
 var DefaultDelays = ladder.Default
 
+// DefaultConcurrency is the default of RetryConfig.Concurrency.
+const DefaultConcurrency = 32
+
 // RetryConsumerGroupSuffix is appended to RetryConfig.ConsumerGroup to name
 // the retry consumer group when RetryConfig.RetryConsumerGroup is empty.
 const RetryConsumerGroupSuffix = ".retry"
@@ -129,6 +137,9 @@ func (c *RetryConfig) setDefaults() {
 	}
 	if c.SaramaConfig == nil {
 		c.SaramaConfig = sarama.NewConfig()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.RequiredAcks == sarama.NoResponse {
 		c.RequiredAcks = sarama.WaitForAll
@@ -186,6 +197,9 @@ func (c RetryConfig) Validate() error {
 	}
 	if c.Partitions < 0 {
 		bad("Partitions %d is negative", c.Partitions)
+	}
+	if c.Concurrency < 0 {
+		bad("Concurrency %d is negative", c.Concurrency)
 	}
 	if c.ReplicationFactor < 0 {
 		bad("ReplicationFactor %d is negative", c.ReplicationFactor)

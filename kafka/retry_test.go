@@ -553,6 +553,7 @@ func TestRetryConfig_Validate_names_each_mistake(t *testing.T) {
 		{"sub-millisecond delay", func(c *inboxkafka.RetryConfig) { c.Delays = []time.Duration{1500 * time.Microsecond} }, "whole number of milliseconds"},
 		{"acks", func(c *inboxkafka.RetryConfig) { c.RequiredAcks = 2 }, "RequiredAcks 2"},
 		{"partitions", func(c *inboxkafka.RetryConfig) { c.Partitions = -1 }, "Partitions -1 is negative"},
+		{"concurrency", func(c *inboxkafka.RetryConfig) { c.Concurrency = -1 }, "Concurrency -1 is negative"},
 		{"replication", func(c *inboxkafka.RetryConfig) { c.ReplicationFactor = -1 }, "ReplicationFactor -1 is negative"},
 		{"same group", func(c *inboxkafka.RetryConfig) { c.RetryConsumerGroup = "billing" }, "need a consumer group of their own"},
 		{"group not fit for a topic name", func(c *inboxkafka.RetryConfig) { c.ConsumerGroup = "billing/eu" }, `"orders.billing/eu.retry-250ms", which holds '/'`},
