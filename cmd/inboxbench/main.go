@@ -27,10 +27,13 @@
 //     consumers, Kafka retry topics with 16 partitions), with handlers that
 //     never fail, fail 10% of their attempts, and do so with a poison key
 //     per consumer (MaxAttempts 3); and the same failures waited out in the
-//     consumer (no Redelivery), at a size of its own: keys processed per
-//     second until 90% and until all were, the waits against their backoff,
-//     the dead keys' attempts, the hand-offs and store calls per failed
-//     attempt;
+//     consumer (no Redelivery), at a size of its own; and the hand-off floor
+//     (issue 31), the same router and handler with no inbox and no store,
+//     handing every failed attempt to the same delay queues or retry topics:
+//     keys processed per second until 90% and until all were, the waits
+//     against their backoff, the dead keys' attempts, the hand-offs and
+//     store calls per failed attempt, and the inbox's ratio with failures
+//     relative to the floor's;
 //  4. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
 //  5. store round trips, TryBegin+Complete against the raw client running the
@@ -41,7 +44,7 @@
 // repetition to the next; ratios are taken within a repetition, then the
 // median over repetitions is reported. The load average is printed at the
 // start and the end. The report ends with the targets table of issues 14,
-// 21 and 24 (and the guards of issue 13), which -benchmarks-md also writes
+// 21, 24 and 31 (and the guards of issue 13), which -benchmarks-md also writes
 // into BENCHMARKS.md, between markers, with the machine and the command.
 //
 //	go run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md
