@@ -69,10 +69,10 @@
 // Topics and groups. For each main topic of RetryConfig.Topics and each
 // delay of the ladder (RetryConfig.Delays), [NewRetry] creates a retry topic
 // through the admin API unless it exists, named by RetryConfig.TopicName
-// ([DefaultTopicName]: "orders.billing.retry-250ms"), with as many
-// partitions and the same replication factor as the main topic unless
-// RetryConfig.Partitions and ReplicationFactor say otherwise (the default
-// ladder has 9 delays: 9 topics per main topic and consumer group). The
+// ([DefaultTopicName]: "orders.billing.retry-250ms"), with one partition
+// and the main topic's replication factor unless RetryConfig.Partitions and
+// ReplicationFactor say otherwise (the default ladder has 9 delays: 9
+// topics per main topic and consumer group). The
 // retry topics belong to one consumer group: two groups on one topic retry
 // their own failures. They are consumed in a consumer group of their own,
 // "billing.retry" (RetryConfig.RetryConsumerGroup), so consumers joining and

@@ -103,6 +103,9 @@ type failuresResults struct {
 	trials  []map[string][]failTrial
 	reps    int
 	backoff time.Duration // -failures-backoff
+	// retryPartitions is -failures-retry-partitions: RetryConfig.Partitions
+	// of the Kafka retry topics, 0 for its default.
+	retryPartitions int
 }
 
 // failTrial is one failures trial.
@@ -564,7 +567,7 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 	if err != nil {
 		return nil, err
 	}
-	res := &failuresResults{reps: o.failuresReps, backoff: o.failuresBackoff}
+	res := &failuresResults{reps: o.failuresReps, backoff: o.failuresBackoff, retryPartitions: o.failuresRetryPartitions}
 	for _, b := range o.brokers {
 		consumers, n, small := failuresRabbitConsumers, o.failuresN, o.failuresInProcessN
 		if b == "kafka" {
@@ -618,7 +621,11 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 		case "rabbitmq":
 			b, err = newRabbit(o.amqpURL, o.runID+"-f")
 		case "kafka":
-			b, err = newKafka(o.kafkaBrokers, o.runID+"-f")
+			var k *kafkaBroker
+			if k, err = newKafka(o.kafkaBrokers, o.runID+"-f"); err == nil {
+				k.retryPartitions = int32(o.failuresRetryPartitions)
+				b = k
+			}
 		default:
 			err = fmt.Errorf("unknown broker %q", g.broker)
 		}
@@ -808,8 +815,8 @@ func ratePass(t failTrial) float64 { return t.ratePass() }
 func (r *failuresResults) markdown(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## Failures: failed attempts held by the broker (issue 21)\n\n")
-	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
-		backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
+	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber, %s), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
+		retryPartitionsName(r.retryPartitions), backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
 	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, every attempt fails with probability 0.1 (a transient error before the handler's effect, decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21; `floor-no-failures` and `floor-failures-10%%`, the hand-off floor (issue 31): the same router, handler and failures with no inbox and no store, which on a failed attempt hands a copy to the same delay queue or retry topic with the same backoff, waits for the same confirm or acknowledged produce, and acks, the copy running the handler again when it comes back: what the broker's hand-off alone costs. Each variant's ratio is to its baseline of the same repetition: `no-failures` for the inbox's, `floor-no-failures` for the floor's; **relative to the hand-off floor** is the inbox's ratio with failures-10%% divided by the floor's, within each repetition: what the inbox adds to a failure (its store calls), the broker's hand-off left out. ", poisonMaxAttempts)
 	p("The in-process variant runs at a size of its own, against a `no-failures` trial of that size in the same repetition: its failed keys stall their consumer for their backoff, so at the full size one trial would take minutes. ")
 	p("%s of every variant (-failures-reps), each running every variant of a group once in an order rotated from one repetition to the next; ratios are taken within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
@@ -883,6 +890,14 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 				cell(q, "%.2f", true), cell(r.relativeToFloor(g.broker, rateAll), "%.2f", true), cell(r.relativeToFloor(g.broker, ratePass), "%.2f", true))
 		}
 	}
+}
+
+// retryPartitionsName says how many partitions the Kafka retry topics had.
+func retryPartitionsName(n int) string {
+	if n == 0 {
+		return "the default `RetryConfig` (its `Partitions` and `Concurrency`)"
+	}
+	return fmt.Sprintf("%d partitions per retry topic (-failures-retry-partitions; not the default)", n)
 }
 
 // backoffName says which backoff the section used.

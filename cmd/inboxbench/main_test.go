@@ -237,6 +237,7 @@ func TestParseFlags_rejects_bad_values(t *testing.T) {
 		{"-failures-reps", "-1"},
 		{"-failures-n", "0"},
 		{"-failures-backoff", "0s"},
+		{"-failures-retry-partitions", "-1"},
 		{"-failures-variants", "failures-50%"},
 	} {
 		if _, err := parseFlags(args); err == nil {
