@@ -3,7 +3,7 @@
 // any store this project ships, chosen by URL.
 //
 // Configuration comes from the environment; each variable has a flag of the
-// same meaning, which wins:
+// same meaning, which wins (inboxd -h lists the flags):
 //
 //	INBOX_STORE_URL        -store           store URL (memory://, redis://..., postgres://...); default memory://
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
@@ -200,13 +200,44 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil, hup); err != nil {
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil, hup)
+	stop()
+	var usageErr *usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage(os.Stdout)
+	case errors.As(err, &usageErr):
+		fmt.Fprintf(os.Stderr, "inboxd: %v\nRun inboxd -h for the flags.\n", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "inboxd:", err)
 		os.Exit(1)
 	}
+}
+
+// usageError is a flag or an argument inboxd does not take: exit 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+// usage writes what inboxd -h prints: the flags with their built-in
+// defaults (never the environment's: a store URL may hold a password).
+func usage(w io.Writer) {
+	s, hosts, _ := fromEnv(func(string) string { return "" })
+	fs := flags(&s, &hosts)
+	fs.SetOutput(w)
+	fmt.Fprint(w, `Usage: inboxd [flags]
+
+inboxd serves the remote inbox protocol v1 over the store of -store. Each
+flag has an environment variable, named in its line; the flag wins over it.
+INBOX_TOKEN (no flag, as flags show in process lists) is a bearer token.
+go doc ./cmd/inboxd and docs/inboxd.md say more.
+
+Flags:
+`)
+	fs.PrintDefaults()
 }
 
 // settings are inboxd's configuration after env and flags.
@@ -241,6 +272,26 @@ func (s settings) adminNoAuth() bool {
 
 // parse reads the environment, then the flags over it.
 func parse(args []string, getenv func(string) string) (settings, error) {
+	s, hosts, err := fromEnv(getenv)
+	if err != nil {
+		return s, err
+	}
+	fs := flags(&s, &hosts)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return s, err
+		}
+		return s, &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return s, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	return s, s.finish(getenv, hosts)
+}
+
+// fromEnv is the settings the environment gives (the built-in defaults
+// for the variables it does not set), and INBOX_ALLOWED_HOSTS.
+func fromEnv(getenv func(string) string) (settings, string, error) {
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
@@ -291,17 +342,74 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 			*dst = b
 		}
 	}
-	hosts := env("INBOX_ALLOWED_HOSTS", "")
-	if err := errors.Join(errs...); err != nil {
-		return s, err
+	return s, env("INBOX_ALLOWED_HOSTS", ""), errors.Join(errs...)
+}
+
+// finish reads the token files and the certificate that s names, and
+// checks that s is a configuration inboxd serves.
+func (s *settings) finish(getenv func(string) string, hosts string) error {
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			s.allowedHosts = append(s.allowedHosts, h)
+		}
 	}
+	token := getenv("INBOX_TOKEN")
+	if token != "" && s.tokenFile != "" {
+		return errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
+	}
+	if token != "" {
+		s.grants = []server.Grant{{Token: token}}
+	}
+	if s.tokenFile != "" {
+		var err error
+		if s.grants, err = readGrants(s.tokenFile); err != nil {
+			return err
+		}
+	}
+	if s.adminTokenFile != "" {
+		var err error
+		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
+			return err
+		}
+		if err := disjoint(s.grants, s.adminTokens); err != nil {
+			return err
+		}
+	}
+	if len(s.grants) == 0 && !s.allowNoAuth && !loopback(s.listen) {
+		return fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
+			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
+			s.listen, makeToken("$HOME/.config/inboxd/token"))
+	}
+	if len(s.grants) == 0 && !loopback(s.listen) && len(s.allowedHosts) == 0 {
+		return fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: without tokens inboxd answers only requests whose Host is a loopback name or address "+
+			"(so that no web page can reach it through DNS rebinding), which clients on other machines do not send. "+
+			"Set INBOX_ALLOWED_HOSTS (-allowed-hosts) to the names and addresses clients use to reach it (comma-separated, such as inboxd.internal,10.0.0.5), or give a token file (INBOX_TOKEN_FILE)", s.listen)
+	}
+	if (s.tlsCert == "") != (s.tlsKey == "") {
+		return fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
+	}
+	if s.tlsCert != "" {
+		var err error
+		if s.cert, err = loadCert(s.tlsCert, s.tlsKey); err != nil {
+			return err
+		}
+	}
+	if s.shutdown <= 0 {
+		return fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
+	}
+	return nil
+}
+
+// flags is inboxd's flag set over s, whose fields hold the defaults
+// (the environment's, or the built-in ones); hosts is -allowed-hosts.
+func flags(s *settings, hosts *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("inboxd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
 	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
 	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file of bearer tokens, one a line (INBOX_TOKEN_FILE)")
 	fs.StringVar(&s.adminTokenFile, "admin-token-file", s.adminTokenFile, "file of the operators' bearer tokens, one a line (INBOX_ADMIN_TOKEN_FILE)")
-	fs.StringVar(&hosts, "allowed-hosts", hosts, "host names besides loopback ones a server without tokens answers, comma-separated (INBOX_ALLOWED_HOSTS)")
+	fs.StringVar(hosts, "allowed-hosts", *hosts, "host names besides loopback ones a server without tokens answers, comma-separated (INBOX_ALLOWED_HOSTS)")
 	fs.BoolVar(&s.metricsOpen, "metrics-open", s.metricsOpen, "serve /metrics without a token (INBOX_METRICS_OPEN)")
 	fs.DurationVar(&s.maxRetryAfter, "max-retry-after", s.maxRetryAfter, "longest backoff of a failed attempt (INBOX_MAX_RETRY_AFTER)")
 	fs.StringVar(&s.tlsCert, "tls-cert", s.tlsCert, "PEM certificate to serve HTTPS with (INBOX_TLS_CERT_FILE)")
@@ -316,62 +424,7 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
 	fs.BoolVar(&s.allowNoAuth, "allow-no-auth", s.allowNoAuth, "serve without a token on an address that is not loopback (INBOX_ALLOW_NO_AUTH)")
-	if err := fs.Parse(args); err != nil {
-		return s, err
-	}
-	if fs.NArg() > 0 {
-		return s, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	for _, h := range strings.Split(hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			s.allowedHosts = append(s.allowedHosts, h)
-		}
-	}
-	token := getenv("INBOX_TOKEN")
-	if token != "" && s.tokenFile != "" {
-		return s, errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
-	}
-	if token != "" {
-		s.grants = []server.Grant{{Token: token}}
-	}
-	if s.tokenFile != "" {
-		var err error
-		if s.grants, err = readGrants(s.tokenFile); err != nil {
-			return s, err
-		}
-	}
-	if s.adminTokenFile != "" {
-		var err error
-		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
-			return s, err
-		}
-		if err := disjoint(s.grants, s.adminTokens); err != nil {
-			return s, err
-		}
-	}
-	if len(s.grants) == 0 && !s.allowNoAuth && !loopback(s.listen) {
-		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
-			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
-			s.listen, makeToken("$HOME/.config/inboxd/token"))
-	}
-	if len(s.grants) == 0 && !loopback(s.listen) && len(s.allowedHosts) == 0 {
-		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: without tokens inboxd answers only requests whose Host is a loopback name or address "+
-			"(so that no web page can reach it through DNS rebinding), which clients on other machines do not send. "+
-			"Set INBOX_ALLOWED_HOSTS (-allowed-hosts) to the names and addresses clients use to reach it (comma-separated, such as inboxd.internal,10.0.0.5), or give a token file (INBOX_TOKEN_FILE)", s.listen)
-	}
-	if (s.tlsCert == "") != (s.tlsKey == "") {
-		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
-	}
-	if s.tlsCert != "" {
-		var err error
-		if s.cert, err = loadCert(s.tlsCert, s.tlsKey); err != nil {
-			return s, err
-		}
-	}
-	if s.shutdown <= 0 {
-		return s, fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
-	}
-	return s, nil
+	return fs
 }
 
 // run serves until ctx ends, then shuts down gracefully. ready, when not

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -807,4 +808,50 @@ func startLogging(t *testing.T, cmd *exec.Cmd) <-chan string {
 		close(lines)
 	}()
 	return lines
+}
+
+// inboxd -h lists every flag with its environment variable on standard
+// output and exits 0, as inboxctl does; the defaults it shows are the
+// built-in ones, never the environment's (INBOX_STORE_URL may hold a
+// password). An unknown flag exits 2, naming it and -h.
+func TestMain_help_lists_the_flags(t *testing.T) {
+	t.Parallel()
+	runMain := func(args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "INBOXD_TEST_RUN_MAIN=1", "INBOX_STORE_URL=redis://:hunter2-password@127.0.0.1:1/0")
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+	}
+	for _, h := range []string{"-h", "-help", "--help"} {
+		code, out, errOut := runMain(h)
+		if code != 0 || errOut != "" {
+			t.Fatalf("inboxd %s: exit %d, stderr %q, want 0 and nothing on stderr", h, code, errOut)
+		}
+		var s settings
+		var hosts string
+		flags(&s, &hosts).VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(out, "\n  -"+f.Name+" ") && !strings.Contains(out, "\n  -"+f.Name+"\n") {
+				t.Errorf("inboxd %s does not list -%s:\n%s", h, f.Name, out)
+			}
+		})
+		for _, want := range []string{"Usage: inboxd", "INBOX_STORE_URL", "INBOX_TOKEN ", "INBOX_LISTEN_ADDR", `(default "memory://")`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("inboxd %s lacks %q:\n%s", h, want, out)
+			}
+		}
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("inboxd %s shows the environment's store URL:\n%s", h, out)
+		}
+	}
+	code, out, errOut := runMain("-nope")
+	if code != 2 || out != "" || !strings.Contains(errOut, "-nope") || !strings.Contains(errOut, "-h") {
+		t.Fatalf("inboxd -nope: exit %d, stdout %q, stderr %q; want 2 and an error naming -nope and -h", code, out, errOut)
+	}
 }
