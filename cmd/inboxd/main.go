@@ -36,8 +36,9 @@
 //
 // # Tokens
 //
-// A token is any string without spaces or line breaks that clients send as
-// "Authorization: Bearer <token>"; make one with 32 random bytes:
+// A token is any string of at least 16 bytes without spaces or line breaks
+// that clients send as "Authorization: Bearer <token>"; make one with 32
+// random bytes:
 //
 //	mkdir -p "$HOME/.config/inboxd"
 //	head -c 32 /dev/urandom | base64 > "$HOME/.config/inboxd/token"
@@ -52,10 +53,12 @@
 //	9fQ...shipping-token... prefix=rabbit:shipping:
 //	Kd2...unlimited-token...
 //
-// A call with a limited token on a key outside its prefixes (GET included)
-// is answered 403 forbidden. A file repeating a token, or a line with
-// another field after the token, is refused, naming the line, never the
-// token.
+// A prefix ends with ':' (prefix=app would reach apple:1). A call with a
+// limited token on a key outside its prefixes (GET included) is answered
+// 403 forbidden. A file with a shorter token, a token repeated, a prefix
+// without ':', or a line with another field after the token is refused,
+// naming the line, never the token. inboxd warns at start and at each
+// reload when a token file's group or others may read or write it.
 //
 // The operators' calls, list, forget and force-release (the admin
 // extension: cmd/inboxctl over an http:// store URL), need a token of their
@@ -254,6 +257,7 @@ type settings struct {
 	maxBody                                       int64
 	maxKey                                        int
 	cert                                          *tls.Certificate // loaded from tlsCert and tlsKey
+	warnings                                      []string         // logged once the logger exists
 }
 
 // auth is what the listening line says of the consumers' auth.
@@ -358,6 +362,9 @@ func (s *settings) finish(getenv func(string) string, hosts string) error {
 		return errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
 	}
 	if token != "" {
+		if len(token) < server.MinTokenBytes {
+			return fmt.Errorf("INBOX_TOKEN is %d bytes, shorter than the %d bytes a token must have: make one with: head -c 32 /dev/urandom | base64", len(token), server.MinTokenBytes)
+		}
 		s.grants = []server.Grant{{Token: token}}
 	}
 	if s.tokenFile != "" {
@@ -365,12 +372,14 @@ func (s *settings) finish(getenv func(string) string, hosts string) error {
 		if s.grants, err = readGrants(s.tokenFile); err != nil {
 			return err
 		}
+		s.warnings = append(s.warnings, openToOthers(s.tokenFile, "INBOX_TOKEN_FILE")...)
 	}
 	if s.adminTokenFile != "" {
 		var err error
 		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
 			return err
 		}
+		s.warnings = append(s.warnings, openToOthers(s.adminTokenFile, "INBOX_ADMIN_TOKEN_FILE")...)
 		if err := disjoint(s.grants, s.adminTokens); err != nil {
 			return err
 		}
@@ -505,6 +514,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 			"Give it a certificate (INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE), or put it behind a proxy that terminates TLS on the same machine",
 			slog.String("addr", ln.Addr().String()))
 	}
+	for _, w := range s.warnings {
+		log.Warn(w)
+	}
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -616,6 +628,10 @@ func readGrants(file string) ([]server.Grant, error) {
 			if !ok || p == "" {
 				return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE), line %d: after the token, a line takes only prefix=<key prefix> fields (a token holds no spaces), and a prefix is not empty", file, l.n)
 			}
+			if !strings.HasSuffix(p, server.PrefixSeparator) {
+				return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE), line %d: prefix %q does not end with %q: without the separator the token reaches other namespaces' keys (prefix=app reaches apple:1); use %q",
+					file, l.n, p, server.PrefixSeparator, p+server.PrefixSeparator)
+			}
 			g.Prefixes = append(g.Prefixes, p)
 		}
 		grants = append(grants, g)
@@ -649,6 +665,18 @@ func disjoint(grants []server.Grant, admins []string) error {
 		}
 	}
 	return nil
+}
+
+// openToOthers is the warning, if any, for a token file that its group
+// or others may read or write: anyone who can read it can call inboxd as
+// its tokens' holders.
+func openToOthers(file, setting string) []string {
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("token file %q (%s) has mode %04o: its group or others may read or change its tokens; chmod 600 %s",
+		file, setting, fi.Mode().Perm(), shellQuote(file))}
 }
 
 // tokenLine is a line of a token file: its number and its fields.
@@ -689,6 +717,10 @@ func readTokenLines(file, setting, help string) ([]tokenLine, error) {
 		if first, dup := seen[f[0]]; dup {
 			return nil, fmt.Errorf("%s %q (%s): line %d repeats the token of line %d", what, file, setting, i+1, first)
 		}
+		if len(f[0]) < server.MinTokenBytes {
+			return nil, fmt.Errorf("%s %q (%s): the token of line %d is %d bytes, shorter than the %d bytes a token must have: make one with: head -c 32 /dev/urandom | base64",
+				what, file, setting, i+1, len(f[0]), server.MinTokenBytes)
+		}
 		seen[f[0]] = i + 1
 		lines = append(lines, tokenLine{n: i + 1, fields: f})
 	}
@@ -713,6 +745,7 @@ func loadCert(certFile, keyFile string) (*tls.Certificate, error) {
 func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certificate], log *slog.Logger) {
 	attrs := []any{}
 	failed := false
+	var warnings []string
 	if s.tokenFile != "" || s.adminTokenFile != "" {
 		err := func() error {
 			grants, admins := s.grants, s.adminTokens
@@ -721,11 +754,13 @@ func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certific
 				if grants, err = readGrants(s.tokenFile); err != nil {
 					return err
 				}
+				warnings = append(warnings, openToOthers(s.tokenFile, "INBOX_TOKEN_FILE")...)
 			}
 			if s.adminTokenFile != "" {
 				if admins, err = readAdminTokens(s.adminTokenFile); err != nil {
 					return err
 				}
+				warnings = append(warnings, openToOthers(s.adminTokenFile, "INBOX_ADMIN_TOKEN_FILE")...)
 			}
 			if err := disjoint(grants, admins); err != nil {
 				return err
@@ -780,6 +815,9 @@ func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certific
 				attrs = append(attrs, slog.Time("cert_not_after", c.Leaf.NotAfter))
 			}
 		}
+	}
+	for _, w := range warnings {
+		log.Warn(w)
 	}
 	attrs = append(attrs, slog.Bool("complete", !failed))
 	log.Info("inboxd reloaded", attrs...)

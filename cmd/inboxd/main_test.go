@@ -541,7 +541,7 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 func TestRun_tls_serves_https_to_the_remote_client(t *testing.T) {
 	t.Parallel()
 	certFile, keyFile, pool := selfSigned(t)
-	const token = "tls-test-token"
+	const token = "tls-test-token-0001"
 	addr, logs, _, _ := startRun(t, map[string]string{
 		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TLS_CERT_FILE": certFile, "INBOX_TLS_KEY_FILE": keyFile,
 		"INBOX_TOKEN": token,
@@ -742,7 +742,7 @@ func TestParse_no_auth_only_on_loopback(t *testing.T) {
 		if ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "INBOX_ALLOWED_HOSTS")) {
 			t.Errorf("listen %s with INBOX_ALLOW_NO_AUTH=true and no INBOX_ALLOWED_HOSTS: %v; want allowed=%v, else an error naming INBOX_ALLOWED_HOSTS", addr, err, ok)
 		}
-		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "t0k"})); err != nil {
+		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "consumer-token-t0k"})); err != nil {
 			t.Errorf("listen %s with a token: %v", addr, err)
 		}
 	}

@@ -220,7 +220,7 @@ func (f failing) Extend(context.Context, string, string, time.Duration) (time.Ti
 // answers are checked).
 func TestServer_error_answers_follow_openapi(t *testing.T) {
 	t.Parallel()
-	v, base := newValidator(t, server.Config{Token: "tok", AdminTokens: []string{"adm"}, LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048, MaxRetryAfter: time.Hour}, false)
+	v, base := newValidator(t, server.Config{Token: "consumer-token-01", AdminTokens: []string{"admin-token-0001"}, LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048, MaxRetryAfter: time.Hour}, false)
 	// send sends a request with the consumer's token (auth), the admin's
 	// (on the admin endpoints) or none; hdr (name, value, ...) overrides
 	// the Content-Type of a body (application/json) or sets the Host.
@@ -230,9 +230,9 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 			req.Header.Set("Content-Type", "application/json")
 		}
 		if auth {
-			tok := "tok"
+			tok := "consumer-token-01"
 			if strings.HasSuffix(path, "/list") || strings.HasSuffix(path, "/forget") || strings.HasSuffix(path, "/force-release") {
-				tok = "adm"
+				tok = "admin-token-0001"
 			}
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
@@ -305,7 +305,7 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 	for _, path := range []string{"/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release"} {
 		req, _ := http.NewRequest("POST", base+path, strings.NewReader(`{"key":"k"}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer tok")
+		req.Header.Set("Authorization", "Bearer consumer-token-01")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

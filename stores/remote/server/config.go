@@ -38,6 +38,15 @@ const (
 	DefaultMaxRetryAfter = 24 * time.Hour
 )
 
+// MinTokenBytes is the shortest bearer token the server accepts in its
+// configuration: a shorter one could be guessed.
+const MinTokenBytes = 16
+
+// PrefixSeparator ends every key prefix of a [Grant], as it ends the
+// parts of an inbox key: without it, prefix "app" would reach "apple:1",
+// another namespace's key.
+const PrefixSeparator = ":"
+
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].
 var ErrInvalidConfig = fmt.Errorf("%w: invalid inbox server config", inbox.ErrInvalidArgument)
 
@@ -64,8 +73,9 @@ type Config struct {
 	// Token turns bearer authentication on: every call of a consumer (all
 	// but discovery, the admin endpoints, /healthz and /readyz) must carry
 	// "Authorization: Bearer <Token>", else the answer is 401; so must
-	// /metrics, unless MetricsOpen. Optional; default "" (auth none). The
-	// token is never logged.
+	// /metrics, unless MetricsOpen. Optional; default "" (auth none). A
+	// token (here, in Tokens, Grants or AdminTokens) has at least
+	// [MinTokenBytes]. The token is never logged.
 	//
 	// Without any consumer token (Token, Tokens, Grants), auth is none, and
 	// the server defends against web pages instead: it refuses (403
@@ -78,7 +88,7 @@ type Config struct {
 	// Tokens are more accepted bearer tokens, beside Token: for a rotation
 	// without downtime, accept the old and the new one, move the clients,
 	// then drop the old one ([Server.SetTokens] changes the set while
-	// serving). Any token turns auth on. Optional; none may be empty.
+	// serving). Any token turns auth on. Optional.
 	Tokens []string
 
 	// Grants are more consumers' tokens, beside Token and Tokens, each
@@ -91,8 +101,8 @@ type Config struct {
 	// token is answered 403 forbidden there. An admin token is also
 	// accepted on every other endpoint, for every key. A token that is
 	// both an admin's and a consumer's is an admin's; Validate refuses
-	// that. [Server.SetAdminTokens] changes them while serving. Optional;
-	// none may be empty. Without any, the admin endpoints are off (403
+	// that. [Server.SetAdminTokens] changes them while serving. Optional.
+	// Without any, the admin endpoints are off (403
 	// forbidden, and the discovery document leaves the admin extension
 	// out), unless AdminNoAuth.
 	AdminTokens []string
@@ -224,24 +234,38 @@ func (c *Config) setDefaults() {
 
 // Grant is a consumer's bearer token and the keys it may touch.
 type Grant struct {
-	// Token is the bearer token. Required. It is never logged nor quoted in
-	// errors.
+	// Token is the bearer token. Required; at least [MinTokenBytes]. It is
+	// never logged nor quoted in errors.
 	Token string
 
 	// Prefixes, when not empty, restrict the token to the keys that start
 	// with one of them: a call on another key, GET included, is answered
-	// 403 forbidden. Optional; default none: every key. None may be empty.
+	// 403 forbidden. Each ends with [PrefixSeparator]. Optional; default
+	// none: every key.
 	Prefixes []string
 }
 
 func (g Grant) validate() error {
-	if g.Token == "" {
-		return errors.New("its token is empty")
+	if err := checkToken(g.Token); err != nil {
+		return fmt.Errorf("its token %v", err)
 	}
 	for i, p := range g.Prefixes {
 		if p == "" || !utf8.ValidString(p) || len(p) > inbox.MaxKeyLen {
 			return fmt.Errorf("its prefix %d must be 1 to %d bytes of UTF-8", i, inbox.MaxKeyLen)
 		}
+		if !strings.HasSuffix(p, PrefixSeparator) {
+			return fmt.Errorf("its prefix %d %s does not end with %q: without the separator it reaches other namespaces' keys (prefix \"app\" reaches \"apple:1\"); use %s",
+				i, quote(p, 100), PrefixSeparator, quote(p+PrefixSeparator, 101))
+		}
+	}
+	return nil
+}
+
+// checkToken refuses a token shorter than MinTokenBytes, in words that
+// follow "token" and never quote it.
+func checkToken(t string) error {
+	if len(t) < MinTokenBytes {
+		return fmt.Errorf("is %d bytes, shorter than the %d bytes a token must have (make one with: head -c 32 /dev/urandom | base64)", len(t), MinTokenBytes)
 	}
 	return nil
 }
@@ -268,9 +292,14 @@ func (c Config) Validate() error {
 	if c.Store == nil {
 		bad("Store is required")
 	}
+	if c.Token != "" {
+		if err := checkToken(c.Token); err != nil {
+			bad("Token %v", err)
+		}
+	}
 	for i, t := range c.Tokens {
-		if t == "" {
-			bad("Tokens[%d] is empty", i)
+		if err := checkToken(t); err != nil {
+			bad("Tokens[%d] %v", i, err)
 		}
 	}
 	consumers := map[string]bool{}
@@ -283,9 +312,9 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, t := range c.AdminTokens {
-		switch {
-		case t == "":
-			bad("AdminTokens[%d] is empty", i)
+		switch err := checkToken(t); {
+		case err != nil:
+			bad("AdminTokens[%d] %v", i, err)
 		case consumers[t]:
 			bad("AdminTokens[%d] is also a consumer's token: give operators tokens of their own", i)
 		}

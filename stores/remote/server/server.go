@@ -593,8 +593,8 @@ func (s *Server) SetAdminTokens(tokens ...string) error {
 	}
 	hashes := hashTokens(tokens)
 	for i, t := range tokens {
-		if t == "" {
-			return fmt.Errorf("%w: SetAdminTokens: token %d is empty", ErrInvalidConfig, i)
+		if err := checkToken(t); err != nil {
+			return fmt.Errorf("%w: SetAdminTokens: token %d %v", ErrInvalidConfig, i, err)
 		}
 		for _, c := range old.consumers {
 			if c.hash == hashes[i] {

@@ -236,7 +236,7 @@ func TestServer_lease_policy(t *testing.T) {
 func TestServer_bearer_auth(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
-	const token = "tok-123-secret"
+	const token = "tok-123-secret-value"
 	h := newServer(t, server.Config{Token: token, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	for _, hdr := range [][]string{nil, {"Authorization", "Bearer nope"}, {"Authorization", "Basic " + token}, {"Authorization", token}} {
 		code, b, rh := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, hdr...)
@@ -266,18 +266,18 @@ func TestServer_bearer_auth(t *testing.T) {
 // client out or turn auth on behind the discovery document's back.
 func TestServer_token_rotation(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{Token: "old-token", Tokens: []string{"new-token"}})
+	h := newServer(t, server.Config{Token: "old-token-000000001", Tokens: []string{"new-token-000000001"}})
 	accepted := func(tok string) bool {
 		code, _, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rot"}`, "Authorization", "Bearer "+tok)
 		return code == 200
 	}
-	if !accepted("old-token") || !accepted("new-token") || accepted("other") {
+	if !accepted("old-token-000000001") || !accepted("new-token-000000001") || accepted("other") {
 		t.Fatal("Token and Tokens: want old and new accepted, any other refused")
 	}
-	if err := h.SetTokens("new-token"); err != nil {
+	if err := h.SetTokens("new-token-000000001"); err != nil {
 		t.Fatal(err)
 	}
-	if accepted("old-token") || !accepted("new-token") {
+	if accepted("old-token-000000001") || !accepted("new-token-000000001") {
 		t.Fatal("after SetTokens(new): want only the new token accepted")
 	}
 	for _, bad := range [][]string{nil, {"a", ""}} {
@@ -285,17 +285,17 @@ func TestServer_token_rotation(t *testing.T) {
 			t.Errorf("SetTokens(%q): %v, want ErrInvalidConfig", bad, err)
 		}
 	}
-	if !accepted("new-token") {
+	if !accepted("new-token-000000001") {
 		t.Fatal("a refused SetTokens changed the tokens")
 	}
 	open := newServer(t, server.Config{})
 	if err := open.SetTokens("x"); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("SetTokens on a server without auth: %v, want ErrInvalidConfig", err)
 	}
-	if _, err := server.New(server.Config{Store: newMemory(t), Tokens: []string{"ok", ""}}); !errors.Is(err, server.ErrInvalidConfig) {
+	if _, err := server.New(server.Config{Store: newMemory(t), Tokens: []string{"ok-token-00000001", ""}}); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("an empty entry in Tokens: %v, want ErrInvalidConfig", err)
 	}
-	code, b, _ := call(t, newServer(t, server.Config{Tokens: []string{"only"}}), "GET", "/v1/inbox", "")
+	code, b, _ := call(t, newServer(t, server.Config{Tokens: []string{"only-token-0000001"}}), "GET", "/v1/inbox", "")
 	want(t, "Tokens alone turn auth on", code, b, 200, "auth", "bearer")
 }
 
@@ -450,7 +450,7 @@ func TestConfig_validate(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := server.New(server.Config{Store: m, Token: "secret-value", LeasePolicy: "x"}); err == nil || strings.Contains(err.Error(), "secret-value") {
+	if _, err := server.New(server.Config{Store: m, Token: "secret-value-0000", LeasePolicy: "x"}); err == nil || strings.Contains(err.Error(), "secret-value-0000") {
 		t.Fatalf("Validate error %v quotes the token or is nil", err)
 	}
 	reg := prometheus.NewRegistry()
@@ -488,12 +488,12 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	store := newMemory(t)
-	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "t0k", AdminTokens: []string{"adm"}, LeaseMin: time.Second})
-	auth := []string{"Authorization", "Bearer t0k"}
+	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "consumer-token-t0k", AdminTokens: []string{"admin-token-0001"}, LeaseMin: time.Second})
+	auth := []string{"Authorization", "Bearer consumer-token-t0k"}
 	post := func(path, body string) map[string]any {
 		a := auth
 		if strings.Contains("/v1/inbox/list /v1/inbox/force-release /v1/inbox/forget", path) {
-			a = []string{"Authorization", "Bearer adm"}
+			a = []string{"Authorization", "Bearer admin-token-0001"}
 		}
 		_, b, _ := call(t, h, "POST", path, body, a...)
 		return b
@@ -527,7 +527,7 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	post("/v1/inbox/forget", `{"key":"e"}`)                                                                               // Forgotten
 	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                              // 401
 	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                        // 403, a consumer's token
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer t0k", "Content-Type", "text/plain") // 415
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer consumer-token-t0k", "Content-Type", "text/plain") // 415
 	post("/v1/inbox/try-begin", `{`)                                                                                      // 400
 	post("/v1/inbox/try-begin", `{"key":""}`)                                                                             // 400 invalid_key
 	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                               // 413
