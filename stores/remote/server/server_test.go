@@ -521,18 +521,18 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	post("/v1/inbox/try-begin", `{"key":"d","acceptDead":true}`)                       // Dead
 	call(t, h, "GET", "/v1/inbox/d?acceptDead=true", "", auth...)                      // Dead
 	lease = post("/v1/inbox/try-begin", `{"key":"e"}`)["leaseId"]
-	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease))                               // Released
-	post("/v1/inbox/list", `{}`)                                                                                          // OK
-	post("/v1/inbox/force-release", `{"key":"e"}`)                                                                        // Released
-	post("/v1/inbox/forget", `{"key":"e"}`)                                                                               // Forgotten
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                              // 401
-	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                        // 403, a consumer's token
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease))                                              // Released
+	post("/v1/inbox/list", `{}`)                                                                                                         // OK
+	post("/v1/inbox/force-release", `{"key":"e"}`)                                                                                       // Released
+	post("/v1/inbox/forget", `{"key":"e"}`)                                                                                              // Forgotten
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                                             // 401
+	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                                       // 403, a consumer's token
 	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer consumer-token-t0k", "Content-Type", "text/plain") // 415
-	post("/v1/inbox/try-begin", `{`)                                                                                      // 400
-	post("/v1/inbox/try-begin", `{"key":""}`)                                                                             // 400 invalid_key
-	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                               // 413
-	call(t, h, "DELETE", "/v1/inbox", "")                                                                                 // 405
-	call(t, h, "GET", "/nowhere", "")                                                                                     // 404
+	post("/v1/inbox/try-begin", `{`)                                                                                                     // 400
+	post("/v1/inbox/try-begin", `{"key":""}`)                                                                                            // 400 invalid_key
+	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                                              // 413
+	call(t, h, "DELETE", "/v1/inbox", "")                                                                                                // 405
+	call(t, h, "GET", "/nowhere", "")                                                                                                    // 404
 	_ = store.Close()
 	call(t, h, "GET", "/readyz", "")           // 503 store_unavailable
 	post("/v1/inbox/try-begin", `{"key":"z"}`) // 503 store_unavailable
