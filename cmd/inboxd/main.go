@@ -78,7 +78,9 @@
 // /healthz and /readyz, that carries an Origin header (a browser's
 // cross-site request, such as a form's POST) or whose Host header is not
 // localhost, an address of 127.0.0.0/8 or ::1, with or without port (DNS
-// rebinding: a page whose own name was made to point at 127.0.0.1). With
+// rebinding: a page whose own name was made to point at 127.0.0.1), or
+// that a proxy relayed (Forwarded, X-Forwarded-* or X-Real-IP: behind a
+// reverse proxy, a server without tokens is open to the proxy's clients). With
 // INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
 // list the names and addresses the clients use to reach inboxd
 // (inboxd.internal,10.0.0.5): inboxd refuses to start without it.

@@ -371,6 +371,7 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 		{"GET", "/v1/inbox/k", ``, []string{"Host", "attacker.example:8080"}},
 		{"GET", "/v1/inbox", ``, []string{"Host", "attacker.example:8080"}},
 		{"GET", "/metrics", ``, []string{"Host", "attacker.example:8080"}},
+		{"POST", "/v1/inbox/try-begin", `{"key":"k"}`, []string{"X-Forwarded-For", "203.0.113.7"}},
 		{"POST", "/v1/inbox/list", `{}`, nil},
 	} {
 		if got := send(c.method, c.path, c.body, false, c.hdr...); got != 403 {

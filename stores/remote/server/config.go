@@ -82,7 +82,8 @@ type Config struct {
 	// forbidden) every request but /healthz and /readyz that carries an
 	// Origin header (a browser's cross-site request) or whose Host header
 	// is not a loopback name or address (localhost, 127.0.0.0/8, ::1, with
-	// or without port) or one of AllowedHosts (DNS rebinding).
+	// or without port) or one of AllowedHosts (DNS rebinding), or that a
+	// proxy relayed (a Forwarded, X-Forwarded-* or X-Real-IP header).
 	Token string
 
 	// Tokens are more accepted bearer tokens, beside Token: for a rotation

@@ -329,3 +329,46 @@ func TestConfig_short_tokens_and_prefixes_without_separator_are_refused(t *testi
 	code, b, _ = call(t, h, "POST", "/v1/inbox/mark-processed", `{"key":"app:1"}`, "Authorization", "Bearer "+long)
 	want(t, "mark-processed of app:1 with the app: token", code, b, 200, "status", "Processed")
 }
+
+// Issue 30, finding 5: without a token, a request relayed by a proxy was
+// served, and behind a reverse proxy that mode is open to the network. A
+// server without tokens refuses every request that carries Forwarded or an
+// X-Forwarded-* header (or X-Real-IP), but /healthz and /readyz, with 403
+// and a message that says why and what to do; with tokens they are served.
+func TestServer_without_token_refuses_forwarded_requests(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{AdminNoAuth: true})
+	for _, hdr := range [][]string{
+		{"Forwarded", "for=203.0.113.7;proto=https"},
+		{"X-Forwarded-For", "203.0.113.7"},
+		{"X-Forwarded-Host", "inbox.example.com"},
+		{"X-Forwarded-Proto", "https"},
+		{"x-forwarded-port", "443"},
+		{"X-Real-Ip", "203.0.113.7"},
+	} {
+		for _, c := range []struct{ method, path, body string }{
+			{"POST", "/v1/inbox/mark-processed", `{"key":"order:42"}`},
+			{"POST", "/v1/inbox/forget", `{"key":"order:42"}`},
+			{"GET", "/v1/inbox/order:42", ``},
+			{"GET", "/v1/inbox", ``},
+			{"GET", "/metrics", ``},
+		} {
+			code, b, _ := call(t, h, c.method, c.path, c.body, hdr...)
+			want(t, fmt.Sprintf("%s %s with %s", c.method, c.path, hdr[0]), code, b, 403, "error", "forbidden")
+			if msg, _ := b["message"].(string); !strings.Contains(msg, "proxy") || !strings.Contains(msg, "token") {
+				t.Errorf("%s %s with %s: message %q does not say why and what to do", c.method, c.path, hdr[0], msg)
+			}
+		}
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if code, b, _ := call(t, h, "GET", path, "", hdr...); code != 200 {
+				t.Errorf("GET %s with %s: %d %v, want 200 (probes pass through proxies)", path, hdr[0], code, b)
+			}
+		}
+	}
+	if _, b, _ := call(t, h, "GET", "/v1/inbox/order:42", ""); b["status"] != "NotFound" {
+		t.Fatalf("a refused request changed the key: %v", b)
+	}
+	ht := newServer(t, server.Config{Token: "consumer-token-t0k"})
+	code, b, _ := call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Authorization", "Bearer consumer-token-t0k", "X-Forwarded-For", "203.0.113.7", "Forwarded", "for=203.0.113.7")
+	want(t, "a token through a proxy", code, b, 200, "status", "Acquired")
+}

@@ -111,7 +111,9 @@
 //     that is not localhost, an address of 127.0.0.0/8 or ::1 (with or
 //     without port), or one of [Config.AllowedHosts], is 403 forbidden
 //     (/healthz and /readyz excepted). That defeats a cross-site form POST
-//     and DNS rebinding. With tokens, a page cannot send one.
+//     and DNS rebinding. With tokens, a page cannot send one. So is a
+//     request that a proxy relayed (Forwarded, X-Forwarded-*, X-Real-IP):
+//     behind a reverse proxy, auth none would be open to its clients.
 //
 // Metrics (Prometheus): inbox_server_requests_total{endpoint, code, status}
 // and inbox_server_request_duration_seconds{endpoint}. endpoint is
@@ -414,7 +416,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // send: a request with an Origin header (a browser's cross-site request,
 // such as a form's POST), or one whose Host header is not a loopback name
 // or address or one of Config.AllowedHosts (a page whose name was rebound
-// to a loopback address). With bearer auth, a page cannot send the token.
+// to a loopback address); and a request that a proxy relayed (Forwarded,
+// X-Forwarded-*, X-Real-IP): behind a reverse proxy, auth none is open to
+// the proxy's clients. With bearer auth, a page cannot send the token.
 func (s *Server) checkBrowser(r *http.Request) *reply {
 	if s.auth.Load().consumers != nil {
 		return nil
@@ -424,6 +428,12 @@ func (s *Server) checkBrowser(r *http.Request) *reply {
 			"a request with an Origin header (from a web page) is refused by a server without tokens: give inboxd a token file (INBOX_TOKEN_FILE) to serve browsers' code")
 		return &rep
 	}
+	if h := forwardedHeader(r.Header); h != "" {
+		rep := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(
+			"a request relayed by a proxy (it carries %s) is refused by a server without tokens: behind a reverse proxy, a server without tokens is open to every client of the proxy. "+
+				"Give the server a token file (cmd/inboxd: INBOX_TOKEN_FILE), or let clients reach it directly on loopback", h))
+		return &rep
+	}
 	if !s.hostAllowed(r.Host) {
 		rep := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(
 			"Host %s is not a loopback name or address, nor an allowed host: a server without tokens answers only requests to localhost, 127.0.0.1 or ::1 (cmd/inboxd: INBOX_ALLOWED_HOSTS names others)",
@@ -431,6 +441,18 @@ func (s *Server) checkBrowser(r *http.Request) *reply {
 		return &rep
 	}
 	return nil
+}
+
+// forwardedHeader is the name of a header of h that a proxy adds to the
+// requests it relays (Forwarded, X-Forwarded-*, X-Real-IP), "" when
+// there is none.
+func forwardedHeader(h http.Header) string {
+	for name := range h { // canonical names: X-Forwarded-For, X-Real-Ip
+		if name == "Forwarded" || name == "X-Real-Ip" || strings.HasPrefix(name, "X-Forwarded-") {
+			return name
+		}
+	}
+	return ""
 }
 
 // hostAllowed reports whether a Host header names a loopback name or
