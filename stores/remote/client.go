@@ -109,7 +109,8 @@ type Discovery struct {
 	Version string
 	// Auth is "none" or "bearer".
 	Auth string
-	// LeaseMin, LeaseMax and LeaseDefault are the leases the service grants.
+	// LeaseMin, LeaseMax and LeaseDefault are the leases the service
+	// grants, each at most [MaxLease].
 	LeaseMin, LeaseMax, LeaseDefault time.Duration
 	// LeasePolicy is "clamp" or "reject": what happens to a lease outside
 	// [LeaseMin, LeaseMax].
@@ -119,7 +120,8 @@ type Discovery struct {
 	// "admin").
 	Extensions []string
 	// MaxRetryAfter is the longest backoff of a failed attempt the service
-	// grants (its maxRetryAfterMs); zero when it does not say.
+	// grants (its maxRetryAfterMs), at most [MaxRetryAfter]; zero when it
+	// does not say.
 	MaxRetryAfter time.Duration
 	// Retention is the service's store's retention, in whole seconds
 	// (retentionSeconds, an extension), or zero when the service does not
@@ -610,9 +612,10 @@ func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, 
 	}
 	return &Discovery{
 		Version: w.Version, Auth: w.Auth, LeasePolicy: w.LeasePolicy, Extensions: w.Extensions,
-		LeaseMin: time.Duration(w.LeaseSeconds.Min) * time.Second, LeaseMax: time.Duration(w.LeaseSeconds.Max) * time.Second,
-		LeaseDefault:  time.Duration(w.LeaseSeconds.Default) * time.Second,
-		MaxRetryAfter: time.Duration(w.MaxRetryAfterMs) * time.Millisecond,
+		LeaseMin:      min(time.Duration(w.LeaseSeconds.Min)*time.Second, MaxLease),
+		LeaseMax:      min(time.Duration(w.LeaseSeconds.Max)*time.Second, MaxLease),
+		LeaseDefault:  min(time.Duration(w.LeaseSeconds.Default)*time.Second, MaxLease),
+		MaxRetryAfter: min(time.Duration(w.MaxRetryAfterMs)*time.Millisecond, MaxRetryAfter),
 		Retention:     time.Duration(w.RetentionSeconds) * time.Second,
 	}, false, nil
 }

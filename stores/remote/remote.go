@@ -88,8 +88,8 @@
 //     of bounds, named with the value: a granted leaseSeconds outside the
 //     discovery document's range (or beyond what a time.Duration holds); a
 //     discovery document whose range is not 1 <= min <= default <= max; a
-//     Busy retryAfterMs that is negative or longer than 7 days (or than the
-//     service's longest lease or maxRetryAfterMs, when longer); an owner, a
+//     Busy retryAfterMs that is negative or beyond what a time.Duration
+//     holds; an owner, a
 //     payload hash, a reason, a lease id or a key longer than
 //     [inbox.MaxOwnerLen], [inbox.MaxPayloadHashLen], [inbox.MaxReasonLen],
 //     [inbox.MaxLeaseIDLen] or [inbox.MaxKeyLen].
@@ -140,7 +140,11 @@
 //     The lease granted is the server's leaseSeconds answer (ext.); without
 //     it, the lease asked for. Busy's RetryAfter is the
 //     server's retryAfterMs (ext.); without it, the time left until
-//     expiresAt on the local clock (clocks must then agree). Busy's
+//     expiresAt on the local clock (clocks must then agree). Whatever the
+//     service answers or announces, the client takes no wait longer than
+//     [MaxRetryAfter] and no lease longer than [MaxLease]: longer ones,
+//     and deadlines beyond them, are cut to them (a lease believed shorter
+//     than granted is safe: the holder renews or stops sooner). Busy's
 //     BackingOff (a failed attempt's backoff, not a live lease) is the
 //     server's "backoff": true (ext. fail); a service that does not send it
 //     (one without the fail extension, or with it from before the field
@@ -225,6 +229,18 @@ const (
 	DefaultTimeout          = 2 * time.Second
 	DefaultRetries          = 2
 	DefaultMaxResponseBytes = 64 << 10
+)
+
+// What the client believes of a service, whatever it answers or
+// announces: a longer wait or lease is taken as these.
+const (
+	// MaxRetryAfter bounds a Busy claim's RetryAfter and ExpiresAt (from
+	// retryAfterMs, or from expiresAt without it) and
+	// Discovery.MaxRetryAfter.
+	MaxRetryAfter = 7 * 24 * time.Hour
+	// MaxLease bounds a granted lease (Claim.Lease and ExpiresAt, the
+	// deadline Extend returns) and Discovery's lease range.
+	MaxLease = 24 * time.Hour
 )
 
 // Errors of this package. Each error that wraps one of them also wraps
