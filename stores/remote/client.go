@@ -3,6 +3,7 @@ package remote
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -169,10 +170,7 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 	if opts.HTTPClient != nil {
 		hc = *opts.HTTPClient
 	} else {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns = 256
-		tr.MaxIdleConnsPerHost = 64
-		hc.Transport = tr
+		hc.Transport = defaultTransport()
 	}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c := &client{opts: opts, base: base, hc: &hc, log: opts.Logger, tokenHint: tokenHint, discRetry: DiscoveryRetry}
@@ -190,6 +188,15 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 		return nil, err
 	}
 	return &Store{Store: ds, c: c}, nil
+}
+
+// defaultTransport is the transport of a client without
+// Options.HTTPClient: net/http's default, with more idle connections.
+func defaultTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 256
+	tr.MaxIdleConnsPerHost = 64
+	return tr
 }
 
 // Close implements [driver.Driver]; the layer calls it once, from
@@ -264,8 +271,8 @@ func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, 
 		if ctx.Err() != nil {
 			return result{}, uncertain || sent, c.ctxError(ctx, ep, i+1, lastErr)
 		}
-		if errors.Is(lastErr, ErrProtocol) {
-			return result{}, uncertain || sent, lastErr // a broken answer comes back broken
+		if errors.Is(lastErr, ErrProtocol) || tlsMistake(lastErr) {
+			return result{}, uncertain || sent, lastErr // a broken answer, or a TLS mistake, comes back as it is
 		}
 		if lastErr == nil {
 			lastErr = c.statusError(ep, res)
@@ -355,6 +362,9 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 		if actx.Err() != nil && ctx.Err() == nil {
 			return result{}, sent, opError(ep, "%w: no answer within %s (Options.Timeout)", inbox.ErrStoreUnavailable, c.opts.Timeout)
 		}
+		if tlsMistake(err) {
+			return result{}, false, opError(ep, "%w: %w", inbox.ErrStoreUnavailable, err) // for Check to tell
+		}
 		return result{}, sent, opError(ep, "%w: %v", inbox.ErrStoreUnavailable, err)
 	}
 	defer resp.Body.Close()
@@ -374,6 +384,22 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, limit)
 	}
 	return result{code: resp.StatusCode, body: b, header: resp.Header}, true, nil
+}
+
+// tlsMistake reports whether err is a TLS handshake that failed on the
+// certificate, or a server that does not speak TLS: a mistake of
+// configuration, not worth a retry.
+func tlsMistake(err error) bool {
+	var certErr *tls.CertificateVerificationError
+	return errors.As(err, &certErr) || notTLS(err)
+}
+
+// notTLS reports whether err says that the server answered a TLS
+// handshake in plain HTTP or something else. net/http turns the
+// tls.RecordHeaderError of an HTTP answer into an error of its own text.
+func notTLS(err error) bool {
+	var recErr tls.RecordHeaderError
+	return errors.As(err, &recErr) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
 func isDialError(err error) bool {
@@ -662,6 +688,10 @@ func (s *Store) Check(ctx context.Context) error {
 		return stores.Misconfigured(fmt.Sprintf("remote store: %s is not an inbox service (404 for the discovery document and for a key): is the base URL right?", base), err)
 	case errors.Is(err, ErrProtocol):
 		return stores.Misconfigured(fmt.Sprintf("remote store: %s does not answer as an inbox service of protocol v1: is the base URL right?", base), err)
+	case errors.As(err, new(*tls.CertificateVerificationError)):
+		return stores.Misconfigured(fmt.Sprintf("remote store: the TLS certificate of %s is not trusted: name the CA that signed it with ca_file=<PEM file> in the store URL (Options.HTTPClient for New), or connect by a name the certificate holds", base), err)
+	case notTLS(err):
+		return stores.Misconfigured(fmt.Sprintf("remote store: %s does not answer in TLS: write http:// instead of https://, or point the URL at the service's TLS port", base), err)
 	}
 	return fmt.Errorf("remote store: checking the inbox service at %s: %w", base, err)
 }

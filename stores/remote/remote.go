@@ -25,6 +25,9 @@
 //     is not loopback ([Options.Insecure]). Without it, such a URL is
 //     refused at Open, before anything is sent (the discovery request
 //     included): use https:// across a network.
+//   - ca_file: a PEM file of the CAs that sign the service's certificate
+//     (a private CA), for https:// only: the client trusts them instead
+//     of the system's. [New] takes an Options.HTTPClient instead.
 //   - retention is refused: retention is the service's business (set it on
 //     the store URL of inboxd). The service announces it in its discovery
 //     document (retentionSeconds), and [Store.Retention] reports it once the
@@ -201,6 +204,8 @@ package remote
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -408,6 +413,23 @@ func init() {
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
 
+// readCAs reads the PEM certificates of a ca_file parameter.
+func readCAs(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is quoted below
+		}
+		return nil, fmt.Errorf("%w: ca_file %q: %v", stores.ErrInvalidURL, file, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%w: ca_file %q holds no PEM certificate (-----BEGIN CERTIFICATE-----)", stores.ErrInvalidURL, file)
+	}
+	return pool, nil
+}
+
 func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	if p.Retention != 0 {
 		return nil, fmt.Errorf("%w: parameter retention is not taken by %s:// (the remote store's retention is the service's business: set it on the inbox service's own store URL)",
@@ -464,8 +486,24 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 			opts.Retries = -1
 		}
 	}
-	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries", "insecure"); err != nil {
+	var roots *x509.CertPool
+	if file, ok, err := stores.PopString(q, "ca_file"); err != nil {
 		return nil, err
+	} else if ok {
+		if u.Scheme != SchemeTLS {
+			return nil, fmt.Errorf("%w: parameter ca_file is for https:// (it names the CAs that sign the service's certificate), the URL is %s://", stores.ErrInvalidURL, u.Scheme)
+		}
+		if roots, err = readCAs(file); err != nil {
+			return nil, err
+		}
+	}
+	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries", "insecure", "ca_file"); err != nil {
+		return nil, err
+	}
+	if roots != nil {
+		tr := defaultTransport()
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		opts.HTTPClient = &http.Client{Transport: tr}
 	}
 	base := *u
 	base.RawQuery = ""
