@@ -54,8 +54,9 @@
 //	Kd2...unlimited-token...
 //
 // A prefix ends with ':' (prefix=app would reach apple:1). A call with a
-// limited token on a key outside its prefixes (GET included) is answered
-// 403 forbidden. A file with a shorter token, a token repeated, a prefix
+// limited token on a key outside its prefixes (GET included, but for the
+// key inbox-remote:check, which the remote client's check at Open reads)
+// is answered 403 forbidden. A file with a shorter token, a token repeated, a prefix
 // without ':', or a line with another field after the token is refused,
 // naming the line, never the token. inboxd warns at start and at each
 // reload when a token file's group or others may read or write it.

@@ -648,8 +648,9 @@ func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, 
 
 // CheckKey is the key [Store.Check] reads (GET /v1/inbox/{key}) to prove
 // that the service accepts the token and that its store answers. It is only
-// read, never written.
-const CheckKey = "inbox-remote:check"
+// read, never written. A service may let every token read it, whatever
+// key prefixes limit the token (the reference server does).
+const CheckKey = wire.CheckKey
 
 // Check tells whether the service works for this client, reading it afresh
 // (it forgets a remembered discovery first):

@@ -94,7 +94,9 @@
 //   - Consumers' tokens ([Config.Token], Tokens, Grants) may call
 //     try-begin, mark-processed, release, extend, fail, GET and /metrics;
 //     a [Grant] with Prefixes only on keys that start with one of them (403
-//     forbidden otherwise, GET included).
+//     forbidden otherwise, GET included), but for the GET of the key
+//     inbox-remote:check, which every token may read: the remote client's
+//     check at Open reads it.
 //   - Admin tokens ([Config.AdminTokens]) may call everything, the admin
 //     endpoints list, forget and force-release included, on every key. A
 //     consumer's token gets 403 there. Without admin tokens, the admin
@@ -920,6 +922,11 @@ func (s *Server) get(ctx context.Context, path string, acceptDead bool) reply {
 	key, _, err := wire.KeyFromPath(path)
 	if err != nil {
 		return errReply(http.StatusBadRequest, wire.CodeInvalidKey, err.Error())
+	}
+	if key == wire.CheckKey {
+		// Every token may read the check key, whatever its prefixes: a
+		// client limited to its own keys checks its token with it.
+		ctx = context.WithValue(ctx, principalKey{}, everyKey)
 	}
 	if r := s.checkKey(ctx, key); r != nil {
 		return *r
