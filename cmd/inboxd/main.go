@@ -201,6 +201,7 @@ import (
 
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all"
+	"github.com/watermill-inbox/inbox/stores/memory"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 )
 
@@ -259,6 +260,8 @@ type settings struct {
 	storeTimeout, maxRetryAfter                   time.Duration
 	maxBody                                       int64
 	maxKey                                        int
+	maxRecords, authFailures                      int              // per token; per client address and minute
+	rateLimit                                     float64          // requests a second per token
 	cert                                          *tls.Certificate // loaded from tlsCert and tlsKey
 	warnings                                      []string         // logged once the logger exists
 }
@@ -339,6 +342,15 @@ func fromEnv(getenv func(string) string) (settings, string, error) {
 		maxRetryAfter:  dur("INBOX_MAX_RETRY_AFTER", server.DefaultMaxRetryAfter.String()),
 		maxBody:        num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
 		maxKey:         int(num("INBOX_MAX_KEY_BYTES", 1024)),
+		maxRecords:     int(num("INBOX_MAX_RECORDS_PER_TOKEN", 0)),
+		authFailures:   int(num("INBOX_AUTH_FAILURES_PER_MINUTE", server.DefaultAuthFailuresPerMinute)),
+	}
+	if v := env("INBOX_RATE_LIMIT", "0"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("INBOX_RATE_LIMIT=%q is not a number of requests a second", v))
+		}
+		s.rateLimit = f
 	}
 	for name, dst := range map[string]*bool{"INBOX_ALLOW_NO_AUTH": &s.allowNoAuth, "INBOX_METRICS_OPEN": &s.metricsOpen} {
 		if v := getenv(name); v != "" {
@@ -436,6 +448,9 @@ func flags(s *settings, hosts *string) *flag.FlagSet {
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
 	fs.BoolVar(&s.allowNoAuth, "allow-no-auth", s.allowNoAuth, "serve without a token on an address that is not loopback (INBOX_ALLOW_NO_AUTH)")
+	fs.IntVar(&s.maxRecords, "max-records-per-token", s.maxRecords, "live records each token may have in the store; 0: a memory store's max_entries shared among the tokens' prefixes (INBOX_MAX_RECORDS_PER_TOKEN)")
+	fs.Float64Var(&s.rateLimit, "rate-limit", s.rateLimit, "requests a second each token may make; 0: no limit (INBOX_RATE_LIMIT)")
+	fs.IntVar(&s.authFailures, "auth-failures-per-minute", s.authFailures, "requests with a wrong token a client address may make a minute; negative: no limit (INBOX_AUTH_FAILURES_PER_MINUTE)")
 	return fs
 }
 
@@ -471,6 +486,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		AllowedHosts: s.allowedHosts, MetricsOpen: s.metricsOpen, Logger: log, Retention: storeRetention(s.storeURL),
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
 		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout, MaxRetryAfter: s.maxRetryAfter,
+		MaxRecordsPerToken: s.maxRecords, StoreCapacity: storeCapacity(s.storeURL), RequestsPerSecond: s.rateLimit,
+		AuthFailuresPerMinute: s.authFailures,
 	})
 	if err != nil {
 		return err
@@ -511,7 +528,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("scheme", scheme), slog.String("store", redacted),
 		slog.String("auth", s.auth()), slog.String("admin", admin), slog.String("metrics", metrics),
 		slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
-		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy), slog.Duration("max_retry_after", s.maxRetryAfter))
+		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy), slog.Duration("max_retry_after", s.maxRetryAfter),
+		slog.Int("store_capacity", storeCapacity(s.storeURL)), slog.Int("max_records_per_token", s.maxRecords),
+		slog.Float64("rate_limit", s.rateLimit), slog.Int("auth_failures_per_minute", s.authFailures))
 	if (len(s.grants) > 0 || len(s.adminTokens) > 0) && s.cert == nil && !loopback(s.listen) {
 		log.Warn("inboxd serves bearer tokens over plain HTTP on an address that is not loopback: they cross the network in clear. "+
 			"Give it a certificate (INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE), or put it behind a proxy that terminates TLS on the same machine",
@@ -564,6 +583,23 @@ func storeRetention(raw string) time.Duration {
 		return 0
 	}
 	return d
+}
+
+// storeCapacity is the number of records a store of URL raw keeps before
+// it evicts: a memory store's max_entries (its default without one), zero
+// for a store that does not evict (or a memory store without a bound).
+func storeCapacity(raw string) int {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != memory.Scheme {
+		return 0
+	}
+	n := memory.DefaultMaxEntries
+	if v := u.Query().Get("max_entries"); v != "" {
+		if n, err = strconv.Atoi(v); err != nil {
+			return 0 // the store, opened already, has refused it
+		}
+	}
+	return max(n, 0)
 }
 
 // loopback reports whether a listen address serves the local machine only.

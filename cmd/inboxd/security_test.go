@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,6 +35,13 @@ func writeFile(t *testing.T, name, text string) string {
 // and the body.
 func send(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	t.Helper()
+	code, b, _ := sendH(t, method, url, body, hdr...)
+	return code, b
+}
+
+// sendH is send that returns the answer's header too.
+func sendH(t *testing.T, method, url, body string, hdr ...string) (int, string, http.Header) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +59,7 @@ func send(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 // The findings of issue 23 against inboxd, re-tried as the issue's curl
@@ -458,5 +466,97 @@ func startOrRefuse(t *testing.T, vars map[string]string) error {
 			t.Fatalf("stopping inboxd: %v", err)
 		}
 		return nil
+	}
+}
+
+// The inboxd findings of issue 30, re-tried as the issue describes them
+// (curl-like requests against a running inboxd): each now gets a 4xx
+// answer, with Retry-After where waiting helps.
+func TestRun_issue30_findings_are_refused(t *testing.T) {
+	t.Parallel()
+	json := []string{"Content-Type", "application/json"}
+	as := func(token string) []string { return append([]string{"Authorization", "Bearer " + token}, json...) }
+	retryAfter := func(what string, h http.Header) {
+		t.Helper()
+		if n, err := strconv.Atoi(h.Get("Retry-After")); err != nil || n < 1 {
+			t.Errorf("%s: Retry-After %q, want a whole number of seconds >= 1", what, h.Get("Retry-After"))
+		}
+	}
+
+	// Finding 1: on the memory store with max_entries=50, a second
+	// prefix's token marking 60 keys evicted the first prefix's processed
+	// key, and its redelivery ran again. Now the second token is refused
+	// (429) once its share of the store is used, and the first key stays.
+	const first, second = "first-tenant-token-0001", "second-tenant-token-0001"
+	tokens := writeFile(t, "tokens", first+" prefix=app:first:\n"+second+" prefix=app:second:\n")
+	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": tokens,
+		"INBOX_STORE_URL": "memory://?max_entries=50", "INBOX_LEASE_MIN": "1s"})
+	base := "http://" + addr
+	if code, body := send(t, "POST", base+"/v1/inbox/mark-processed", `{"key":"app:first:h:1"}`, as(first)...); code != 200 {
+		t.Fatalf("the first tenant marks its key: %d %s", code, body)
+	}
+	refused := 0
+	for i := range 60 {
+		code, body, h := sendH(t, "POST", base+"/v1/inbox/mark-processed", fmt.Sprintf(`{"key":"app:second:h:%d"}`, i), as(second)...)
+		switch {
+		case code == 429 && strings.Contains(body, `"quota_exceeded"`):
+			refused++
+			retryAfter("the second tenant over its share", h)
+		case code != 200:
+			t.Fatalf("the second tenant's mark %d: %d %s", i, code, body)
+		}
+	}
+	if refused == 0 {
+		t.Error("the second tenant marked 60 keys in a store of 50 without a refusal")
+	}
+	if code, body := send(t, "POST", base+"/v1/inbox/try-begin", `{"key":"app:first:h:1","leaseId":"redelivery"}`, as(first)...); code != 200 || !strings.Contains(body, `"Processed"`) {
+		t.Errorf("the redelivery of the first tenant's key: %d %s, want Processed (not run again)", code, body)
+	}
+
+	// Finding 3: failed authentications were not rate-limited. Past the
+	// budget (60 a minute per address by default), an address gets 429,
+	// whatever token it sends, until the budget refills.
+	failures := 0
+	for ; failures < 100; failures++ {
+		code, body, h := sendH(t, "GET", base+"/v1/inbox/app:first:h:1", "", "Authorization", "Bearer wrong-token-guess-"+strconv.Itoa(failures))
+		if code == 429 {
+			if !strings.Contains(body, `"too_many_auth_failures"`) {
+				t.Errorf("429 after failed authentications: %s", body)
+			}
+			retryAfter("a guesser", h)
+			break
+		}
+		if code != 401 {
+			t.Fatalf("a wrong token: %d %s", code, body)
+		}
+	}
+	if failures == 100 {
+		t.Error("100 wrong tokens in a row from one address, none refused with 429")
+	}
+
+	// Per-token request rate: INBOX_RATE_LIMIT requests a second.
+	addr, _, _, _ = startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": tokens, "INBOX_RATE_LIMIT": "5"})
+	limited := false
+	for i := 0; i < 100 && !limited; i++ {
+		code, body, h := sendH(t, "GET", "http://"+addr+"/v1/inbox/app:first:h:1", "", as(first)...)
+		if code == 429 {
+			limited = strings.Contains(body, `"rate_limited"`)
+			retryAfter("a token over its rate", h)
+		} else if code != 200 {
+			t.Fatalf("GET under the rate limit: %d %s", code, body)
+		}
+	}
+	if !limited {
+		t.Error("100 requests at once with INBOX_RATE_LIMIT=5, none refused with 429 rate_limited")
+	}
+
+	// Finding 5: without a token on loopback, a request a proxy relayed
+	// was served.
+	addr, _, _, _ = startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0"})
+	for _, hdr := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host"} {
+		code, body := send(t, "POST", "http://"+addr+"/v1/inbox/mark-processed", `{"key":"order:1"}`, hdr, "203.0.113.7", "Content-Type", "application/json")
+		if code != 403 || !strings.Contains(body, "proxy") {
+			t.Errorf("a relayed request (%s) to inboxd without a token: %d %s, want 403 naming the proxy", hdr, code, body)
+		}
 	}
 }

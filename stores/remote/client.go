@@ -245,12 +245,10 @@ func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, 
 	if err := ctx.Err(); err != nil {
 		return result{}, false, opError(ep, "%w", err)
 	}
-	attempts := 1
-	if ep.retry {
-		attempts += c.opts.Retries
-	}
+	attempts := 1 + c.opts.Retries
 	var lastErr error
-	for i := 0; i < attempts; i++ {
+	i := 0
+	for ; i < attempts; i++ {
 		if i > 0 {
 			wait := backoff(i, res.header)
 			c.log.Debug("Remote inbox call failed; retrying", watermill.LogFields{
@@ -274,15 +272,29 @@ func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, 
 		if errors.Is(lastErr, ErrProtocol) || tlsMistake(lastErr) {
 			return result{}, uncertain || sent, lastErr // a broken answer, or a TLS mistake, comes back as it is
 		}
-		if lastErr == nil {
+		switch {
+		case lastErr == nil && res.code == http.StatusTooManyRequests:
+			// A refusal: nothing was done, so any call may be repeated,
+			// but not before Retry-After, and not when that is beyond
+			// what the client waits.
+			lastErr = c.statusError(ep, res)
+			if wait, ok := retryAfter(res.header); ok && wait > maxRetryAfterWait {
+				return result{}, uncertain, lastErr
+			}
+			continue
+		case lastErr == nil:
 			lastErr = c.statusError(ep, res)
 			uncertain = true // a 5xx may come after the server acted
-		} else if sent {
+		case sent:
 			uncertain = true
 		}
+		if !ep.retry {
+			i++
+			break
+		}
 	}
-	if attempts > 1 {
-		return result{}, uncertain, fmt.Errorf("%w (gave up after %d attempts)", lastErr, attempts)
+	if i > 1 {
+		return result{}, uncertain, fmt.Errorf("%w (gave up after %d attempts)", lastErr, i)
 	}
 	return result{}, uncertain, lastErr
 }
@@ -309,17 +321,28 @@ func transientCode(code int) bool {
 // every retry loop of the library).
 var retryBackoff = outage.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 
-// backoff is the wait before attempt i (1-based retries): retryBackoff's; a
-// Retry-After of a 429 or 503 is honoured up to 5 s.
+// maxRetryAfterWait is the longest Retry-After (of a 429 or a 503) the
+// client waits before a retry; a 429 asking longer fails at once.
+const maxRetryAfterWait = 5 * time.Second
+
+// backoff is the wait before attempt i (1-based retries): retryBackoff's,
+// or a Retry-After of a 429 or 503 up to maxRetryAfterWait.
 func backoff(i int, h http.Header) time.Duration {
 	d := retryBackoff.Pause(i - 1)
-	if h != nil {
-		if sec, err := strconv.Atoi(h.Get("Retry-After")); err == nil && sec > 0 {
-			ra := min(time.Duration(sec)*time.Second, 5*time.Second)
-			d = max(d, ra)
-		}
+	if ra, ok := retryAfter(h); ok {
+		d = max(d, min(ra, maxRetryAfterWait))
 	}
 	return d
+}
+
+// retryAfter is the Retry-After header of h in whole seconds, if it has
+// one.
+func retryAfter(h http.Header) (time.Duration, bool) {
+	sec, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+	if err != nil || sec <= 0 {
+		return 0, false
+	}
+	return time.Duration(min(sec, maxLeaseSeconds)) * time.Second, true
 }
 
 // attempt sends one request. sent reports whether the request may have
@@ -390,6 +413,9 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 // certificate, or a server that does not speak TLS: a mistake of
 // configuration, not worth a retry.
 func tlsMistake(err error) bool {
+	if err == nil {
+		return false
+	}
 	var certErr *tls.CertificateVerificationError
 	return errors.As(err, &certErr) || notTLS(err)
 }
@@ -441,7 +467,13 @@ func (c *client) statusError(ep endpoint, res result) error {
 	case code >= 300 && code < 400:
 		return opError(ep, "%w: %w: unexpected redirect (HTTP %d to %s); redirects are not followed: is the base URL right?",
 			inbox.ErrStoreUnavailable, ErrProtocol, code, quote(res.header.Get("Location"), 200))
-	case code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
+	case code == http.StatusTooManyRequests:
+		wait := "no Retry-After"
+		if ra, ok := retryAfter(res.header); ok {
+			wait = "Retry-After " + ra.String()
+		}
+		return opError(ep, "%w: %w: HTTP 429 %s (%s)", inbox.ErrStoreUnavailable, ErrTooManyRequests, detail, wait)
+	case code >= 500 || code == http.StatusRequestTimeout:
 		return opError(ep, "%w: HTTP %d %s", inbox.ErrStoreUnavailable, code, detail)
 	}
 	return opError(ep, "%w: %w: unexpected HTTP %d %s", inbox.ErrStoreUnavailable, ErrProtocol, code, detail)

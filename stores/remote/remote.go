@@ -62,8 +62,9 @@
 //   - Every call has a bound per HTTP attempt ([Options.Timeout]); the
 //     caller's context bounds the whole call, retries included.
 //   - Calls safe to repeat are retried, with jittered exponential backoff
-//     (50 ms doubling up to 1 s), after a network error, a timeout, 408, 429,
-//     or a 5xx other than 501; never after another 4xx. Safe are: GET;
+//     (50 ms doubling up to 1 s, or a 503's Retry-After up to 5 s), after a
+//     network error, a timeout, 408, or a 5xx other than 501; never after
+//     another 4xx but 429 (below). Safe are: GET;
 //     try-begin, because the client always sends its own leaseId (the
 //     caller's [inbox.BeginOptions.LeaseID] or a new one), which a server
 //     listing the leaseId extension honours, so a repeat by the holder gets
@@ -75,6 +76,13 @@
 //     attempt. forget and force-release get one attempt: a repeat after a
 //     lost answer could delete, or end the lease of, a record that a
 //     consumer made in between.
+//   - A 429 (a limit of the service: its request rate or live records for
+//     the token, failed authentications from this address) is a refusal:
+//     nothing was done, so every call is retried after it, up to
+//     Options.Retries times, once its Retry-After has passed (at least
+//     the backoff above). A Retry-After over 5 s fails the call at once.
+//     The error wraps [ErrTooManyRequests] and [inbox.ErrStoreUnavailable]:
+//     the middleware nacks, and backs off as for a store that is down.
 //   - A release whose first attempt went out but whose answer was lost, and
 //     whose retry then hears LeaseLost, returns nil: the lease is gone either
 //     way (released by the lost attempt, or lost before), which is what the
@@ -262,6 +270,11 @@ var (
 	// ErrProtocol: the answer does not follow protocol v1 (malformed JSON,
 	// unknown status, missing field, unexpected HTTP status, oversize body).
 	ErrProtocol = errors.New("remote store: answer violates protocol v1")
+
+	// ErrTooManyRequests: the service answered 429: the call is over one
+	// of its limits (its request rate or live records for the token,
+	// failed authentications from this address), and nothing was done.
+	ErrTooManyRequests = errors.New("remote store: the service refuses the call over one of its limits (429)")
 )
 
 // Options configure a [Store].

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -36,6 +37,9 @@ const (
 	// DefaultMaxRetryAfter bounds the backoff of a failed attempt (the fail
 	// extension's retryAfterMs).
 	DefaultMaxRetryAfter = 24 * time.Hour
+	// DefaultAuthFailuresPerMinute bounds the failed authentications of a
+	// client address.
+	DefaultAuthFailuresPerMinute = 60
 )
 
 // MinTokenBytes is the shortest bearer token the server accepts in its
@@ -134,6 +138,48 @@ type Config struct {
 	// default 24 h.
 	MaxRetryAfter time.Duration
 
+	// MaxRecordsPerToken bounds the live records each consumer token may
+	// have in the store: a try-begin or a mark-processed without lease
+	// that would make one more is answered 429 quota_exceeded, with
+	// Retry-After the time until the token's oldest record expires. Tokens
+	// limited to the same key prefixes (the old and the new token of a
+	// rotation) count as one, and so do the tokens without prefixes; admin
+	// tokens are not limited. The server counts records in its memory
+	// (about a hundred bytes each), since its start, from the call that
+	// may create one until the lease or backoff it started and Retention
+	// have passed since its last write through the server, so that no
+	// record outlives its count. Optional; default 0: StoreCapacity shared
+	// equally among the tokens (see there), else no bound.
+	MaxRecordsPerToken int
+
+	// StoreCapacity is the number of records Store keeps before it evicts
+	// the least recently written: the memory store's MaxEntries
+	// (cmd/inboxd sets it from a memory:// URL). When the consumers'
+	// tokens are limited to two or more sets of prefixes, the server
+	// refuses (429 quota_exceeded) a call that would make the records it
+	// counts, the admins' included, pass StoreCapacity, and each token's
+	// share is StoreCapacity divided among them unless MaxRecordsPerToken
+	// says otherwise: no token's records can evict another's processed
+	// keys. With one set, the store evicts as it does without the server.
+	// Optional; default 0: a store that does not evict.
+	StoreCapacity int
+
+	// RequestsPerSecond bounds each consumer token's requests (tokens
+	// counted as for MaxRecordsPerToken), in bursts of a second's worth:
+	// beyond, the answer is 429 rate_limited with Retry-After. Admin tokens
+	// are not limited. Optional; default 0: no bound.
+	RequestsPerSecond float64
+
+	// AuthFailuresPerMinute bounds the requests with a wrong bearer token
+	// from one client address (an IPv4 address, an IPv6 /64): past it, the
+	// address's requests that need a token are answered 429
+	// too_many_auth_failures, the token unchecked, until the budget refills
+	// (AuthFailuresPerMinute a minute). Behind a reverse proxy every client
+	// has the proxy's address. The server's memory for it is fixed
+	// (addresses share 4096 counters by a keyed hash). Optional; default
+	// DefaultAuthFailuresPerMinute; negative: no bound.
+	AuthFailuresPerMinute int
+
 	// LeaseMin and LeaseMax bound the leases the server grants, in whole
 	// seconds. Optional; defaults 30 s and 120 s (the inbox ADR's range).
 	// Tests may set LeaseMin to 1 s.
@@ -217,6 +263,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if c.AuthFailuresPerMinute == 0 {
+		c.AuthFailuresPerMinute = DefaultAuthFailuresPerMinute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -356,6 +405,12 @@ func (c Config) Validate() error {
 	}
 	if c.Retention < 0 {
 		bad("Retention %s is negative", c.Retention)
+	}
+	if c.MaxRecordsPerToken < 0 || c.StoreCapacity < 0 {
+		bad("MaxRecordsPerToken %d and StoreCapacity %d may not be negative", c.MaxRecordsPerToken, c.StoreCapacity)
+	}
+	if c.RequestsPerSecond < 0 || math.IsNaN(c.RequestsPerSecond) || math.IsInf(c.RequestsPerSecond, 0) {
+		bad("RequestsPerSecond %v is not a number >= 0", c.RequestsPerSecond)
 	}
 	if c.ReadyTimeout < 0 {
 		bad("ReadyTimeout %s is negative", c.ReadyTimeout)

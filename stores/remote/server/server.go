@@ -201,6 +201,11 @@ type Server struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 
+	records     *records           // the live records per tenant; nil without limits
+	authFails   *authFailures      // failed authentications per address; nil: no bound
+	tenants     map[string]*tenant // by tenantKey, under authMu; kept across SetGrants
+	adminTenant *tenant            // the operators' tokens
+
 	ops map[string]operation // the POSTed operations of protocol v1, by path
 }
 
@@ -226,12 +231,14 @@ type authState struct {
 type grantHash struct {
 	hash     [32]byte
 	prefixes []string
+	tenant   *tenant
 }
 
 // principal is what a request's bearer token allows.
 type principal struct {
 	admin    bool
 	prefixes []string // nil: every key
+	tenant   *tenant  // what its limits count; nil: none (auth none)
 }
 
 // everyKey is the principal of a request to a server with auth none.
@@ -248,7 +255,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, records: newRecords(cfg), authFails: newAuthFailures(cfg.AuthFailuresPerMinute),
+		tenants: map[string]*tenant{}, adminTenant: &tenant{admin: true}}
 	s.ops = map[string]operation{
 		wire.TryBegin: {epTryBegin, false, s.tryBegin}, wire.MarkProcessed: {epMark, false, s.markProcessed},
 		wire.Release: {epRelease, false, s.release}, wire.Extend: {epExtend, false, s.extend}, wire.Fail: {epFail, false, s.fail},
@@ -266,12 +274,13 @@ func New(cfg Config) (*Server, error) {
 	auth := wire.AuthNone
 	if grants := cfg.consumerTokens(); len(grants) > 0 {
 		auth = wire.AuthBearer
-		st.consumers = hashGrants(grants)
+		st.consumers = s.hashGrants(grants)
 	}
 	if len(cfg.AdminTokens) > 0 {
 		st.admins = hashTokens(cfg.AdminTokens)
 	}
 	s.auth.Store(&st)
+	s.records.setTenants(countTenants(st.consumers))
 	s.hosts = map[string]bool{}
 	for _, h := range cfg.AllowedHosts {
 		s.hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
@@ -321,11 +330,12 @@ func (s *Server) Drain() { s.draining.Store(true) }
 
 // reply is what an endpoint answers.
 type reply struct {
-	code   int
-	body   any    // encoded as JSON
-	status string // v1 status or error code, for metrics and logs
-	key    string // for debug logs
-	err    error  // a store failure, logged
+	code       int
+	body       any           // encoded as JSON
+	status     string        // v1 status or error code, for metrics and logs
+	key        string        // for debug logs
+	err        error         // a store failure, logged
+	retryAfter time.Duration // a 429's Retry-After
 }
 
 func errReply(code int, errCode, msg string) reply {
@@ -521,6 +531,13 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, r
 	if admin && st.admins == nil { // AdminNoAuth: auth none
 		return &principal{admin: true}, true
 	}
+	now := time.Now()
+	if wait, blocked := s.authFails.blocked(r.RemoteAddr, now); blocked {
+		*rep = tooMany(wire.CodeTooManyAuthFailures, fmt.Sprintf(
+			"too many requests with a wrong bearer token from this address (over %d a minute): its requests are refused, whatever token they carry, for %s",
+			s.cfg.AuthFailuresPerMinute, wait.Round(time.Second)), wait)
+		return nil, false
+	}
 	h := r.Header.Get("Authorization")
 	scheme, tok, _ := strings.Cut(h, " ")
 	who := st.lookup(sha256.Sum256([]byte(strings.TrimSpace(tok))))
@@ -533,14 +550,46 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, r
 		msg := "missing bearer token"
 		if h != "" {
 			msg = "wrong bearer token"
+			s.authFails.fail(r.RemoteAddr, now)
 		}
 		*rep = errReply(http.StatusUnauthorized, wire.CodeUnauthorized, msg)
 		return nil, false
 	case admin && !who.admin:
 		*rep = errReply(http.StatusForbidden, wire.CodeForbidden, "this endpoint needs an admin token; the bearer token is a consumer's")
 		return nil, false
+	case who.admin:
+		who.tenant = s.adminTenant
+	case s.cfg.RequestsPerSecond > 0:
+		if ok, wait := who.tenant.allow(s.cfg.RequestsPerSecond, now); !ok {
+			*rep = tooMany(wire.CodeRateLimited, fmt.Sprintf("this bearer token is over its rate of %v requests a second", s.cfg.RequestsPerSecond), wait)
+			return nil, false
+		}
 	}
 	return who, true
+}
+
+// tooMany is a 429 answer whose Retry-After says wait, in whole seconds.
+func tooMany(code, msg string, wait time.Duration) reply {
+	r := errReply(http.StatusTooManyRequests, code, msg)
+	r.retryAfter = wait
+	return r
+}
+
+// admit counts key as a record of the request's token before a call that
+// may create it, or refuses the call (429 quota_exceeded) when the token's
+// share of the store, or the store, is full. done takes the call's outcome.
+func (s *Server) admit(ctx context.Context, key string) (done func(ok bool), bad *reply) {
+	who, _ := ctx.Value(principalKey{}).(*principal)
+	if who == nil {
+		return func(bool) {}, nil
+	}
+	done, wait, reason := s.records.admit(who.tenant, key)
+	if reason != "" {
+		r := tooMany(wire.CodeQuotaExceeded, reason+fmt.Sprintf(": a new key is refused until a record of it expires, in %s", wait.Round(time.Second)), wait)
+		r.key = key
+		return nil, &r
+	}
+	return done, nil
 }
 
 // lookup returns what the token of hash got allows, nil when it is not
@@ -550,7 +599,7 @@ func (st *authState) lookup(got [32]byte) *principal {
 	var who *principal
 	for i := range st.consumers {
 		if subtle.ConstantTimeCompare(got[:], st.consumers[i].hash[:]) == 1 {
-			who = &principal{prefixes: st.consumers[i].prefixes}
+			who = &principal{prefixes: st.consumers[i].prefixes, tenant: st.consumers[i].tenant}
 		}
 	}
 	for _, want := range st.admins {
@@ -587,7 +636,7 @@ func (s *Server) SetGrants(grants ...Grant) error {
 	if len(grants) == 0 {
 		return fmt.Errorf("%w: SetTokens with no token would refuse every client", ErrInvalidConfig)
 	}
-	hashes := hashGrants(grants)
+	hashes := s.hashGrants(grants)
 	for i, g := range grants {
 		if err := g.validate(); err != nil {
 			return fmt.Errorf("%w: SetTokens: grant %d: %v", ErrInvalidConfig, i, err)
@@ -597,6 +646,7 @@ func (s *Server) SetGrants(grants ...Grant) error {
 		}
 	}
 	s.auth.Store(&authState{consumers: hashes, admins: old.admins})
+	s.records.setTenants(countTenants(hashes))
 	return nil
 }
 
@@ -638,12 +688,30 @@ func hashTokens(tokens []string) [][32]byte {
 	return hashes
 }
 
-func hashGrants(grants []Grant) []grantHash {
+// hashGrants hashes the grants' tokens and gives each its tenant: the
+// same one as before for the same prefixes. The caller holds authMu, or
+// is New.
+func (s *Server) hashGrants(grants []Grant) []grantHash {
 	out := make([]grantHash, len(grants))
 	for i, g := range grants {
-		out[i] = grantHash{hash: sha256.Sum256([]byte(g.Token)), prefixes: slices.Clone(g.Prefixes)}
+		k := tenantKey(g.Prefixes)
+		t := s.tenants[k]
+		if t == nil {
+			t = &tenant{}
+			s.tenants[k] = t
+		}
+		out[i] = grantHash{hash: sha256.Sum256([]byte(g.Token)), prefixes: slices.Clone(g.Prefixes), tenant: t}
 	}
 	return out
+}
+
+// countTenants is the number of tenants among grants.
+func countTenants(grants []grantHash) int {
+	seen := map[*tenant]bool{}
+	for _, g := range grants {
+		seen[g.tenant] = true
+	}
+	return len(seen)
 }
 
 // post checks the token and the Content-Type of a POSTed operation, reads
@@ -786,7 +854,12 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 	if err := opts.Validate(); err != nil {
 		return s.storeReply(err)
 	}
+	done, full := s.admit(ctx, req.Key)
+	if full != nil {
+		return *full
+	}
 	c, err := s.cfg.Store.TryBegin(ctx, req.Key, opts)
+	done(err == nil)
 	if err != nil {
 		return s.storeFailure(req.Key, err)
 	}
@@ -876,7 +949,12 @@ func (s *Server) markProcessed(ctx context.Context, body []byte) reply {
 	}
 	var err error
 	if req.LeaseID == "" {
+		done, full := s.admit(ctx, req.Key)
+		if full != nil {
+			return *full
+		}
 		err = s.cfg.Store.MarkProcessed(ctx, req.Key)
+		done(err == nil)
 	} else {
 		err = s.cfg.Store.Complete(ctx, req.Key, req.LeaseID)
 	}
@@ -911,6 +989,7 @@ func (s *Server) extend(ctx context.Context, body []byte) reply {
 func (s *Server) leaseOutcome(key string, err error, status string, ok wire.StatusResponse) reply {
 	switch {
 	case err == nil:
+		s.records.touch(key, s.cfg.LeaseMax)
 		return reply{code: http.StatusOK, body: ok, status: status, key: key}
 	case errors.Is(err, inbox.ErrLeaseLost):
 		return reply{code: http.StatusOK, body: wire.StatusResponse{Status: wire.StatusLeaseLost}, status: wire.StatusLeaseLost, key: key}
@@ -991,6 +1070,9 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 		ok = wire.StatusDead
 	}
 	err = s.cfg.Store.Fail(ctx, req.Key, req.LeaseID, opts)
+	if err == nil {
+		s.records.touch(req.Key, opts.RetryAfter)
+	}
 	return s.leaseOutcome(req.Key, err, ok, wire.StatusResponse{Status: ok})
 }
 
@@ -1093,11 +1175,23 @@ func (s *Server) keyCall(ctx context.Context, body []byte, call func(key string)
 }
 
 func (s *Server) forget(ctx context.Context, body []byte) reply {
-	return s.keyCall(ctx, body, func(key string) error { return s.admin.Forget(ctx, key) }, wire.StatusForgotten)
+	return s.keyCall(ctx, body, func(key string) error {
+		err := s.admin.Forget(ctx, key)
+		if err == nil {
+			s.records.drop(key)
+		}
+		return err
+	}, wire.StatusForgotten)
 }
 
 func (s *Server) forceRelease(ctx context.Context, body []byte) reply {
-	return s.keyCall(ctx, body, func(key string) error { return s.admin.ForceRelease(ctx, key) }, wire.StatusReleased)
+	return s.keyCall(ctx, body, func(key string) error {
+		err := s.admin.ForceRelease(ctx, key)
+		if err == nil {
+			s.records.touch(key, 0)
+		}
+		return err
+	}, wire.StatusReleased)
 }
 
 func (s *Server) ready(ctx context.Context) reply {
@@ -1150,8 +1244,11 @@ func (s *Server) storeFailure(key string, err error) reply {
 func (s *Server) write(w http.ResponseWriter, rep reply) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if rep.code == http.StatusServiceUnavailable {
+	switch rep.code {
+	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")
+	case http.StatusTooManyRequests:
+		w.Header().Set("Retry-After", strconv.FormatInt(max(int64((rep.retryAfter+time.Second-1)/time.Second), 1), 10))
 	}
 	w.WriteHeader(rep.code)
 	if err := json.NewEncoder(w).Encode(rep.body); err != nil {
@@ -1174,6 +1271,12 @@ func (s *Server) done(r *http.Request, ep string, start time.Time, rep reply) {
 	case rep.err != nil && rep.code >= 500:
 		s.log.LogAttrs(r.Context(), slog.LevelError, "inbox server: store call failed",
 			append(attrs, slog.String("error", rep.err.Error()), slog.String("key", rep.key))...)
+	case rep.code == http.StatusTooManyRequests:
+		// Limits are counted in metrics; a log line each would let a
+		// client past its limit flood the logs.
+		if s.log.Enabled(r.Context(), slog.LevelDebug) {
+			s.log.LogAttrs(r.Context(), slog.LevelDebug, "inbox server: request refused over a limit", append(attrs, slog.String("key", rep.key))...)
+		}
 	case rep.code == http.StatusUnauthorized:
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "inbox server: unauthorized request", attrs...)
 	case rep.code == http.StatusForbidden:

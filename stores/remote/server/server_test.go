@@ -48,7 +48,8 @@ func newServer(t testing.TB, cfg server.Config) *server.Server {
 
 // call sends one request to h in process and returns code and decoded body.
 // The request's Host is 127.0.0.1:8080, and a body is application/json,
-// unless hdr (name, value, ...) names them ("Host" sets the Host).
+// unless hdr (name, value, ...) names them ("Host" sets the Host,
+// "RemoteAddr" the client's address, 192.0.2.1:1234 otherwise).
 func call(t testing.TB, h http.Handler, method, target, body string, hdr ...string) (int, map[string]any, http.Header) {
 	t.Helper()
 	var rd io.Reader
@@ -64,6 +65,10 @@ func call(t testing.TB, h http.Handler, method, target, body string, hdr ...stri
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i] == "Host" {
 			req.Host = hdr[i+1]
+			continue
+		}
+		if hdr[i] == "RemoteAddr" {
+			req.RemoteAddr = hdr[i+1]
 			continue
 		}
 		req.Header.Set(hdr[i], hdr[i+1])

@@ -105,6 +105,12 @@ const (
 	CodeStoreUnavailable = "store_unavailable"
 	CodeInternal         = "internal_error"
 	CodeDraining         = "draining" // /readyz while the server shuts down
+	// 429 answers, with Retry-After: a token over its request rate, a
+	// token over its share of live records, a client address past its
+	// budget of failed authentications.
+	CodeRateLimited         = "rate_limited"
+	CodeQuotaExceeded       = "quota_exceeded"
+	CodeTooManyAuthFailures = "too_many_auth_failures"
 )
 
 // TryBeginRequest is the body of POST /v1/inbox/try-begin.
