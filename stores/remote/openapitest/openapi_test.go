@@ -406,3 +406,46 @@ func TestKeyPath_follows_openapi(t *testing.T) {
 		}
 	}
 }
+
+// The 429 answers of the server's limits (live records, request rate,
+// failed authentications) follow the document, Retry-After included.
+func TestServer_limit_answers_follow_openapi(t *testing.T) {
+	t.Parallel()
+	const tok = "consumer-token-01"
+	v, base := newValidator(t, server.Config{Token: tok, MaxRecordsPerToken: 1, RequestsPerSecond: 1000, AuthFailuresPerMinute: 2}, true)
+	send := func(method, path, body, token string) int {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	send("POST", "/v1/inbox/try-begin", `{"key":"a"}`, tok)
+	if got := send("POST", "/v1/inbox/mark-processed", `{"key":"b"}`, tok); got != 429 {
+		t.Errorf("a second record past MaxRecordsPerToken 1 = %d, want 429", got)
+	}
+	for n := 0; n < 5000 && v.count("getRecord 429 rate_limited") == 0; n++ {
+		send("GET", "/v1/inbox/a", "", tok)
+	}
+	for range 3 {
+		send("POST", "/v1/inbox/try-begin", `{"key":"a"}`, "wrong-token-guess")
+	}
+	for _, want := range []string{"markProcessed 429 quota_exceeded", "getRecord 429 rate_limited", "tryBegin 429 too_many_auth_failures"} {
+		if v.count(want) == 0 {
+			t.Errorf("no %q answer was checked; seen %v", want, v.seen)
+		}
+	}
+}
+
+func (v *validator) count(key string) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.seen[key]
+}
