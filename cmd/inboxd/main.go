@@ -25,6 +25,9 @@
 //	INBOX_STORE_TIMEOUT    -store-timeout   bound on each store call of a request; default 10s
 //	INBOX_LOG_LEVEL        -log-level       debug, info, warn or error; default info
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
+//	INBOX_MAX_RECORDS_PER_TOKEN -max-records-per-token live records a token may have in the store; default 0 (see Limits)
+//	INBOX_RATE_LIMIT       -rate-limit      requests a second a token may make; default 0: no limit
+//	INBOX_AUTH_FAILURES_PER_MINUTE -auth-failures-per-minute wrong tokens a client address may send a minute; default 60, negative: no limit
 //
 // Retention is the store's: a URL parameter of INBOX_STORE_URL
 // (memory://?retention=7d). inboxd reads it too, to tell clients that do
@@ -56,10 +59,11 @@
 // A prefix ends with ':' (prefix=app would reach apple:1). A call with a
 // limited token on a key outside its prefixes (GET included, but for the
 // key inbox-remote:check, which the remote client's check at Open reads)
-// is answered 403 forbidden. A file with a shorter token, a token repeated, a prefix
-// without ':', or a line with another field after the token is refused,
-// naming the line, never the token. inboxd warns at start and at each
-// reload when a token file's group or others may read or write it.
+// is answered 403 forbidden. A file with a shorter token, a token
+// repeated, a prefix without ':', or a line with another field after the
+// token is refused, naming the line, never the token. inboxd warns at
+// start and at each reload when a token file's group or others may read or
+// write it.
 //
 // The operators' calls, list, forget and force-release (the admin
 // extension: cmd/inboxctl over an http:// store URL), need a token of their
@@ -81,8 +85,8 @@
 // localhost, an address of 127.0.0.0/8 or ::1, with or without port (DNS
 // rebinding: a page whose own name was made to point at 127.0.0.1), or
 // that a proxy relayed (Forwarded, X-Forwarded-* or X-Real-IP: behind a
-// reverse proxy, a server without tokens is open to the proxy's clients). With
-// INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
+// reverse proxy, a server without tokens is open to the proxy's clients).
+// With INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
 // list the names and addresses the clients use to reach inboxd
 // (inboxd.internal,10.0.0.5): inboxd refuses to start without it.
 //
@@ -142,6 +146,33 @@
 // maxRetryAfterMs): a longer one is clamped to it, or refused with 400
 // under INBOX_LEASE_POLICY=reject, as leases outside their range are.
 //
+// # Limits
+//
+// A call over a limit is answered 429 with Retry-After (whole seconds) and
+// changes nothing; the remote client waits and retries when that is at most
+// 5 s, else fails at once, and the middleware then nacks and backs off.
+// Tokens limited to the same prefixes (a rotation's old and new token)
+// count as one token; tokens without prefixes as one more.
+//
+//   - Live records (429 quota_exceeded): a token's share of the store. On
+//     a memory:// store, whose max_entries (1000000 by default) is the
+//     number of records it keeps before it evicts the least recently
+//     written, inboxd shares max_entries equally among the tokens' prefix
+//     sets once there are two, and refuses a new key past a token's share
+//     or past max_entries: no token's keys can evict another's processed
+//     keys. Size max_entries for every tenant's keys within the retention.
+//     INBOX_MAX_RECORDS_PER_TOKEN sets the share instead, on any store.
+//     inboxd counts records in its memory since its start (about 100 bytes
+//     each); admin tokens have no share but count in max_entries.
+//   - Request rate (429 rate_limited): INBOX_RATE_LIMIT requests a second
+//     per token, in bursts of a second's worth; admin tokens are not
+//     limited.
+//   - Failed authentications (429 too_many_auth_failures): past
+//     INBOX_AUTH_FAILURES_PER_MINUTE wrong tokens from a client address (an
+//     IPv6 /64), its requests that need a token are refused, the token
+//     unchecked, until the budget refills. Behind a reverse proxy every
+//     client has the proxy's address.
+//
 // # Metrics
 //
 // inbox_server_requests_total{endpoint, code, status} counts answers;
@@ -163,7 +194,8 @@
 //     body: invalid_json, invalid_key, invalid_lease, invalid_lease_id,
 //     invalid_argument, body_too_large, unauthorized, forbidden, not_found,
 //     method_not_allowed, unsupported_media_type, not_supported,
-//     store_unavailable, internal_error;
+//     store_unavailable, internal_error, quota_exceeded, rate_limited,
+//     too_many_auth_failures;
 //     /readyz answers 503 with store_unavailable, or draining while inboxd
 //     shuts down.
 //

@@ -334,6 +334,9 @@ func TestClient_discovery_read_is_shared_and_caller_cancel_not_remembered(t *tes
 // any write of the check key.
 func TestOpen_check_passes_with_a_token_limited_to_a_prefix(t *testing.T) {
 	t.Parallel()
+	if remote.CheckKey != wire.CheckKey {
+		t.Fatalf("remote.CheckKey %q is not the key the server lets every token read, %q", remote.CheckKey, wire.CheckKey)
+	}
 	const billing = "billing-token-000000000001"
 	base := serve(t, server.Config{Store: newMemory(t, 0), Grants: []server.Grant{{Token: billing, Prefixes: []string{"rabbit:billing:"}}}})
 	ctx := ctxT(t)

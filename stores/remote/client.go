@@ -682,7 +682,7 @@ func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, 
 // that the service accepts the token and that its store answers. It is only
 // read, never written. A service may let every token read it, whatever
 // key prefixes limit the token (the reference server does).
-const CheckKey = wire.CheckKey
+const CheckKey = "inbox-remote:check"
 
 // Check tells whether the service works for this client, reading it afresh
 // (it forgets a remembered discovery first):

@@ -27,10 +27,12 @@
 // for a call the token may not make (see "Who may call what" below), or a
 // browser's request to a server without tokens, 404 for an unknown path,
 // 405 for a wrong method, 413 for a body over [Config.MaxBodyBytes], 415
-// unsupported_media_type for a POST that is not application/json, 501
-// not_supported when the store cannot extend
-// leases or has no admin operations, 503 store_unavailable when the store is
-// down or closed, 500 for other store failures. Unknown request fields are
+// unsupported_media_type for a POST that is not application/json, 429
+// with Retry-After over a limit ([Config.MaxRecordsPerToken],
+// RequestsPerSecond, AuthFailuresPerMinute), 501 not_supported when the
+// store cannot extend leases or has no admin operations, 503
+// store_unavailable when the store is down or closed, 500 for other store
+// failures. Unknown request fields are
 // ignored; field names match exactly.
 //
 // The discovery document lists the extensions extend, leaseId, payloadHash,
