@@ -175,8 +175,9 @@ type Config struct {
 	// address's requests that need a token are answered 429
 	// too_many_auth_failures, the token unchecked, until the budget refills
 	// (AuthFailuresPerMinute a minute). Behind a reverse proxy every client
-	// has the proxy's address. The server's memory for it is fixed
-	// (addresses share 4096 counters by a keyed hash). Optional; default
+	// has the proxy's address. The server keeps at most 4096 addresses;
+	// past that, new ones push out those whose budget is full again, then
+	// others, blocked ones last. Optional; default
 	// DefaultAuthFailuresPerMinute; negative: no bound.
 	AuthFailuresPerMinute int
 

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -250,45 +249,44 @@ func (r *records) expireAll(now time.Time) (time.Duration, bool) {
 // authFailures limits the failed authentications of each client address
 // (an IPv4 address, an IPv6 /64): past perMinute, refilled at perMinute a
 // minute, the address's requests that need a token are refused (429
-// too_many_auth_failures) without checking it, so guessing is slow. Its
-// memory is fixed: addresses share buckets by a keyed hash.
+// too_many_auth_failures) without checking it, so guessing is slow. It
+// keeps at most maxAuthAddrs addresses (see evict).
 type authFailures struct {
 	perMinute float64
-	seed      maphash.Seed
-	buckets   [authBuckets]authBucket
+	mu        sync.RWMutex
+	addrs     map[string]*authEntry
 }
 
-const authBuckets = 4096
+// maxAuthAddrs bounds the addresses authFailures keeps.
+const maxAuthAddrs = 4096
 
-type authBucket struct {
-	blockedUntil atomic.Int64 // unix nanoseconds; read without the lock
-
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time
+type authEntry struct {
+	tokens       float64
+	last         time.Time
+	blockedUntil time.Time
 }
 
 func newAuthFailures(perMinute int) *authFailures {
 	if perMinute <= 0 {
 		return nil
 	}
-	return &authFailures{perMinute: float64(perMinute), seed: maphash.MakeSeed()}
+	return &authFailures{perMinute: float64(perMinute), addrs: map[string]*authEntry{}}
 }
 
-// bucket is the bucket of a request's remote address.
-func (a *authFailures) bucket(remoteAddr string) *authBucket {
+// clientKey is what the limit counts a request's remote address as.
+func clientKey(remoteAddr string) string {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		host = remoteAddr
 	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		ip = ip.Unmap()
-		if ip.Is6() {
-			ip = netip.PrefixFrom(ip, 64).Masked().Addr()
-		}
-		host = ip.String()
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
 	}
-	return &a.buckets[maphash.String(a.seed, host)%authBuckets]
+	if ip = ip.Unmap(); ip.Is6() {
+		ip = netip.PrefixFrom(ip, 64).Masked().Addr()
+	}
+	return ip.String()
 }
 
 // blocked reports whether the address is past its budget, and for how long.
@@ -296,9 +294,10 @@ func (a *authFailures) blocked(remoteAddr string, now time.Time) (time.Duration,
 	if a == nil {
 		return 0, false
 	}
-	until := a.bucket(remoteAddr).blockedUntil.Load()
-	if now.UnixNano() < until {
-		return time.Duration(until - now.UnixNano()), true
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if e := a.addrs[clientKey(remoteAddr)]; e != nil && now.Before(e.blockedUntil) {
+		return e.blockedUntil.Sub(now), true
 	}
 	return 0, false
 }
@@ -308,18 +307,45 @@ func (a *authFailures) fail(remoteAddr string, now time.Time) {
 	if a == nil {
 		return
 	}
-	b := a.bucket(remoteAddr)
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	key := clientKey(remoteAddr)
 	perSecond := a.perMinute / 60
-	if b.last.IsZero() {
-		b.tokens = a.perMinute
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e := a.addrs[key]
+	if e == nil {
+		if len(a.addrs) >= maxAuthAddrs {
+			a.evict(now, perSecond)
+		}
+		e = &authEntry{tokens: a.perMinute}
+		a.addrs[key] = e
 	} else {
-		b.tokens = math.Min(a.perMinute, b.tokens+now.Sub(b.last).Seconds()*perSecond)
+		e.tokens = math.Min(a.perMinute, e.tokens+now.Sub(e.last).Seconds()*perSecond)
 	}
-	b.last = now
-	b.tokens--
-	if b.tokens < 1 {
-		b.blockedUntil.Store(now.Add(time.Duration((1 - b.tokens) / perSecond * float64(time.Second))).UnixNano())
+	e.last = now
+	e.tokens--
+	if e.tokens < 1 {
+		e.blockedUntil = now.Add(time.Duration((1 - e.tokens) / perSecond * float64(time.Second)))
+	}
+}
+
+// evict makes room for new addresses, an eighth of maxAuthAddrs at once so
+// that a stream of new addresses costs little: it drops the addresses
+// whose budget is full again, then, as needed, those not blocked, then any.
+func (a *authFailures) evict(now time.Time, perSecond float64) {
+	target := maxAuthAddrs - maxAuthAddrs/8
+	for k, e := range a.addrs {
+		if e.tokens+now.Sub(e.last).Seconds()*perSecond >= a.perMinute {
+			delete(a.addrs, k)
+		}
+	}
+	for _, blockedToo := range []bool{false, true} {
+		for k, e := range a.addrs {
+			if len(a.addrs) <= target {
+				return
+			}
+			if blockedToo || !now.Before(e.blockedUntil) {
+				delete(a.addrs, k)
+			}
+		}
 	}
 }
