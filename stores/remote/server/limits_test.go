@@ -142,12 +142,12 @@ func (f flaky) TryBegin(ctx context.Context, key string, o inbox.BeginOptions) (
 func TestServer_max_records_per_token(t *testing.T) {
 	t.Parallel()
 	as := []string{"Authorization", "Bearer " + tokenA}
-	m, err := memory.New(memory.Options{Retention: time.Second})
+	m, err := memory.New(memory.Options{Retention: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	h := newServer(t, server.Config{Store: flaky{m}, Token: tokenA, MaxRecordsPerToken: 2, Retention: time.Second,
+	h := newServer(t, server.Config{Store: flaky{m}, Token: tokenA, MaxRecordsPerToken: 2, Retention: 3 * time.Second,
 		LeaseMin: time.Second, LeaseMax: time.Second, LeaseDefault: time.Second, MaxRetryAfter: time.Millisecond})
 	for i := range 5 {
 		code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", fmt.Sprintf(`{"key":"fail:%d"}`, i), as...)
@@ -159,8 +159,8 @@ func TestServer_max_records_per_token(t *testing.T) {
 	}
 	code, b, hdr := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k3"}`, as...)
 	want(t, "past MaxRecordsPerToken", code, b, 429, "error", "quota_exceeded")
-	retryAfter(t, "past MaxRecordsPerToken", hdr, 2*time.Second)
-	testenv.Eventually(t, 20*time.Second, "k3 admitted once k1 and k2 expired", func() bool {
+	retryAfter(t, "past MaxRecordsPerToken", hdr, 4*time.Second)
+	testenv.Eventually(t, 30*time.Second, "k3 admitted once k1 and k2 expired", func() bool {
 		code, _, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k3"}`, as...)
 		return code == 200
 	})
