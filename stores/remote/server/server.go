@@ -537,7 +537,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, r
 	if wait, blocked := s.authFails.blocked(r.RemoteAddr, now); blocked {
 		*rep = tooMany(wire.CodeTooManyAuthFailures, fmt.Sprintf(
 			"too many requests with a wrong bearer token from this address (over %d a minute): its requests are refused, whatever token they carry, for %s",
-			s.cfg.AuthFailuresPerMinute, wait.Round(time.Second)), wait)
+			s.cfg.AuthFailuresPerMinute, ceilSeconds(wait)), wait)
 		return nil, false
 	}
 	h := r.Header.Get("Authorization")
@@ -577,6 +577,12 @@ func tooMany(code, msg string, wait time.Duration) reply {
 	return r
 }
 
+// ceilSeconds is d rounded up to whole seconds, at least 1 s: the wait a
+// Retry-After says.
+func ceilSeconds(d time.Duration) time.Duration {
+	return max((d+time.Second-1)/time.Second, 1) * time.Second
+}
+
 // admit counts key as a record of the request's token before a call that
 // may create it, or refuses the call (429 quota_exceeded) when the token's
 // share of the store, or the store, is full. done takes the call's outcome.
@@ -587,7 +593,7 @@ func (s *Server) admit(ctx context.Context, key string) (done func(ok bool), bad
 	}
 	done, wait, reason := s.records.admit(who.tenant, key)
 	if reason != "" {
-		r := tooMany(wire.CodeQuotaExceeded, reason+fmt.Sprintf(": a new key is refused until a record of it expires, in %s", wait.Round(time.Second)), wait)
+		r := tooMany(wire.CodeQuotaExceeded, reason+fmt.Sprintf(": a new key is refused until a record of it expires, in %s", ceilSeconds(wait)), wait)
 		r.key = key
 		return nil, &r
 	}
@@ -1250,7 +1256,7 @@ func (s *Server) write(w http.ResponseWriter, rep reply) {
 	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")
 	case http.StatusTooManyRequests:
-		w.Header().Set("Retry-After", strconv.FormatInt(max(int64((rep.retryAfter+time.Second-1)/time.Second), 1), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(ceilSeconds(rep.retryAfter)/time.Second), 10))
 	}
 	w.WriteHeader(rep.code)
 	if err := json.NewEncoder(w).Encode(rep.body); err != nil {
