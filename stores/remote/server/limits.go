@@ -138,7 +138,8 @@ func (r *records) setTenants(n int) {
 // create one more record, the reason and the wait until one of the
 // records in the way expires.
 func (r *records) admit(t *tenant, key string) (done func(ok bool), wait time.Duration, reason string) {
-	if r == nil || t == nil {
+	if r == nil || t == nil || (t.admin && r.capacity == 0) {
+		// The operators' records count only in a store's capacity.
 		return func(bool) {}, 0, ""
 	}
 	h := maphash.String(r.seed, key)
@@ -158,6 +159,12 @@ func (r *records) admit(t *tenant, key string) (done func(ok bool), wait time.Du
 		if r.total > 0 && len(r.keys) >= r.total {
 			if w, ok := r.expireAll(now); !ok {
 				return nil, w, fmt.Sprintf("the store holds as many live records as it may (%d) without evicting another token's", r.total)
+			}
+		}
+		if r.capacity > 0 && r.total == 0 {
+			// Counted but not bounded (one tenant): the store evicts
+			// past its capacity, and so does the count, oldest first.
+			for len(r.keys) >= r.capacity && r.dropOldest() {
 			}
 		}
 		c = &charge{h: h, owner: t, until: now.Add(r.leaseMax + r.retention)}
@@ -231,6 +238,22 @@ func (r *records) expire(t *tenant, now time.Time) {
 	if t.charges.Len() == 0 {
 		delete(r.tenants, t)
 	}
+}
+
+// dropOldest stops counting the record of the earliest end among those
+// not in a call; false when there is none.
+func (r *records) dropOldest() bool {
+	var oldest *charge
+	for t := range r.tenants {
+		if t.charges.Len() > 0 && t.charges[0].pending == 0 && (oldest == nil || t.charges[0].until.Before(oldest.until)) {
+			oldest = t.charges[0]
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	r.remove(oldest)
+	return true
 }
 
 // expireAll expires every tenant's records; when the store is still full,

@@ -35,3 +35,36 @@ func TestAuthFailures_memory_is_bounded(t *testing.T) {
 		t.Error("an IPv4-mapped address counts apart from its IPv4 address")
 	}
 }
+
+// What the records count stays bounded: by the store's capacity when no
+// limit is in force (one tenant: the store evicts, and so does the
+// count), and the operators' records are not counted without a capacity.
+func TestRecords_memory_is_bounded(t *testing.T) {
+	t.Parallel()
+	r := newRecords(Config{StoreCapacity: 10, LeaseMax: time.Minute, Retention: time.Hour})
+	r.setTenants(1)
+	one := &tenant{}
+	for i := range 100 {
+		done, _, reason := r.admit(one, fmt.Sprintf("k%d", i))
+		if reason != "" {
+			t.Fatalf("key %d refused with one tenant: %s", i, reason)
+		}
+		done(true)
+		if len(r.keys) > 10 {
+			t.Fatalf("%d records counted, over the capacity of 10", len(r.keys))
+		}
+	}
+	r = newRecords(Config{MaxRecordsPerToken: 5, LeaseMax: time.Minute, Retention: time.Hour})
+	r.setTenants(1)
+	admin := &tenant{admin: true}
+	for i := range 100 {
+		done, _, reason := r.admit(admin, fmt.Sprintf("k%d", i))
+		if reason != "" {
+			t.Fatalf("an operator's key refused: %s", reason)
+		}
+		done(true)
+	}
+	if len(r.keys) != 0 {
+		t.Fatalf("%d operators' records counted without a store capacity", len(r.keys))
+	}
+}
