@@ -342,7 +342,7 @@ func misconfiguredKinds() []harness.StoreKind {
 			return harness.StoreCase{Spec: harness.StoreSpec{URL: "redis://:wrong@" + addr + "/0?check=false"}}
 		}},
 		{Name: "remote-no-token", New: func(t *testing.T) harness.StoreCase {
-			u := serveRemote(t, server.Config{Store: open(t, "memory://"), Tokens: []string{"t-" + unique()}})
+			u := serveRemote(t, server.Config{Store: open(t, "memory://"), Tokens: []string{"e2e-token-" + unique()}})
 			return harness.StoreCase{Spec: harness.StoreSpec{URL: u + "?check=false"}}
 		}},
 	}
