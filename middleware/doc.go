@@ -55,33 +55,6 @@
 // outage logs its first failure, then at most one line every 10 s, and its
 // recovery.
 //
-// # Which timeout bounds which wait
-//
-//	wait                                              bounded by                                    default
-//	one store call (a claim, a mark, a release, a     the store's own timeout: URL timeout=,        5 s (Redis, MongoDB), 2 s per
-//	  Fail, an Extend), its wait in the store's         Options.Timeout (the remote client's is      HTTP attempt (remote, which
-//	  batch queue included                              per attempt, retries= of them); for a        retries twice); none (SQL, memory)
-//	                                                    store not built on stores/driver,
-//	                                                    Config.StoreTimeout
-//	one hand-off to Config.Redelivery                 Config.StoreTimeout                           5 s
-//	a claim on a key another consumer holds           the holder's lease left + 250 ms, and         10 s
-//	                                                    Config.MaxBusyWait
-//	the retries of a claim the store fails            Config.MaxBusyWait (paced across the Inbox)   10 s
-//	a Fail or Release after a failed handler          the lease's deadline, and MaxBusyWait         30 s, 10 s
-//	  (before the middleware returns)
-//	a mark or release after the router's verdict      the lease's deadline (Config.Lease, renewed   30 s
-//	  (in the background)                               by the heartbeat until the verdict); Close
-//	a heartbeat                                       Config.HeartbeatInterval; the handler's       Lease/3
-//	                                                    context ends at the lease's deadline
-//	a failed attempt's backoff held in-process        Config.MaxBusyWait (then ErrBusy, nacked)     10 s
-//	  (without Redelivery, or under
-//	  RedeliveryMinDelay)
-//	a TxStore's claim on a key another delivery's     the store's lock timeout (txinbox             10 s
-//	  transaction holds                                 Config.LockTimeout)
-//	Close draining pending marks                      Close's ctx                                   none
-//
-// The pauses between retries come from one jittered exponential backoff
-// (internal/outage.Backoff): 20 ms to 1 s polling a busy key, 50 ms to 2 s
-// for a failing store's claims and marks, 50 ms to 1 s for the remote
-// client's retries, 2 ms to 256 ms for the SQL store's deadlocks.
+// docs/middleware.md follows one message through the middleware, and lists
+// which bound limits which wait.
 package inboxmw

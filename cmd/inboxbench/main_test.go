@@ -350,8 +350,8 @@ func TestStoreRTT_puts_every_store_at_a_distance(t *testing.T) {
 				t.Errorf("%s: %v", v.name, err)
 			}
 		}
-		if networked != 8 {
-			t.Errorf("%d variants reach a store over a socket, want 8", networked)
+		if networked != 9 {
+			t.Errorf("%d variants reach a store over a socket, want 9", networked)
 		}
 	}
 }
