@@ -6,35 +6,32 @@
 // A call is made with Do, which waits for its result, or with Go, which
 // does not: its result goes to a function of the caller's.
 //
-// A Do that finds fewer than MaxInFlight round trips in flight (by default
-// one: the batcher idle) becomes a leader and sends its call at once,
-// alone, in the calling goroutine (a single sequential caller therefore
-// waits no longer than without the batcher). A Go that finds a round trip
-// free hands its call, alone, to one of the batcher's runners: at most
-// MaxInFlight goroutines of its own, started on first use and parked while
-// idle, so that a caller that does not wait never runs a round trip. Calls
-// that arrive while MaxInFlight round trips are in flight are queued. When
-// a round trip ends, its goroutine delivers each call's result and, if the
-// queue is not empty, takes the next batch (in arrival order, at most
-// MaxBatch calls) and hands it to the goroutine of the first Do in it, which
-// runs it and hands on in turn, or to a runner when the batch holds no Do;
-// so no caller runs more than its own batch, and a round trip's slot is
+// Round trips run on the batcher's runners: at most MaxInFlight goroutines
+// of its own, started on first use and parked while idle. A call that finds
+// fewer than MaxInFlight round trips in flight (by default one: the
+// batcher idle) is handed at once, alone, to a runner; so a single
+// sequential caller waits no longer than without the batcher, but for the
+// hand-off, and the callers' goroutines never run the client's code of a
+// round trip (a message's goroutine stays shallow: its stack does not grow
+// into the client's). Calls that arrive while MaxInFlight round trips are
+// in flight are queued. When a round trip ends, its runner delivers each
+// call's result and, if the queue is not empty, takes the next batch (in
+// arrival order, at most MaxBatch calls) and runs it; a round trip's slot is
 // freed when the queue is empty.
 //
 // The queue is bounded (MaxQueue calls): a caller that finds it full waits
 // for room, honouring its context. A caller whose context ends while its
 // call is queued gets its context's error and the call is not sent; one
 // whose context ends after its call was sent gets its context's error at
-// once and the result is dropped (except the leader of a batch, which
-// returns when its round trip ends).
+// once and the result is dropped.
 //
 // A round trip is one call of the Func with the batch's requests in arrival
-// order. It runs under a context detached from the calls' cancellation
-// (the context of its call when the batch has one Do that leads it), with
-// the latest of the calls' own deadlines when each has one, so that a
-// caller that goes away does not cut the round trip of the others. The
-// Func sets a result and an error per call; an error it returns (a
-// transport failure) becomes the error of every call of the batch.
+// order. It runs under the context of its call when the batch is one Do,
+// else under a context detached from the calls' cancellation, with the
+// latest of the calls' deadlines when each has one, so that a caller that
+// goes away does not cut the round trip of the others. The Func sets a
+// result and an error per call; an error it returns (a transport failure)
+// becomes the error of every call of the batch.
 //
 // # Timeout
 //
@@ -74,10 +71,11 @@ type Options struct {
 	// MaxQueue bounds the calls waiting; callers beyond it wait for room.
 	// Default DefaultMaxQueue.
 	MaxQueue int
-	// MaxInFlight is how many round trips may be in flight at once; a call
-	// that finds fewer goes out at once. Default DefaultMaxInFlight (1:
-	// pure group commit). Two lets, for example, a latency-critical call
-	// start while one in the background is in flight.
+	// MaxInFlight is how many round trips may be in flight at once (and
+	// how many runners the batcher starts); a call that finds fewer goes
+	// out at once. Default DefaultMaxInFlight (1: pure group commit). Two
+	// lets, for example, a latency-critical call start while one in the
+	// background is in flight.
 	MaxInFlight int
 	// Timeout bounds each call until its result (see "Timeout" in the
 	// package documentation). Default none.
@@ -113,8 +111,7 @@ type state uint8
 
 const (
 	queued  state = iota // in the queue
-	leading              // taken into a batch that this call's goroutine must run
-	sent                 // taken into a batch that someone runs
+	sent                 // taken into a batch
 	done                 // result delivered
 	dropped              // taken from the queue with its context ended: not sent
 	expired              // its deadline passed first: ErrTimeout delivered
@@ -127,10 +124,8 @@ type call[Q, R any] struct {
 	err      error
 	deadline time.Time      // Options.Timeout's; zero without one
 	state    state          // under Batcher.mu
-	batch    []*call[Q, R]  // the batch to run, when state is leading
-	wake     chan struct{}  // capacity 1; nil for a call that led at once, and for Go
+	wake     chan struct{}  // Do's, capacity 1; nil for Go
 	then     func(R, error) // Go's; nil for Do
-	flight   *flight[Q, R]  // the round trip it is in, once sent
 }
 
 // flight is a round trip in progress.
@@ -165,8 +160,8 @@ func New[Q, R any](fn Func[Q, R], o Options) *Batcher[Q, R] {
 }
 
 // Close stops the runners once the batches handed to them are done, and
-// the timer. Calls made after Close still get their result: a batch that
-// needs a runner then runs in a goroutine of its own.
+// the timer. Calls made after Close still get their result: their round
+// trips run in goroutines of their own.
 func (b *Batcher[Q, R]) Close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -182,136 +177,91 @@ func (b *Batcher[Q, R]) Close() {
 }
 
 // Do sends req, alone if the batcher is idle, else with the other calls
-// that arrive during the round trip in flight, and returns its result. It
+// that arrive during the round trips in flight, and returns its result. It
 // returns ctx.Err() if ctx ends before the result is known, and
 // [ErrTimeout] after Options.Timeout.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	var zero R
-	if err := ctx.Err(); err != nil {
+	c := &call[Q, R]{ctx: ctx, req: req, wake: make(chan struct{}, 1)}
+	if err := b.submit(c); err != nil {
 		return zero, err
 	}
-	c := &call[Q, R]{ctx: ctx, req: req}
-	if b.timeout > 0 {
-		c.deadline = time.Now().Add(b.timeout)
-	}
-	b.mu.Lock()
-	if b.inFlight < b.maxInFlight {
-		b.inFlight++
-		b.mu.Unlock()
-		return b.lead(c)
-	}
-	b.mu.Unlock()
-	select {
-	case b.slots <- struct{}{}:
-	case <-ctx.Done():
-		return zero, ctx.Err()
-	}
-	c.wake = make(chan struct{}, 1)
-	b.mu.Lock()
-	if b.inFlight < b.maxInFlight {
-		// A round trip ended while this call waited for room.
-		b.inFlight++
-		b.mu.Unlock()
-		<-b.slots
-		return b.lead(c)
-	}
-	b.enqueue(c)
-	b.mu.Unlock()
 	select {
 	case <-c.wake:
+	case <-ctx.Done():
 		b.mu.Lock()
-		st, batch := c.state, c.batch
-		if st == leading {
-			c.state, c.batch = sent, nil
+		st := c.state
+		if st == queued {
+			b.unqueue(c)
+			c.state = dropped
 		}
 		b.mu.Unlock()
-		switch st {
-		case leading:
-			b.run(batch)
-			return b.result(c)
-		case dropped:
+		if st == queued {
+			<-b.slots
+		}
+		if st != done && st != expired {
 			return zero, ctx.Err()
 		}
-		return b.result(c)
-	case <-ctx.Done():
-		b.mu.Lock()
-		switch c.state {
-		case queued:
-			b.unqueue(c)
-			b.mu.Unlock()
-			<-b.slots
-		case leading:
-			batch := c.batch
-			c.state, c.batch = sent, nil
-			b.mu.Unlock()
-			go b.run(batch) // the others of the batch still need their round trip
-		case done, expired:
-			b.mu.Unlock()
-			return b.result(c)
-		default:
-			b.mu.Unlock()
-		}
-		return zero, ctx.Err()
 	}
-}
-
-// Go sends req as Do does, without waiting: then is called once with its
-// result, from the goroutine that ends its round trip (a runner's or a
-// caller's of Do), from the batcher's timer, or before Go returns when ctx
-// has ended. then must be quick and must not block: it runs where other
-// calls' results wait for it. Go blocks only while the queue is full.
-func (b *Batcher[Q, R]) Go(ctx context.Context, req Q, then func(R, error)) {
-	var zero R
-	if err := ctx.Err(); err != nil {
-		then(zero, err)
-		return
-	}
-	c := &call[Q, R]{ctx: ctx, req: req, then: then}
-	if b.timeout > 0 {
-		c.deadline = time.Now().Add(b.timeout)
-	}
-	b.mu.Lock()
-	if b.inFlight < b.maxInFlight {
-		b.inFlight++
-		b.mu.Unlock()
-		b.dispatch([]*call[Q, R]{c})
-		return
-	}
-	b.mu.Unlock()
-	select {
-	case b.slots <- struct{}{}:
-	case <-ctx.Done():
-		then(zero, ctx.Err())
-		return
-	}
-	b.mu.Lock()
-	if b.inFlight < b.maxInFlight {
-		b.inFlight++
-		b.mu.Unlock()
-		<-b.slots
-		b.dispatch([]*call[Q, R]{c})
-		return
-	}
-	b.enqueue(c)
-	b.mu.Unlock()
-}
-
-// result returns c's result, or ErrTimeout if its deadline passed first.
-func (b *Batcher[Q, R]) result(c *call[Q, R]) (R, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if c.state == expired {
-		var zero R
+	switch c.state {
+	case dropped:
+		return zero, ctx.Err()
+	case expired:
 		return zero, ErrTimeout
 	}
 	return c.res, c.err
 }
 
-// enqueue appends c to the queue. Call with mu held.
-func (b *Batcher[Q, R]) enqueue(c *call[Q, R]) {
-	c.state = queued
-	b.queue = append(b.queue, c)
-	b.arm(c.deadline)
+// Go sends req as Do does, without waiting: then is called once with its
+// result, from the runner that ends its round trip, from the batcher's
+// timer, or before Go returns when ctx has ended. then must be quick and
+// must not block: other calls' results wait for it. Go blocks only while
+// the queue is full.
+func (b *Batcher[Q, R]) Go(ctx context.Context, req Q, then func(R, error)) {
+	if err := b.submit(&call[Q, R]{ctx: ctx, req: req, then: then}); err != nil {
+		var zero R
+		then(zero, err)
+	}
+}
+
+// submit sends c at once, alone, when fewer than MaxInFlight round trips
+// are in flight, else queues it (waiting for room, honouring its
+// context). It returns c's context's error when c was not taken.
+func (b *Batcher[Q, R]) submit(c *call[Q, R]) error {
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	if b.timeout > 0 {
+		c.deadline = time.Now().Add(b.timeout)
+	}
+	for queuing := false; ; queuing = true {
+		b.mu.Lock()
+		if b.inFlight < b.maxInFlight {
+			b.inFlight++
+			c.state = sent
+			b.mu.Unlock()
+			if queuing {
+				<-b.slots // a round trip ended while c waited for room
+			}
+			b.dispatch([]*call[Q, R]{c})
+			return nil
+		}
+		if queuing {
+			c.state = queued
+			b.queue = append(b.queue, c)
+			b.arm(c.deadline)
+			b.mu.Unlock()
+			return nil
+		}
+		b.mu.Unlock()
+		select {
+		case b.slots <- struct{}{}:
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		}
+	}
 }
 
 // unqueue removes c from the queue. Call with mu held.
@@ -324,14 +274,7 @@ func (b *Batcher[Q, R]) unqueue(c *call[Q, R]) {
 	}
 }
 
-// lead runs c's call alone, as the leader, and hands on.
-func (b *Batcher[Q, R]) lead(c *call[Q, R]) (R, error) {
-	c.state = sent
-	b.run([]*call[Q, R]{c})
-	return b.result(c)
-}
-
-// dispatch hands batch, which holds no Do waiting to lead it, to a runner.
+// dispatch hands batch to a runner.
 func (b *Batcher[Q, R]) dispatch(batch []*call[Q, R]) {
 	b.runners.Do(func() {
 		for range b.maxInFlight {
@@ -366,24 +309,20 @@ func (b *Batcher[Q, R]) runner() {
 	}
 }
 
-// run sends batch in one round trip and finishes it.
+// run sends batch in one round trip, then the batches queued meanwhile,
+// until the queue is empty.
 func (b *Batcher[Q, R]) run(batch []*call[Q, R]) {
-	ok := false
+	for batch != nil {
+		batch = b.runOne(batch)
+	}
+}
+
+// runOne sends batch in one round trip, finishes it and returns the next
+// batch to run, nil when the queue is empty (the slot is then free).
+func (b *Batcher[Q, R]) runOne(batch []*call[Q, R]) (next []*call[Q, R]) {
 	f := b.takeOff(batch)
-	defer func() {
-		if !ok {
-			// fn panicked: fail the batch and hand on, so that no caller
-			// waits forever; the panic goes on.
-			for _, c := range batch {
-				var zero R
-				c.res, c.err = zero, errPanicked
-			}
-			b.finish(f)
-		}
-	}()
 	b.roundTrip(f)
-	ok = true
-	b.finish(f)
+	return b.finish(f)
 }
 
 // takeOff registers the round trip of batch for the timer.
@@ -394,7 +333,6 @@ func (b *Batcher[Q, R]) takeOff(batch []*call[Q, R]) *flight[Q, R] {
 	}
 	b.mu.Lock()
 	for _, c := range batch {
-		c.flight = f
 		if c.deadline.After(f.deadline) {
 			f.deadline = c.deadline
 		}
@@ -405,10 +343,9 @@ func (b *Batcher[Q, R]) takeOff(batch []*call[Q, R]) *flight[Q, R] {
 	return f
 }
 
-// finish delivers the results of f's calls, then hands the next batch, if
-// any, to the goroutine of its first Do, or to a runner, or makes the
-// batcher idle.
-func (b *Batcher[Q, R]) finish(f *flight[Q, R]) {
+// finish delivers the results of f's calls and returns the next batch,
+// or nil after freeing the round trip's slot when the queue is empty.
+func (b *Batcher[Q, R]) finish(f *flight[Q, R]) []*call[Q, R] {
 	var thens []*call[Q, R]
 	b.mu.Lock()
 	if f.cancel != nil {
@@ -426,43 +363,31 @@ func (b *Batcher[Q, R]) finish(f *flight[Q, R]) {
 			continue // its caller has had ErrTimeout
 		}
 		c.state = done
-		if c.then != nil {
-			thens = append(thens, c)
-		} else if c.wake != nil {
-			select {
-			case c.wake <- struct{}{}:
-			default:
-			}
-		}
+		thens = b.deliver(c, thens)
 	}
 	next, ended := b.take()
 	thens = append(thens, ended...)
-	var leader *call[Q, R]
-	for _, c := range next {
-		if c.wake != nil {
-			leader = c
-			break
-		}
-	}
-	switch {
-	case next == nil:
+	if next == nil {
 		b.inFlight--
-	case leader != nil:
-		leader.state, leader.batch = leading, next
 	}
 	b.mu.Unlock()
-	switch {
-	case leader != nil:
-		select {
-		case leader.wake <- struct{}{}:
-		default:
-		}
-	case next != nil:
-		b.dispatch(next)
-	}
 	for _, c := range thens {
 		c.then(c.res, c.err)
 	}
+	return next
+}
+
+// deliver wakes c's Do, or appends c to thens for its Go's function to be
+// called outside mu. Call with mu held.
+func (b *Batcher[Q, R]) deliver(c *call[Q, R], thens []*call[Q, R]) []*call[Q, R] {
+	if c.then != nil {
+		return append(thens, c)
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	return thens
 }
 
 // take removes the next batch from the queue: at most maxBatch calls whose
@@ -478,16 +403,8 @@ func (b *Batcher[Q, R]) take() (next, ended []*call[Q, R]) {
 		n++
 		<-b.slots
 		if err := c.ctx.Err(); err != nil {
-			c.state = dropped
-			if c.then != nil {
-				c.err = err
-				ended = append(ended, c)
-			} else {
-				select {
-				case c.wake <- struct{}{}:
-				default:
-				}
-			}
+			c.state, c.err = dropped, err
+			ended = b.deliver(c, ended)
 			continue
 		}
 		c.state = sent
@@ -520,19 +437,30 @@ func (b *Batcher[Q, R]) roundTrip(f *flight[Q, R]) {
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
-	err := b.fn(ctx, reqs, res, errs)
+	err := b.call(ctx, reqs, res, errs)
 	for i, c := range batch {
+		c.res, c.err = res[i], errs[i]
 		if err != nil {
-			c.res, c.err = res[i], err
-		} else {
-			c.res, c.err = res[i], errs[i]
+			c.err = err
 		}
 	}
 }
 
-// errPanicked fails the calls of a round trip whose Func panicked; the
-// panic goes on in the goroutine that ran it.
-var errPanicked = errors.New("batch: the round trip panicked")
+// call is one call of fn. A panic of fn fails the batch with an error
+// wrapping ErrPanicked that gives the panic's value, and leaves the
+// runner running.
+func (b *Batcher[Q, R]) call(ctx context.Context, reqs []Q, res []R, errs []error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrPanicked, r)
+		}
+	}()
+	return b.fn(ctx, reqs, res, errs)
+}
+
+// ErrPanicked is wrapped by the error of the calls of a round trip whose
+// Func panicked.
+var ErrPanicked = errors.New("batch: the round trip panicked")
 
 // batchContext is the context of a round trip of several calls, or of a
 // call of Go: detached from their cancellation, with the latest of their
@@ -581,17 +509,6 @@ func (b *Batcher[Q, R]) expire() {
 			next = d
 		}
 	}
-	timeout := func(c *call[Q, R]) {
-		c.state = expired
-		if c.then != nil {
-			thens = append(thens, c)
-		} else if c.wake != nil {
-			select {
-			case c.wake <- struct{}{}:
-			default:
-			}
-		}
-	}
 	kept := b.queue[:0]
 	for _, c := range b.queue {
 		if now.Before(c.deadline) {
@@ -600,7 +517,8 @@ func (b *Batcher[Q, R]) expire() {
 			continue
 		}
 		<-b.slots
-		timeout(c)
+		c.state, c.err = expired, ErrTimeout
+		thens = b.deliver(c, thens)
 	}
 	clear(b.queue[len(kept):])
 	b.queue = kept
@@ -611,7 +529,8 @@ func (b *Batcher[Q, R]) expire() {
 			case now.Before(c.deadline):
 				earliest(c.deadline)
 			default:
-				timeout(c)
+				c.state = expired
+				thens = b.deliver(c, thens)
 			}
 		}
 		if !now.Before(f.deadline) && f.cancel != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,12 +100,12 @@ func TestSingleCallerGoesAtOnce(t *testing.T) {
 	}
 }
 
-func TestSingleCallerRunsInItsGoroutineUnderItsContext(t *testing.T) {
+func TestSingleCallerRunsUnderItsContext(t *testing.T) {
 	type key struct{}
 	ctx := context.WithValue(context.Background(), key{}, "mine")
 	var seen any
 	b := New(func(ctx context.Context, reqs, res []int, errs []error) error {
-		seen = ctx.Value(key{}) // no race: the same goroutine
+		seen = ctx.Value(key{}) // no race: Do returns after the round trip
 		return nil
 	}, Options{})
 	if _, err := b.Do(ctx, 1); err != nil {
@@ -433,10 +434,10 @@ func TestPanicFailsTheBatchAndHandsOn(t *testing.T) {
 		copy(res, reqs)
 		return nil
 	}, Options{})
-	panicked := make(chan any, 1)
+	first := make(chan result, 1)
 	go func() {
-		defer func() { panicked <- recover() }()
-		b.Do(context.Background(), 0)
+		v, err := b.Do(context.Background(), 0)
+		first <- result{v, err}
 	}()
 	<-entered
 	res := make(chan result, 1)
@@ -446,8 +447,8 @@ func TestPanicFailsTheBatchAndHandsOn(t *testing.T) {
 	}()
 	waitQueued(t, b, 1)
 	close(gate)
-	if p := <-panicked; p != "boom" {
-		t.Fatalf("recovered %v", p)
+	if a := <-first; !errors.Is(a.err, ErrPanicked) || !strings.Contains(a.err.Error(), "boom") {
+		t.Fatalf("call whose round trip panicked: %+v, want ErrPanicked giving the panic", a)
 	}
 	if a := <-res; a.err != nil || a.v != 1 {
 		t.Fatalf("queued call after the panic: %+v", a)
