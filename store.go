@@ -311,10 +311,14 @@ type FailOptions struct {
 // records and ends them by key, without holding a lease. Every store of
 // this project implements it.
 type Admin interface {
-	// List returns one page of the records that opts selects, ordered by
-	// key. A page may hold fewer than opts.Limit records while
-	// ListPage.Next is not empty (a store that scans filters after
-	// scanning): keep calling with Next until it is empty.
+	// List returns one page of the records that opts selects, in key order
+	// (byte for byte), after opts.Cursor: the first page holds the
+	// smallest keys, and each page starts after the last key of the page
+	// before, so that a listing holds each record once, in key order. A
+	// page may hold fewer than opts.Limit records, even none, while
+	// ListPage.Next is not empty (a store that reads records to filter
+	// them may end a page at the last key it examined): keep calling with
+	// Next until it is empty.
 	List(ctx context.Context, opts ListOptions) (ListPage, error)
 
 	// Forget deletes key's record, whatever its state, so that the next

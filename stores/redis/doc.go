@@ -47,10 +47,9 @@
 //	Extend, Get, IsProcessed,             1   a script each
 //	  ForceRelease
 //	Forget                                1   DEL
-//	List, one page                        2+  at most 16 SCAN calls, a
-//	                                          pipeline of the Get script
-//	                                          after each round of them (on
-//	                                          Cluster, CLUSTER SLOTS first)
+//	List, one page                        2+  SCAN calls over the whole
+//	                                          database (1000 keys each), then
+//	                                          pipelines of the Get script
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
 // "inbox:"), that holds its record: a few MessagePack values (the layouts
@@ -131,35 +130,28 @@
 // is processed, dead, absent or neither leased nor backing off is left
 // alone.
 //
-// List walks the keys with SCAN, MATCH [Options.Prefix] followed by
-// ListOptions.Prefix (both literal: the glob characters *, ?, [, ] and the
-// backslash are escaped), and reads the matched records with the Get script,
-// one pipelined call per key, so logical expiry applies (an expired record is
-// not listed) and each item is the record Get gives; it then keeps the
-// records in the state asked for whose last seen is at least OlderThan before
-// the Redis clock. A page makes at most 16 SCAN calls, each with COUNT the
-// room left on the page, doubled (up to 1000) after a call that found no key
-// under the prefixes, so a prefix that few keys match is still walked in few
-// pages; and as many pipelines as rounds of SCAN calls (one, unless filters
-// drop records). Items are ordered by key within a page, not across pages:
-// the listing follows SCAN's order. Next is SCAN's cursor, followed by the
-// keys that the last SCAN call returned beyond the page's limit (they open
-// the next page); "" when the scan is over. A page may hold fewer items than
-// the limit, even none, while Next is not empty. SCAN's guarantees carry
-// over: on a server that stays the same (no failover), a key that exists
-// from the first page to the last is listed, and a key may be listed twice
-// (when Redis resizes its table during the listing). A listing costs Redis
-// one SCAN step per COUNT keys of the whole database, matched or not, and a
-// script call per matched key.
-//
-// On Cluster, List scans the masters one after the other, ordered by
-// address (go-redis's ClusterClient.ForEachMaster, which reloads the
-// cluster's slots on each page), and Next names the master it is at with
-// its SCAN cursor. A cursor whose master is gone (a failover, a node
-// removed) is refused with [inbox.ErrInvalidArgument]: start the listing
-// again. While slots migrate between masters, a listing may miss or repeat
-// the keys that move. List needs a *redis.Client (standalone or Sentinel)
-// or a *redis.ClusterClient; on any other client, such as a Ring, it fails
+// List returns its pages in key order, as every store does: each page
+// SCANs the whole database (every master on Cluster, go-redis's
+// ClusterClient.ForEachMaster), COUNT 1000 a call, MATCH [Options.Prefix]
+// followed by ListOptions.Prefix (both literal: the glob characters *, ?,
+// [, ] and the backslash are escaped), keeping the smallest keys after the
+// cursor: at most 100,000 of them and 8 MiB of their bytes, and twice the
+// page's limit when no state or age is asked for. It then reads their
+// records with the Get script in key order, a pipeline per chunk, so
+// logical expiry applies (an expired record is not listed) and each item is
+// the record Get gives, until the page holds its limit of records in the
+// state and of the age asked for, plus one that tells another page follows.
+// Next is the page's last key (or, when the keys kept ran out first while
+// more were found, the last key examined, so a page may hold fewer records
+// than its limit, even none); the next page starts after it, so cursors
+// survive a failover or a change of the Cluster's masters. A key that
+// exists from the first page to the last is listed once; while slots
+// migrate between masters, a key that moves may be missed. A page costs
+// Redis a SCAN of every key of the database, matched or not, and a script
+// call per record it reads: its time grows with the database, so on one of
+// millions of keys give operators' calls a longer [Options.Timeout] (the
+// URL's timeout=1m). List needs a *redis.Client (standalone or Sentinel) or
+// a *redis.ClusterClient; on any other client, such as a Ring, it fails
 // with [inbox.ErrNotSupported], since SCAN would reach one shard only.
 //
 // # Durability: what survives a Redis restart

@@ -101,13 +101,6 @@ type Harness struct {
 	// of at least 600ms), so the bound must allow a call the few round
 	// trips it makes and a new connection's handshake. Default 10s.
 	CallTimeout time.Duration
-
-	// ListByScan, when not empty, states why the store's List orders the
-	// records within each page only, and may return a key on two pages (a
-	// store that lists by scanning, as Redis does with SCAN). The List cases
-	// then compare the keys of all pages as a set; every store's pages are
-	// checked to be in key order.
-	ListByScan string
 }
 
 // Link is the connection between a store that [Harness.Faults] returns and
@@ -223,6 +216,7 @@ func (s *suite) cases() []testCase {
 		{"Fail_dead_key_expires_with_retention", s.testDeadRetention},
 		{"Admin_List_filters_by_prefix_state_and_age", s.testListFilters},
 		{"Admin_List_pages_with_cursor", s.testListPages},
+		{"Admin_List_in_key_order_across_pages", s.testListKeyOrder},
 		{"Admin_Forget_makes_key_new", s.testForget},
 		{"Admin_ForceRelease_frees_lease_and_backoff", s.testForceRelease},
 	}
