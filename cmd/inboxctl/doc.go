@@ -48,8 +48,8 @@
 // lease: its lease ends by itself once its length (30 s by default) has
 // passed, and the record is then available.
 //
-// Dead keys (a handler that failed MaxAttempts times; inboxmw.Config.MaxAttempts)
-// are listed with the reason of their last failure; forgetting one lets the
+// Dead keys (a handler that failed on the key's last attempt allowed,
+// inboxmw.Config.MaxAttempts, or with a permanent error) are listed with the reason of their last failure; forgetting one lets the
 // next delivery of its message run the handler again, attempts from 1:
 //
 //	inboxctl -store redis://127.0.0.1:6379/0 ls -state dead
