@@ -149,8 +149,9 @@ type Config struct {
 	// [DefaultRedeliveryMinDelay] (1 ms).
 	RedeliveryMinDelay time.Duration
 
-	// Tracer receives each message's claim and store calls. Default none;
-	// inboxotel.New(tracerProvider) records them as spans.
+	// Tracer receives each message's claim, store calls and hand-offs to
+	// Redelivery. Default none; inboxotel.New(tracerProvider) records them
+	// as spans.
 	Tracer Tracer
 
 	// MissingKey says what happens to a message without an id. Default
