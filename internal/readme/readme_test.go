@@ -1,6 +1,7 @@
 package readme_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,14 +145,16 @@ func TestREADME_install_command(t *testing.T) {
 
 // The README's make commands name targets of the Makefile: each runs with
 // make -n (printing what it would do, not doing it: make test inside a
-// test would run every test again).
+// test would run every test again). What make fuzz is said to fuzz is
+// what it fuzzes: every fuzz target of the library's module, each for
+// FUZZTIME.
 func TestREADME_make_targets(t *testing.T) {
 	t.Parallel()
 	root := readme.Root(t)
 	n := 0
 	for _, b := range readme.RunBy(t) {
 		for _, line := range b.Lines() {
-			cmdline, _, _ := strings.Cut(line, "#")
+			cmdline, what, _ := strings.Cut(line, "#")
 			f := strings.Fields(cmdline)
 			if len(f) != 2 || f[0] != "make" {
 				t.Fatalf("README line %q is not `make TARGET  # what it does`", line)
@@ -161,10 +164,60 @@ func TestREADME_make_targets(t *testing.T) {
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Errorf("make -n %s: %v\n%s", f[1], err, out)
 			}
+			if f[1] == "fuzz" {
+				checkFuzzLine(t, root, what)
+			}
 			n++
 		}
 	}
 	if n == 0 {
 		t.Fatal("no make command in the block")
 	}
+}
+
+// checkFuzzLine wants what, the README's words on make fuzz, to give the
+// number of fuzz targets that make fuzz runs (those of the packages of the
+// root module, go list ./...) and the Makefile's FUZZTIME.
+func checkFuzzLine(t *testing.T, root, what string) {
+	t.Helper()
+	targets := 0
+	fuzzRE := regexp.MustCompile(`(?m)^func Fuzz\w*\(`)
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != root && (strings.HasPrefix(d.Name(), ".") || fileExists(filepath.Join(p, "go.mod"))) {
+				return filepath.SkipDir // another module, which make fuzz does not list
+			}
+			return nil
+		}
+		if strings.HasSuffix(p, "_test.go") {
+			src, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			targets += len(fuzzRE.FindAll(src, -1))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^FUZZTIME\s*\?=\s*(\S+)`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("the Makefile sets no FUZZTIME")
+	}
+	if want := fmt.Sprintf("%d fuzz targets", targets); !strings.Contains(what, want) || !strings.Contains(what, string(m[1])+" each") {
+		t.Errorf("README's make fuzz says %q; make fuzz runs %s, %s each: say so", strings.TrimSpace(what), want, m[1])
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
