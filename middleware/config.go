@@ -112,7 +112,9 @@ type Config struct {
 	// (inboxctl forget). An attempt that fails before the last returns an
 	// [inbox.AttemptError], transient for [IsTransient], so the broker
 	// redelivers it. Default 0: unlimited, and a failed attempt returns the
-	// handler's error as it is. Needs an [inbox.LeaseStore].
+	// handler's error as it is. Needs an [inbox.LeaseStore]: refused with a
+	// [TxStore] (the SQL transactional mode) or a plain Store, which count
+	// no attempts.
 	//
 	// An attempt is an acquisition of the key's lease ([inbox.Record.Attempts]),
 	// counted by the store across consumers and restarts, whatever ended it:
