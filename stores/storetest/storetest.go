@@ -90,8 +90,17 @@ type Harness struct {
 	// suite can break, and that link. Optional: the fault cases skip
 	// without it (an in-process store has no link to break). The link
 	// must be the store's own: breaking it must not disturb other subtests.
-	// A fault case makes up to 64 calls at once on the store.
+	// A fault case makes up to FaultCallers calls at once on the store.
 	Faults func(t *testing.T, cfg Config) (inbox.LeaseStore, Link)
+
+	// FaultCallers is how many callers the case of a link cut under load
+	// runs at once, each claiming and finishing keys of its own; it wants
+	// four calls of each to succeed within 30 s before the cut, and each
+	// to finish a key within 30 s plus twice the CallTimeout after the
+	// link is restored. Default 64; a server that serves a few calls a
+	// second (FerretDB in-process under the race detector) asks for
+	// fewer.
+	FaultCallers int
 
 	// CallTimeout is how long one call of a store that Faults returns may
 	// take while its link is cut or slowed: its own per-call bound, the
@@ -151,6 +160,9 @@ func Run(t *testing.T, h Harness) {
 	}
 	if h.CallTimeout <= 0 {
 		h.CallTimeout = 10 * time.Second
+	}
+	if h.FaultCallers <= 0 {
+		h.FaultCallers = racers
 	}
 	s := &suite{h: h}
 	for _, c := range s.cases() {
