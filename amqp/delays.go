@@ -202,13 +202,13 @@ func (d *Delays) Redeliver(ctx context.Context, topic string, msg *message.Messa
 	}
 	rung := d.cfg.Delays[ladder.Round(d.cfg.Delays, delay)]
 	name := d.cfg.DelayQueueName(queue, rung)
-	cp := msg.Copy()
-	for k := range cp.Metadata {
+	// msg is the middleware's copy (inboxmw.Redeliverer): changed in place.
+	for k := range msg.Metadata {
 		if k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
-			delete(cp.Metadata, k)
+			delete(msg.Metadata, k)
 		}
 	}
-	p, err := d.cfg.Marshaler.Marshal(cp)
+	p, err := d.cfg.Marshaler.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("inboxamqp: marshal the copy of message %s: %w", msg.UUID, err)
 	}

@@ -27,6 +27,7 @@ import (
 	_ "github.com/watermill-inbox/inbox/stores/all"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 
@@ -223,7 +224,7 @@ func sqlDB(raw string) (*sql.DB, sqlstore.Dialect, string, error) {
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		return db, sqlstore.MySQL, table, err
 	case "sqlite":
-		db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(u.Path, 10*time.Second))
+		db, err := sql.Open("sqlite", sqlitedialect.DSN(u.Path, 10*time.Second))
 		if err == nil {
 			db.SetMaxOpenConns(1) // SQLite has one writer: the transaction's connection
 		}
@@ -341,7 +342,7 @@ func misconfiguredKinds() []harness.StoreKind {
 			return harness.StoreCase{Spec: harness.StoreSpec{URL: "redis://:wrong@" + addr + "/0?check=false"}}
 		}},
 		{Name: "remote-no-token", New: func(t *testing.T) harness.StoreCase {
-			u := serveRemote(t, server.Config{Store: open(t, "memory://"), Tokens: []string{"t-" + unique()}})
+			u := serveRemote(t, server.Config{Store: open(t, "memory://"), Tokens: []string{"e2e-token-" + unique()}})
 			return harness.StoreCase{Spec: harness.StoreSpec{URL: u + "?check=false"}}
 		}},
 	}

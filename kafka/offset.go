@@ -69,10 +69,10 @@
 // Topics and groups. For each main topic of RetryConfig.Topics and each
 // delay of the ladder (RetryConfig.Delays), [NewRetry] creates a retry topic
 // through the admin API unless it exists, named by RetryConfig.TopicName
-// ([DefaultTopicName]: "orders.billing.retry-250ms"), with as many
-// partitions and the same replication factor as the main topic unless
-// RetryConfig.Partitions and ReplicationFactor say otherwise (the default
-// ladder has 9 delays: 9 topics per main topic and consumer group). The
+// ([DefaultTopicName]: "orders.billing.retry-250ms"), with one partition
+// and the main topic's replication factor unless RetryConfig.Partitions and
+// ReplicationFactor say otherwise (the default ladder has 9 delays: 9
+// topics per main topic and consumer group). The
 // retry topics belong to one consumer group: two groups on one topic retry
 // their own failures. They are consumed in a consumer group of their own,
 // "billing.retry" (RetryConfig.RetryConsumerGroup), so consumers joining and
@@ -99,15 +99,20 @@
 // it is due, and meanwhile its retry topic's partition waits (as Spring
 // pauses it): the copies of one retry topic share a delay, so the first is
 // due first. The main topic's partitions and the other retry topics move
-// on. A retry topic's partition, like a main one, is handled one message at
-// a time, and its offset is committed as its messages are acked. A
-// rebalance or Close lets a held or unacked message go without acking it:
-// the partition's next owner reads it again and holds it until the same
-// due time.
+// on. Unlike a main topic's partition, a retry topic's partition does not
+// wait for a message's ack before it sends the next one: it sends its due
+// messages as they come, up to RetryConfig.Concurrency of them at once (the
+// router handles each in a goroutine of its own), and commits its offset up
+// to its first message not yet acked. A rebalance or Close lets a held or
+// unacked message go without acking it: the partition's next owner reads it
+// again, with the acked messages behind it that were not yet committed
+// (their keys are processed: the inbox drops them), and holds it until the
+// same due time.
 //
 // Order. A retried message is handled after the messages that followed it
 // in its partition: per-key order is lost for it (as with Spring's retry
-// topics). Where a key's messages must be handled in order, leave
+// topics), and the retried messages of one retry topic run concurrently, in
+// no order. Where a key's messages must be handled in order, leave
 // inboxmw.Config.Redelivery unset: a failed message's redelivery then waits
 // its backoff in the consumer, and its partition with it.
 //

@@ -65,14 +65,22 @@ type RetryConfig struct {
 	RequiredAcks sarama.RequiredAcks
 
 	// Partitions is the number of partitions of each retry topic created at
-	// setup. A retry topic's partition handles one message at a time, as
-	// the main topic's do, so its partitions bound how many retries of one
-	// delay run at once. Each partition also costs the retry consumers
-	// fetch work and goroutines whether it holds copies or not: with a
-	// fast handler and few failures, fewer partitions than the main
-	// topic's are faster (BENCHMARKS.md measures it, issue 21). Default 0:
-	// as many as the main topic has.
+	// setup. A partition delivers its due copies concurrently
+	// (Concurrency), while each partition costs the retry consumers fetch
+	// work and goroutines whether it holds copies or not, so one is the
+	// default (BENCHMARKS.md measures it, issue 31). A partition is read by
+	// one member of the retry consumer group at a time: more partitions
+	// spread one delay's copies over more consumers. An existing retry
+	// topic keeps its partitions. Default [DefaultPartitions].
 	Partitions int32
+
+	// Concurrency is the most copies of one retry topic's partition that
+	// the subscriber of [Retry.Subscriber] delivers at once: copies that are
+	// due, sent to the router, not yet acked. It bounds, with Partitions,
+	// how many retries of one delay run at once: with a handler of 100 ms,
+	// one partition retries up to Concurrency × 10 copies a second. Default
+	// [DefaultConcurrency].
+	Concurrency int
 
 	// ReplicationFactor is the replication factor of each retry topic
 	// created at setup. Default 0: the main topic's.
@@ -119,6 +127,13 @@ func DefaultTopicName(topic, group string, delay time.Duration) string {
 // to 5 s).
 var DefaultDelays = ladder.Default
 
+// DefaultConcurrency is the default of RetryConfig.Concurrency.
+const DefaultConcurrency = 32
+
+// DefaultPartitions is the default of RetryConfig.Partitions: one
+// partition per retry topic.
+const DefaultPartitions = 1
+
 // RetryConsumerGroupSuffix is appended to RetryConfig.ConsumerGroup to name
 // the retry consumer group when RetryConfig.RetryConsumerGroup is empty.
 const RetryConsumerGroupSuffix = ".retry"
@@ -129,6 +144,12 @@ func (c *RetryConfig) setDefaults() {
 	}
 	if c.SaramaConfig == nil {
 		c.SaramaConfig = sarama.NewConfig()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
 	}
 	if c.RequiredAcks == sarama.NoResponse {
 		c.RequiredAcks = sarama.WaitForAll
@@ -186,6 +207,9 @@ func (c RetryConfig) Validate() error {
 	}
 	if c.Partitions < 0 {
 		bad("Partitions %d is negative", c.Partitions)
+	}
+	if c.Concurrency < 0 {
+		bad("Concurrency %d is negative", c.Concurrency)
 	}
 	if c.ReplicationFactor < 0 {
 		bad("ReplicationFactor %d is negative", c.ReplicationFactor)
@@ -372,22 +396,17 @@ func (r *Retry) setup(ctx context.Context) (sarama.SyncProducer, error) {
 			case m != nil && !errors.Is(m.Err, sarama.ErrUnknownTopicOrPartition):
 				return nil, fmt.Errorf("inboxkafka: describing retry topic %q on brokers %v: %w", name, brokers, m.Err)
 			}
-			if detail.NumPartitions == 0 || detail.ReplicationFactor == 0 {
+			if detail.ReplicationFactor == 0 {
 				mm := mainMeta[t]
 				if mm == nil || !errors.Is(mm.Err, sarama.ErrNoError) || len(mm.Partitions) == 0 {
 					why := "does not exist"
 					if mm != nil && !errors.Is(mm.Err, sarama.ErrNoError) && !errors.Is(mm.Err, sarama.ErrUnknownTopicOrPartition) {
 						why = "cannot be described: " + mm.Err.Error()
 					}
-					return nil, fmt.Errorf("inboxkafka: main topic %q %s on brokers %v, so retry topic %q cannot take its partition count and replication factor: create the main topic first, or set RetryConfig.Partitions and RetryConfig.ReplicationFactor",
+					return nil, fmt.Errorf("inboxkafka: main topic %q %s on brokers %v, so retry topic %q cannot take its replication factor: create the main topic first, or set RetryConfig.ReplicationFactor",
 						t, why, brokers, name)
 				}
-				if detail.NumPartitions == 0 {
-					detail.NumPartitions = int32(len(mm.Partitions))
-				}
-				if detail.ReplicationFactor == 0 {
-					detail.ReplicationFactor = int16(max(1, len(mm.Partitions[0].Replicas)))
-				}
+				detail.ReplicationFactor = int16(max(1, len(mm.Partitions[0].Replicas)))
 			}
 			err := admin.CreateTopic(name, &detail, false)
 			if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {

@@ -484,11 +484,13 @@ func TestNewRetry_without_permission_to_create_fails_at_setup(t *testing.T) {
 	t.Log(err)
 }
 
-// TestNewRetry_takes_the_main_topics_size_and_is_idempotent: retry topics
-// get the main topic's partition count by default, or RetryConfig's; a
-// missing main topic without a configured size fails at setup naming it; a
-// second setup finds the topics and passes.
-func TestNewRetry_takes_the_main_topics_size_and_is_idempotent(t *testing.T) {
+// TestNewRetry_sizes_its_topics_and_is_idempotent: retry topics get one
+// partition by default (whatever the main topic has), or RetryConfig's
+// Partitions, and the main topic's replication factor unless RetryConfig
+// says otherwise: a missing main topic without a configured replication
+// factor fails at setup naming it; a second setup finds the topics and
+// passes.
+func TestNewRetry_sizes_its_topics_and_is_idempotent(t *testing.T) {
 	t.Parallel()
 	eachBroker(t, func(t *testing.T, env kafkaEnv) {
 		topic, group := names(t)
@@ -502,18 +504,19 @@ func TestNewRetry_takes_the_main_topics_size_and_is_idempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, m := range meta {
-			if len(m.Partitions) != 3 {
-				t.Errorf("retry topic %s has %d partitions, want the main topic's 3", m.Name, len(m.Partitions))
+			if len(m.Partitions) != inboxkafka.DefaultPartitions {
+				t.Errorf("retry topic %s has %d partitions, want %d (the main topic has 3)", m.Name, len(m.Partitions), inboxkafka.DefaultPartitions)
 			}
 		}
 		newRetry(t, env, topic, group, ladder, nil) // again: the topics exist
 
 		missing := topic + "-missing"
 		cfg := inboxkafka.RetryConfig{Brokers: env.brokers, ConsumerGroup: group, Topics: []string{missing}, Delays: ladder, SaramaConfig: saramaConfig()}
+		cfg.Partitions = 2
 		if _, err := inboxkafka.NewRetry(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), strconv.Quote(missing)+" does not exist") {
 			t.Errorf("NewRetry for a missing main topic = %v, want an error saying it does not exist", err)
 		}
-		cfg.Partitions, cfg.ReplicationFactor = 2, 1
+		cfg.ReplicationFactor = 1
 		r2, err := inboxkafka.NewRetry(t.Context(), cfg)
 		if err != nil {
 			t.Fatalf("NewRetry for a missing main topic with a size: %v", err)
@@ -553,6 +556,7 @@ func TestRetryConfig_Validate_names_each_mistake(t *testing.T) {
 		{"sub-millisecond delay", func(c *inboxkafka.RetryConfig) { c.Delays = []time.Duration{1500 * time.Microsecond} }, "whole number of milliseconds"},
 		{"acks", func(c *inboxkafka.RetryConfig) { c.RequiredAcks = 2 }, "RequiredAcks 2"},
 		{"partitions", func(c *inboxkafka.RetryConfig) { c.Partitions = -1 }, "Partitions -1 is negative"},
+		{"concurrency", func(c *inboxkafka.RetryConfig) { c.Concurrency = -1 }, "Concurrency -1 is negative"},
 		{"replication", func(c *inboxkafka.RetryConfig) { c.ReplicationFactor = -1 }, "ReplicationFactor -1 is negative"},
 		{"same group", func(c *inboxkafka.RetryConfig) { c.RetryConsumerGroup = "billing" }, "need a consumer group of their own"},
 		{"group not fit for a topic name", func(c *inboxkafka.RetryConfig) { c.ConsumerGroup = "billing/eu" }, `"orders.billing/eu.retry-250ms", which holds '/'`},

@@ -1,9 +1,11 @@
 package inboxkafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -29,18 +31,24 @@ const (
 // topic's partition waits (as Spring Kafka pauses it), while the main
 // topic's partitions and the other retry topics move on. The retry topics
 // are consumed in RetryConfig.RetryConsumerGroup, from their oldest offset
-// when the group is new, one message per partition at a time as
-// watermill-kafka does: the offset of a retry message is committed when it
-// is acked; a nacked one is sent again after 100 ms. A retry message's
-// context holds no watermill-kafka partition, offset or key (it would be
-// the retry topic's); its topic, for the router, is the main topic.
+// when the group is new. A retry topic's partition sends its messages in
+// offset order, each once due, without waiting for the ones before it to be
+// acked: up to RetryConfig.Concurrency of them are out at once (the
+// router runs each in a goroutine of its own, so retries of one delay are
+// not handled one at a time, and not in order). Its offset is committed up
+// to its first message not yet acked; a nacked one is sent again after
+// 100 ms. A retry message's context holds no watermill-kafka partition,
+// offset or key (it would be the retry topic's); its topic, for the
+// router, is the main topic.
 //
 // Close closes main too (a router closes the subscriber it was given), and
 // stops the retry consumers: a retry message still waiting for its due time,
 // or not yet acked, is neither acked nor committed, and comes back from its
 // retry topic to whichever consumer of the retry group reads that partition
-// next. A rebalance of the retry group does the same to the partitions it
-// moves. [Retry.Close] closes the subscribers that were not closed yet.
+// next, with the messages behind it that were acked but not committed (the
+// inbox drops those: their keys are processed). A rebalance of the retry
+// group does the same to the partitions it moves. [Retry.Close] closes the
+// subscribers that were not closed yet.
 func (r *Retry) Subscriber(main message.Subscriber) message.Subscriber {
 	s := &subscriber{r: r, main: main, closing: make(chan struct{})}
 	r.mu.Lock()
@@ -194,47 +202,86 @@ func (c *retryConsumer) run(group sarama.ConsumerGroup, topics []string) {
 func (*retryConsumer) Setup(sarama.ConsumerGroupSession) error   { return nil }
 func (*retryConsumer) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
-// ConsumeClaim delivers a retry topic's partition one message at a time,
-// each when due, until the session ends.
+// ConsumeClaim delivers a retry topic's partition until the session ends:
+// each message when it is due, in offset order, up to
+// RetryConfig.Concurrency of them at once, each on a goroutine of its own
+// until it is acked. The partition's offset is committed up to its first
+// message not yet acked. It returns once every delivery it started has
+// returned, so that none marks an offset after the claim ended.
 func (c *retryConsumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	p := &partitionAcks{sess: sess, topic: claim.Topic(), partition: claim.Partition(),
+		commit: !c.r.consumerCfg.Consumer.Offsets.AutoCommit.Enable}
+	slots := make(chan struct{}, c.r.cfg.Concurrency)
+	var running sync.WaitGroup
+	defer running.Wait()
+	done := sess.Context().Done()
 	for {
+		var km *sarama.ConsumerMessage
 		select {
-		case km, ok := <-claim.Messages():
-			if !ok || !c.deliver(sess, km) {
+		case m, ok := <-claim.Messages():
+			if !ok {
 				return nil
 			}
-		case <-sess.Context().Done():
+			km = m
+		case <-done:
 			return nil
 		}
+		if !c.hold(sess, km) {
+			return nil
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-done:
+			return nil
+		}
+		p.start(km.Offset)
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			defer func() { <-slots }()
+			if c.deliver(sess, km) {
+				p.ack(km.Offset)
+			}
+		}()
 	}
 }
 
-// deliver holds km until it is due, then sends it until it is acked. It
-// returns false when the session (a rebalance, Close) ended first: km is
-// then neither acked nor marked, and the partition's next owner reads it
-// again.
-func (c *retryConsumer) deliver(sess sarama.ConsumerGroupSession, km *sarama.ConsumerMessage) bool {
+// hold waits until km is due. It returns false when the session (a
+// rebalance, Close) ended first: km is then neither delivered nor marked,
+// and the partition's next owner reads it again.
+func (c *retryConsumer) hold(sess sarama.ConsumerGroupSession, km *sarama.ConsumerMessage) bool {
 	done := sess.Context().Done()
 	if sess.Context().Err() != nil {
 		return false
 	}
-	fields := watermill.LogFields{"retry_topic": km.Topic, "kafka_partition": km.Partition, "kafka_partition_offset": km.Offset}
-	if wait := c.wait(km); wait > 0 {
-		c.log.Debug("Holding a retry message until it is due", fields.Add(watermill.LogFields{"due_in": wait.String()}))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-done:
-			t.Stop()
-			c.log.Debug("Retry message released unacked before it was due: the session ended", fields)
-			return false
-		}
+	wait := c.wait(km)
+	if wait <= 0 {
+		return true
 	}
+	fields := watermill.LogFields{"retry_topic": km.Topic, "kafka_partition": km.Partition, "kafka_partition_offset": km.Offset}
+	c.log.Debug("Holding a retry message until it is due", fields.Add(watermill.LogFields{"due_in": wait.String()}))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-done:
+		c.log.Debug("Retry message released unacked before it was due: the session ended", fields)
+		return false
+	}
+}
+
+// deliver sends km, which is due, until it is acked, and reports whether it
+// was acked within the session. It returns false when the session or the
+// subscriber ended first: km is then not marked, and the partition's next
+// owner reads it again. A message that cannot be unmarshaled counts as
+// acked (skipped, loudly): it would stall the partition's commits for good.
+func (c *retryConsumer) deliver(sess sarama.ConsumerGroupSession, km *sarama.ConsumerMessage) bool {
+	done := sess.Context().Done()
+	fields := watermill.LogFields{"retry_topic": km.Topic, "kafka_partition": km.Partition, "kafka_partition_offset": km.Offset}
 	msg, err := c.r.cfg.Unmarshaler.Unmarshal(km)
 	if err != nil {
-		// It would stall the partition for good: skip it, loudly.
 		c.log.Error("Skipping a retry message that cannot be unmarshaled (RetryConfig.Unmarshaler must match Marshaler)", err, fields)
-		sess.MarkMessage(km, "")
 		return true
 	}
 	delete(msg.Metadata, DueHeader)
@@ -254,10 +301,6 @@ func (c *retryConsumer) deliver(sess sarama.ConsumerGroupSession, km *sarama.Con
 				c.log.Debug("Retry message acked after its session ended: not committed", fields)
 				return false
 			}
-			sess.MarkMessage(km, "")
-			if !c.r.consumerCfg.Consumer.Offsets.AutoCommit.Enable {
-				sess.Commit()
-			}
 			return true
 		case <-msg.Nacked():
 			msg = msg.Copy() // fresh ack channels
@@ -272,6 +315,65 @@ func (c *retryConsumer) deliver(sess sarama.ConsumerGroupSession, km *sarama.Con
 		case <-c.ctx.Done(): // Close while the handler runs: leave it unacked
 			return false
 		}
+	}
+}
+
+// partitionAcks tracks the messages of one claim that were sent and not yet
+// committed, in offset order, and marks the partition's offset up to the
+// first one not yet acked: a message acked before one ahead of it waits for
+// that one, so that a crash never skips a message that was not acked (it
+// re-delivers the acked ones behind it instead, which the inbox drops).
+type partitionAcks struct {
+	sess      sarama.ConsumerGroupSession
+	topic     string
+	partition int32
+	commit    bool // commit after marking: auto-commit is off
+
+	mu      sync.Mutex
+	pending []pendingOffset // increasing offsets; the first not yet acked
+}
+
+type pendingOffset struct {
+	offset int64
+	acked  bool
+}
+
+// start records that the message at offset is being delivered; offsets
+// come in increasing order.
+func (p *partitionAcks) start(offset int64) {
+	p.mu.Lock()
+	p.pending = append(p.pending, pendingOffset{offset: offset})
+	p.mu.Unlock()
+}
+
+// ack records that the message at offset was acked, and marks the offset
+// past every acked message at the head (commits it when auto-commit is
+// off), unless the session has ended.
+func (p *partitionAcks) ack(offset int64) {
+	p.mu.Lock()
+	i, found := slices.BinarySearchFunc(p.pending, offset, func(e pendingOffset, o int64) int { return cmp.Compare(e.offset, o) })
+	if !found {
+		p.mu.Unlock()
+		return
+	}
+	p.pending[i].acked = true
+	n := 0
+	for n < len(p.pending) && p.pending[n].acked {
+		n++
+	}
+	if n == 0 {
+		p.mu.Unlock()
+		return
+	}
+	next := p.pending[n-1].offset + 1
+	p.pending = p.pending[n:]
+	marked := p.sess.Context().Err() == nil
+	if marked {
+		p.sess.MarkOffset(p.topic, p.partition, next, "")
+	}
+	p.mu.Unlock()
+	if marked && p.commit {
+		p.sess.Commit()
 	}
 }
 

@@ -24,6 +24,14 @@
 //     time messages waited in-process before their claim was settled, on a
 //     busy key (reason "busy") or on a failing store ("store_backoff").
 //
+// The first time a handler reports, every outcome and wait reason of its
+// bus, group and handler_name is exported at zero, so that the next one
+// counted is an increase Prometheus sees (increase() and rate() cannot
+// tell a series that first appears at 1 from one that was always 1) and
+// alert rules fire on it. Alert rules and a Grafana dashboard over these
+// series are in this directory, alerts.yml and dashboard.json
+// (docs/operating.md).
+//
 // [RegisterStore] exports how a store batches its calls (group commit: calls
 // made while a round trip is in flight travel together in the next one).
 // It takes any store of this project (they all sit on [driver.Store]) or any
@@ -53,6 +61,7 @@ package inboxmetrics
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,8 +91,21 @@ type Prometheus struct {
 	outcomes *prometheus.CounterVec
 	calls    *prometheus.HistogramVec
 	waits    *prometheus.CounterVec
-	scoped   bool // the vectors are curried with bus and group
+	scoped   bool      // the vectors are curried with bus and group
+	handlers *sync.Map // handler names whose series are exported (at zero, at least)
 }
+
+// outcomes and waitReasons are what a handler's series are exported for
+// from its first report on (acquired is never counted).
+var (
+	outcomes = []inboxmw.Outcome{
+		inboxmw.OutcomeProcessed, inboxmw.OutcomeDuplicate, inboxmw.OutcomeBusy, inboxmw.OutcomeReleased,
+		inboxmw.OutcomeStoreError, inboxmw.OutcomeFailOpen, inboxmw.OutcomeNoKey, inboxmw.OutcomePayloadMismatch,
+		inboxmw.OutcomeDead, inboxmw.OutcomeLeaseLost, inboxmw.OutcomeCompleteRetry, inboxmw.OutcomeCompleteFailed,
+		inboxmw.OutcomeRedelivered, inboxmw.OutcomeRedeliveryFailed, inboxmw.OutcomeStale,
+	}
+	waitReasons = []string{inboxmw.WaitBusy, inboxmw.WaitStoreBackoff}
+)
 
 var _ inboxmw.ScopedMetrics = (*Prometheus)(nil)
 
@@ -112,6 +134,7 @@ func NewPrometheus(cfg PrometheusConfig) (*Prometheus, error) {
 			Namespace: cfg.Namespace, Subsystem: "inbox", Name: "wait_seconds_total",
 			Help: "Time messages waited in-process before their claim was settled: on a busy key, or backing off a failing store.",
 		}, []string{"bus", "group", "handler_name", "reason"}),
+		handlers: new(sync.Map),
 	}
 	if err := register(cfg.Registerer, cfg.Namespace, p.outcomes, p.calls, p.waits); err != nil {
 		return nil, err
@@ -138,7 +161,21 @@ func (p *Prometheus) Scope(bus, group string) inboxmw.Metrics {
 	l := prometheus.Labels{"bus": bus, "group": group}
 	return &Prometheus{
 		outcomes: p.outcomes.MustCurryWith(l), calls: p.calls.MustCurryWith(l).(*prometheus.HistogramVec),
-		waits: p.waits.MustCurryWith(l), scoped: true,
+		waits: p.waits.MustCurryWith(l), scoped: true, handlers: new(sync.Map),
+	}
+}
+
+// seen exports every outcome and wait reason of handler at zero, the first
+// time handler reports.
+func (p *Prometheus) seen(handler string) {
+	if _, loaded := p.handlers.LoadOrStore(handler, struct{}{}); loaded {
+		return
+	}
+	for _, o := range outcomes {
+		p.outcomes.With(p.scope(prometheus.Labels{"handler_name": handler, "outcome": string(o)}))
+	}
+	for _, r := range waitReasons {
+		p.waits.With(p.scope(prometheus.Labels{"handler_name": handler, "reason": r}))
 	}
 }
 
@@ -152,6 +189,7 @@ func (p *Prometheus) scope(l prometheus.Labels) prometheus.Labels {
 
 // Outcome implements [inboxmw.Metrics].
 func (p *Prometheus) Outcome(handler string, o inboxmw.Outcome) {
+	p.seen(handler)
 	p.outcomes.With(p.scope(prometheus.Labels{"handler_name": handler, "outcome": string(o)})).Inc()
 }
 
@@ -166,6 +204,7 @@ func (p *Prometheus) StoreCall(op string, d time.Duration, err error) {
 
 // Waited implements [inboxmw.Metrics].
 func (p *Prometheus) Waited(handler, reason string, d time.Duration) {
+	p.seen(handler)
 	p.waits.With(p.scope(prometheus.Labels{"handler_name": handler, "reason": reason})).Add(d.Seconds())
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -50,14 +51,42 @@ func TestPrometheus_through_the_middleware(t *testing.T) {
 	if err := ib.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	want := `
-# HELP watermill_inbox_messages_total Messages seen by the inbox middleware, by outcome.
-# TYPE watermill_inbox_messages_total counter
-watermill_inbox_messages_total{bus="rabbit",group="billing",handler_name="",outcome="duplicate"} 1
-watermill_inbox_messages_total{bus="rabbit",group="billing",handler_name="",outcome="processed"} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "watermill_inbox_messages_total"); err != nil {
+	// Every outcome and wait reason the middleware defines (read from its
+	// source) is exported from the handler's first report on, at zero
+	// unless counted.
+	var want strings.Builder
+	want.WriteString("# HELP watermill_inbox_messages_total Messages seen by the inbox middleware, by outcome.\n# TYPE watermill_inbox_messages_total counter\n")
+	for _, o := range constValues(t, filepath.Join("..", "middleware"), "Outcome") {
+		n := map[string]int{"duplicate": 1, "processed": 1}[o]
+		if o != string(inboxmw.OutcomeAcquired) { // never counted
+			fmt.Fprintf(&want, "watermill_inbox_messages_total{bus=\"rabbit\",group=\"billing\",handler_name=\"\",outcome=%q} %d\n", o, n)
+		}
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want.String()), "watermill_inbox_messages_total"); err != nil {
 		t.Fatal(err)
+	}
+	// The second delivery may have waited on the first one's mark: the
+	// wait series are there, whatever their values.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() == "watermill_inbox_wait_seconds_total" {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reason" {
+						reasons[l.GetValue()] = true
+					}
+				}
+			}
+		}
+	}
+	for name, r := range constValues(t, filepath.Join("..", "middleware"), "Wait") {
+		if !reasons[r] {
+			t.Errorf("no watermill_inbox_wait_seconds_total series of reason %q (inboxmw.%s); got %v", r, name, reasons)
+		}
 	}
 	// try_begin twice and complete once, all ok.
 	if n := testutil.CollectAndCount(reg, "watermill_inbox_store_call_duration_seconds"); n != 2 {
@@ -79,8 +108,10 @@ func TestPrometheus_unscoped_waits_and_errors(t *testing.T) {
 	want := `
 # HELP watermill_inbox_wait_seconds_total Time messages waited in-process before their claim was settled: on a busy key, or backing off a failing store.
 # TYPE watermill_inbox_wait_seconds_total counter
+watermill_inbox_wait_seconds_total{bus="",group="",handler_name="charge",reason="busy"} 0
 watermill_inbox_wait_seconds_total{bus="",group="",handler_name="charge",reason="store_backoff"} 1.5
 watermill_inbox_wait_seconds_total{bus="kafka",group="g",handler_name="charge",reason="busy"} 1
+watermill_inbox_wait_seconds_total{bus="kafka",group="g",handler_name="charge",reason="store_backoff"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "watermill_inbox_wait_seconds_total"); err != nil {
 		t.Fatal(err)

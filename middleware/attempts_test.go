@@ -349,9 +349,10 @@ func TestInbox_max_attempts_counts_lease_acquisitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	available("a crashed consumer's lease")
-	// 2. The handler succeeds, but the router nacks (a failed publish).
+	// 2. The handler succeeds, but the router nacks (its output failed to
+	// publish).
 	nacked := msgFor("count-1")
-	if _, err := call(ib, ok, nacked); err != nil {
+	if _, err := call(ib, okWithOutput, nacked); err != nil {
 		t.Fatalf("successful handler: %v", err)
 	}
 	nacked.Nack()

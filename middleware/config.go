@@ -91,9 +91,12 @@ type Config struct {
 	// rebalance; negative means no wait.
 	MaxBusyWait time.Duration
 
-	// StoreTimeout bounds each store call. Default 5 s. (Not a TxStore's:
-	// its BeginTx runs under the message's context, its wait on a
-	// concurrent claim bounded by the store's lock timeout; see [TxStore].)
+	// StoreTimeout bounds each call to a store that does not bound its own
+	// (one not built on stores/driver; every store of this project bounds
+	// its calls itself, by its URL's timeout=), and each hand-off to
+	// Redelivery. Default 5 s. A TxStore's BeginTx runs under the message's
+	// context, its wait on a concurrent claim bounded by the store's lock
+	// timeout (see [TxStore]).
 	StoreTimeout time.Duration
 
 	// FailOpen runs the handler at once without deduplication when the

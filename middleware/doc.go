@@ -16,8 +16,14 @@
 // redeliver; an acquired one runs the handler while a heartbeat renews the
 // lease, whose loss cancels the handler's context. A failed handler gives
 // the key back before the middleware returns, with a backoff the store
-// holds; a successful one keeps it until the router acks (the mark) or nacks
-// (a release). With Config.Redelivery, a failed attempt's message waits out
+// holds. A successful one is marked as it returns when it returned no
+// message, else it keeps the key until the router acks (the mark) or nacks
+// (a release: its messages failed to publish, and it must run again); a
+// middleware outside the inbox that turns a success into an error after
+// the mark cannot undo it. The inbox starts no goroutine and no timer per
+// message: one keeper per Inbox renews the leases of the handlers running
+// and watches the router's verdicts, and the marks go to the store's
+// batching without waiting (keeper.go). With Config.Redelivery, a failed attempt's message waits out
 // its backoff in the broker (a RabbitMQ delay queue, a Kafka retry topic)
 // instead of in the consumer: the middleware hands a copy to the broker and
 // acks the original (redeliver.go). Config documents every choice;
@@ -52,12 +58,12 @@
 // # Which timeout bounds which wait
 //
 //	wait                                              bounded by                                    default
-//	one store call of the middleware (a claim, a      Config.StoreTimeout                           5 s
-//	  mark, a release, a Fail, an Extend) or one
-//	  hand-off to Config.Redelivery
-//	the same call inside the store (its round trip,   the store's own timeout: URL timeout=,        5 s (Redis, MongoDB), 2 s per
-//	  or each HTTP attempt of the remote client,        Options.Timeout (the remote client's is      HTTP attempt (remote, which
-//	  which retries)                                    per attempt, retries= of them)               retries twice); none (SQL, memory)
+//	one store call (a claim, a mark, a release, a     the store's own timeout: URL timeout=,        5 s (Redis, MongoDB), 2 s per
+//	  Fail, an Extend), its wait in the store's         Options.Timeout (the remote client's is      HTTP attempt (remote, which
+//	  batch queue included                              per attempt, retries= of them); for a        retries twice); none (SQL, memory)
+//	                                                    store not built on stores/driver,
+//	                                                    Config.StoreTimeout
+//	one hand-off to Config.Redelivery                 Config.StoreTimeout                           5 s
 //	a claim on a key another consumer holds           the holder's lease left + 250 ms, and         10 s
 //	                                                    Config.MaxBusyWait
 //	the retries of a claim the store fails            Config.MaxBusyWait (paced across the Inbox)   10 s

@@ -38,6 +38,12 @@ func msgFor(id string) *message.Message {
 
 func ok(m *message.Message) ([]*message.Message, error) { return nil, nil }
 
+// okWithOutput succeeds and returns a message, so that its key is marked
+// only once the router acked the input (a nack releases it).
+func okWithOutput(m *message.Message) ([]*message.Message, error) {
+	return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("out"))}, nil
+}
+
 func staticAlias() keying.AliasFunc { return keying.StaticAlias("h") }
 
 func TestInbox_busy_key_waits_then_returns_ErrBusy(t *testing.T) {
@@ -309,7 +315,7 @@ func TestInbox_nack_after_success_releases(t *testing.T) {
 	rec := newRecorder()
 	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
 	m := msgFor("k-1")
-	if _, err := call(ib, ok, m); err != nil {
+	if _, err := call(ib, okWithOutput, m); err != nil {
 		t.Fatal(err)
 	}
 	m.Nack()
@@ -351,7 +357,7 @@ func TestInbox_close_drains_pending_marks(t *testing.T) {
 	}
 	acked, waiting := msgFor("d-1"), msgFor("d-2")
 	for _, m := range []*message.Message{acked, waiting} {
-		if _, err := call(ib, ok, m); err != nil {
+		if _, err := call(ib, okWithOutput, m); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,14 +17,16 @@ import (
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/outage"
 	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // This file is the path of one message, top to bottom: its key, the claim,
-// the handler and the mark. handle picks the flow by the kind of store:
-// handleLeased (an inbox.LeaseStore), handleTx (a TxStore) or handlePlain.
-// In the leased flow one goroutine per lease, lease.watch, makes every store
-// call after the claim: the heartbeat, then Complete on ack, Release on a
-// nack or Close, Fail when the handler failed.
+// the handler, and the mark (a success) or the Fail (a failed attempt).
+// handle picks the flow by the kind of store: handleLeased (an
+// inbox.LeaseStore), handleTx (a TxStore) or handlePlain. No goroutine and
+// no timer is started for a message: while the handler runs, the Inbox's
+// keeper (keeper.go) renews its lease; after it, the mark is handed to the
+// store without waiting (send), and its answer comes back to settled.
 
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
@@ -34,23 +36,32 @@ type Inbox struct {
 	cfg    Config
 	leases inbox.LeaseStore // the store, when it is a LeaseStore
 	txs    TxStore          // the store, when it is a TxStore
+	async  goer             // makes the calls after a handler without waiting
+	bound  time.Duration    // StoreTimeout, for a store that does not bound its calls
 	keys   *keying.Prepared // bus and group checked and escaped once, by New
+	keep   *keeper          // the live leases (nil for a TxStore)
 	log    watermill.LoggerAdapter
 	m      Metrics
 
 	mu          sync.RWMutex
 	closed      bool
-	pending     sync.WaitGroup // messages between their claim and their mark
+	pending     sync.WaitGroup // messages in flight, and marks not yet landed
 	abandon     chan struct{}  // closed when Close stops waiting for pending marks
 	abandonOnce sync.Once
 
 	extendOff atomic.Bool  // the store answered Extend with ErrNotSupported
 	health    *outage.Log  // rate-limits the logs of store failures
 	handOff   *outage.Log  // rate-limits the logs of failed hand-offs to Config.Redelivery
+	staleLog  *outage.Log  // rate-limits the logs of stale messages
 	pace      outage.Pacer // spaces the claims of a failing store
 
 	retention inbox.RetentionReporter // the store, when it reports its retention
-	staleLog  *outage.Log             // rate-limits the logs of stale messages
+}
+
+// goer makes a store call without the caller waiting for its answer, which
+// goes to then: [driver.Store.Go], which every store of this project has.
+type goer interface {
+	Go(ctx context.Context, op driver.Op, then func(inbox.Claim, error))
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -65,14 +76,8 @@ func New(cfg Config) (*Inbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	ib := &Inbox{
-		cfg:     cfg,
-		keys:    keys,
-		log:     cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group}),
-		m:       cfg.Metrics,
-		abandon: make(chan struct{}),
-		pace:    outage.Pacer{Backoff: storeBackoff},
-	}
+	ib := &Inbox{cfg: cfg, keys: keys, m: cfg.Metrics, abandon: make(chan struct{}), pace: outage.Pacer{Backoff: storeBackoff},
+		log: cfg.Logger.With(watermill.LogFields{"inbox_bus": cfg.Bus, "inbox_group": cfg.Group})}
 	ib.health = outage.NewLog(ib.log, "Inbox store recovered")
 	ib.handOff = outage.NewLog(ib.log, "Inbox hand-offs to the broker's redelivery work again")
 	ib.staleLog = outage.NewLog(ib.log, "")
@@ -88,6 +93,14 @@ func New(cfg Config) (*Inbox, error) {
 	default:
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
+	if ib.txs == nil {
+		if g, ok := cfg.Store.(goer); ok {
+			ib.async = g
+		} else {
+			ib.async, ib.bound = goroutineGoer{ib}, cfg.StoreTimeout
+		}
+		ib.keep = newKeeper(ib)
+	}
 	if cfg.Timestamp != nil && ib.retention == nil {
 		ib.log.Info("Inbox store does not report its retention: no stale check (Config.Timestamp is ignored)", nil)
 	}
@@ -100,7 +113,8 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return ib.handle(h, msg) }
 }
 
-// msgCall is one message going through the middleware.
+// msgCall is one message going through the middleware; from its claim to
+// its mark, also its lease.
 type msgCall struct {
 	ib       *Inbox
 	h        message.HandlerFunc
@@ -109,12 +123,37 @@ type msgCall struct {
 	key      string
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
+
+	// The lease (id "" in the plain flow, which has none):
+	id       string
+	hash     string                  // the claim's payload hash
+	expires  time.Time               // the claim's ExpiresAt (store clock)
+	length   time.Duration           // granted
+	interval time.Duration           // heartbeat period; 0: no heartbeat
+	base     context.Context         // the message's values, without its cancellation
+	cancel   context.CancelCauseFunc // the handler's context
+
+	// The keeper's, under its lock:
+	deadline time.Time // when the lease ends unless renewed (monotonic)
+	due      time.Time // when the keeper acts on it next
+	idx      int       // its index in the keeper's heap; -1 when not in it
+	verdict  bool      // waiting for the router's ack or nack
+	renewing bool      // an Extend is in flight
+	lost     bool      // the lease is no longer ours
+	settling bool      // the handler is done: no more heartbeats
+
+	// The call that ends the lease (settle), and its retries:
+	op     driver.Kind // Complete (Mark in the plain flow) or Release
+	why    string      // why a Release
+	giveUp time.Time
+	sent   time.Time
+	retry  int
 }
 
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now()}
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now(), idx: -1}
 	key, err := ib.keyOf(msg)
 	if err != nil {
 		return m.keyError(err)
@@ -133,9 +172,8 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return m.handleLeased()
 	case ib.txs != nil:
 		return m.handleTx()
-	default:
-		return m.handlePlain()
 	}
+	return m.handlePlain()
 }
 
 func (m *msgCall) fields() watermill.LogFields {
@@ -233,17 +271,26 @@ func (m *msgCall) traced(o Outcome) {
 	}
 }
 
-// call runs one store call bounded by timeout, times it, and traces it.
-func (m *msgCall) call(ctx context.Context, op string, timeout time.Duration, f func(context.Context) error) error {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	start := time.Now()
+// call makes one store call and waits for it (bounded by StoreTimeout for
+// a store that does not bound its calls itself), times it and traces it.
+func (m *msgCall) call(ctx context.Context, op string, f func(context.Context) error) error {
+	start, cctx := time.Now(), ctx
+	if m.ib.bound > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, m.ib.bound)
+		defer cancel()
+	}
 	err := f(cctx)
+	m.called(ctx, op, start, err)
+	return err
+}
+
+// called reports a store call that ran from start, with its error.
+func (m *msgCall) called(ctx context.Context, op string, start time.Time, err error) {
 	m.ib.m.StoreCall(op, time.Since(start), err)
-	cancel()
 	if t := m.ib.cfg.Tracer; t != nil {
 		t.Step(ctx, op, m.key, start, "", m.attempts, err)
 	}
-	return err
 }
 
 type ctxKey struct{}
@@ -289,17 +336,14 @@ func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out [
 
 // ---- The leased flow -------------------------------------------------------
 
-// handleLeased claims the key with a lease, runs the handler under it, and
-// leaves the mark to the lease's goroutine.
+// handleLeased claims the key with a lease and runs the handler under it.
 func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	ib := m.ib
 	ctx := m.msg.Context()
-	select {
-	case <-m.msg.Acked():
+	if acked(m.msg) {
 		// Acked before the handler (InstantAck): subscribers cancel the
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
-	default:
 	}
 	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID()}
 	if ib.cfg.PayloadHash != PayloadHashOff {
@@ -308,17 +352,19 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	}
 	claim, sent, err := m.claim(ctx, opts)
 	m.attempts = claim.Attempts
-	if err == errRedelivered {
+	switch {
+	case err == errRedelivered:
 		return nil, nil // the broker holds a copy until the backoff ends
-	}
-	if errors.Is(err, inbox.ErrBusy) {
+	case errors.Is(err, inbox.ErrBusy):
 		return nil, err
-	}
-	if err != nil {
+	case err != nil:
 		if err := m.storeFailed(OpTryBegin, err); err != nil {
 			return nil, err
 		}
 		return m.runHandler(m.msg.Context(), func(string) {})
+	}
+	if claim.Status == inbox.Acquired {
+		m.hold(claim, opts, sent)
 	}
 	if claim.PayloadMismatch {
 		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
@@ -326,8 +372,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		if ib.cfg.PayloadHash == PayloadHashReject {
 			m.traced(OutcomePayloadMismatch)
 			if claim.Status == inbox.Acquired {
-				l := m.newLease(claim, opts, sent)
-				l.release("payload mismatch", l.failGiveUp())
+				m.giveBack(OpRelease, "payload mismatch", func(ctx context.Context) error { return ib.leases.Release(ctx, m.key, m.id) })
 			}
 			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, m.key)
 		}
@@ -339,9 +384,19 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
 		m.traced(OutcomeAcquired)
-		return m.newLease(claim, opts, sent).run()
+		return m.run()
 	}
 	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
+}
+
+// acked reports whether the router (or InstantAck) acked msg already.
+func acked(msg *message.Message) bool {
+	select {
+	case <-msg.Acked():
+		return true
+	default:
+		return false
+	}
 }
 
 // busySlack is the "little" added to a holder's remaining lease when waiting
@@ -428,7 +483,7 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 		if err := sleep(ctx, d, &waited); err != nil {
 			return err
 		}
-		if err = m.call(ctx, op, ib.cfg.StoreTimeout, f); err == nil {
+		if err = m.call(ctx, op, f); err == nil {
 			ib.pace.OK()
 			ib.health.OK()
 			return nil
@@ -458,298 +513,116 @@ func retryable(ctx context.Context, err error) bool {
 		!errors.Is(err, inbox.ErrNotSupported) && !errors.Is(err, inbox.ErrBusy) && ctx.Err() == nil
 }
 
-// lease is one acquired key, from its claim to its Complete or Release.
-// Every store call on it after the claim is made by its goroutine, watch,
-// so they never race each other.
-type lease struct {
-	msgCall
-	id        string
-	base      context.Context // the message's values, without its cancellation
-	cancel    context.CancelCauseFunc
-	length    time.Duration // granted
-	interval  time.Duration // heartbeat period
-	deadline  time.Time     // when the lease ends unless renewed (monotonic)
-	lost      bool          // the lease is no longer ours
-	killed    bool          // the failed attempt marked the key dead
-	permanent bool          // the handler's error is inbox.Permanent: dead at once
-	backoff   time.Duration // the failed attempt's, when Fail landed
-
-	handled  chan string    // "" when the handler succeeded, else why it failed
-	released sync.WaitGroup // done when watch has released after a failed handler
+// hold records the lease that claim acquired (asked with opts, sent at
+// sent on the local clock).
+func (m *msgCall) hold(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) {
+	m.id, m.hash, m.expires = claim.LeaseID, opts.PayloadHash, claim.ExpiresAt
+	m.length = cmp.Or(max(claim.Lease, 0), opts.Lease)
+	m.interval = m.ib.cfg.HeartbeatInterval
+	if m.interval >= m.length {
+		m.interval = m.length / 3
+	}
+	m.deadline = sent.Add(m.length)
+	m.base = context.WithoutCancel(m.msg.Context())
 }
 
 // errHandlerReturned cancels the handler's context once the lease is over.
 var errHandlerReturned = errors.New("inbox: handler returned")
 
-func (m *msgCall) newLease(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
-	granted := claim.Lease
-	if granted <= 0 {
-		granted = opts.Lease
+// run executes the handler under the lease, which the keeper renews while
+// the handler runs. A handler that succeeded is marked at once when it
+// returned no message; one that returned messages, when the router acked
+// them (the keeper watches for the verdict: a failed publish nacks, and
+// the handler must run again). A handler that failed ends its attempt
+// before run returns.
+func (m *msgCall) run() ([]*message.Message, error) {
+	var hctx context.Context
+	hctx, m.cancel = context.WithCancelCause(m.msg.Context())
+	m.ib.pending.Add(1) // the lease's, until its mark or release is done
+	m.ib.keep.hold(m)
+	out, err := m.runHandler(hctx, m.aborted)
+	switch {
+	case err != nil:
+		return m.failed(out, err)
+	case len(out) > 0 && !acked(m.msg):
+		// The handler's context stays live until the router acks or
+		// nacks: the messages it returned may be published with it.
+		m.ib.keep.await(m)
+	default:
+		m.settleLease(driver.Complete, "")
 	}
-	interval := m.ib.cfg.HeartbeatInterval
-	if interval >= granted {
-		interval = granted / 3
-	}
-	return &lease{
-		msgCall: *m, id: claim.LeaseID, base: context.WithoutCancel(m.msg.Context()),
-		length: granted, interval: interval, deadline: sent.Add(granted),
-		handled: make(chan string, 1),
-	}
-}
-
-// run executes the handler under the lease, which watch keeps alive.
-func (l *lease) run() ([]*message.Message, error) {
-	hctx, cancel := context.WithCancelCause(l.msg.Context())
-	l.cancel = cancel
-	l.ib.pending.Add(1) // the lease's, until watch is done
-	go l.watch()
-	out, err := l.runHandler(hctx, l.failed)
-	if err != nil {
-		// Synchronous: Kafka's subscriber redelivers in-process at once, so
-		// the key must be given back before the middleware returns.
-		l.permanent = errors.Is(err, inbox.ErrPermanent)
-		l.failed(err.Error())
-		if n := l.ib.cfg.MaxAttempts; l.killed {
-			return out, l.dead(inbox.TruncateReason(err.Error(), 512), err)
-		} else if l.backoff > 0 && l.redeliverable(l.backoff) && l.redeliver(l.backoff, l.attempts, err) == nil {
-			return nil, nil // the broker holds a copy until the backoff ends
-		} else if n > 0 {
-			// Transient: a filtered poison queue lets the broker redeliver it.
-			return out, &inbox.AttemptError{Key: l.key, Attempt: l.attempts, MaxAttempts: n, RetryAfter: l.backoff, Err: err}
-		}
-		return out, err
-	}
-	// The handler's context stays live until the router acks or nacks: the
-	// messages it returned may be published with it.
-	l.handled <- ""
 	return out, nil
 }
 
-// failed tells watch that the handler failed (why) and waits for the Fail.
-func (l *lease) failed(why string) {
-	l.cancel(errHandlerReturned)
-	l.released.Add(1)
-	l.handled <- why
-	l.released.Wait()
-}
-
-// watch is the lease's goroutine. While the handler runs it renews the
-// lease every interval, and cancels the handler's context if the lease is
-// lost. When the handler fails it releases the lease at once. When the
-// handler succeeded it keeps renewing until the router's verdict: Complete
-// on ack, Release on nack, or Release when Close gives up waiting.
-func (l *lease) watch() {
-	defer l.ib.pending.Done()
-	defer l.cancel(errHandlerReturned)
-	beat := time.NewTimer(l.interval)
-	defer beat.Stop()
-	var acked, nacked, abandon <-chan struct{} // set once the handler succeeded
-	handled := l.handled
-	for {
-		select {
-		case why := <-handled:
-			if why != "" {
-				l.fail(why)
-				l.released.Done()
-				return
-			}
-			handled, acked, nacked, abandon = nil, l.msg.Acked(), l.msg.Nacked(), l.ib.abandon
-		case <-acked:
-			l.complete()
-			return
-		case <-nacked:
-			l.release("message nacked", l.deadline)
-			return
-		case <-abandon:
-			l.release("middleware closed before the mark", time.Now())
-			return
-		case <-beat.C:
-			if next, ok := l.extend(); ok {
-				beat.Reset(next)
-			}
-		}
-	}
-}
-
-// extend renews the lease. It returns when to renew next, or false when the
-// lease is lost (the handler's context is then canceled) and no more
-// heartbeats are due.
-func (l *lease) extend() (time.Duration, bool) {
-	left := time.Until(l.deadline)
-	if left <= 0 {
-		l.lose(fmt.Errorf("%w: lease of key %q was not renewed before its deadline", inbox.ErrLeaseLost, l.key))
-		return 0, false
-	}
-	if l.ib.extendOff.Load() {
-		return left, true // wake at the deadline to cancel the handler
-	}
-	sent := time.Now()
-	err := l.call(l.base, OpExtend, min(l.ib.cfg.StoreTimeout, left), func(ctx context.Context) error {
-		_, err := l.ib.leases.Extend(ctx, l.key, l.id, l.length)
-		return err
-	})
+// settleLease ends the lease after the handler: the mark (Complete), or a
+// Release (why) when the router nacked the message or Close gave up
+// waiting. It stops the heartbeat and sends the call without waiting.
+func (m *msgCall) settleLease(op driver.Kind, why string) {
+	lost := m.ib.keep.drop(m)
+	m.cancel(errHandlerReturned)
 	switch {
-	case err == nil:
-		l.ib.health.OK()
-		l.deadline = sent.Add(l.length)
-		return l.interval, true
-	case errors.Is(err, inbox.ErrLeaseLost):
-		l.lose(fmt.Errorf("heartbeat of key %q: %w", l.key, err))
-		return 0, false
-	case errors.Is(err, inbox.ErrNotSupported):
-		if l.ib.extendOff.CompareAndSwap(false, true) {
-			l.ib.log.Info("Inbox store cannot extend leases: heartbeats off; a handler still running when its lease ends is canceled", nil)
+	case m.id == "" && op == driver.Release: // plain flow: nothing to give back
+		m.ib.m.Outcome(m.handler, OutcomeReleased)
+		m.ib.pending.Done()
+		return
+	case lost && op == driver.Release:
+		m.ib.pending.Done()
+		return
+	case m.id == "":
+		op = driver.Mark
+	}
+	m.op, m.why, m.giveUp = op, why, m.deadline
+	m.send()
+}
+
+// send hands the lease's mark or release to the store; its answer goes to
+// settled.
+func (m *msgCall) send() {
+	op := driver.Op{Kind: m.op, Key: m.key, LeaseID: m.id}
+	if m.op == driver.Complete {
+		// What the claim wrote: a store may mark without reading it.
+		op.Owner, op.PayloadHash, op.Lease, op.ExpiresAt = m.ib.cfg.Owner, m.hash, m.length, m.expires
+	}
+	m.sent = time.Now()
+	m.ib.async.Go(m.base, op, m.settled)
+}
+
+// settled gets the answer to send. A failed mark never nacks the message
+// (that would run the handler again): a failure that may pass is sent again
+// by the keeper after a jittered pause (50 ms growing to 2 s) until the
+// lease ends, and it is logged and counted if it still fails.
+func (m *msgCall) settled(_ inbox.Claim, err error) {
+	ib, name := m.ib, opName[m.op]
+	m.called(m.base, name, m.sent, err)
+	if err == nil {
+		ib.health.OK()
+		if m.op == driver.Release {
+			ib.m.Outcome(m.handler, OutcomeReleased)
+			ib.log.Debug("Inbox lease given back", m.fields().Add(watermill.LogFields{"reason": m.why}))
+		} else {
+			ib.m.Outcome(m.handler, OutcomeProcessed)
 		}
-		return max(time.Until(l.deadline), 0), true
-	}
-	l.ib.m.Outcome(l.handler, OutcomeStoreError)
-	l.ib.health.Fail("Inbox heartbeat failed; retrying until the lease deadline", err, l.fields())
-	return min(max(l.interval/4, 10*time.Millisecond), max(time.Until(l.deadline), 0)), true
-}
-
-// lose cancels the handler's context: this consumer no longer holds the key.
-func (l *lease) lose(cause error) {
-	l.lost = true
-	l.cancel(cause)
-	l.ib.m.Outcome(l.handler, OutcomeLeaseLost)
-	l.ib.log.Error("Inbox lease lost; handler context canceled", cause, l.fields())
-}
-
-// complete marks the key processed under the lease, retrying a failure
-// until the lease ends. No heartbeat runs meanwhile: Complete is what
-// matters now, and repeating it is safe (a Complete whose reply was lost
-// succeeds again), where an Extend after a Complete that landed unseen
-// would report the key's own lease as lost.
-func (l *lease) complete() {
-	err := l.ib.persist(&l.msgCall, l.base, OpComplete, l.deadline, func(ctx context.Context) error {
-		return l.ib.leases.Complete(ctx, l.key, l.id)
-	})
-	l.ib.marked(&l.msgCall, err, l.lost)
-	if errors.Is(err, errAbandoned) {
-		l.release("middleware closed before the mark", time.Now())
-	}
-}
-
-// failGiveUp is how long a release after a failed handler is retried: the
-// middleware returns only then (Kafka redelivers in-process at once), so
-// for at most MaxBusyWait.
-func (l *lease) failGiveUp() time.Time {
-	return earlier(l.deadline, time.Now().Add(l.ib.cfg.MaxBusyWait))
-}
-
-// release gives the lease back unmarked, unless it was lost already,
-// retrying a failure until giveUp: a key left claimed waits for its lease
-// to end before the next delivery can run it.
-func (l *lease) release(why string, giveUp time.Time) {
-	l.giveBack(OpRelease, why, giveUp, func(ctx context.Context) error {
-		return l.ib.leases.Release(ctx, l.key, l.id)
-	})
-}
-
-// fail ends the failed attempt (why: the handler's error): the store keeps
-// the key from the next attempt for Config.Backoff, or marks it dead when
-// this attempt was the last one allowed (Config.MaxAttempts). A store
-// without Fail (an older remote service) releases instead.
-func (l *lease) fail(why string) {
-	if l.lost {
+		ib.pending.Done()
 		return
 	}
-	cfg := l.ib.cfg
-	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
-	if opts.Dead = l.permanent || cfg.MaxAttempts > 0 && l.attempts >= cfg.MaxAttempts; !opts.Dead {
-		opts.RetryAfter = cfg.Backoff(l.attempts)
-	}
-	err := l.giveBack(OpFail, why, l.failGiveUp(), func(ctx context.Context) error {
-		return l.ib.leases.Fail(ctx, l.key, l.id, opts)
-	})
-	if errors.Is(err, inbox.ErrNotSupported) {
-		l.release(why, l.failGiveUp())
-	}
-	l.killed = opts.Dead && err == nil
-	if err == nil {
-		l.backoff = opts.RetryAfter
-	}
-}
-
-// giveBack makes a Release or a Fail through persist, and logs its end.
-func (l *lease) giveBack(op, why string, giveUp time.Time, f func(context.Context) error) error {
-	if l.lost {
-		return nil
-	}
-	err := l.ib.persist(&l.msgCall, l.base, op, giveUp, f)
-	fields := l.fields().Add(watermill.LogFields{"reason": why})
-	switch {
-	case err == nil:
-		l.ib.m.Outcome(l.handler, OutcomeReleased)
-		l.ib.log.Debug("Inbox lease given back", fields)
-	case errors.Is(err, inbox.ErrLeaseLost):
-		l.ib.log.Debug("Inbox lease already gone when given back", fields)
-	case errors.Is(err, inbox.ErrNotSupported):
-	default:
-		l.ib.health.Fail("Inbox "+op+" failed; the key stays claimed until its lease ends", err, fields)
-	}
-	return err
-}
-
-// ---- After the handler: the mark and the release, shared by the flows ---
-
-var errAbandoned = errors.New("inbox: middleware closed before the mark")
-
-// persist makes a store call after the handler (the mark, or a release),
-// retrying a failure with jittered backoff (storeBackoff: 50 ms growing
-// to 2 s) until it lands, the store answers ErrLeaseLost, giveUp
-// passes, or Close gives up waiting (errAbandoned). A failed mark never
-// nacks the message: that would run the handler again. It returns nil when
-// the call landed, else the last error.
-func (ib *Inbox) persist(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error) (err error) {
-	if err = m.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
-		ib.health.OK()
-		return nil
-	}
-	// The retries are a function of their own, so that the lease
-	// goroutine's stack stays small enough not to grow on every message's
-	// path (BENCHMARKS.md, "The lease goroutine's stack").
-	return ib.retry(m, base, op, giveUp, f, err)
-}
-
-func (ib *Inbox) retry(m *msgCall, base context.Context, op string, giveUp time.Time, f func(context.Context) error, err error) error {
-	for retry := 0; ; retry++ {
-		if errors.Is(err, inbox.ErrLeaseLost) || !retryable(base, err) {
-			return err
-		}
+	if wait := storeBackoff.Pause(m.retry); !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err) && time.Until(m.giveUp) >= wait {
+		m.retry++ // before later: the keeper may send it again at once
 		ib.m.Outcome(m.handler, OutcomeStoreError)
-		wait := storeBackoff.Pause(retry)
-		if time.Until(giveUp) < wait {
-			return err
-		}
-		if op == OpComplete || op == OpMarkProcessed {
+		if m.op != driver.Release {
 			ib.m.Outcome(m.handler, OutcomeCompleteRetry)
 		}
-		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err,
-			m.fields().Add(watermill.LogFields{"op": op}))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ib.abandon:
-			t.Stop()
-			return errAbandoned
-		}
-		if err = m.call(base, op, ib.cfg.StoreTimeout, f); err == nil {
-			ib.health.OK()
-			return nil
+		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err, m.fields().Add(watermill.LogFields{"op": name}))
+		if ib.keep.later(m, time.Now().Add(wait)) {
+			return
 		}
 	}
-}
-
-// marked counts and logs the end of a mark made by persist. lost says the
-// lease was reported lost already.
-func (ib *Inbox) marked(m *msgCall, err error, lost bool) {
 	switch {
-	case err == nil:
-		ib.m.Outcome(m.handler, OutcomeProcessed)
-	case errors.Is(err, errAbandoned):
+	case m.op == driver.Release:
+		if !errors.Is(err, inbox.ErrLeaseLost) {
+			ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, m.fields())
+		}
 	case errors.Is(err, inbox.ErrLeaseLost):
-		if !lost {
+		if !m.lost {
 			ib.m.Outcome(m.handler, OutcomeLeaseLost)
 		}
 		ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, m.fields())
@@ -757,13 +630,111 @@ func (ib *Inbox) marked(m *msgCall, err error, lost bool) {
 		ib.m.Outcome(m.handler, OutcomeCompleteFailed)
 		ib.health.Fail("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
 	}
+	ib.pending.Done()
+}
+
+var opName = [...]string{driver.Complete: OpComplete, driver.Release: OpRelease, driver.Mark: OpMarkProcessed, driver.Extend: OpExtend}
+
+// ---- A failed attempt -------------------------------------------------------
+
+// failed ends an attempt whose handler returned err, in the handler's
+// goroutine: the store keeps the key for its backoff or marks it dead
+// (fail), then the message is handed to the broker's delay
+// (Config.Redelivery), or its error returned for the broker to redeliver.
+// The Fail is synchronous: Kafka's subscriber redelivers in-process at once,
+// so the key must be given back before the middleware returns.
+func (m *msgCall) failed(out []*message.Message, err error) ([]*message.Message, error) {
+	dead, backoff := m.fail(err.Error(), errors.Is(err, inbox.ErrPermanent))
+	n := m.ib.cfg.MaxAttempts
+	switch {
+	case dead:
+		return out, m.dead(inbox.TruncateReason(err.Error(), 512), err)
+	case backoff > 0 && m.redeliverable(backoff) && m.redeliver(backoff, m.attempts, err) == nil:
+		return nil, nil // the broker holds a copy until the backoff ends
+	case n > 0:
+		// Transient: a filtered poison queue lets the broker redeliver it.
+		return out, &inbox.AttemptError{Key: m.key, Attempt: m.attempts, MaxAttempts: n, RetryAfter: backoff, Err: err}
+	}
+	return out, err
+}
+
+// aborted ends an attempt whose handler panicked or exited its goroutine.
+func (m *msgCall) aborted(why string) { m.fail(why, false) }
+
+// fail gives the lease back after a failed handler (why), unless it was
+// lost: the store keeps the key from the next attempt for Config.Backoff,
+// or marks it dead when this attempt was the last one allowed
+// (Config.MaxAttempts) or the error is permanent. It reports whether the
+// key is dead and the backoff the store holds. A store without Fail (an
+// older remote service) releases instead.
+func (m *msgCall) fail(why string, permanent bool) (dead bool, backoff time.Duration) {
+	lost := m.ib.keep.drop(m)
+	m.cancel(errHandlerReturned)
+	defer m.ib.pending.Done()
+	if lost {
+		return false, 0
+	}
+	cfg := m.ib.cfg
+	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
+	if opts.Dead = permanent || cfg.MaxAttempts > 0 && m.attempts >= cfg.MaxAttempts; !opts.Dead {
+		opts.RetryAfter = cfg.Backoff(m.attempts)
+	}
+	err := m.giveBack(OpFail, why, func(ctx context.Context) error { return m.ib.leases.Fail(ctx, m.key, m.id, opts) })
+	if errors.Is(err, inbox.ErrNotSupported) {
+		opts = inbox.FailOptions{}
+		err = m.giveBack(OpRelease, why, func(ctx context.Context) error { return m.ib.leases.Release(ctx, m.key, m.id) })
+	}
+	if err != nil {
+		return false, 0
+	}
+	return opts.Dead, opts.RetryAfter
+}
+
+// giveBack makes a Release or a Fail and waits for it, retrying a failure
+// with jittered backoff (storeBackoff) for at most MaxBusyWait and until
+// the lease ends or Close gives up waiting: a key left claimed waits for
+// its lease to end before the next delivery can run it. It logs the end
+// and returns the last error.
+func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error {
+	ib := m.ib
+	giveUp := earlier(m.deadline, time.Now().Add(ib.cfg.MaxBusyWait))
+	err := m.call(m.base, op, f)
+	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err); retry++ {
+		ib.m.Outcome(m.handler, OutcomeStoreError)
+		wait := storeBackoff.Pause(retry)
+		if time.Until(giveUp) < wait {
+			break
+		}
+		ib.health.Fail("Inbox store call after the handler failed; retrying", err, m.fields().Add(watermill.LogFields{"op": op}))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ib.abandon:
+			t.Stop()
+			return err
+		}
+		err = m.call(m.base, op, f)
+	}
+	fields := m.fields().Add(watermill.LogFields{"reason": why})
+	switch {
+	case err == nil:
+		ib.health.OK()
+		ib.m.Outcome(m.handler, OutcomeReleased)
+		ib.log.Debug("Inbox lease given back", fields)
+	case errors.Is(err, inbox.ErrLeaseLost):
+		ib.log.Debug("Inbox lease already gone when given back", fields)
+	case !errors.Is(err, inbox.ErrNotSupported):
+		ib.health.Fail("Inbox "+op+" failed; the key stays claimed until its lease ends", err, fields)
+	}
+	return err
 }
 
 // ---- The plain flow (an inbox.Store without leases) -----------------------
 
-// handlePlain is the ADR's flow: IsProcessed, run, MarkProcessed once the
-// router acks. Two concurrent deliveries of one message can both pass
-// IsProcessed and both run the handler.
+// handlePlain is the ADR's flow: IsProcessed, run, MarkProcessed as the
+// leased flow marks (at once, or once the router acked a message whose
+// handler returned messages). Two concurrent deliveries of one message can
+// both pass IsProcessed and both run the handler.
 func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	ib := m.ib
 	var done bool
@@ -784,23 +755,38 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	if err != nil {
 		return out, err
 	}
-	ib.pending.Add(1)
-	go func() {
-		defer ib.pending.Done()
-		select {
-		case <-m.msg.Acked():
-		case <-m.msg.Nacked():
-			ib.m.Outcome(m.handler, OutcomeReleased)
-			return
-		case <-ib.abandon:
-			return
-		}
-		err := ib.persist(m, context.WithoutCancel(m.msg.Context()), OpMarkProcessed, time.Now().Add(ib.cfg.Lease), func(ctx context.Context) error {
-			return ib.cfg.Store.MarkProcessed(ctx, m.key)
-		})
-		ib.marked(m, err, false)
-	}()
+	m.base, m.cancel, m.deadline = context.WithoutCancel(m.msg.Context()), func(error) {}, time.Now().Add(ib.cfg.Lease)
+	ib.pending.Add(1) // until the mark is done
+	if len(out) > 0 && !acked(m.msg) {
+		ib.keep.await(m)
+	} else {
+		m.settleLease(driver.Mark, "")
+	}
 	return out, nil
+}
+
+// goroutineGoer is the goer of a store that has none: each call in a
+// goroutine of its own, bounded by Config.StoreTimeout.
+type goroutineGoer struct{ ib *Inbox }
+
+func (g goroutineGoer) Go(ctx context.Context, op driver.Op, then func(inbox.Claim, error)) {
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, g.ib.cfg.StoreTimeout)
+		defer cancel()
+		var c inbox.Claim
+		var err error
+		switch s := g.ib.leases; op.Kind {
+		case driver.Complete:
+			err = s.Complete(ctx, op.Key, op.LeaseID)
+		case driver.Release:
+			err = s.Release(ctx, op.Key, op.LeaseID)
+		case driver.Extend:
+			c.ExpiresAt, err = s.Extend(ctx, op.Key, op.LeaseID, op.Lease)
+		default:
+			err = g.ib.cfg.Store.MarkProcessed(ctx, op.Key)
+		}
+		then(c, err)
+	}()
 }
 
 // ---- The transactional flow (a TxStore) -----------------------------------
@@ -811,7 +797,7 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 func (m *msgCall) handleTx() ([]*message.Message, error) {
 	// The store bounds the wait on a concurrent claim by its lock timeout,
 	// and the transaction lives on in the handler: it is begun with the
-	// message context, not the call's StoreTimeout.
+	// message context.
 	var claim TxClaim
 	err := m.paced(m.msg.Context(), time.Now().Add(m.ib.cfg.MaxBusyWait), OpTryBegin, func(context.Context) (err error) {
 		claim, err = m.ib.txs.BeginTx(m.msg.Context(), m.key)
@@ -860,7 +846,7 @@ func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
 		return nil, err
 	}
 	// The commit, timed and traced as a store call; Finish takes no context.
-	err = m.call(m.msg.Context(), OpComplete, m.ib.cfg.StoreTimeout, func(context.Context) error { return claim.Finish(out, nil) })
+	err = m.call(m.msg.Context(), OpComplete, func(context.Context) error { return claim.Finish(out, nil) })
 	switch {
 	case err == nil:
 		count(OutcomeProcessed)
@@ -879,8 +865,8 @@ func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
 // router acked, or its Release when nacked. Call it after the router has
 // stopped. When ctx ends first, Close gives the remaining leases back (those
 // keys are then handled again on redelivery) and returns an error wrapping
-// ctx.Err() without waiting for those releases (each is bounded by
-// StoreTimeout). Messages arriving after Close fail with [inbox.ErrClosed].
+// ctx.Err() without waiting for those releases. Messages arriving after
+// Close fail with [inbox.ErrClosed].
 func (ib *Inbox) Close(ctx context.Context) error {
 	ib.mu.Lock()
 	ib.closed = true
@@ -889,10 +875,12 @@ func (ib *Inbox) Close(ctx context.Context) error {
 	go func() { ib.pending.Wait(); close(drained) }()
 	select {
 	case <-drained:
+		ib.keep.close()
 		return nil
 	case <-ctx.Done():
 	}
 	ib.abandonOnce.Do(func() { close(ib.abandon) })
+	ib.keep.abandon()
 	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), nil)
 	return fmt.Errorf("inbox middleware: closed before every pending mark landed; the others are abandoned: %w", ctx.Err())
 }
@@ -910,8 +898,6 @@ func (ib *Inbox) track() bool {
 }
 
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
-
-// ---- Small helpers ---------------------------------------------------------
 
 // sleep waits for d, adding it to total, or until ctx ends.
 func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {

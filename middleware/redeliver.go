@@ -30,7 +30,8 @@ type Redeliverer interface {
 	//
 	// The copy keeps the original's UUID, payload and metadata, plus
 	// [MetadataKey] and [MetadataAttempts]; the implementation must carry
-	// them all. A copy that arrives twice, or while its key still waits, is
+	// them all. It is the middleware's own: the implementation may change
+	// it and need not copy it again. A copy that arrives twice, or while its key still waits, is
 	// harmless: the store decides when the key runs again and drops copies
 	// of a processed key.
 	Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error
@@ -100,9 +101,11 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	}
 	cp.Metadata.Set(MetadataAttempts, strconv.Itoa(attempts))
 	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
-	err := m.call(base, OpRedeliver, ib.cfg.StoreTimeout, func(ctx context.Context) error {
-		return ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
-	})
+	ctx, cancel := context.WithTimeout(base, ib.cfg.StoreTimeout)
+	start := time.Now()
+	err := ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
+	cancel()
+	m.called(base, OpRedeliver, start, err)
 	fields := m.fields().Add(watermill.LogFields{"topic": topic, "retry_after": delay.String(), "attempts": attempts})
 	if err != nil {
 		ib.m.Outcome(m.handler, OutcomeRedeliveryFailed)

@@ -75,6 +75,22 @@ import (
 	"github.com/watermill-inbox/inbox"
 )
 
+// shipped names the package of each driver this project ships, by scheme,
+// for the error of a scheme that no driver registered.
+var shipped = map[string]string{
+	"memory":      "github.com/watermill-inbox/inbox/stores/memory",
+	"redis":       "github.com/watermill-inbox/inbox/stores/redis",
+	"rediss":      "github.com/watermill-inbox/inbox/stores/redis",
+	"postgres":    "github.com/watermill-inbox/inbox/stores/sql/postgres",
+	"postgresql":  "github.com/watermill-inbox/inbox/stores/sql/postgres",
+	"mysql":       "github.com/watermill-inbox/inbox/stores/sql/mysql",
+	"sqlite":      "github.com/watermill-inbox/inbox/stores/sql/sqlite",
+	"mongodb":     "github.com/watermill-inbox/inbox/stores/mongo",
+	"mongodb+srv": "github.com/watermill-inbox/inbox/stores/mongo",
+	"http":        "github.com/watermill-inbox/inbox/stores/remote",
+	"https":       "github.com/watermill-inbox/inbox/stores/remote",
+}
+
 // ErrUnknownScheme is wrapped when no driver is registered for a URL's scheme.
 var ErrUnknownScheme = errors.New("stores: unknown URL scheme")
 
@@ -220,8 +236,16 @@ func (m *URLMux) Open(ctx context.Context, rawURL string) (Store, error) {
 	o := m.openers[scheme]
 	m.mu.RUnlock()
 	if o == nil {
-		return nil, fmt.Errorf("%w %q (is the driver imported?); known schemes: %s",
-			ErrUnknownScheme, scheme, strings.Join(m.Schemes(), ", "))
+		hint := "is the driver imported?"
+		if pkg, ok := shipped[scheme]; ok {
+			hint = fmt.Sprintf("import _ %q to register it", pkg)
+		}
+		known := strings.Join(m.Schemes(), ", ")
+		if known == "" {
+			known = "none"
+		}
+		return nil, fmt.Errorf("%w %q (%s); known schemes: %s",
+			ErrUnknownScheme, scheme, hint, known)
 	}
 	p, rest, err := readParams(u)
 	if err != nil {

@@ -39,6 +39,17 @@ func TestURLMux_unknown_scheme_lists_known_ones(t *testing.T) {
 	}
 }
 
+// A scheme of a driver this project ships, whose package the program does
+// not import, is answered with the import that registers it.
+func TestURLMux_unknown_scheme_of_a_shipped_driver_names_its_package(t *testing.T) {
+	t.Parallel()
+	var m stores.URLMux
+	_, err := m.Open(context.Background(), "postgres://app@db:5432/app")
+	if !errors.Is(err, stores.ErrUnknownScheme) || !strings.Contains(err.Error(), `import _ "github.com/watermill-inbox/inbox/stores/sql/postgres"`) {
+		t.Fatalf("error %v: want ErrUnknownScheme naming the import of stores/sql/postgres", err)
+	}
+}
+
 func TestURLMux_shared_params_read_and_removed(t *testing.T) {
 	t.Parallel()
 	m, rec := recordingMux()

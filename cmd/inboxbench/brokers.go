@@ -191,11 +191,14 @@ var kafkaVersion = sarama.V2_1_0_0
 // kafkaBroker is Kafka through watermill-kafka: an in-process kfake cluster
 // unless brokers are given.
 type kafkaBroker struct {
-	run      string
-	cluster  *kfake.Cluster
-	brokers  []string
-	admin    sarama.ClusterAdmin
-	producer sarama.SyncProducer
+	run string
+	// retryPartitions is RetryConfig.Partitions of the trials' retry
+	// topics (-failures-retry-partitions).
+	retryPartitions int32
+	cluster         *kfake.Cluster
+	brokers         []string
+	admin           sarama.ClusterAdmin
+	producer        sarama.SyncProducer
 }
 
 func newKafka(brokers []string, run string) (*kafkaBroker, error) {
@@ -310,7 +313,7 @@ func (k *kafkaBroker) prepare(ctx context.Context, spec trialSpec) (*trialSetup,
 	if spec.redelivery {
 		rc := sarama.NewConfig()
 		rc.Version = kafkaVersion
-		retry, err = inboxkafka.NewRetry(ctx, inboxkafka.RetryConfig{Brokers: k.brokers, ConsumerGroup: ts.group, Topics: []string{topic}, SaramaConfig: rc})
+		retry, err = inboxkafka.NewRetry(ctx, inboxkafka.RetryConfig{Brokers: k.brokers, ConsumerGroup: ts.group, Topics: []string{topic}, SaramaConfig: rc, Partitions: k.retryPartitions})
 		if err != nil {
 			return fail(fmt.Errorf("retry topics of %s: %w", topic, err))
 		}

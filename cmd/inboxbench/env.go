@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
@@ -25,6 +24,9 @@ import (
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/mysql"    // the dialect, and the database/sql driver "mysql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, and the database/sql driver "pgx"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 // retention of every benchmark key: long enough for a run, short enough that
@@ -51,6 +53,7 @@ type env struct {
 	dedupRepo  *redisstore.ExpiringKeyRepository
 	floor      *floor // floor-redis: a claim, no mark
 	floor2     *floor // floor2-redis: a claim and a mark
+	floor2f    *floor // floor2f-redis: a claim and a mark under its lease id
 
 	pg         *sql.DB
 	pgStore    *sqlstore.Store
@@ -175,8 +178,12 @@ func newEnv(ctx context.Context, o options, need map[string]bool, rtt time.Durat
 		if err != nil {
 			return e, err
 		}
-		e.floor = redisFloor("floor-redis", false, e.redis, e.prefix()+"floor:", inbox.DefaultLease, retention)
-		e.floor2 = redisFloor("floor2-redis", true, e.redis, e.prefix()+"floor2:", inbox.DefaultLease, retention)
+		e.floor = redisFloor("floor-redis", false, false, e.redis, e.prefix()+"floor:", inbox.DefaultLease, retention)
+		e.floor2 = redisFloor("floor2-redis", true, false, e.redis, e.prefix()+"floor2:", inbox.DefaultLease, retention)
+		e.floor2f = redisFloor("floor2f-redis", true, true, e.redis, e.prefix()+"floor2f:", inbox.DefaultLease, retention)
+		if err := fencedMark.Load(ctx, e.redis).Err(); err != nil {
+			return e, fmt.Errorf("redis: loading floor2f-redis's script: %w", err)
+		}
 	}
 	if need["remote"] {
 		e.remoteBacking, err = redisstore.New(e.redis, redisstore.Options{Prefix: e.prefix() + "remote:", Retention: retention})
@@ -249,7 +256,7 @@ func newEnv(ctx context.Context, o options, need map[string]bool, rtt time.Durat
 		if err != nil {
 			return e, err
 		}
-		e.lite, err = sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(e.liteDir, "inbox.db"), 10*time.Second))
+		e.lite, err = sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(e.liteDir, "inbox.db"), 10*time.Second))
 		if err != nil {
 			return e, err
 		}

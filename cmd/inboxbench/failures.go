@@ -58,6 +58,9 @@ type failureVariant struct {
 	// is waited out in the consumer (before issue 21). Such variants run in
 	// a group of their own, at -failures-inprocess-n.
 	inProcess bool
+	// floor runs the hand-off floor (handoff.go) instead of the inbox: no
+	// store, every failed attempt handed to the broker's redelivery.
+	floor bool
 }
 
 // failuresBaseline is the variant without failures, every group's
@@ -70,6 +73,8 @@ func failureVariants() []failureVariant {
 		{name: "failures-10%", rate: failureRate},
 		{name: "failures-10%+poison", rate: failureRate, poison: true},
 		{name: "failures-10%-in-process", rate: failureRate, inProcess: true},
+		{name: floorBaseline, floor: true},
+		{name: "floor-failures-10%", rate: failureRate, floor: true},
 	}
 }
 
@@ -98,11 +103,16 @@ type failuresResults struct {
 	trials  []map[string][]failTrial
 	reps    int
 	backoff time.Duration // -failures-backoff
+	// retryPartitions is -failures-retry-partitions: RetryConfig.Partitions
+	// of the Kafka retry topics, 0 for its default.
+	retryPartitions int
 }
 
 // failTrial is one failures trial.
 type failTrial struct {
 	keys, poison int
+	// floor: the hand-off floor's trial, which makes no store calls.
+	floor bool
 	// t90 and tAll: from the first delivery until failuresShare of the keys,
 	// and all of them, were processed (the handler's effect applied, or the
 	// key dead: its DeadError acked by the poison queue's stand-in).
@@ -162,6 +172,9 @@ func (t failTrial) handOffs() (float64, bool) {
 func (t failTrial) retryCalls() (float64, bool) {
 	if t.failed == 0 {
 		return 0, false
+	}
+	if t.floor {
+		return 0, true
 	}
 	extra := t.calls[inboxmw.OpTryBegin] - int64(t.keys+t.poison) + t.calls[inboxmw.OpFail] + t.calls[inboxmw.OpRelease]
 	return float64(extra) / float64(t.failed), true
@@ -255,6 +268,9 @@ func (p *failProbe) handler(msg *message.Message) error {
 	}
 	if k.key == "" {
 		k.key = inboxmw.KeyFromCtx(msg.Context())
+	}
+	if k.key == "" { // the hand-off floor: no inbox, its records are by UUID
+		k.key = msg.UUID
 	}
 	attempt := len(k.runs)
 	k.runs = append(k.runs, now)
@@ -400,23 +416,32 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	defer ts.cleanup()
 	store := &failRecorder{LeaseStore: e.redisStore, fails: map[string][]inbox.FailOptions{}}
 	metrics := newCountingMetrics()
-	cfg := inboxmw.Config{Store: store, Bus: b.name(), Group: ts.group, Alias: keying.StaticAlias("bench"),
-		Backoff: failuresBackoff(backoff), Metrics: metrics}
-	if !v.inProcess {
-		cfg.Redelivery = ts.redelivery
-	}
-	if v.poison {
-		cfg.MaxAttempts = poisonMaxAttempts
-	}
-	ib, err := inboxmw.New(cfg)
-	if err != nil {
-		return failTrial{}, err
+	var ib *inboxmw.Inbox
+	var floor *handOffFloor
+	if v.floor {
+		floor = &handOffFloor{redelivery: ts.redelivery, backoff: failuresBackoff(backoff), metrics: metrics, fails: map[string][]inbox.FailOptions{}}
+	} else {
+		cfg := inboxmw.Config{Store: store, Bus: b.name(), Group: ts.group, Alias: keying.StaticAlias("bench"),
+			Backoff: failuresBackoff(backoff), Metrics: metrics}
+		if !v.inProcess {
+			cfg.Redelivery = ts.redelivery
+		}
+		if v.poison {
+			cfg.MaxAttempts = poisonMaxAttempts
+		}
+		if ib, err = inboxmw.New(cfg); err != nil {
+			return failTrial{}, err
+		}
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return failTrial{}, err
 	}
-	router.AddMiddleware(p.middleware, ib.Middleware)
+	if floor != nil {
+		router.AddMiddleware(p.middleware, floor.middleware)
+	} else {
+		router.AddMiddleware(p.middleware, ib.Middleware)
+	}
 	for i, sub := range ts.subs {
 		router.AddConsumerHandler("consumer-"+strconv.Itoa(i), ts.topic, sub, p.handler)
 	}
@@ -449,8 +474,10 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	closeErr := router.Close()
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
-	if err := ib.Close(dctx); err != nil {
-		closeErr = errors.Join(closeErr, fmt.Errorf("draining the inbox: %w", err))
+	if ib != nil {
+		if err := ib.Close(dctx); err != nil {
+			closeErr = errors.Join(closeErr, fmt.Errorf("draining the inbox: %w", err))
+		}
 	}
 	if err := errors.Join(waitErr, closeErr); err != nil {
 		return failTrial{}, err
@@ -462,9 +489,15 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	defer metrics.mu.Unlock()
 	store.mu.Lock()
 	defer store.mu.Unlock()
-	res := failTrial{keys: p.n, poison: p.poison, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
+	fails := store.fails
+	if floor != nil {
+		floor.mu.Lock()
+		defer floor.mu.Unlock()
+		fails = floor.fails
+	}
+	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
 		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited}
-	err = p.verify(&res, store.fails, func(key string) (inbox.Record, error) {
+	err = p.verify(&res, fails, func(key string) (inbox.Record, error) {
 		gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer gcancel()
 		return e.redisStore.Get(gctx, key)
@@ -534,7 +567,7 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 	if err != nil {
 		return nil, err
 	}
-	res := &failuresResults{reps: o.failuresReps, backoff: o.failuresBackoff}
+	res := &failuresResults{reps: o.failuresReps, backoff: o.failuresBackoff, retryPartitions: o.failuresRetryPartitions}
 	for _, b := range o.brokers {
 		consumers, n, small := failuresRabbitConsumers, o.failuresN, o.failuresInProcessN
 		if b == "kafka" {
@@ -588,7 +621,11 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 		case "rabbitmq":
 			b, err = newRabbit(o.amqpURL, o.runID+"-f")
 		case "kafka":
-			b, err = newKafka(o.kafkaBrokers, o.runID+"-f")
+			var k *kafkaBroker
+			if k, err = newKafka(o.kafkaBrokers, o.runID+"-f"); err == nil {
+				k.retryPartitions = int32(o.failuresRetryPartitions)
+				b = k
+			}
 		default:
 			err = fmt.Errorf("unknown broker %q", g.broker)
 		}
@@ -628,20 +665,34 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 }
 
 // pickFailures returns the failure variants named, in the order of
-// failureVariants; the baseline is always among them.
+// failureVariants; the baseline is always among them, and the hand-off
+// floor's with any of its variants.
 func pickFailures(names []string) ([]failureVariant, error) {
+	base := map[string]bool{failuresBaseline: true}
 	for _, n := range names {
-		if !slices.ContainsFunc(failureVariants(), func(v failureVariant) bool { return v.name == n }) {
+		i := slices.IndexFunc(failureVariants(), func(v failureVariant) bool { return v.name == n })
+		if i < 0 {
 			return nil, fmt.Errorf("unknown failures variant %q (known: %s)", n, failureVariantNames())
 		}
+		base[baselineOf(failureVariants()[i])] = true
 	}
 	var out []failureVariant
 	for _, v := range failureVariants() {
-		if v.name == failuresBaseline || slices.Contains(names, v.name) {
+		if base[v.name] || slices.Contains(names, v.name) {
 			out = append(out, v)
 		}
 	}
 	return out, nil
+}
+
+// baselineFor is baselineOf the variant named name.
+func baselineFor(name string) string {
+	for _, v := range failureVariants() {
+		if v.name == name {
+			return baselineOf(v)
+		}
+	}
+	return failuresBaseline
 }
 
 func durMedian(ds []time.Duration) time.Duration {
@@ -683,9 +734,10 @@ func (r *failuresResults) col(g int, v string, f func(failTrial) (float64, bool)
 	return out
 }
 
-// ratios returns f of v over f of the baseline, per repetition.
+// ratios returns f of v over f of its baseline (baselineOf), per
+// repetition.
 func (r *failuresResults) ratios(g int, v string, f func(failTrial) float64) []float64 {
-	base := r.trials[g][failuresBaseline]
+	base := r.trials[g][baselineFor(v)]
 	var out []float64
 	for i, t := range r.trials[g][v] {
 		if i < len(base) && f(base[i]) > 0 {
@@ -722,6 +774,22 @@ func (r *failuresResults) pairRatios(broker string, inProcess bool, a string, f 
 	return r.ratios(g, a, f)
 }
 
+// relativeToFloor is, per repetition of broker's main group, f's ratio of
+// failures-10% to no-failures divided by the hand-off floor's
+// (floor-failures-10% to floor-no-failures); none when a variant did not
+// run.
+func (r *failuresResults) relativeToFloor(broker string, f func(failTrial) float64) []float64 {
+	inbox := r.pairRatios(broker, false, "failures-10%", f)
+	floor := r.pairRatios(broker, false, "floor-failures-10%", f)
+	var out []float64
+	for i := range min(len(inbox), len(floor)) {
+		if floor[i] > 0 {
+			out = append(out, inbox[i]/floor[i])
+		}
+	}
+	return out
+}
+
 // counts returns f of variant v's trials in broker's main group (and the
 // in-process group's, when inProcess), one per repetition: violation
 // counters.
@@ -747,9 +815,9 @@ func ratePass(t failTrial) float64 { return t.ratePass() }
 func (r *failuresResults) markdown(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## Failures: failed attempts held by the broker (issue 21)\n\n")
-	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
-		backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
-	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, every attempt fails with probability 0.1 (a transient error before the handler's effect, decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21. ", poisonMaxAttempts)
+	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber, %s), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
+		retryPartitionsName(r.retryPartitions), backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
+	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, every attempt fails with probability 0.1 (a transient error before the handler's effect, decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21; `floor-no-failures` and `floor-failures-10%%`, the hand-off floor (issue 31): the same router, handler and failures with no inbox and no store, which on a failed attempt hands a copy to the same delay queue or retry topic with the same backoff, waits for the same confirm or acknowledged produce, and acks, the copy running the handler again when it comes back: what the broker's hand-off alone costs. Each variant's ratio is to its baseline of the same repetition: `no-failures` for the inbox's, `floor-no-failures` for the floor's; **relative to the hand-off floor** is the inbox's ratio with failures-10%% divided by the floor's, within each repetition: what the inbox adds to a failure (its store calls), the broker's hand-off left out. ", poisonMaxAttempts)
 	p("The in-process variant runs at a size of its own, against a `no-failures` trial of that size in the same repetition: its failed keys stall their consumer for their backoff, so at the full size one trial would take minutes. ")
 	p("%s of every variant (-failures-reps), each running every variant of a group once in an order rotated from one repetition to the next; ratios are taken within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
 	p("**Throughput** is keys processed per second (a key is processed when its handler's effect was applied, or when it is dead; the poison keys are not among the trial's keys), from the first delivery: **until 90%% of the trial's keys were processed**, the target's figure, and **until all were** (drain). ")
@@ -764,7 +832,7 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 		if g.inProcess {
 			p(" (the in-process wait, before issue 21)")
 		}
-		p("\n\n| variant | keys/s until 90%% processed | ÷ %s | keys/s until all processed (drain) | ÷ %s | first pass: keys first run/s | ÷ %s | processed at the first pass's end, %% | 90%% after s | all after s | first pass after s |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", failuresBaseline, failuresBaseline, failuresBaseline)
+		p("\n\n| variant | keys/s until 90%% processed | ÷ %s | keys/s until all processed (drain) | ÷ %s | first pass: keys first run/s | ÷ %s | processed at the first pass's end, %% | 90%% after s | all after s | first pass after s |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", "baseline", "baseline", "baseline")
 		for _, v := range g.variants {
 			r90 := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.rate90(), true })
 			rAll := r.col(gi, v.name, func(t failTrial) (float64, bool) { return t.rateAll(), true })
@@ -782,7 +850,7 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 		}
 		p("\n| variant | failed attempts | hand-offs per failed attempt | hand-off, ms | store calls per failed attempt | Fail, ms | redelivery_failed | in-process wait per failed attempt, ms | wait before the next run: median, ms | p99, ms | min of (wait − backoff), ms | waits shorter than the backoff | dead keys in violation | dead of random failures | effects applied twice | attempts and Fails unpaired |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, v := range g.variants {
-			if v.name == failuresBaseline && len(r.col(gi, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), t.failed > 0 })) == 0 {
+			if v.name == baselineOf(v) && len(r.col(gi, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), t.failed > 0 })) == 0 {
 				continue // no failed attempt, nothing to say
 			}
 			var waits, slack []time.Duration
@@ -816,8 +884,20 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 				cell(hand, "%.2f", false), cell(handMs, "%.2f", false), cell(calls, "%.2f", false), cell(failMs, "%.2f", false), sum.rf, cell(waited, "%.0f", false),
 				ms(durMedian(waits)), ms(durQuantile(waits, 0.99)), minSlack, sum.wv, sum.dv, sum.rd, sum.dbl, sum.um)
 		}
-		p("\nCounts (redelivery_failed, violations, dead, applied twice, unpaired) are totals over the repetitions; the waits are pooled over them; the other figures are medians of the repetitions.\n\n")
+		p("\nCounts (redelivery_failed, violations, dead, applied twice, unpaired) are totals over the repetitions; the waits are pooled over them; the other figures are medians of the repetitions. The hand-off floor makes no store calls; its waits are against the backoff it handed off with.\n\n")
+		if q := r.relativeToFloor(g.broker, rate90); len(q) > 0 {
+			p("Keys processed per second until 90%% were processed, relative to the hand-off floor (failures-10%% ÷ no-failures ÷ (floor-failures-10%% ÷ floor-no-failures)): %s; until all were (drain): %s; in the first pass: %s.\n\n",
+				cell(q, "%.2f", true), cell(r.relativeToFloor(g.broker, rateAll), "%.2f", true), cell(r.relativeToFloor(g.broker, ratePass), "%.2f", true))
+		}
 	}
+}
+
+// retryPartitionsName says how many partitions the Kafka retry topics had.
+func retryPartitionsName(n int) string {
+	if n == 0 {
+		return "the default `RetryConfig` (its `Partitions` and `Concurrency`)"
+	}
+	return fmt.Sprintf("%d partitions per retry topic (-failures-retry-partitions; not the default)", n)
 }
 
 // backoffName says which backoff the section used.

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/batch"
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/driver"
@@ -29,10 +30,12 @@ var (
 )
 
 // floorOp is one call of a floor: the claim of a message id before the
-// handler, or its mark after the ack.
+// handler, or its mark after the ack; lease is the claim's lease id, for a
+// fenced floor.
 type floorOp struct {
-	id   string
-	mark bool
+	id    string
+	lease string
+	mark  bool
 }
 
 // floorApply sends ops in one round trip, as [batch.Func]: res[i] tells
@@ -51,12 +54,17 @@ type floorApply = batch.Func[floorOp, bool]
 // before the handler and marked after it, or a crash between the two
 // cannot be told from success.
 //
+// floor2f-redis (fenced) claims with a lease id of its own, as the inbox
+// does, and marks only under it: the least that fencing costs, so that the
+// tables show it apart from what the inbox adds.
+//
 // A message whose key is claimed already is a duplicate and is acked
 // without running the handler; a failed claim nacks the message. A failed
 // handler leaves its claim (the benchmark's handler never fails).
 type floor struct {
-	name  string
-	marks bool
+	name   string
+	marks  bool
+	fenced bool
 	b     *batch.Batcher[floorOp, bool]
 	// counter counts the round trips as a driver.Store counts its own.
 	counter driver.BatchCounter
@@ -66,8 +74,8 @@ type floor struct {
 	firstFail atomic.Pointer[error]
 }
 
-func newFloor(name string, marks bool, bounds batch.Options, apply floorApply) *floor {
-	f := &floor{name: name, marks: marks}
+func newFloor(name string, marks, fenced bool, bounds batch.Options, apply floorApply) *floor {
+	f := &floor{name: name, marks: marks, fenced: fenced}
 	f.b = batch.New(func(ctx context.Context, ops []floorOp, res []bool, errs []error) error {
 		f.counter.Add(len(ops))
 		return apply(ctx, ops, res, errs)
@@ -83,7 +91,11 @@ func (f *floor) BatchStats() driver.BatchStats { return f.counter.Stats() }
 // floor with marks, marks it once the router acked it.
 func (f *floor) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		claimed, err := f.b.Do(msg.Context(), floorOp{id: msg.UUID})
+		op := floorOp{id: msg.UUID}
+		if f.fenced {
+			op.lease = inbox.NewLeaseID()
+		}
+		claimed, err := f.b.Do(msg.Context(), op)
 		if err != nil {
 			return nil, fmt.Errorf("%s claim of %s: %w", f.name, msg.UUID, err)
 		}
@@ -95,14 +107,14 @@ func (f *floor) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return out, err
 		}
 		f.pending.Add(1)
-		go f.markAfterAck(msg)
+		go f.markAfterAck(msg, op.lease)
 		return out, nil
 	}
 }
 
 // markAfterAck marks msg's id once the router acked msg (nothing if it
 // nacked it), as the inbox does, bounded by the inbox's store timeout.
-func (f *floor) markAfterAck(msg *message.Message) {
+func (f *floor) markAfterAck(msg *message.Message, lease string) {
 	defer f.pending.Done()
 	select {
 	case <-msg.Acked():
@@ -111,7 +123,7 @@ func (f *floor) markAfterAck(msg *message.Message) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), inboxmw.DefaultStoreTimeout)
 	defer cancel()
-	if _, err := f.b.Do(ctx, floorOp{id: msg.UUID, mark: true}); err != nil {
+	if _, err := f.b.Do(ctx, floorOp{id: msg.UUID, lease: lease, mark: true}); err != nil {
 		if f.markFails.Add(1) == 1 {
 			err = fmt.Errorf("mark of %s: %w", msg.UUID, err)
 			f.firstFail.Store(&err)
@@ -142,23 +154,32 @@ func (f *floor) drain(ctx context.Context) error {
 // redisFloor is a floor on Redis: a claim is SET <prefix><id> 1 NX PX
 // <lease>, a mark SET <prefix><id> 2 PX <retention> (the expiry keeps a
 // shared Redis clean if the run dies; it costs the command nothing); a
-// batch is one pipeline.
-func redisFloor(name string, marks bool, c *redis.Client, prefix string, lease, retention time.Duration) *floor {
+// batch is one pipeline. A fenced floor's claim sets the lease id instead
+// of 1, and its mark is fencedMark, the smallest script that marks a key
+// only under the claim's lease id.
+func redisFloor(name string, marks, fenced bool, c *redis.Client, prefix string, lease, retention time.Duration) *floor {
 	px, keep := strconv.FormatInt(lease.Milliseconds(), 10), strconv.FormatInt(retention.Milliseconds(), 10)
-	return newFloor(name, marks, redisFloorBounds, func(ctx context.Context, ops []floorOp, res []bool, errs []error) error {
+	return newFloor(name, marks, fenced, redisFloorBounds, func(ctx context.Context, ops []floorOp, res []bool, errs []error) error {
 		p := c.Pipeline()
 		cmds := make([]*redis.Cmd, len(ops))
 		for i, op := range ops {
 			// Do, not SetNX: SetNX sends EX for whole seconds.
-			if op.mark {
+			switch {
+			case op.mark && fenced:
+				cmds[i] = fencedMark.EvalSha(ctx, p, []string{prefix + op.id}, op.lease, keep)
+			case op.mark:
 				cmds[i] = p.Do(ctx, "set", prefix+op.id, "2", "px", keep)
-			} else {
+			case fenced:
+				cmds[i] = p.Do(ctx, "set", prefix+op.id, op.lease, "nx", "px", px)
+			default:
 				cmds[i] = p.Do(ctx, "set", prefix+op.id, "1", "nx", "px", px)
 			}
 		}
 		_, _ = p.Exec(ctx) // errors are the commands'
 		for i, cmd := range cmds {
 			switch err := cmd.Err(); {
+			case err == nil && ops[i].mark && fenced && cmd.Val() != int64(1):
+				errs[i] = fmt.Errorf("the key was not held by lease %q", ops[i].lease)
 			case err == nil:
 				res[i] = true
 			case errors.Is(err, redis.Nil) && !ops[i].mark: // the key was set: claimed before
@@ -169,6 +190,11 @@ func redisFloor(name string, marks bool, c *redis.Client, prefix string, lease, 
 		return nil
 	})
 }
+
+// fencedMark is floor2f-redis's mark: SET the key to 2 for the retention
+// (ARGV[2], ms) if it holds the lease id ARGV[1]; 1 when it did, 0 when not.
+// The floor loads it before its trials (loadFencedMark).
+var fencedMark = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], '2', 'PX', ARGV[2]) return 1 end return 0`)
 
 // postgresFloor is a floor on PostgreSQL, on table (the store's columns,
 // a table of its own): a claim is an INSERT of a leased row ... ON CONFLICT
@@ -194,7 +220,7 @@ func postgresFloor(name string, db *sql.DB, table string, lease, retention time.
 	// as it grows (seen: 26 ms a statement at 50,000 rows, 0.7 ms so).
 	many := "WITH c AS (INSERT INTO " + table + " " + cols + " SELECT " + row("k") + " FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING RETURNING msg_key), " +
 		"m AS (UPDATE " + table + " AS t SET " + set + " FROM (SELECT * FROM unnest($2::text[]) LIMIT $3) AS u(k) WHERE t.msg_key = u.k) SELECT msg_key FROM c"
-	return newFloor(name, true, postgresFloorBounds, func(ctx context.Context, ops []floorOp, res []bool, errs []error) error {
+	return newFloor(name, true, false, postgresFloorBounds, func(ctx context.Context, ops []floorOp, res []bool, errs []error) error {
 		if len(ops) == 1 {
 			if ops[0].mark {
 				_, err := db.ExecContext(ctx, markOne, ops[0].id)

@@ -27,10 +27,13 @@
 //     consumers, Kafka retry topics with 16 partitions), with handlers that
 //     never fail, fail 10% of their attempts, and do so with a poison key
 //     per consumer (MaxAttempts 3); and the same failures waited out in the
-//     consumer (no Redelivery), at a size of its own: keys processed per
-//     second until 90% and until all were, the waits against their backoff,
-//     the dead keys' attempts, the hand-offs and store calls per failed
-//     attempt;
+//     consumer (no Redelivery), at a size of its own; and the hand-off floor
+//     (issue 31), the same router and handler with no inbox and no store,
+//     handing every failed attempt to the same delay queues or retry topics:
+//     keys processed per second until 90% and until all were, the waits
+//     against their backoff, the dead keys' attempts, the hand-offs and
+//     store calls per failed attempt, and the inbox's ratio with failures
+//     relative to the floor's;
 //  4. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
 //  5. store round trips, TryBegin+Complete against the raw client running the
@@ -41,7 +44,7 @@
 // repetition to the next; ratios are taken within a repetition, then the
 // median over repetitions is reported. The load average is printed at the
 // start and the end. The report ends with the targets table of issues 14,
-// 21 and 24 (and the guards of issue 13), which -benchmarks-md also writes
+// 21, 24 and 31 (and the guards of issue 13), which -benchmarks-md also writes
 // into BENCHMARKS.md, between markers, with the machine and the command.
 //
 //	go run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md
@@ -92,6 +95,7 @@ type options struct {
 	failuresVariants        []string
 	failuresReps            int
 	failuresBackoff         time.Duration
+	failuresRetryPartitions int
 
 	microN        int
 	microVariants []string
@@ -143,8 +147,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.kafkaScaleN, "kafka-scale-n", 10000, "messages per Kafka trial with more than one consumer")
 	consumers := fs.String("consumers", "1,4,16", "concurrent consumers of the scaling table (1 is the main table)")
 	brokers := fs.String("brokers", "rabbitmq,kafka", "brokers: rabbitmq, kafka")
-	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,floor2-redis,inbox-memory,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
-	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,floor2-redis,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
+	variants := fs.String("variants", "none,deduplicator-memory,deduplicator-redis,floor-redis,floor2-redis,floor2f-redis,inbox-memory,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite,inbox-remote-redis", "variants with one consumer, on every broker (none is the baseline, and first; known: "+variantNames()+")")
+	scaleVariants := fs.String("scale-variants", "none,deduplicator-redis,floor-redis,floor2-redis,floor2f-redis,inbox-redis,floor2-postgres,inbox-postgres,inbox-mariadb,inbox-sqlite", "variants with more than one consumer, on every broker (none first; any of -variants' known names)")
 	storeRTTs := fs.String("store-rtt", "0,"+targetRTT.String(), "store round-trip times, one router section each: above 0, every connection to Redis, PostgreSQL and MariaDB goes through a proxy in this process that holds the servers' replies that long (internal/faultproxy), and only the variants that reach such a store run, with none")
 	fs.DurationVar(&o.trialTimeout, "trial-timeout", 2*time.Minute, "bound on one router trial (a failures trial gets at least 5 min: its backoffs' tail)")
 	fs.IntVar(&o.failuresN, "failures-n", 3000, "failures section: keys per RabbitMQ trial (4 consumers), poison keys besides")
@@ -154,6 +158,7 @@ func parseFlags(args []string) (options, error) {
 	failuresVariants := fs.String("failures-variants", failureVariantNames(), "failures section: variants (the baseline "+failuresBaseline+" always runs; known: "+failureVariantNames()+")")
 	fs.IntVar(&o.failuresReps, "failures-reps", 0, "failures section: repetitions; 0: -reps, at most 3 (its trials with failures take 10 s to a minute each, most of it the backoff's tail)")
 	fs.DurationVar(&o.failuresBackoff, "failures-backoff", time.Second, "failures section: base of the inbox's backoff, full jitter up to base × 2^attempt, at most 1 min (1s: inboxmw.DefaultBackoff)")
+	fs.IntVar(&o.failuresRetryPartitions, "failures-retry-partitions", 0, "failures section: partitions of each Kafka retry topic (inboxkafka.RetryConfig.Partitions; 0: its default)")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
 	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")
@@ -211,8 +216,8 @@ func parseFlags(args []string) (options, error) {
 	if o.failuresReps == 0 {
 		o.failuresReps = min(o.reps, 3)
 	}
-	if o.failuresReps < 1 || o.failuresN < 1 || o.failuresKafkaN < 1 || o.failuresInProcessN < 1 || o.failuresKafkaInProcessN < 1 || o.failuresBackoff <= 0 {
-		return o, fmt.Errorf("-failures-reps, -failures-n, -failures-kafka-n, -failures-inprocess-n, -failures-kafka-inprocess-n and -failures-backoff must be positive")
+	if o.failuresReps < 1 || o.failuresN < 1 || o.failuresKafkaN < 1 || o.failuresInProcessN < 1 || o.failuresKafkaInProcessN < 1 || o.failuresBackoff <= 0 || o.failuresRetryPartitions < 0 {
+		return o, fmt.Errorf("-failures-reps, -failures-n, -failures-kafka-n, -failures-inprocess-n, -failures-kafka-inprocess-n and -failures-backoff must be positive, and -failures-retry-partitions 0 or more")
 	}
 	if len(o.variants) == 0 || o.variants[0] != baseline {
 		return o, fmt.Errorf("-variants must start with the baseline %q", baseline)

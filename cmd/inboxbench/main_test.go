@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,7 +130,7 @@ func TestRun_smoke(t *testing.T) {
 	}
 	section := doc[len(above) : len(doc)-len(below)]
 	for _, want := range []string{
-		"## Targets of issues 14, 21 and 24", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
+		"## Targets of issues 14, 21, 24, 29 and 31", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
 		"Command: `inboxbench -sections micro,router,roundtrip -reps 2 ",
 		"| Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ",
 		"| Redis server CPU per message, Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ", "| ≤ 1.0 |",
@@ -149,7 +150,7 @@ func TestRun_smoke(t *testing.T) {
 		}
 	}
 	// Every variant ran: every row has a figure, and a row with a target a
-	// verdict; but issue 21's, whose section did not run.
+	// verdict; but issues 21's and 31's, whose section did not run.
 	rows, failureRows := 0, 0
 	for _, l := range strings.Split(section, "\n") {
 		if !strings.HasPrefix(l, "| Kafka") && !strings.HasPrefix(l, "| RabbitMQ") && !strings.HasPrefix(l, "| Redis") && !strings.HasPrefix(l, "| Guard") {
@@ -177,10 +178,11 @@ func TestRun_smoke(t *testing.T) {
 			t.Errorf("row with a target and not one verdict: %s", l)
 		}
 	}
-	// Issue 14's 10 rows, issue 24's 16 against the floors and 4 against
-	// the Deduplicator at 250 µs, issue 13's 2 guards.
-	if rows != 32 || failureRows != 18 {
-		t.Errorf("%d rows in the targets table and %d of issue 21, want 32 and 18:\n%s", rows, failureRows, section)
+	// Issue 14's 10 rows, issue 29's 7, issue 24's 16 against the floors
+	// and 4 against the Deduplicator at 250 µs, issue 13's 2 guards;
+	// issues 21's and 31's 22 of the failures section.
+	if rows != 39 || failureRows != 22 {
+		t.Errorf("%d rows in the targets table and %d of issues 21 and 31, want 39 and 22:\n%s", rows, failureRows, section)
 	}
 }
 
@@ -236,6 +238,7 @@ func TestParseFlags_rejects_bad_values(t *testing.T) {
 		{"-failures-reps", "-1"},
 		{"-failures-n", "0"},
 		{"-failures-backoff", "0s"},
+		{"-failures-retry-partitions", "-1"},
 		{"-failures-variants", "failures-50%"},
 	} {
 		if _, err := parseFlags(args); err == nil {
@@ -383,7 +386,7 @@ func TestRedactArgs_masks_passwords_in_URL_flags(t *testing.T) {
 func TestFloorRedis_acks_a_claimed_key(t *testing.T) {
 	t.Parallel()
 	c, prefix := floorClient(t)
-	f := redisFloor("floor-redis", false, c, prefix, 30*time.Second, time.Minute)
+	f := redisFloor("floor-redis", false, false, c, prefix, 30*time.Second, time.Minute)
 	calls := 0
 	h := f.middleware(func(*message.Message) ([]*message.Message, error) {
 		calls++
@@ -416,8 +419,9 @@ func TestFloors_batch_concurrent_claims(t *testing.T) {
 	c, prefix := floorClient(t)
 	db, table := floorTable(t)
 	for _, f := range []*floor{
-		redisFloor("floor-redis", false, c, prefix+"1:", 30*time.Second, time.Minute),
-		redisFloor("floor2-redis", true, c, prefix+"2:", 30*time.Second, time.Minute),
+		redisFloor("floor-redis", false, false, c, prefix+"1:", 30*time.Second, time.Minute),
+		redisFloor("floor2-redis", true, false, c, prefix+"2:", 30*time.Second, time.Minute),
+		redisFloor("floor2f-redis", true, true, c, prefix+"2f:", 30*time.Second, time.Minute),
 		postgresFloor("floor2-postgres", db, table, 30*time.Second, time.Minute),
 	} {
 		t.Run(f.name, func(t *testing.T) {
@@ -512,7 +516,7 @@ func TestFloor2_marks_after_the_ack(t *testing.T) {
 		// "marked", and its time to live.
 		state func(t *testing.T, id string) (string, time.Duration)
 	}{
-		{redisFloor("floor2-redis", true, c, prefix, 30*time.Second, time.Minute), func(t *testing.T, id string) (string, time.Duration) {
+		{redisFloor("floor2-redis", true, false, c, prefix, 30*time.Second, time.Minute), func(t *testing.T, id string) (string, time.Duration) {
 			v, err := c.Get(ctx, prefix+id).Result()
 			if err == redis.Nil {
 				return "", 0
@@ -605,6 +609,9 @@ func floorClient(t *testing.T) (*redis.Client, string) {
 		t.Fatal(err)
 	}
 	c := redis.NewClient(ro)
+	if err := fencedMark.Load(context.Background(), c).Err(); err != nil {
+		t.Fatal(err)
+	}
 	prefix := "inboxbench-test:" + strings.ToLower(watermill.NewShortUUID()) + ":"
 	t.Cleanup(func() {
 		_ = deletePrefix(context.Background(), c, prefix)
@@ -737,9 +744,9 @@ func TestFailures_smoke(t *testing.T) {
 		heading  string
 		variants []string
 	}{
-		{"### rabbitmq, 4 consumers, 200 keys per trial\n", []string{"no-failures", "failures-10%", "failures-10%+poison"}},
+		{"### rabbitmq, 4 consumers, 200 keys per trial\n", []string{"no-failures", "failures-10%", "failures-10%+poison", floorBaseline, "floor-failures-10%"}},
 		{"### rabbitmq, 4 consumers, 200 keys per trial (the in-process wait, before issue 21)\n", []string{"no-failures", "failures-10%-in-process"}},
-		{"### kafka, 16 partitions, 400 keys per trial\n", []string{"no-failures", "failures-10%", "failures-10%+poison"}},
+		{"### kafka, 16 partitions, 400 keys per trial\n", []string{"no-failures", "failures-10%", "failures-10%+poison", floorBaseline, "floor-failures-10%"}},
 		{"### kafka, 16 partitions, 208 keys per trial (the in-process wait, before issue 21)\n", []string{"no-failures", "failures-10%-in-process"}},
 	}
 	for _, g := range groups {
@@ -760,7 +767,7 @@ func TestFailures_smoke(t *testing.T) {
 					t.Errorf("%q %s: %s = %q, want a rate", g.heading, v, col, row[col])
 				}
 			}
-			if v == failuresBaseline {
+			if v == failuresBaseline || v == floorBaseline {
 				continue
 			}
 			row = retries[v]
@@ -768,15 +775,15 @@ func TestFailures_smoke(t *testing.T) {
 				t.Errorf("%q: no retries row for %s", g.heading, v)
 				continue
 			}
-			inProcess := strings.HasSuffix(v, "in-process")
+			inProcess, floor := strings.HasSuffix(v, "in-process"), strings.HasPrefix(v, "floor-")
 			if x := number(row["failed attempts"]); !(x > 0) {
 				t.Errorf("%q %s: failed attempts %q, want some (10%% of the attempts fail)", g.heading, v, row["failed attempts"])
 			}
-			if x := number(row["store calls per failed attempt"]); !(x >= 1) {
-				t.Errorf("%q %s: store calls per failed attempt %q, want at least the Fail", g.heading, v, row["store calls per failed attempt"])
+			if x := number(row["store calls per failed attempt"]); floor && x != 0 || !floor && !(x >= 1) {
+				t.Errorf("%q %s: store calls per failed attempt %q, want at least the Fail (none for the hand-off floor)", g.heading, v, row["store calls per failed attempt"])
 			}
-			if x := number(row["hand-offs per failed attempt"]); inProcess != (x == 0) {
-				t.Errorf("%q %s: hand-offs per failed attempt %q, want none exactly without Redelivery", g.heading, v, row["hand-offs per failed attempt"])
+			if x := number(row["hand-offs per failed attempt"]); inProcess != (x == 0) || floor && x != 1 {
+				t.Errorf("%q %s: hand-offs per failed attempt %q, want none exactly without Redelivery (one for the hand-off floor)", g.heading, v, row["hand-offs per failed attempt"])
 			}
 			if x := number(row["min of (wait − backoff), ms"]); !(x >= 0) {
 				t.Errorf("%q %s: min of (wait − backoff) %q, want a figure of 0 or more", g.heading, v, row["min of (wait − backoff), ms"])
@@ -798,7 +805,7 @@ func TestFailures_smoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := 0
+	rows, relative := 0, 0
 	for _, l := range strings.Split(string(b), "\n") {
 		if !strings.Contains(l, ", failures (issue 21): ") {
 			continue
@@ -809,14 +816,26 @@ func TestFailures_smoke(t *testing.T) {
 			t.Errorf("row without a figure: %s", l)
 		case strings.Contains(l, "(violations)") && !strings.Contains(l, "| 0 in all (") || strings.Contains(l, "(violations)") && !strings.HasSuffix(l, "| = 0 | met |"):
 			t.Errorf("violation row not met at 0: %s", l)
+		case strings.Contains(l, "relative to the hand-off floor"):
+			relative++
+			if !strings.Contains(l, "| ≥ 0.9 |") {
+				t.Errorf("row relative to the hand-off floor without its target: %s", l)
+			}
 		case strings.Contains(l, "until 90% were processed, failures-10%") && !strings.Contains(l, "in-process") && !strings.Contains(l, "| ≥ 0.8 |"):
 			t.Errorf("throughput row without its target: %s", l)
 		}
 	}
 	// Per broker: two ratios until 90% with a target, two until all, two
-	// of the first pass, the in-process wait's, and two violation counters.
-	if rows != 18 {
-		t.Errorf("%d rows of issue 21 in the targets section, want 18:\n%s", rows, b)
+	// of the first pass, the in-process wait's, two violation counters, and
+	// issue 31's two: relative to the hand-off floor, and the floor's own.
+	if rows != 22 || relative != 2 {
+		t.Errorf("%d rows of issues 21 and 31 in the targets section, %d of them relative to the hand-off floor; want 22 and 2:\n%s", rows, relative, b)
+	}
+	for _, broker := range []string{"rabbitmq, 4 consumers", "kafka, 16 partitions"} {
+		section := report[strings.Index(report, "### "+broker):]
+		if !regexp.MustCompile(`relative to the hand-off floor \(failures-10% ÷ no-failures ÷ \(floor-failures-10% ÷ floor-no-failures\)\): [0-9.]+ \[`).MatchString(section) {
+			t.Errorf("%s: the report does not give the inbox's ratio relative to the hand-off floor", broker)
+		}
 	}
 }
 

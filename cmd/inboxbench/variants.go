@@ -56,6 +56,7 @@ func allVariants() []variant {
 		}},
 		floorVariant("floor-redis", "redis", func(e *env) *floor { return e.floor }),
 		floorVariant("floor2-redis", "redis", func(e *env) *floor { return e.floor2 }),
+		floorVariant("floor2f-redis", "redis", func(e *env) *floor { return e.floor2f }),
 		floorVariant("floor2-postgres", "postgres", func(e *env) *floor { return e.pgFloor2 }),
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			s, err := memory.New(memory.Options{Retention: retention})

@@ -11,6 +11,9 @@ import (
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	mysqldialect "github.com/watermill-inbox/inbox/stores/sql/mysql"
+	pgdialect "github.com/watermill-inbox/inbox/stores/sql/postgres"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 func main() {
@@ -34,10 +37,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 func migrator() *cli.Migrator {
 	return &cli.Migrator{
 		Dialects: map[string]string{
-			sqlstore.SchemePostgres:   string(sqlstore.Postgres),
-			sqlstore.SchemePostgreSQL: string(sqlstore.Postgres),
-			sqlstore.SchemeMySQL:      string(sqlstore.MySQL),
-			sqlstore.SchemeSQLite:     string(sqlstore.SQLite),
+			pgdialect.Scheme:           string(sqlstore.Postgres),
+			pgdialect.SchemePostgreSQL: string(sqlstore.Postgres),
+			mysqldialect.Scheme:        string(sqlstore.MySQL),
+			sqlitedialect.Scheme:       string(sqlstore.SQLite),
 		},
 		DefaultTable: sqlstore.DefaultTable,
 		DDL: func(dialect, table string) (string, error) {

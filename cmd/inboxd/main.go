@@ -3,7 +3,7 @@
 // any store this project ships, chosen by URL.
 //
 // Configuration comes from the environment; each variable has a flag of the
-// same meaning, which wins:
+// same meaning, which wins (inboxd -h lists the flags):
 //
 //	INBOX_STORE_URL        -store           store URL (memory://, redis://..., postgres://...); default memory://
 //	INBOX_LISTEN_ADDR      -listen          listen address; default 127.0.0.1:8080
@@ -25,6 +25,9 @@
 //	INBOX_STORE_TIMEOUT    -store-timeout   bound on each store call of a request; default 10s
 //	INBOX_LOG_LEVEL        -log-level       debug, info, warn or error; default info
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
+//	INBOX_MAX_RECORDS_PER_TOKEN -max-records-per-token live records a token may have in the store; default 0 (see Limits)
+//	INBOX_RATE_LIMIT       -rate-limit      requests a second a token may make; default 0: no limit
+//	INBOX_AUTH_FAILURES_PER_MINUTE -auth-failures-per-minute wrong tokens a client address may send a minute; default 60, negative: no limit
 //
 // Retention is the store's: a URL parameter of INBOX_STORE_URL
 // (memory://?retention=7d). inboxd reads it too, to tell clients that do
@@ -36,8 +39,9 @@
 //
 // # Tokens
 //
-// A token is any string without spaces or line breaks that clients send as
-// "Authorization: Bearer <token>"; make one with 32 random bytes:
+// A token is any string of at least 16 bytes without spaces or line breaks
+// that clients send as "Authorization: Bearer <token>"; make one with 32
+// random bytes:
 //
 //	mkdir -p "$HOME/.config/inboxd"
 //	head -c 32 /dev/urandom | base64 > "$HOME/.config/inboxd/token"
@@ -52,10 +56,14 @@
 //	9fQ...shipping-token... prefix=rabbit:shipping:
 //	Kd2...unlimited-token...
 //
-// A call with a limited token on a key outside its prefixes (GET included)
-// is answered 403 forbidden. A file repeating a token, or a line with
-// another field after the token, is refused, naming the line, never the
-// token.
+// A prefix ends with ':' (prefix=app would reach apple:1). A call with a
+// limited token on a key outside its prefixes (GET included, but for the
+// key inbox-remote:check, which the remote client's check at Open reads)
+// is answered 403 forbidden. A file with a shorter token, a token
+// repeated, a prefix without ':', or a line with another field after the
+// token is refused, naming the line, never the token. inboxd warns at
+// start and at each reload when a token file's group or others may read or
+// write it.
 //
 // The operators' calls, list, forget and force-release (the admin
 // extension: cmd/inboxctl over an http:// store URL), need a token of their
@@ -75,8 +83,10 @@
 // /healthz and /readyz, that carries an Origin header (a browser's
 // cross-site request, such as a form's POST) or whose Host header is not
 // localhost, an address of 127.0.0.0/8 or ::1, with or without port (DNS
-// rebinding: a page whose own name was made to point at 127.0.0.1). With
-// INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
+// rebinding: a page whose own name was made to point at 127.0.0.1), or
+// that a proxy relayed (Forwarded, X-Forwarded-* or X-Real-IP: behind a
+// reverse proxy, a server without tokens is open to the proxy's clients).
+// With INBOX_ALLOW_NO_AUTH=true on another address, INBOX_ALLOWED_HOSTS must
 // list the names and addresses the clients use to reach inboxd
 // (inboxd.internal,10.0.0.5): inboxd refuses to start without it.
 //
@@ -136,6 +146,33 @@
 // maxRetryAfterMs): a longer one is clamped to it, or refused with 400
 // under INBOX_LEASE_POLICY=reject, as leases outside their range are.
 //
+// # Limits
+//
+// A call over a limit is answered 429 with Retry-After (whole seconds) and
+// changes nothing; the remote client waits and retries when that is at most
+// 5 s, else fails at once, and the middleware then nacks and backs off.
+// Tokens limited to the same prefixes (a rotation's old and new token)
+// count as one token; tokens without prefixes as one more.
+//
+//   - Live records (429 quota_exceeded): a token's share of the store. On
+//     a memory:// store, whose max_entries (1000000 by default) is the
+//     number of records it keeps before it evicts the least recently
+//     written, inboxd shares max_entries equally among the tokens' prefix
+//     sets once there are two, and refuses a new key past a token's share
+//     or past max_entries: no token's keys can evict another's processed
+//     keys. Size max_entries for every tenant's keys within the retention.
+//     INBOX_MAX_RECORDS_PER_TOKEN sets the share instead, on any store.
+//     inboxd counts records in its memory since its start (about 100 bytes
+//     each); admin tokens have no share but count in max_entries.
+//   - Request rate (429 rate_limited): INBOX_RATE_LIMIT requests a second
+//     per token, in bursts of a second's worth; admin tokens are not
+//     limited.
+//   - Failed authentications (429 too_many_auth_failures): past
+//     INBOX_AUTH_FAILURES_PER_MINUTE wrong tokens from a client address (an
+//     IPv6 /64), its requests that need a token are refused, the token
+//     unchecked, until the budget refills. Behind a reverse proxy every
+//     client has the proxy's address.
+//
 // # Metrics
 //
 // inbox_server_requests_total{endpoint, code, status} counts answers;
@@ -157,7 +194,8 @@
 //     body: invalid_json, invalid_key, invalid_lease, invalid_lease_id,
 //     invalid_argument, body_too_large, unauthorized, forbidden, not_found,
 //     method_not_allowed, unsupported_media_type, not_supported,
-//     store_unavailable, internal_error;
+//     store_unavailable, internal_error, quota_exceeded, rate_limited,
+//     too_many_auth_failures;
 //     /readyz answers 503 with store_unavailable, or draining while inboxd
 //     shuts down.
 //
@@ -195,18 +233,50 @@ import (
 
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/all"
+	"github.com/watermill-inbox/inbox/stores/memory"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil, hup); err != nil {
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil, hup)
+	stop()
+	var usageErr *usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage(os.Stdout)
+	case errors.As(err, &usageErr):
+		fmt.Fprintf(os.Stderr, "inboxd: %v\nRun inboxd -h for the flags.\n", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "inboxd:", err)
 		os.Exit(1)
 	}
+}
+
+// usageError is a flag or an argument inboxd does not take: exit 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+// usage writes what inboxd -h prints: the flags with their built-in
+// defaults (never the environment's: a store URL may hold a password).
+func usage(w io.Writer) {
+	s, hosts, _ := fromEnv(func(string) string { return "" })
+	fs := flags(&s, &hosts)
+	fs.SetOutput(w)
+	fmt.Fprint(w, `Usage: inboxd [flags]
+
+inboxd serves the remote inbox protocol v1 over the store of -store. Each
+flag has an environment variable, named in its line; the flag wins over it.
+INBOX_TOKEN (no flag, as flags show in process lists) is a bearer token.
+go doc ./cmd/inboxd and docs/inboxd.md say more.
+
+Flags:
+`)
+	fs.PrintDefaults()
 }
 
 // settings are inboxd's configuration after env and flags.
@@ -222,7 +292,10 @@ type settings struct {
 	storeTimeout, maxRetryAfter                   time.Duration
 	maxBody                                       int64
 	maxKey                                        int
+	maxRecords, authFailures                      int              // per token; per client address and minute
+	rateLimit                                     float64          // requests a second per token
 	cert                                          *tls.Certificate // loaded from tlsCert and tlsKey
+	warnings                                      []string         // logged once the logger exists
 }
 
 // auth is what the listening line says of the consumers' auth.
@@ -241,6 +314,26 @@ func (s settings) adminNoAuth() bool {
 
 // parse reads the environment, then the flags over it.
 func parse(args []string, getenv func(string) string) (settings, error) {
+	s, hosts, err := fromEnv(getenv)
+	if err != nil {
+		return s, err
+	}
+	fs := flags(&s, &hosts)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return s, err
+		}
+		return s, &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return s, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	return s, s.finish(getenv, hosts)
+}
+
+// fromEnv is the settings the environment gives (the built-in defaults
+// for the variables it does not set), and INBOX_ALLOWED_HOSTS.
+func fromEnv(getenv func(string) string) (settings, string, error) {
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
@@ -281,6 +374,15 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 		maxRetryAfter:  dur("INBOX_MAX_RETRY_AFTER", server.DefaultMaxRetryAfter.String()),
 		maxBody:        num("INBOX_MAX_BODY_BYTES", server.DefaultMaxBodyBytes),
 		maxKey:         int(num("INBOX_MAX_KEY_BYTES", 1024)),
+		maxRecords:     int(num("INBOX_MAX_RECORDS_PER_TOKEN", 0)),
+		authFailures:   int(num("INBOX_AUTH_FAILURES_PER_MINUTE", server.DefaultAuthFailuresPerMinute)),
+	}
+	if v := env("INBOX_RATE_LIMIT", "0"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("INBOX_RATE_LIMIT=%q is not a number of requests a second", v))
+		}
+		s.rateLimit = f
 	}
 	for name, dst := range map[string]*bool{"INBOX_ALLOW_NO_AUTH": &s.allowNoAuth, "INBOX_METRICS_OPEN": &s.metricsOpen} {
 		if v := getenv(name); v != "" {
@@ -291,17 +393,79 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 			*dst = b
 		}
 	}
-	hosts := env("INBOX_ALLOWED_HOSTS", "")
-	if err := errors.Join(errs...); err != nil {
-		return s, err
+	return s, env("INBOX_ALLOWED_HOSTS", ""), errors.Join(errs...)
+}
+
+// finish reads the token files and the certificate that s names, and
+// checks that s is a configuration inboxd serves.
+func (s *settings) finish(getenv func(string) string, hosts string) error {
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			s.allowedHosts = append(s.allowedHosts, h)
+		}
 	}
+	token := getenv("INBOX_TOKEN")
+	if token != "" && s.tokenFile != "" {
+		return errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
+	}
+	if token != "" {
+		if len(token) < server.MinTokenBytes {
+			return fmt.Errorf("INBOX_TOKEN is %d bytes, shorter than the %d bytes a token must have: make one with: head -c 32 /dev/urandom | base64", len(token), server.MinTokenBytes)
+		}
+		s.grants = []server.Grant{{Token: token}}
+	}
+	if s.tokenFile != "" {
+		var err error
+		if s.grants, err = readGrants(s.tokenFile); err != nil {
+			return err
+		}
+		s.warnings = append(s.warnings, openToOthers(s.tokenFile, "INBOX_TOKEN_FILE")...)
+	}
+	if s.adminTokenFile != "" {
+		var err error
+		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
+			return err
+		}
+		s.warnings = append(s.warnings, openToOthers(s.adminTokenFile, "INBOX_ADMIN_TOKEN_FILE")...)
+		if err := disjoint(s.grants, s.adminTokens); err != nil {
+			return err
+		}
+	}
+	if len(s.grants) == 0 && !s.allowNoAuth && !loopback(s.listen) {
+		return fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
+			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
+			s.listen, makeToken("$HOME/.config/inboxd/token"))
+	}
+	if len(s.grants) == 0 && !loopback(s.listen) && len(s.allowedHosts) == 0 {
+		return fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: without tokens inboxd answers only requests whose Host is a loopback name or address "+
+			"(so that no web page can reach it through DNS rebinding), which clients on other machines do not send. "+
+			"Set INBOX_ALLOWED_HOSTS (-allowed-hosts) to the names and addresses clients use to reach it (comma-separated, such as inboxd.internal,10.0.0.5), or give a token file (INBOX_TOKEN_FILE)", s.listen)
+	}
+	if (s.tlsCert == "") != (s.tlsKey == "") {
+		return fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
+	}
+	if s.tlsCert != "" {
+		var err error
+		if s.cert, err = loadCert(s.tlsCert, s.tlsKey); err != nil {
+			return err
+		}
+	}
+	if s.shutdown <= 0 {
+		return fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
+	}
+	return nil
+}
+
+// flags is inboxd's flag set over s, whose fields hold the defaults
+// (the environment's, or the built-in ones); hosts is -allowed-hosts.
+func flags(s *settings, hosts *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("inboxd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&s.storeURL, "store", s.storeURL, "store URL (INBOX_STORE_URL)")
 	fs.StringVar(&s.listen, "listen", s.listen, "listen address (INBOX_LISTEN_ADDR)")
 	fs.StringVar(&s.tokenFile, "token-file", s.tokenFile, "file of bearer tokens, one a line (INBOX_TOKEN_FILE)")
 	fs.StringVar(&s.adminTokenFile, "admin-token-file", s.adminTokenFile, "file of the operators' bearer tokens, one a line (INBOX_ADMIN_TOKEN_FILE)")
-	fs.StringVar(&hosts, "allowed-hosts", hosts, "host names besides loopback ones a server without tokens answers, comma-separated (INBOX_ALLOWED_HOSTS)")
+	fs.StringVar(hosts, "allowed-hosts", *hosts, "host names besides loopback ones a server without tokens answers, comma-separated (INBOX_ALLOWED_HOSTS)")
 	fs.BoolVar(&s.metricsOpen, "metrics-open", s.metricsOpen, "serve /metrics without a token (INBOX_METRICS_OPEN)")
 	fs.DurationVar(&s.maxRetryAfter, "max-retry-after", s.maxRetryAfter, "longest backoff of a failed attempt (INBOX_MAX_RETRY_AFTER)")
 	fs.StringVar(&s.tlsCert, "tls-cert", s.tlsCert, "PEM certificate to serve HTTPS with (INBOX_TLS_CERT_FILE)")
@@ -316,62 +480,10 @@ func parse(args []string, getenv func(string) string) (settings, error) {
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
 	fs.BoolVar(&s.allowNoAuth, "allow-no-auth", s.allowNoAuth, "serve without a token on an address that is not loopback (INBOX_ALLOW_NO_AUTH)")
-	if err := fs.Parse(args); err != nil {
-		return s, err
-	}
-	if fs.NArg() > 0 {
-		return s, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	for _, h := range strings.Split(hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			s.allowedHosts = append(s.allowedHosts, h)
-		}
-	}
-	token := getenv("INBOX_TOKEN")
-	if token != "" && s.tokenFile != "" {
-		return s, errors.New("give INBOX_TOKEN or INBOX_TOKEN_FILE (-token-file), not both")
-	}
-	if token != "" {
-		s.grants = []server.Grant{{Token: token}}
-	}
-	if s.tokenFile != "" {
-		var err error
-		if s.grants, err = readGrants(s.tokenFile); err != nil {
-			return s, err
-		}
-	}
-	if s.adminTokenFile != "" {
-		var err error
-		if s.adminTokens, err = readAdminTokens(s.adminTokenFile); err != nil {
-			return s, err
-		}
-		if err := disjoint(s.grants, s.adminTokens); err != nil {
-			return s, err
-		}
-	}
-	if len(s.grants) == 0 && !s.allowNoAuth && !loopback(s.listen) {
-		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: anyone who reaches it could read keys and mark them processed. "+
-			"Give a token file (INBOX_TOKEN_FILE; make one with: %s), or listen on 127.0.0.1, or set INBOX_ALLOW_NO_AUTH=true (-allow-no-auth) if only trusted clients can reach that network",
-			s.listen, makeToken("$HOME/.config/inboxd/token"))
-	}
-	if len(s.grants) == 0 && !loopback(s.listen) && len(s.allowedHosts) == 0 {
-		return s, fmt.Errorf("no bearer token is configured and the listen address %q is not loopback: without tokens inboxd answers only requests whose Host is a loopback name or address "+
-			"(so that no web page can reach it through DNS rebinding), which clients on other machines do not send. "+
-			"Set INBOX_ALLOWED_HOSTS (-allowed-hosts) to the names and addresses clients use to reach it (comma-separated, such as inboxd.internal,10.0.0.5), or give a token file (INBOX_TOKEN_FILE)", s.listen)
-	}
-	if (s.tlsCert == "") != (s.tlsKey == "") {
-		return s, fmt.Errorf("give both INBOX_TLS_CERT_FILE (-tls-cert) and INBOX_TLS_KEY_FILE (-tls-key), or neither; got cert %q, key %q", s.tlsCert, s.tlsKey)
-	}
-	if s.tlsCert != "" {
-		var err error
-		if s.cert, err = loadCert(s.tlsCert, s.tlsKey); err != nil {
-			return s, err
-		}
-	}
-	if s.shutdown <= 0 {
-		return s, fmt.Errorf("shutdown timeout %s must be positive", s.shutdown)
-	}
-	return s, nil
+	fs.IntVar(&s.maxRecords, "max-records-per-token", s.maxRecords, "live records each token may have in the store; 0: a memory store's max_entries shared among the tokens' prefixes (INBOX_MAX_RECORDS_PER_TOKEN)")
+	fs.Float64Var(&s.rateLimit, "rate-limit", s.rateLimit, "requests a second each token may make; 0: no limit (INBOX_RATE_LIMIT)")
+	fs.IntVar(&s.authFailures, "auth-failures-per-minute", s.authFailures, "requests with a wrong token a client address may make a minute; negative: no limit (INBOX_AUTH_FAILURES_PER_MINUTE)")
+	return fs
 }
 
 // run serves until ctx ends, then shuts down gracefully. ready, when not
@@ -406,6 +518,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		AllowedHosts: s.allowedHosts, MetricsOpen: s.metricsOpen, Logger: log, Retention: storeRetention(s.storeURL),
 		LeaseMin: s.leaseMin, LeaseMax: s.leaseMax, LeaseDefault: s.leaseDefault, LeasePolicy: server.LeasePolicy(s.policy),
 		MaxBodyBytes: s.maxBody, MaxKeyBytes: s.maxKey, StoreTimeout: s.storeTimeout, MaxRetryAfter: s.maxRetryAfter,
+		MaxRecordsPerToken: s.maxRecords, StoreCapacity: storeCapacity(s.storeURL), RequestsPerSecond: s.rateLimit,
+		AuthFailuresPerMinute: s.authFailures,
 	})
 	if err != nil {
 		return err
@@ -446,11 +560,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	log.Info("inboxd listening", slog.String("addr", ln.Addr().String()), slog.String("scheme", scheme), slog.String("store", redacted),
 		slog.String("auth", s.auth()), slog.String("admin", admin), slog.String("metrics", metrics),
 		slog.Duration("lease_min", s.leaseMin), slog.Duration("lease_max", s.leaseMax),
-		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy), slog.Duration("max_retry_after", s.maxRetryAfter))
+		slog.Duration("lease_default", s.leaseDefault), slog.String("lease_policy", s.policy), slog.Duration("max_retry_after", s.maxRetryAfter),
+		slog.Int("store_capacity", storeCapacity(s.storeURL)), slog.Int("max_records_per_token", s.maxRecords),
+		slog.Float64("rate_limit", s.rateLimit), slog.Int("auth_failures_per_minute", s.authFailures))
 	if (len(s.grants) > 0 || len(s.adminTokens) > 0) && s.cert == nil && !loopback(s.listen) {
 		log.Warn("inboxd serves bearer tokens over plain HTTP on an address that is not loopback: they cross the network in clear. "+
 			"Give it a certificate (INBOX_TLS_CERT_FILE and INBOX_TLS_KEY_FILE), or put it behind a proxy that terminates TLS on the same machine",
 			slog.String("addr", ln.Addr().String()))
+	}
+	for _, w := range s.warnings {
+		log.Warn(w)
 	}
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -496,6 +615,23 @@ func storeRetention(raw string) time.Duration {
 		return 0
 	}
 	return d
+}
+
+// storeCapacity is the number of records a store of URL raw keeps before
+// it evicts: a memory store's max_entries (its default without one), zero
+// for a store that does not evict (or a memory store without a bound).
+func storeCapacity(raw string) int {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != memory.Scheme {
+		return 0
+	}
+	n := memory.DefaultMaxEntries
+	if v := u.Query().Get("max_entries"); v != "" {
+		if n, err = strconv.Atoi(v); err != nil {
+			return 0 // the store, opened already, has refused it
+		}
+	}
+	return max(n, 0)
 }
 
 // loopback reports whether a listen address serves the local machine only.
@@ -563,6 +699,10 @@ func readGrants(file string) ([]server.Grant, error) {
 			if !ok || p == "" {
 				return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE), line %d: after the token, a line takes only prefix=<key prefix> fields (a token holds no spaces), and a prefix is not empty", file, l.n)
 			}
+			if !strings.HasSuffix(p, server.PrefixSeparator) {
+				return nil, fmt.Errorf("token file %q (INBOX_TOKEN_FILE), line %d: prefix %q does not end with %q: without the separator the token reaches other namespaces' keys (prefix=app reaches apple:1); use %q",
+					file, l.n, p, server.PrefixSeparator, p+server.PrefixSeparator)
+			}
 			g.Prefixes = append(g.Prefixes, p)
 		}
 		grants = append(grants, g)
@@ -596,6 +736,18 @@ func disjoint(grants []server.Grant, admins []string) error {
 		}
 	}
 	return nil
+}
+
+// openToOthers is the warning, if any, for a token file that its group
+// or others may read or write: anyone who can read it can call inboxd as
+// its tokens' holders.
+func openToOthers(file, setting string) []string {
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("token file %q (%s) has mode %04o: its group or others may read or change its tokens; chmod 600 %s",
+		file, setting, fi.Mode().Perm(), shellQuote(file))}
 }
 
 // tokenLine is a line of a token file: its number and its fields.
@@ -636,6 +788,10 @@ func readTokenLines(file, setting, help string) ([]tokenLine, error) {
 		if first, dup := seen[f[0]]; dup {
 			return nil, fmt.Errorf("%s %q (%s): line %d repeats the token of line %d", what, file, setting, i+1, first)
 		}
+		if len(f[0]) < server.MinTokenBytes {
+			return nil, fmt.Errorf("%s %q (%s): the token of line %d is %d bytes, shorter than the %d bytes a token must have: make one with: head -c 32 /dev/urandom | base64",
+				what, file, setting, i+1, len(f[0]), server.MinTokenBytes)
+		}
 		seen[f[0]] = i + 1
 		lines = append(lines, tokenLine{n: i + 1, fields: f})
 	}
@@ -660,6 +816,7 @@ func loadCert(certFile, keyFile string) (*tls.Certificate, error) {
 func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certificate], log *slog.Logger) {
 	attrs := []any{}
 	failed := false
+	var warnings []string
 	if s.tokenFile != "" || s.adminTokenFile != "" {
 		err := func() error {
 			grants, admins := s.grants, s.adminTokens
@@ -668,11 +825,13 @@ func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certific
 				if grants, err = readGrants(s.tokenFile); err != nil {
 					return err
 				}
+				warnings = append(warnings, openToOthers(s.tokenFile, "INBOX_TOKEN_FILE")...)
 			}
 			if s.adminTokenFile != "" {
 				if admins, err = readAdminTokens(s.adminTokenFile); err != nil {
 					return err
 				}
+				warnings = append(warnings, openToOthers(s.adminTokenFile, "INBOX_ADMIN_TOKEN_FILE")...)
 			}
 			if err := disjoint(grants, admins); err != nil {
 				return err
@@ -727,6 +886,9 @@ func reloadFiles(s settings, h *server.Server, cert *atomic.Pointer[tls.Certific
 				attrs = append(attrs, slog.Time("cert_not_after", c.Leaf.NotAfter))
 			}
 		}
+	}
+	for _, w := range warnings {
+		log.Warn(w)
 	}
 	attrs = append(attrs, slog.Bool("complete", !failed))
 	log.Info("inboxd reloaded", attrs...)

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -540,7 +541,7 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 func TestRun_tls_serves_https_to_the_remote_client(t *testing.T) {
 	t.Parallel()
 	certFile, keyFile, pool := selfSigned(t)
-	const token = "tls-test-token"
+	const token = "tls-test-token-0001"
 	addr, logs, _, _ := startRun(t, map[string]string{
 		"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TLS_CERT_FILE": certFile, "INBOX_TLS_KEY_FILE": keyFile,
 		"INBOX_TOKEN": token,
@@ -741,7 +742,7 @@ func TestParse_no_auth_only_on_loopback(t *testing.T) {
 		if ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "INBOX_ALLOWED_HOSTS")) {
 			t.Errorf("listen %s with INBOX_ALLOW_NO_AUTH=true and no INBOX_ALLOWED_HOSTS: %v; want allowed=%v, else an error naming INBOX_ALLOWED_HOSTS", addr, err, ok)
 		}
-		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "t0k"})); err != nil {
+		if _, err := parse(nil, env(map[string]string{"INBOX_LISTEN_ADDR": addr, "INBOX_TOKEN": "consumer-token-t0k"})); err != nil {
 			t.Errorf("listen %s with a token: %v", addr, err)
 		}
 	}
@@ -807,4 +808,50 @@ func startLogging(t *testing.T, cmd *exec.Cmd) <-chan string {
 		close(lines)
 	}()
 	return lines
+}
+
+// inboxd -h lists every flag with its environment variable on standard
+// output and exits 0, as inboxctl does; the defaults it shows are the
+// built-in ones, never the environment's (INBOX_STORE_URL may hold a
+// password). An unknown flag exits 2, naming it and -h.
+func TestMain_help_lists_the_flags(t *testing.T) {
+	t.Parallel()
+	runMain := func(args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "INBOXD_TEST_RUN_MAIN=1", "INBOX_STORE_URL=redis://:hunter2-password@127.0.0.1:1/0")
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+	}
+	for _, h := range []string{"-h", "-help", "--help"} {
+		code, out, errOut := runMain(h)
+		if code != 0 || errOut != "" {
+			t.Fatalf("inboxd %s: exit %d, stderr %q, want 0 and nothing on stderr", h, code, errOut)
+		}
+		var s settings
+		var hosts string
+		flags(&s, &hosts).VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(out, "\n  -"+f.Name+" ") && !strings.Contains(out, "\n  -"+f.Name+"\n") {
+				t.Errorf("inboxd %s does not list -%s:\n%s", h, f.Name, out)
+			}
+		})
+		for _, want := range []string{"Usage: inboxd", "INBOX_STORE_URL", "INBOX_TOKEN ", "INBOX_LISTEN_ADDR", `(default "memory://")`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("inboxd %s lacks %q:\n%s", h, want, out)
+			}
+		}
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("inboxd %s shows the environment's store URL:\n%s", h, out)
+		}
+	}
+	code, out, errOut := runMain("-nope")
+	if code != 2 || out != "" || !strings.Contains(errOut, "-nope") || !strings.Contains(errOut, "-h") {
+		t.Fatalf("inboxd -nope: exit %d, stdout %q, stderr %q; want 2 and an error naming -nope and -h", code, out, errOut)
+	}
 }

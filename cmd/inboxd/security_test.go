@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,6 +35,13 @@ func writeFile(t *testing.T, name, text string) string {
 // and the body.
 func send(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	t.Helper()
+	code, b, _ := sendH(t, method, url, body, hdr...)
+	return code, b
+}
+
+// sendH is send that returns the answer's header too.
+func sendH(t *testing.T, method, url, body string, hdr ...string) (int, string, http.Header) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +59,7 @@ func send(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 // The findings of issue 23 against inboxd, re-tried as the issue's curl
@@ -103,12 +111,12 @@ func TestRun_issue23_findings_are_refused(t *testing.T) {
 	// With tokens: a consumer's token against the operators' endpoints and
 	// other consumers' keys; /metrics without a token; an unbounded backoff.
 	consumers := writeFile(t, "tokens", "billing-consumer-token prefix=rabbit:billing:\n")
-	admins := writeFile(t, "admin-tokens", "operator-token\n")
+	admins := writeFile(t, "admin-tokens", "operator-token-0001\n")
 	addr, _, _, _ = startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": consumers,
 		"INBOX_ADMIN_TOKEN_FILE": admins, "INBOX_LEASE_POLICY": "reject", "INBOX_LEASE_MIN": "1s"})
 	base = "http://" + addr
 	consumer := []string{"Content-Type", "application/json", "Authorization", "Bearer billing-consumer-token"}
-	operator := []string{"Content-Type", "application/json", "Authorization", "Bearer operator-token"}
+	operator := []string{"Content-Type", "application/json", "Authorization", "Bearer operator-token-0001"}
 	if code, body := send(t, "POST", base+"/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1","leaseId":"S","owner":"shipping"}`, operator...); code != 200 {
 		t.Fatalf("another consumer's lease: %d %s", code, body)
 	}
@@ -146,10 +154,10 @@ func TestRun_issue23_findings_are_refused(t *testing.T) {
 // both files is refused at start and at a reload.
 func TestRun_admin_token_file(t *testing.T) {
 	t.Parallel()
-	consumers := writeFile(t, "tokens", "consumer-token-1\n")
-	admins := writeFile(t, "admin-tokens", "admin-token-1\n")
-	if _, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": consumers, "INBOX_ADMIN_TOKEN_FILE": writeFile(t, "both", "x\nconsumer-token-1\n")})); err == nil ||
-		!strings.Contains(err.Error(), "INBOX_ADMIN_TOKEN_FILE") || strings.Contains(err.Error(), "consumer-token-1") {
+	consumers := writeFile(t, "tokens", "consumer-token-0001\n")
+	admins := writeFile(t, "admin-tokens", "admin-token-0001\n")
+	if _, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": consumers, "INBOX_ADMIN_TOKEN_FILE": writeFile(t, "both", "admin-token-000x\nconsumer-token-0001\n")})); err == nil ||
+		!strings.Contains(err.Error(), "INBOX_ADMIN_TOKEN_FILE") || strings.Contains(err.Error(), "consumer-token-0001") {
 		t.Fatalf("a consumer's token in the admin file: %v, want an error that names the files, not the token", err)
 	}
 	if _, err := parse(nil, env(map[string]string{"INBOX_ADMIN_TOKEN_FILE": writeFile(t, "prefixed", "admin-token prefix=a:\n")})); err == nil || !strings.Contains(err.Error(), "line 1") {
@@ -172,7 +180,7 @@ func TestRun_admin_token_file(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
-	consumer, admin := client("consumer-token-1"), client("admin-token-1")
+	consumer, admin := client("consumer-token-0001"), client("admin-token-0001")
 	c, err := consumer.TryBegin(ctx, "k", inbox.BeginOptions{})
 	if err != nil || c.Status != inbox.Acquired {
 		t.Fatalf("TryBegin with the consumer's token: %+v, %v", c, err)
@@ -207,28 +215,28 @@ func TestRun_admin_token_file(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(admins, "admin-token-2\n")
+	write(admins, "admin-token-0002\n")
 	doReload(`"admin_tokens":1`)
 	if err := admin.Forget(ctx, "k"); !errors.Is(err, remote.ErrUnauthorized) {
 		t.Fatalf("Forget with the admin token that left the file: %v", err)
 	}
-	if err := client("admin-token-2").Forget(ctx, "k"); err != nil {
+	if err := client("admin-token-0002").Forget(ctx, "k"); err != nil {
 		t.Fatalf("Forget with the new admin token: %v", err)
 	}
 	// A token moves from the consumers' file to the admins' in one reload.
-	write(consumers, "consumer-token-2\n")
-	write(admins, "consumer-token-1\n")
+	write(consumers, "consumer-token-0002\n")
+	write(admins, "consumer-token-0001\n")
 	doReload(`"admin_tokens":1`)
-	if err := client("consumer-token-1").Forget(ctx, "k"); err != nil {
+	if err := client("consumer-token-0001").Forget(ctx, "k"); err != nil {
 		t.Fatalf("Forget with the token moved to the admin file: %v", err)
 	}
-	if _, err := client("consumer-token-2").Get(ctx, "k"); err != nil {
+	if _, err := client("consumer-token-0002").Get(ctx, "k"); err != nil {
 		t.Fatalf("Get with the new consumer token: %v", err)
 	}
 	// A token in both files: the reload keeps the tokens as they were.
-	write(admins, "consumer-token-2\n")
+	write(admins, "consumer-token-0002\n")
 	doReload(`"complete":false`)
-	if err := client("consumer-token-1").Forget(ctx, "k"); err != nil {
+	if err := client("consumer-token-0001").Forget(ctx, "k"); err != nil {
 		t.Fatalf("after a refused reload, the admin token: %v", err)
 	}
 	if strings.Contains(logs.String(), "consumer-token") || strings.Contains(logs.String(), "admin-token") {
@@ -240,10 +248,10 @@ func TestRun_admin_token_file(t *testing.T) {
 // "token [prefix=...]..." is refused at start, by its number, never quoted.
 func TestRun_token_file_prefixes(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "tokens", "billing-token prefix=rabbit:billing: prefix=kafka:billing:\n\nfree-token\n")
+	file := writeFile(t, "tokens", "billing-token-0001 prefix=rabbit:billing: prefix=kafka:billing:\n\nfree-token-000001\n")
 	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": file})
 	ctx := context.Background()
-	s, err := remote.New(remote.Options{URL: "http://" + addr, Token: "billing-token", Retries: -1})
+	s, err := remote.New(remote.Options{URL: "http://" + addr, Token: "billing-token-0001", Retries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +269,7 @@ func TestRun_token_file_prefixes(t *testing.T) {
 			t.Fatalf("Get(%s) with the billing token: %v, want 403", key, err)
 		}
 	}
-	free, err := remote.New(remote.Options{URL: "http://" + addr, Token: "free-token"})
+	free, err := remote.New(remote.Options{URL: "http://" + addr, Token: "free-token-000001"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,12 +278,12 @@ func TestRun_token_file_prefixes(t *testing.T) {
 		t.Fatalf("a token without prefixes: %+v, %v", c, err)
 	}
 	for name, text := range map[string]string{
-		"unknown field": "tok-a\ntok-secret-b prefx=a:\n",
-		"empty prefix":  "tok-a\ntok-secret-b prefix=\n",
-		"token twice":   "tok-secret-b\ntok-a\ntok-secret-b prefix=a:\n",
+		"unknown field": "tok-a-0000000001\ntok-secret-b-000001 prefx=a:\n",
+		"empty prefix":  "tok-a-0000000001\ntok-secret-b-000001 prefix=\n",
+		"token twice":   "tok-secret-b-000001\ntok-a-0000000001\ntok-secret-b-000001 prefix=a:\n",
 	} {
 		_, err := parse(nil, env(map[string]string{"INBOX_TOKEN_FILE": writeFile(t, "bad", text)}))
-		if err == nil || !strings.Contains(err.Error(), "line ") || strings.Contains(err.Error(), "tok-secret-b") {
+		if err == nil || !strings.Contains(err.Error(), "line ") || strings.Contains(err.Error(), "tok-secret-b-000001") {
 			t.Errorf("%s: %v, want an error naming the line, not the token", name, err)
 		}
 	}
@@ -285,7 +293,7 @@ func TestRun_token_file_prefixes(t *testing.T) {
 // warning at start. Not on loopback, not with TLS, not without tokens.
 func TestRun_warns_of_tokens_in_clear(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "tokens", "a-token\n")
+	file := writeFile(t, "tokens", "a-token-000000001\n")
 	warned := func(vars map[string]string) bool {
 		_, logs, stop, result := startRun(t, vars)
 		stop()
@@ -320,14 +328,14 @@ func TestRun_warns_of_tokens_in_clear(t *testing.T) {
 // ready).
 func TestRun_metrics_need_a_token(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "tokens", "a-token\n")
+	file := writeFile(t, "tokens", "a-token-000000001\n")
 	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": file})
 	for path, want := range map[string]int{"/metrics": 401, "/healthz": 200, "/readyz": 200} {
 		if code, body := send(t, "GET", "http://"+addr+path, ""); code != want {
 			t.Errorf("GET %s without a token: %d %.100s, want %d", path, code, body, want)
 		}
 	}
-	if code, _ := send(t, "GET", "http://"+addr+"/metrics", "", "Authorization", "Bearer a-token"); code != 200 {
+	if code, _ := send(t, "GET", "http://"+addr+"/metrics", "", "Authorization", "Bearer a-token-000000001"); code != 200 {
 		t.Errorf("/metrics with the token: %d", code)
 	}
 	addr, logs, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": file, "INBOX_METRICS_OPEN": "true"})
@@ -366,6 +374,189 @@ func TestRun_no_auth_admin_and_allowed_hosts(t *testing.T) {
 	for host, want := range map[string]int{"inboxd.internal:" + port: 200, "INBOXD.internal": 200, "127.0.0.1:" + port: 200, "other.internal:" + port: 403} {
 		if code, body := send(t, "GET", local+"/v1/inbox/k", "", "Host", host); code != want {
 			t.Errorf("GET with Host %s: %d %s, want %d", host, code, body, want)
+		}
+	}
+}
+
+// Issue 30, finding 3: a one-byte token was accepted; finding 4: a token
+// prefix without the separator was accepted ("app" reaches "apple:1").
+// Both are refused at start, naming the setting and the line, never the
+// token.
+func TestRun_refuses_short_tokens_and_prefixes_without_separator(t *testing.T) {
+	t.Parallel()
+	const long = "0123456789abcdef-long-enough"
+	for name, c := range map[string]struct {
+		vars map[string]string
+		want []string
+	}{
+		"a one-byte INBOX_TOKEN":  {map[string]string{"INBOX_TOKEN": "x"}, []string{"INBOX_TOKEN", "16 bytes"}},
+		"a short token in a file": {map[string]string{"INBOX_TOKEN_FILE": writeFile(t, "tokens", long+"\nshorttoken\n")}, []string{"line 2", "16 bytes", "INBOX_TOKEN_FILE"}},
+		"a short admin token":     {map[string]string{"INBOX_ADMIN_TOKEN_FILE": writeFile(t, "admins", "shorttoken\n")}, []string{"line 1", "16 bytes", "INBOX_ADMIN_TOKEN_FILE"}},
+		"prefix=app":              {map[string]string{"INBOX_TOKEN_FILE": writeFile(t, "tokens", long+" prefix=app:billing: prefix=app\n")}, []string{"line 1", `"app:"`, `does not end with ":"`}},
+	} {
+		c.vars["INBOX_LISTEN_ADDR"] = "127.0.0.1:0"
+		err := startOrRefuse(t, c.vars)
+		if err == nil {
+			t.Errorf("%s: inboxd started", name)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want an error naming %s", name, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), "shorttoken") || strings.Contains(err.Error(), long) {
+			t.Errorf("%s: the error quotes a token: %v", name, err)
+		}
+	}
+}
+
+// Issue 30, finding 3: a token file that others may read got no warning.
+// inboxd warns at start, and at a reload, naming the file and the fix; a
+// file only its owner may read gets none.
+func TestRun_warns_of_token_files_others_can_read(t *testing.T) {
+	t.Parallel()
+	const tok = "0123456789abcdef-long-enough"
+	open := writeFile(t, "tokens", tok+"\n")
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	private := writeFile(t, "admins", "admin-"+tok+"\n")
+	reload := make(chan os.Signal, 1)
+	_, logs, _, _ := startRunReloadable(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": open, "INBOX_ADMIN_TOKEN_FILE": private}, reload)
+	warnings := func() (n int, text string) {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var rec struct{ Level, Msg, File string }
+			if json.Unmarshal([]byte(l), &rec) == nil && rec.Level == "WARN" && strings.Contains(rec.Msg, "chmod 600") {
+				n++
+				text += l + "\n"
+			}
+		}
+		return n, text
+	}
+	n, text := warnings()
+	if n != 1 || !strings.Contains(text, open) || !strings.Contains(text, "0644") || strings.Contains(text, tok) {
+		t.Fatalf("start with a token file of mode 0644: %d warnings, want one naming %s and its mode:\n%s", n, open, logs)
+	}
+	reload <- syscall.SIGHUP
+	testenv.Eventually(t, 10*time.Second, "reload logged", func() bool { return strings.Contains(logs.String(), `"msg":"inboxd reloaded"`) })
+	if n, _ := warnings(); n != 2 {
+		t.Fatalf("a reload of the same file: %d warnings, want 2 in all:\n%s", n, logs)
+	}
+}
+
+// startOrRefuse runs inboxd with vars and returns the error it refuses to
+// start with; nil when it started (it is then stopped).
+func startOrRefuse(t *testing.T, vars map[string]string) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	res := make(chan error, 1)
+	go func() { res <- run(ctx, nil, env(vars), io.Discard, ready, nil) }()
+	select {
+	case err := <-res:
+		if err == nil {
+			t.Fatal("run returned nil before its context ended")
+		}
+		return err
+	case <-ready:
+		cancel()
+		if err := <-res; err != nil {
+			t.Fatalf("stopping inboxd: %v", err)
+		}
+		return nil
+	}
+}
+
+// The inboxd findings of issue 30, re-tried as the issue describes them
+// (curl-like requests against a running inboxd): each now gets a 4xx
+// answer, with Retry-After where waiting helps.
+func TestRun_issue30_findings_are_refused(t *testing.T) {
+	t.Parallel()
+	json := []string{"Content-Type", "application/json"}
+	as := func(token string) []string { return append([]string{"Authorization", "Bearer " + token}, json...) }
+	retryAfter := func(what string, h http.Header) {
+		t.Helper()
+		if n, err := strconv.Atoi(h.Get("Retry-After")); err != nil || n < 1 {
+			t.Errorf("%s: Retry-After %q, want a whole number of seconds >= 1", what, h.Get("Retry-After"))
+		}
+	}
+
+	// Finding 1: on the memory store with max_entries=50, a second
+	// prefix's token marking 60 keys evicted the first prefix's processed
+	// key, and its redelivery ran again. Now the second token is refused
+	// (429) once its share of the store is used, and the first key stays.
+	const first, second = "first-tenant-token-0001", "second-tenant-token-0001"
+	tokens := writeFile(t, "tokens", first+" prefix=app:first:\n"+second+" prefix=app:second:\n")
+	addr, _, _, _ := startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": tokens,
+		"INBOX_STORE_URL": "memory://?max_entries=50", "INBOX_LEASE_MIN": "1s"})
+	base := "http://" + addr
+	if code, body := send(t, "POST", base+"/v1/inbox/mark-processed", `{"key":"app:first:h:1"}`, as(first)...); code != 200 {
+		t.Fatalf("the first tenant marks its key: %d %s", code, body)
+	}
+	refused := 0
+	for i := range 60 {
+		code, body, h := sendH(t, "POST", base+"/v1/inbox/mark-processed", fmt.Sprintf(`{"key":"app:second:h:%d"}`, i), as(second)...)
+		switch {
+		case code == 429 && strings.Contains(body, `"quota_exceeded"`):
+			refused++
+			retryAfter("the second tenant over its share", h)
+		case code != 200:
+			t.Fatalf("the second tenant's mark %d: %d %s", i, code, body)
+		}
+	}
+	if refused == 0 {
+		t.Error("the second tenant marked 60 keys in a store of 50 without a refusal")
+	}
+	if code, body := send(t, "POST", base+"/v1/inbox/try-begin", `{"key":"app:first:h:1","leaseId":"redelivery"}`, as(first)...); code != 200 || !strings.Contains(body, `"Processed"`) {
+		t.Errorf("the redelivery of the first tenant's key: %d %s, want Processed (not run again)", code, body)
+	}
+
+	// Finding 3: failed authentications were not rate-limited. Past the
+	// budget (60 a minute per address by default), an address gets 429,
+	// whatever token it sends, until the budget refills.
+	failures := 0
+	for ; failures < 100; failures++ {
+		code, body, h := sendH(t, "GET", base+"/v1/inbox/app:first:h:1", "", "Authorization", "Bearer wrong-token-guess-"+strconv.Itoa(failures))
+		if code == 429 {
+			if !strings.Contains(body, `"too_many_auth_failures"`) {
+				t.Errorf("429 after failed authentications: %s", body)
+			}
+			retryAfter("a guesser", h)
+			break
+		}
+		if code != 401 {
+			t.Fatalf("a wrong token: %d %s", code, body)
+		}
+	}
+	if failures == 100 {
+		t.Error("100 wrong tokens in a row from one address, none refused with 429")
+	}
+
+	// Per-token request rate: INBOX_RATE_LIMIT requests a second.
+	addr, _, _, _ = startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0", "INBOX_TOKEN_FILE": tokens, "INBOX_RATE_LIMIT": "5"})
+	limited := false
+	for i := 0; i < 100 && !limited; i++ {
+		code, body, h := sendH(t, "GET", "http://"+addr+"/v1/inbox/app:first:h:1", "", as(first)...)
+		if code == 429 {
+			limited = strings.Contains(body, `"rate_limited"`)
+			retryAfter("a token over its rate", h)
+		} else if code != 200 {
+			t.Fatalf("GET under the rate limit: %d %s", code, body)
+		}
+	}
+	if !limited {
+		t.Error("100 requests at once with INBOX_RATE_LIMIT=5, none refused with 429 rate_limited")
+	}
+
+	// Finding 5: without a token on loopback, a request a proxy relayed
+	// was served.
+	addr, _, _, _ = startRun(t, map[string]string{"INBOX_LISTEN_ADDR": "127.0.0.1:0"})
+	for _, hdr := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host"} {
+		code, body := send(t, "POST", "http://"+addr+"/v1/inbox/mark-processed", `{"key":"order:1"}`, hdr, "203.0.113.7", "Content-Type", "application/json")
+		if code != 403 || !strings.Contains(body, "proxy") {
+			t.Errorf("a relayed request (%s) to inboxd without a token: %d %s, want 403 naming the proxy", hdr, code, body)
 		}
 	}
 }

@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		}
 	}
 
-	// 4. The retry topics of the group, created here (sized like the topic),
+	// 4. The retry topics of the group, created here (one partition each),
 	//    that hold failed charges until their backoff ends; the subscriber
 	//    is wrapped to read them too.
 	retry, err := inboxkafka.NewRetry(ctx, inboxkafka.RetryConfig{

@@ -59,7 +59,6 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -71,6 +70,7 @@ import (
 	"github.com/watermill-inbox/inbox/stores"
 	_ "github.com/watermill-inbox/inbox/stores/redis"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, and the database/sql driver "pgx"
 	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 

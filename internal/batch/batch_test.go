@@ -539,3 +539,177 @@ func TestMaxInFlight(t *testing.T) {
 		t.Fatalf("%d round trips in flight at the end", b.inFlight)
 	}
 }
+
+// goResult starts b.Go(ctx, q) and returns where its result arrives.
+func goResult(b *Batcher[int, int], ctx context.Context, q int) chan result {
+	ch := make(chan result, 1)
+	b.Go(ctx, q, func(v int, err error) { ch <- result{v, err} })
+	return ch
+}
+
+func TestGo_alone_does_not_wait_for_its_round_trip(t *testing.T) {
+	r := &recorder{gate: make(chan struct{}), entered: make(chan struct{}, 10)}
+	b := New(r.fn, Options{})
+	defer b.Close()
+	ch := goResult(b, context.Background(), 7) // returns while fn waits on gate
+	<-r.entered
+	select {
+	case a := <-ch:
+		t.Fatalf("result %+v before the round trip ended", a)
+	default:
+	}
+	close(r.gate)
+	if a := <-ch; a.err != nil || a.v != 70 {
+		t.Fatalf("Go(7) = %+v", a)
+	}
+}
+
+func TestGo_calls_queued_behind_a_round_trip_travel_together(t *testing.T) {
+	r := &recorder{}
+	b := New(r.fn, Options{})
+	defer b.Close()
+	gate, leader := blocked(t, r, b)
+	a := goResult(b, context.Background(), 1)
+	d := make(chan result, 1)
+	go func() {
+		v, err := b.Do(context.Background(), 2)
+		d <- result{v, err}
+	}()
+	waitQueued(t, b, 2)
+	c := goResult(b, context.Background(), -3)
+	waitQueued(t, b, 3)
+	close(gate)
+	if x := <-leader; x.err != nil {
+		t.Fatal(x.err)
+	}
+	if x := <-a; x.err != nil || x.v != 10 {
+		t.Fatalf("Go(1) = %+v", x)
+	}
+	if x := <-d; x.err != nil || x.v != 20 {
+		t.Fatalf("Do(2) = %+v", x)
+	}
+	if x := <-c; x.err == nil {
+		t.Fatalf("Go(-3) = %+v, want its own error", x)
+	}
+	if got := r.get(); len(got) != 2 || fmt.Sprint(got[1]) != "[1 2 -3]" {
+		t.Fatalf("batches %v, want [0] [1 2 -3]", got)
+	}
+}
+
+func TestGo_batch_without_a_Do_runs_on_a_runner_and_hands_on(t *testing.T) {
+	r := &recorder{}
+	b := New(r.fn, Options{MaxBatch: 2})
+	defer b.Close()
+	gate, leader := blocked(t, r, b)
+	var chs []chan result
+	for q := 1; q <= 5; q++ {
+		chs = append(chs, goResult(b, context.Background(), q))
+	}
+	waitQueued(t, b, 5)
+	close(gate)
+	<-leader
+	for i, ch := range chs {
+		if x := <-ch; x.err != nil || x.v != (i+1)*10 {
+			t.Fatalf("Go(%d) = %+v", i+1, x)
+		}
+	}
+	if got := fmt.Sprint(r.get()); got != "[[0] [1 2] [3 4] [5]]" {
+		t.Fatalf("batches %v", got)
+	}
+	waitIdle(t, b)
+}
+
+func TestGo_context_ended_before_or_while_queued(t *testing.T) {
+	r := &recorder{}
+	b := New(r.fn, Options{})
+	defer b.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if x := <-goResult(b, ctx, 1); !errors.Is(x.err, context.Canceled) {
+		t.Fatalf("Go with an ended context = %+v", x)
+	}
+	gate, leader := blocked(t, r, b)
+	ctx, cancel = context.WithCancel(context.Background())
+	ch := goResult(b, ctx, 2)
+	waitQueued(t, b, 1)
+	cancel()
+	close(gate)
+	<-leader
+	if x := <-ch; !errors.Is(x.err, context.Canceled) {
+		t.Fatalf("Go canceled while queued = %+v", x)
+	}
+	if got := fmt.Sprint(r.get()); got != "[[0]]" {
+		t.Fatalf("batches %v: the canceled call was sent", got)
+	}
+	waitIdle(t, b)
+}
+
+func TestTimeout_fails_queued_and_sent_calls_and_cancels_the_round_trip(t *testing.T) {
+	entered := make(chan struct{}, 10)
+	roundTripErr := make(chan error, 10)
+	b := New(func(ctx context.Context, reqs, res []int, _ []error) error {
+		entered <- struct{}{}
+		<-ctx.Done() // a store that never answers
+		roundTripErr <- ctx.Err()
+		return ctx.Err()
+	}, Options{Timeout: 50 * time.Millisecond})
+	defer b.Close()
+	start := time.Now()
+	lead := make(chan result, 1)
+	go func() {
+		v, err := b.Do(context.Background(), 1)
+		lead <- result{v, err}
+	}()
+	<-entered
+	queuedDo := make(chan result, 1)
+	go func() {
+		v, err := b.Do(context.Background(), 2)
+		queuedDo <- result{v, err}
+	}()
+	waitQueued(t, b, 1)
+	queuedGo := goResult(b, context.Background(), 3)
+	for name, ch := range map[string]chan result{"leader": lead, "queued Do": queuedDo, "queued Go": queuedGo} {
+		if x := <-ch; !errors.Is(x.err, ErrTimeout) || !errors.Is(x.err, context.DeadlineExceeded) {
+			t.Errorf("%s = %+v, want ErrTimeout", name, x)
+		}
+	}
+	if err := <-roundTripErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("round trip's context ended with %v, want canceled", err)
+	}
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Fatalf("timed out after %v, before the timeout", d)
+	}
+	waitIdle(t, b)
+}
+
+func TestTimeout_a_call_answered_in_time_keeps_its_result(t *testing.T) {
+	r := &recorder{}
+	b := New(r.fn, Options{Timeout: time.Hour})
+	defer b.Close()
+	for q := range 100 {
+		if v, err := b.Do(context.Background(), q); err != nil || v != q*10 {
+			t.Fatalf("Do(%d) = %d, %v", q, v, err)
+		}
+		if x := <-goResult(b, context.Background(), q); x.err != nil || x.v != q*10 {
+			t.Fatalf("Go(%d) = %+v", q, x)
+		}
+	}
+}
+
+// waitIdle waits until b has no round trip in flight and nothing queued.
+func waitIdle[Q, R any](t *testing.T, b *Batcher[Q, R]) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b.mu.Lock()
+		idle := b.inFlight == 0 && len(b.queue) == 0 && len(b.slots) == 0
+		b.mu.Unlock()
+		if idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batcher did not become idle")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}

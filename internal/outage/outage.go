@@ -106,9 +106,10 @@ func (b Backoff) Pause(n int) time.Duration {
 // value is not usable: set Backoff.
 type Pacer struct {
 	Backoff
-	mu    sync.Mutex
-	fails int       // failures since the last success
-	next  time.Time // the earliest time of the next call
+	failing atomic.Bool // fails > 0: Reserve and OK are one load while nothing fails
+	mu      sync.Mutex
+	fails   int       // failures since the last success
+	next    time.Time // the earliest time of the next call
 }
 
 // Reserve returns how long the caller must wait before its call: zero
@@ -118,6 +119,9 @@ type Pacer struct {
 // slot free now is granted whatever the deadline, so a caller that cannot
 // wait still probes the dependency once a pause has passed.
 func (p *Pacer) Reserve(deadline time.Time) (time.Duration, bool) {
+	if !p.failing.Load() {
+		return 0, true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fails == 0 {
@@ -139,6 +143,7 @@ func (p *Pacer) Failed() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.fails++
+	p.failing.Store(true)
 	if next := time.Now().Add(p.Pause(p.fails - 1)); next.After(p.next) {
 		p.next = next
 	}
@@ -146,8 +151,12 @@ func (p *Pacer) Failed() {
 
 // OK records a call that succeeded: the outage is over.
 func (p *Pacer) OK() {
+	if !p.failing.Load() {
+		return
+	}
 	p.mu.Lock()
 	p.fails, p.next = 0, time.Time{}
+	p.failing.Store(false)
 	p.mu.Unlock()
 }
 

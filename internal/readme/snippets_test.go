@@ -24,6 +24,7 @@ import (
 	"github.com/watermill-inbox/inbox/stores/memory"
 	_ "github.com/watermill-inbox/inbox/stores/redis" // each driver registers its schemes
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, with the database/sql driver "pgx"
 	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 

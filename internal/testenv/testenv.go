@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -151,6 +152,25 @@ func (s Service) missing(t testing.TB, why string) {
 	}
 	RecordSkip(s.Name, s.HowTo)
 	t.Skip(msg)
+}
+
+// Program returns the path of the program name (found in PATH), which the
+// test runs. When it is missing, the test skips, recording the skip with
+// how, which tells a developer how to install it, or, with
+// INBOX_REQUIRE_SERVICES=1, fails.
+func Program(t testing.TB, name, how string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	msg := fmt.Sprintf("%s not found (%v): %s", name, err, how)
+	if RequireServices() {
+		t.Fatalf("%s; INBOX_REQUIRE_SERVICES is set, so this is a failure", msg)
+	}
+	RecordSkip(name, how)
+	t.Skip(msg)
+	return ""
 }
 
 // fileMu serialises the appends of RecordSkip and Report.

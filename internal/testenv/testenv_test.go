@@ -95,6 +95,35 @@ func TestService_available(t *testing.T) {
 	}
 }
 
+// A program missing from PATH skips the test (recorded for the summary),
+// or fails it when services are required; one that is there is found.
+func TestProgram(t *testing.T) {
+	skipFile := filepath.Join(t.TempDir(), "skips")
+	t.Setenv("INBOX_SKIP_FILE", skipFile)
+	t.Setenv("INBOX_REQUIRE_SERVICES", "")
+	const missing = "inbox-test-no-such-program"
+	f := &fakeTB{TB: t}
+	run(func() { testenv.Program(f, missing, "install it") })
+	if f.skipped == "" || f.failed != "" {
+		t.Fatalf("skipped %q, failed %q: want a skip", f.skipped, f.failed)
+	}
+	if data, _ := os.ReadFile(skipFile); !strings.Contains(string(data), missing+" (install it)") {
+		t.Fatalf("skip file holds %q", data)
+	}
+	t.Setenv("INBOX_REQUIRE_SERVICES", "1")
+	g := &fakeTB{TB: t}
+	run(func() { testenv.Program(g, missing, "install it") })
+	if g.failed == "" {
+		t.Fatal("a required missing program did not fail the test")
+	}
+	h := &fakeTB{TB: t}
+	var got string
+	run(func() { got = testenv.Program(h, "go", "install Go") })
+	if got == "" || h.skipped != "" || h.failed != "" {
+		t.Fatalf("go: path %q, skipped %q, failed %q", got, h.skipped, h.failed)
+	}
+}
+
 func TestReport_appends_to_the_report_file(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "report")
 	t.Setenv("INBOX_REPORT_FILE", file)

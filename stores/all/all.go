@@ -8,9 +8,11 @@
 package all
 
 import (
-	_ "github.com/watermill-inbox/inbox/stores/memory" // memory://
-	_ "github.com/watermill-inbox/inbox/stores/mongo"  // mongodb://, mongodb+srv://
-	_ "github.com/watermill-inbox/inbox/stores/redis"  // redis://, rediss://
-	_ "github.com/watermill-inbox/inbox/stores/remote" // http://, https://
-	_ "github.com/watermill-inbox/inbox/stores/sql"    // postgres://, postgresql://, mysql://, sqlite://
+	_ "github.com/watermill-inbox/inbox/stores/memory"       // memory://
+	_ "github.com/watermill-inbox/inbox/stores/mongo"        // mongodb://, mongodb+srv://
+	_ "github.com/watermill-inbox/inbox/stores/redis"        // redis://, rediss://
+	_ "github.com/watermill-inbox/inbox/stores/remote"       // http://, https://
+	_ "github.com/watermill-inbox/inbox/stores/sql/mysql"    // mysql://
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // postgres://, postgresql://
+	_ "github.com/watermill-inbox/inbox/stores/sql/sqlite"   // sqlite://
 )

@@ -16,13 +16,16 @@ import (
 // The type a user holds is each store's Store, which embeds *driver.Store:
 // go doc shows no promoted method of another package's type, so each
 // store's doc lists the methods itself. This test fails when one leaves out
-// a method of the portable layer.
+// a method of the portable layer. Go, the middleware's way to call without
+// waiting, is not a user's and is left out of the listings.
 func TestStoreTypes_list_the_methods_a_user_calls(t *testing.T) {
 	t.Parallel()
 	var methods []string
 	typ := reflect.TypeOf(&driver.Store{})
 	for i := range typ.NumMethod() {
-		methods = append(methods, typ.Method(i).Name)
+		if name := typ.Method(i).Name; name != "Go" {
+			methods = append(methods, name)
+		}
 	}
 	if len(methods) < 10 {
 		t.Fatalf("driver.Store has %d exported methods (%v): the listing is wrong", len(methods), methods)

@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -67,12 +68,16 @@ const (
 	Mark
 	// Fail is [inbox.LeaseStore.Fail].
 	Fail
+	// Extend is [inbox.LeaseStore.Extend]: its result is a Claim whose
+	// ExpiresAt is the new deadline. A driver's Apply gets Extend ops only
+	// with [Config.BatchExtend].
+	Extend
 )
 
-var kindNames = [...]string{Claim: "TryBegin", Complete: "Complete", Release: "Release", Mark: "MarkProcessed", Fail: "Fail"}
+var kindNames = [...]string{Claim: "TryBegin", Complete: "Complete", Release: "Release", Mark: "MarkProcessed", Fail: "Fail", Extend: "Extend"}
 
 // String returns the name of the store method k stands for ("TryBegin",
-// "Complete", "Release", "MarkProcessed", "Fail").
+// "Complete", "Release", "MarkProcessed", "Fail", "Extend").
 func (k Kind) String() string {
 	if k > 0 && int(k) < len(kindNames) {
 		return kindNames[k]
@@ -92,7 +97,8 @@ type Op struct {
 
 	// Lease is the length of a Claim's lease: positive, the default
 	// (Config.Lease) applied; zero only when Config.Lease is zero, for a
-	// backend that picks its own default.
+	// backend that picks its own default. For an Extend, the new length,
+	// positive.
 	Lease time.Duration
 
 	// Owner and PayloadHash are the Claim's [inbox.BeginOptions] fields.
@@ -101,6 +107,13 @@ type Op struct {
 
 	// Failure holds a Fail's options.
 	Failure inbox.FailOptions
+
+	// ExpiresAt is, for a Complete whose caller knows it, the ExpiresAt of
+	// the claim that acquired the lease, with Lease its granted length and
+	// Owner and PayloadHash its options: what the claim wrote, so that a
+	// driver may complete the key without reading its record first. Zero
+	// otherwise (the Complete method has none).
+	ExpiresAt time.Time
 }
 
 // Driver is what a backend implements. Its methods are called only with
@@ -171,6 +184,16 @@ type Config struct {
 	// Batch bounds the batching of Apply. Optional; the zero value sends
 	// every call alone, at once.
 	Batch Batch
+
+	// BatchExtend says that the driver's Apply takes Extend ops, so that
+	// heartbeats that fall due together share a round trip. Without it the
+	// layer makes each Extend op of a batch a call of Driver.Extend.
+	BatchExtend bool
+
+	// InProcess says that the driver keeps its records in this process and
+	// that its calls never wait on I/O (the memory store): [Store.Go] then
+	// applies an op in the calling goroutine.
+	InProcess bool
 }
 
 // Batch configures the group commit of [Driver.Apply]; see "Batching" in
@@ -223,7 +246,7 @@ func New(d Driver, cfg Config) (*Store, error) {
 	}
 	s := &Store{d: d, cfg: cfg}
 	if cfg.Batch.MaxBatch > 1 {
-		s.b = batch.New(s.apply, batch.Options{MaxBatch: cfg.Batch.MaxBatch, MaxQueue: cfg.Batch.MaxQueue, MaxInFlight: cfg.Batch.MaxInFlight})
+		s.b = batch.New(s.apply, batch.Options{MaxBatch: cfg.Batch.MaxBatch, MaxQueue: cfg.Batch.MaxQueue, MaxInFlight: cfg.Batch.MaxInFlight, Timeout: cfg.Timeout})
 	}
 	return s, nil
 }
@@ -239,66 +262,31 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	if s.b != nil {
+		s.b.Close()
+	}
 	return s.d.Close()
 }
 
 // TryBegin implements [inbox.LeaseStore].
 func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	if err := inbox.ValidateKey(key); err != nil {
-		return inbox.Claim{}, err
-	}
-	if err := opts.Validate(); err != nil {
-		return inbox.Claim{}, err
-	}
-	if err := s.checkLease(opts.Lease); err != nil {
-		return inbox.Claim{}, err
-	}
-	op := Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash}
-	if op.Lease == 0 {
-		op.Lease = s.cfg.Lease
-	}
-	if op.LeaseID == "" {
-		op.LeaseID = inbox.NewLeaseID()
-	}
-	c, err := s.do(ctx, op)
-	if err != nil {
-		return inbox.Claim{}, err
-	}
-	if c.Status < inbox.Acquired || c.Status > inbox.Dead || (c.Status == inbox.Acquired && c.LeaseID == "") {
-		return inbox.Claim{}, s.fail(ctx, "TryBegin", key, fmt.Errorf("%w: the driver answered %+v", inbox.ErrStoreUnavailable, c))
-	}
-	return c, nil
+	return s.do(ctx, Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash})
 }
 
 // Complete implements [inbox.LeaseStore].
 func (s *Store) Complete(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
 	_, err := s.do(ctx, Op{Kind: Complete, Key: key, LeaseID: leaseID})
 	return err
 }
 
 // Release implements [inbox.LeaseStore].
 func (s *Store) Release(ctx context.Context, key, leaseID string) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
 	_, err := s.do(ctx, Op{Kind: Release, Key: key, LeaseID: leaseID})
 	return err
 }
 
 // Fail implements [inbox.LeaseStore].
 func (s *Store) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOptions) error {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return err
-	}
-	if err := opts.Validate(); err != nil {
-		return err
-	}
-	if opts.Dead {
-		opts.RetryAfter = 0
-	}
 	_, err := s.do(ctx, Op{Kind: Fail, Key: key, LeaseID: leaseID, Failure: opts})
 	return err
 }
@@ -307,27 +295,39 @@ func (s *Store) Fail(ctx context.Context, key, leaseID string, opts inbox.FailOp
 // lease is held on it; the holder's Complete then fails with
 // [inbox.ErrLeaseLost].
 func (s *Store) MarkProcessed(ctx context.Context, key string) error {
-	if err := inbox.ValidateKey(key); err != nil {
-		return err
-	}
 	_, err := s.do(ctx, Op{Kind: Mark, Key: key})
 	return err
 }
 
 // Extend implements [inbox.LeaseStore].
 func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	if err := inbox.ValidateHolder(key, leaseID); err != nil {
-		return time.Time{}, err
+	c, err := s.do(ctx, Op{Kind: Extend, Key: key, LeaseID: leaseID, Lease: lease})
+	return c.ExpiresAt, err
+}
+
+// Go makes op as the method of its kind does (a TryBegin, Complete,
+// Release, Fail, MarkProcessed or Extend, validated and answered alike),
+// without waiting for its result: then gets the result, once. A store that
+// batches queues op with the calls in flight, or hands it to a goroutine
+// of its batcher, so that the caller never waits for a round trip; then
+// runs in the goroutine that ends the round trip. An in-process store
+// ([Config.InProcess]) applies op at once, in the calling goroutine; any
+// other store that does not batch applies it in a goroutine of its own.
+// then must be quick and must not block: other calls' results wait for
+// it. The middleware marks keys this way, without a goroutine per message.
+func (s *Store) Go(ctx context.Context, op Op, then func(inbox.Claim, error)) {
+	if err := s.check(ctx, &op); err != nil {
+		then(inbox.Claim{}, err)
+		return
 	}
-	if err := inbox.ValidateLease(lease); err != nil {
-		return time.Time{}, err
+	switch {
+	case s.b != nil:
+		s.b.Go(ctx, op, func(c inbox.Claim, err error) { then(s.answer(ctx, op, c, err)) })
+	case s.cfg.InProcess:
+		then(s.one(ctx, op))
+	default:
+		go func() { then(s.one(ctx, op)) }()
 	}
-	if err := s.checkLease(lease); err != nil {
-		return time.Time{}, err
-	}
-	return call(s, ctx, "Extend", key, func(ctx context.Context) (time.Time, error) {
-		return s.d.Extend(ctx, key, leaseID, lease)
-	})
 }
 
 // Get implements [inbox.LeaseStore].
@@ -378,14 +378,17 @@ func (s *Store) byKey(ctx context.Context, op, key string, f func(context.Contex
 	return err
 }
 
-// call makes f, a driver call that is not batched, under the bounds of
-// begin, and maps its error.
+// call makes f, a driver call that is not batched, bounded by
+// Config.Timeout, and maps its error.
 func call[T any](s *Store, ctx context.Context, op, key string, f func(context.Context) (T, error)) (T, error) {
 	var zero T
-	cctx, cancel, err := s.begin(ctx, op, key)
-	if err != nil {
-		return zero, err
+	if s.closed.Load() {
+		return zero, fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, inbox.ErrClosed)
 	}
+	if err := ctx.Err(); err != nil {
+		return zero, s.ctxError(op, key, err, err)
+	}
+	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	v, err := f(cctx)
 	if err != nil {
@@ -402,28 +405,97 @@ func (s *Store) checkLease(d time.Duration) error {
 	return nil
 }
 
-// do sends op, through the batcher when batching is on, and maps its error.
-func (s *Store) do(ctx context.Context, op Op) (inbox.Claim, error) {
-	name := op.Kind.String()
-	cctx, cancel, err := s.begin(ctx, name, op.Key)
+// check validates op as the method of its kind does, applies the
+// defaults of a claim, and checks that the store is open and ctx live.
+func (s *Store) check(ctx context.Context, op *Op) error {
+	var err error
+	switch op.Kind {
+	case Claim:
+		err = inbox.ValidateKey(op.Key)
+		if err == nil {
+			err = inbox.BeginOptions{Owner: op.Owner, Lease: op.Lease, LeaseID: op.LeaseID, PayloadHash: op.PayloadHash}.Validate()
+		}
+		if err == nil {
+			err = s.checkLease(op.Lease)
+		}
+		if op.Lease == 0 {
+			op.Lease = s.cfg.Lease
+		}
+		if op.LeaseID == "" {
+			op.LeaseID = inbox.NewLeaseID()
+		}
+	case Mark:
+		err = inbox.ValidateKey(op.Key)
+	case Complete, Release:
+		err = inbox.ValidateHolder(op.Key, op.LeaseID)
+	case Fail:
+		err = inbox.ValidateHolder(op.Key, op.LeaseID)
+		if err == nil {
+			err = op.Failure.Validate()
+		}
+		if op.Failure.Dead {
+			op.Failure.RetryAfter = 0
+		}
+	case Extend:
+		err = inbox.ValidateHolder(op.Key, op.LeaseID)
+		if err == nil {
+			err = inbox.ValidateLease(op.Lease)
+		}
+		if err == nil {
+			err = s.checkLease(op.Lease)
+		}
+	default:
+		err = fmt.Errorf("%w: operation %v", inbox.ErrNotSupported, op.Kind)
+	}
 	if err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op.Kind, op.Key, inbox.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return s.ctxError(op.Kind.String(), op.Key, err, err)
+	}
+	return nil
+}
+
+// do makes op and waits for its result: through the batcher, which bounds
+// it by Config.Timeout, when batching is on; else alone, at once.
+func (s *Store) do(ctx context.Context, op Op) (inbox.Claim, error) {
+	if err := s.check(ctx, &op); err != nil {
 		return inbox.Claim{}, err
 	}
-	defer cancel()
-	var c inbox.Claim
-	if s.b != nil {
-		c, err = s.b.Do(cctx, op)
-	} else {
-		o := ones.Get().(*one)
-		o.ops[0] = op
-		if err = s.apply(cctx, o.ops[:], o.res[:], o.errs[:]); err == nil {
-			c, err = o.res[0], o.errs[0]
-		}
-		*o = one{}
-		ones.Put(o)
+	if s.b == nil {
+		return s.one(ctx, op)
 	}
+	c, err := s.b.Do(ctx, op)
+	return s.answer(ctx, op, c, err)
+}
+
+// one applies op alone, bounded by Config.Timeout.
+func (s *Store) one(ctx context.Context, op Op) (inbox.Claim, error) {
+	cctx, cancel := s.bound(ctx)
+	defer cancel()
+	o := ones.Get().(*one)
+	o.ops[0] = op
+	err := s.apply(cctx, o.ops[:], o.res[:], o.errs[:])
+	c := o.res[0]
+	if err == nil {
+		err = o.errs[0]
+	}
+	*o = one{}
+	ones.Put(o)
+	return s.answer(cctx, op, c, err)
+}
+
+// answer maps the error of op, made under callCtx, and checks the
+// driver's claim.
+func (s *Store) answer(callCtx context.Context, op Op, c inbox.Claim, err error) (inbox.Claim, error) {
 	if err != nil {
-		return inbox.Claim{}, s.fail(cctx, name, op.Key, err)
+		return inbox.Claim{}, s.fail(callCtx, op.Kind.String(), op.Key, err)
+	}
+	if op.Kind == Claim && (c.Status < inbox.Acquired || c.Status > inbox.Dead || (c.Status == inbox.Acquired && c.LeaseID == "")) {
+		return inbox.Claim{}, s.fail(callCtx, op.Kind.String(), op.Key, fmt.Errorf("%w: the driver answered %+v", inbox.ErrStoreUnavailable, c))
 	}
 	return c, nil
 }
@@ -437,29 +509,49 @@ type one struct {
 
 var ones = sync.Pool{New: func() any { return new(one) }}
 
-// apply is one round trip: the driver's Apply, counted.
+// apply is one round trip: the driver's Apply, counted. Without
+// Config.BatchExtend, the batch's Extend ops are calls of Driver.Extend,
+// made first, and Apply gets the others.
 func (s *Store) apply(ctx context.Context, ops []Op, res []inbox.Claim, errs []error) error {
 	s.stats.Add(len(ops))
-	return s.d.Apply(ctx, ops, res, errs)
+	if s.cfg.BatchExtend || !slices.ContainsFunc(ops, func(op Op) bool { return op.Kind == Extend }) {
+		return s.d.Apply(ctx, ops, res, errs)
+	}
+	var idx []int
+	for i, op := range ops {
+		if op.Kind == Extend {
+			res[i].ExpiresAt, errs[i] = s.d.Extend(ctx, op.Key, op.LeaseID, op.Lease)
+		} else {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	rest, rres, rerrs := make([]Op, len(idx)), make([]inbox.Claim, len(idx)), make([]error, len(idx))
+	for j, i := range idx {
+		rest[j] = ops[i]
+	}
+	if err := s.d.Apply(ctx, rest, rres, rerrs); err != nil {
+		return err
+	}
+	for j, i := range idx {
+		res[i], errs[i] = rres[j], rerrs[j]
+	}
+	return nil
 }
 
-// begin checks that the store is open and ctx live, and returns the
-// context of one call, bounded by Config.Timeout unless ctx ends sooner.
-func (s *Store) begin(ctx context.Context, op, key string) (context.Context, context.CancelFunc, error) {
-	if s.closed.Load() {
-		return nil, nil, fmt.Errorf("%s: %s %q: %w", s.cfg.Name, op, key, inbox.ErrClosed)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, s.ctxError(op, key, err, err)
-	}
+// bound returns the context of one call that is not batched: ctx,
+// bounded by Config.Timeout unless it ends sooner. (A batched call is
+// bounded by the batcher, without a timer of its own.)
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.cfg.Timeout <= 0 {
-		return ctx, noCancel, nil
+		return ctx, noCancel
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.Timeout {
-		return ctx, noCancel, nil
+		return ctx, noCancel
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	return cctx, cancel, nil
+	return context.WithTimeout(ctx, s.cfg.Timeout)
 }
 
 func noCancel() {}

@@ -184,7 +184,7 @@ func New(opts Options) (*Store, error) {
 	m := &mem{opts: opts, epoch: epoch, epochWall: epoch.Round(0), recs: make(map[string]*record), order: list.New()}
 	// No Timeout and no batching: a call never waits for anything but the
 	// mutex.
-	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease, Retention: opts.Retention})
+	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease, Retention: opts.Retention, InProcess: true})
 	if err != nil {
 		return nil, err
 	}

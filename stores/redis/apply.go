@@ -136,7 +136,7 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 	n := 2
 	for _, i := range idx {
-		n += argCount[ops[i].Kind]
+		n += argCount[ops[i].Kind] + 2 // a K has two more than a C
 	}
 	args := make([]any, 2, n)
 	args[0], args[1] = d.retArgs[0], d.retArgs[1]
@@ -146,7 +146,13 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 		case driver.Claim:
 			args = append(args, "B", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10), op.Owner, op.PayloadHash)
 		case driver.Complete:
-			args = append(args, "C", op.LeaseID)
+			if fresh, completed, ok := d.completion(op); ok {
+				args = append(args, "K", op.LeaseID, fresh, completed)
+			} else {
+				args = append(args, "C", op.LeaseID)
+			}
+		case driver.Extend:
+			args = append(args, "E", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10))
 		case driver.Release:
 			args = append(args, "R", op.LeaseID)
 		case driver.Fail:
@@ -164,7 +170,28 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 }
 
 // argCount is the number of script arguments of each kind of operation.
-var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5}
+var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5, driver.Extend: 3}
+
+// completion returns, for a Complete that knows its claim (op.ExpiresAt),
+// the fresh record the claim wrote (queueClaim) and the completed fresh
+// record that replaces it (what opsScript's C makes of it: the fresh
+// record's values with kind 3, its absolute expiry in ms and the retention
+// in ms rounded up).
+func (d *rdb) completion(op driver.Op) (fresh, completed []byte, ok bool) {
+	if op.ExpiresAt.IsZero() || op.Lease <= 0 {
+		return nil, nil, false
+	}
+	leaseUS := micros(op.Lease)
+	ttl := ttlMS(leaseUS + d.retUS)
+	acquired := op.ExpiresAt.UnixMicro() - leaseUS
+	if acquired%1000 != 0 {
+		return nil, nil, false // not a fast claim's: its acquisition is in whole ms
+	}
+	r := record{Kind: kindFresh, ID: op.LeaseID, Owner: op.Owner, PayloadHash: op.PayloadHash, Lease: leaseUS, TTL: ttl}
+	fresh = r.encode()
+	r.Kind, r.FreshExpiry, r.TTL2 = kindCompleted, acquired/1000+ttl, (d.retUS+999)/1000
+	return fresh, r.encode(), true
+}
 
 // fastClaim is the claim of ops[i] as SET NX PX of a fresh record and
 // PEXPIRETIME (see "Record layouts" in doc.go).
@@ -252,6 +279,11 @@ func reply(op driver.Op, v any) (inbox.Claim, error) {
 		if v != int64(1) {
 			return inbox.Claim{}, holderError(op.LeaseID, v)
 		}
+	case driver.Extend:
+		if until, ok := v.(int64); ok && until > 0 {
+			return inbox.Claim{ExpiresAt: fromMicros(until)}, nil
+		}
+		return inbox.Claim{}, holderError(op.LeaseID, v)
 	default:
 		if v != int64(1) {
 			return inbox.Claim{}, badReply(v)

@@ -29,12 +29,13 @@
 //
 // # Batched round trips
 //
-// TryBegin, Complete, Release, Fail and MarkProcessed go through the
-// layer's group commit: a call that finds the store idle goes out at once;
-// calls made while two round trips are in flight travel together in the
-// next one, one go-redis pipeline (split per node on Cluster), at most 128
-// calls, each with its own result and its own Timeout. A connection that
-// fails fails the calls of its round trip with [inbox.ErrStoreUnavailable].
+// TryBegin, Complete, Release, Fail, MarkProcessed and Extend go through
+// the layer's group commit: a call that finds fewer than two round trips in
+// flight goes out at once; calls made while two are in flight travel
+// together in the next one, one go-redis pipeline (split per node on
+// Cluster), at most 128 calls, each with its own result and its own
+// Timeout. A connection that fails fails the calls of its round trip with
+// [inbox.ErrStoreUnavailable].
 //
 // # Operators: List, Forget, ForceRelease
 //

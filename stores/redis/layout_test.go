@@ -14,7 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
+	"github.com/watermill-inbox/inbox/stores/redis/internal/redistest"
 )
 
 // The record layouts ("Record layouts" in doc.go) pinned through the
@@ -585,5 +587,85 @@ func TestStore_scripts_read_records_without_reason(t *testing.T) {
 	}
 	if got := rawRecord(t, c, prefix+"released"); len(got) != 12 || got[10] != "" || got[11] != int64(0) {
 		t.Fatalf("record after the claim = %v, want the current layout", got)
+	}
+}
+
+// A Complete that knows its claim (the middleware's, through Go: the
+// claim's ExpiresAt, lease, owner and payload hash) writes the completed
+// fresh record that Complete writes, and costs the server a GET and a SET:
+// no PEXPIRETIME, no TIME. One that knows it wrong, or is not the
+// holder's, goes the common way.
+func TestStore_complete_knowing_its_claim(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Config{})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Protocol: 2})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	s := newStore(t, c, redisstore.Options{Prefix: "p:", Retention: time.Hour})
+	owner, hash := "owner-1", strings.Repeat("h", 64)
+	claim := func(key, id string) inbox.Claim {
+		t.Helper()
+		cl, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: id, Owner: owner, PayloadHash: hash, Lease: time.Minute})
+		if err != nil || cl.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%s) = %+v, %v", key, cl, err)
+		}
+		return cl
+	}
+	goComplete := func(key, id string, cl inbox.Claim) error {
+		t.Helper()
+		done := make(chan error, 1)
+		s.Go(ctx, driver.Op{Kind: driver.Complete, Key: key, LeaseID: id, Owner: owner, PayloadHash: hash, Lease: cl.Lease, ExpiresAt: cl.ExpiresAt},
+			func(_ inbox.Claim, err error) { done <- err })
+		return <-done
+	}
+	calls := func(name string) float64 { return commandStats(t, c)[name].calls }
+
+	ref := claim("ref", "lease-1")
+	if err := s.Complete(ctx, "ref", "lease-1"); err != nil {
+		t.Fatal(err)
+	}
+	cl := claim("k", "lease-1")
+	pexpire, set := calls("pexpiretime"), calls("set")
+	if err := goComplete("k", "lease-1", cl); err != nil {
+		t.Fatal(err)
+	}
+	if d := calls("pexpiretime") - pexpire; d != 0 {
+		t.Errorf("the Complete that knows its claim read PEXPIRETIME %v times, want 0", d)
+	}
+	if d := calls("set") - set; d != 1 {
+		t.Errorf("the Complete that knows its claim sent %v SETs, want 1", d)
+	}
+	got, want := rawRecord(t, c, "p:k"), rawRecord(t, c, "p:ref")
+	// The fresh record's expiry differs by the time between the claims.
+	e := ref.ExpiresAt.Add(-time.Minute).UnixMilli() + int64((time.Hour+time.Minute)/time.Millisecond) + 1
+	if !slices.Equal(got[:6], want[:6]) || got[6] != cl.ExpiresAt.Add(-time.Minute).UnixMilli()+int64((time.Hour+time.Minute)/time.Millisecond)+1 ||
+		want[6] != e || got[7] != want[7] {
+		t.Fatalf("record completed knowing its claim = %v; by Complete %v", got, want)
+	}
+	r, err := s.Get(ctx, "k")
+	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || !r.FirstSeen.Equal(cl.ExpiresAt.Add(-time.Minute)) || r.Owner != owner || r.PayloadHash != hash {
+		t.Fatalf("Get = %+v, %v", r, err)
+	}
+	if err := goComplete("k", "lease-1", cl); err != nil {
+		t.Fatalf("repeated: %v", err)
+	}
+	// Known wrong (another expiry): the common way completes it all the same.
+	cl = claim("w", "lease-1")
+	wrong := cl
+	wrong.ExpiresAt = wrong.ExpiresAt.Add(-time.Second)
+	if err := goComplete("w", "lease-1", wrong); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, "w"); err != nil || r.State != inbox.StateProcessed {
+		t.Fatalf("Get after a Complete that knew its claim wrong = %+v, %v", r, err)
+	}
+	// Not the holder: refused, nothing changed.
+	cl = claim("o", "lease-1")
+	before := rawRecord(t, c, "p:o")
+	if err := goComplete("o", "lease-2", cl); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Complete by another lease = %v, want ErrLeaseLost", err)
+	}
+	if !slices.Equal(rawRecord(t, c, "p:o"), before) {
+		t.Fatal("a refused Complete changed the record")
 	}
 }

@@ -194,12 +194,13 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt((retUS+999)/1000, 10)},
 	}
 	ds, err := driver.New(d, driver.Config{
-		Name:      "redis store",
-		Lease:     opts.Lease,
-		Retention: opts.Retention,
-		MaxLease:  MaxDuration,
-		Timeout:   opts.Timeout,
-		Batch:     driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
+		Name:        "redis store",
+		Lease:       opts.Lease,
+		Retention:   opts.Retention,
+		MaxLease:    MaxDuration,
+		Timeout:     opts.Timeout,
+		Batch:       driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
+		BatchExtend: true,
 	})
 	if err != nil {
 		return nil, err
@@ -279,17 +280,15 @@ func ints(v any, dst []int64) error {
 	return nil
 }
 
-// Extend implements [driver.Driver].
+// Extend implements [driver.Driver]: an Apply of one Extend (the layer
+// sends Extends through Apply: Config.BatchExtend).
 func (d *rdb) Extend(ctx context.Context, key, leaseID string, lease time.Duration) (time.Time, error) {
-	v, err := extendScript.Run(ctx, d.client, []string{d.opts.Prefix + key}, leaseID, micros(lease), d.retArgs[0]).Result()
-	if err != nil {
-		return time.Time{}, mapErr(err)
+	var res [1]inbox.Claim
+	var errs [1]error
+	if err := d.Apply(ctx, []driver.Op{{Kind: driver.Extend, Key: key, LeaseID: leaseID, Lease: lease}}, res[:], errs[:]); err != nil {
+		return time.Time{}, err
 	}
-	until, ok := v.(int64)
-	if !ok || until <= 0 {
-		return time.Time{}, holderError(leaseID, v)
-	}
-	return fromMicros(until), nil
+	return res[0].ExpiresAt, errs[0]
 }
 
 // Get implements [driver.Driver].

@@ -94,18 +94,35 @@ if type(kind) == 'table' then return kind end
 //     Busy on a live lease (until its end), 5 Busy in a failed attempt's
 //     backoff (until its end: Claim.BackingOff), and for 4 Dead the reason
 //     as a seventh element.
-//   - C: 1 completed (now or before, by this lease).
+//   - C, K: 1 completed (now or before, by this lease).
 //   - R, F: 1 released, or failed.
-//   - C, R, F: -1 no record, -2 another lease holds the key, -3 processed
-//     (R, F), -4 dead.
+//   - E: the new lease deadline.
+//   - C, K, R, F, E: -1 no record, -2 another lease holds the key, -3
+//     processed (R, F, E), -4 dead.
 //   - M: 1.
 //
-// A Complete alone takes a short way first ("Record layouts" in doc.go): a
+//	K lease-id fresh completed               Complete, knowing its claim
+//	E lease-id lease-µs                      Extend
+//
+// A Complete alone takes a short way first ("Record layouts" in doc.go).
+// K carries the fresh record its claim wrote and the completed fresh
+// record that replaces it, both made by the client from the claim: when
+// the key holds the first, it gets the second (GET, SET: the fenced mark
+// at its least), and when it holds the second already, it answers 1. C, or
+// a K that finds anything else, takes the common way below, except that a
 // fresh record of its lease becomes a completed fresh record (GET,
-// PEXPIRETIME, SET; no TIME), and a completed fresh record of its lease
-// answers 1 at once; anything else goes the common way below.
+// PEXPIRETIME, SET; no TIME) and a completed fresh record of its lease
+// answers 1 at once.
 var opsScript = redis.NewScript(`
-if #ARGV == 4 and ARGV[3] == 'C' then
+if #ARGV == 6 and ARGV[3] == 'K' then
+  local v = redis.call('GET', KEYS[1])
+  if v == ARGV[5] then
+    redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[2])
+    return 1
+  end
+  if v == ARGV[6] then return 1 end
+end
+if (#ARGV == 4 and ARGV[3] == 'C') or (#ARGV == 6 and ARGV[3] == 'K') then
   local v = redis.call('GET', KEYS[1])
   if v then
     local id = ARGV[4]
@@ -196,6 +213,15 @@ local function fail(lid, after, dead, reason)
   return 1
 end
 
+local function extend(lid, lease)
+  local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = holder(lid)
+  if type(kind) ~= 'number' or kind < 0 then return kind end
+  if kind == 2 then return -3 end
+  lu = now + lease
+  save(1, id, ow, ph, lu, lease, at, fs, ls, lu + ret, rs, 0)
+  return lu
+end
+
 local function mark()
   local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = load()
   if type(kind) == 'table' then return kind end
@@ -217,6 +243,12 @@ while i <= #ARGV do
   elseif op == 'C' then
     r = complete(ARGV[i + 1])
     i = i + 2
+  elseif op == 'K' then
+    r = complete(ARGV[i + 1])
+    i = i + 4
+  elseif op == 'E' then
+    r = extend(ARGV[i + 1], tonumber(ARGV[i + 2]))
+    i = i + 3
   elseif op == 'R' then
     r = release(ARGV[i + 1])
     i = i + 2
@@ -234,21 +266,6 @@ while i <= #ARGV do
 end
 if #out == 1 then return out[1] end
 return out
-`)
-
-// Extend: ARGV = lease id, lease (µs), retention (µs). Last seen stays (a
-// heartbeat is no sighting: inbox.Record.LastSeen). Reply: the new lease
-// deadline, or -1 no record, -2 another lease holds the key, -3 processed,
-// -4 dead.
-var extendScript = redis.NewScript(clock + checked + `
-if kind == nil then return -1 end
-if kind == 4 then return -4 end
-if id ~= ARGV[1] then return -2 end
-if kind == 2 then return -3 end
-local lease = tonumber(ARGV[2])
-lu = now + lease
-save(1, id, ow, ph, lu, lease, at, fs, ls, lu + ARGV[3], rs, 0)
-return lu
 `)
 
 // Get: no ARGV. Reply: {0} when absent, else {1, now, kind, lease until,

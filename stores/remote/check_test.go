@@ -19,6 +19,7 @@ import (
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/internal/wire"
+	"github.com/watermill-inbox/inbox/stores/remote/server"
 )
 
 const wrongToken = "not-it-4c1e"
@@ -323,5 +324,40 @@ func TestClient_discovery_read_is_shared_and_caller_cancel_not_remembered(t *tes
 	}
 	if n := r.in.count("/v1/inbox"); n != 2 {
 		t.Fatalf("%d discovery requests; want 2: the abandoned one, then one shared by 50 callers", n)
+	}
+}
+
+// Issue 30, false claim 2: a token limited to a key prefix could not
+// stores.Open with the default check, which reads remote.CheckKey, outside
+// the prefix, and got 403. The service answers the check's read for every
+// consumer token; the token's limits hold for every other key, and for
+// any write of the check key.
+func TestOpen_check_passes_with_a_token_limited_to_a_prefix(t *testing.T) {
+	t.Parallel()
+	if remote.CheckKey != wire.CheckKey {
+		t.Fatalf("remote.CheckKey %q is not the key the server lets every token read, %q", remote.CheckKey, wire.CheckKey)
+	}
+	const billing = "billing-token-000000000001"
+	base := serve(t, server.Config{Store: newMemory(t, 0), Grants: []server.Grant{{Token: billing, Prefixes: []string{"rabbit:billing:"}}}})
+	ctx := ctxT(t)
+	s, err := stores.Open(ctx, base+"/?token_file="+url.QueryEscape(writeToken(t, "billing", billing)))
+	if err != nil {
+		t.Fatalf("Open with a token limited to rabbit:billing: %v", err)
+	}
+	defer s.Close()
+	if c, err := s.TryBegin(ctx, "rabbit:billing:h:1", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin inside the prefix: %+v, %v", c, err)
+	}
+	if _, err := s.Get(ctx, "rabbit:shipping:h:1"); !errors.Is(err, remote.ErrUnauthorized) {
+		t.Fatalf("Get outside the prefix: %v, want 403", err)
+	}
+	if _, err := s.TryBegin(ctx, remote.CheckKey, inbox.BeginOptions{}); !errors.Is(err, remote.ErrUnauthorized) {
+		t.Fatalf("TryBegin of the check key: %v, want 403: only its read is open to every token", err)
+	}
+	if err := s.MarkProcessed(ctx, remote.CheckKey); !errors.Is(err, remote.ErrUnauthorized) {
+		t.Fatalf("MarkProcessed of the check key: %v, want 403", err)
+	}
+	if _, err := stores.Open(ctx, base+"/?token="+wrongToken+"-000000"); !errors.Is(err, stores.ErrMisconfigured) {
+		t.Fatalf("Open with a wrong token: %v, want a configuration error", err)
 	}
 }

@@ -3,6 +3,7 @@ package remote
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,7 +110,8 @@ type Discovery struct {
 	Version string
 	// Auth is "none" or "bearer".
 	Auth string
-	// LeaseMin, LeaseMax and LeaseDefault are the leases the service grants.
+	// LeaseMin, LeaseMax and LeaseDefault are the leases the service
+	// grants, each at most [MaxLease].
 	LeaseMin, LeaseMax, LeaseDefault time.Duration
 	// LeasePolicy is "clamp" or "reject": what happens to a lease outside
 	// [LeaseMin, LeaseMax].
@@ -119,7 +121,8 @@ type Discovery struct {
 	// "admin").
 	Extensions []string
 	// MaxRetryAfter is the longest backoff of a failed attempt the service
-	// grants (its maxRetryAfterMs); zero when it does not say.
+	// grants (its maxRetryAfterMs), at most [MaxRetryAfter]; zero when it
+	// does not say.
 	MaxRetryAfter time.Duration
 	// Retention is the service's store's retention, in whole seconds
 	// (retentionSeconds, an extension), or zero when the service does not
@@ -167,10 +170,7 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 	if opts.HTTPClient != nil {
 		hc = *opts.HTTPClient
 	} else {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns = 256
-		tr.MaxIdleConnsPerHost = 64
-		hc.Transport = tr
+		hc.Transport = defaultTransport()
 	}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c := &client{opts: opts, base: base, hc: &hc, log: opts.Logger, tokenHint: tokenHint, discRetry: DiscoveryRetry}
@@ -188,6 +188,15 @@ func newStore(opts Options, tokenFrom, tokenHint string) (*Store, error) {
 		return nil, err
 	}
 	return &Store{Store: ds, c: c}, nil
+}
+
+// defaultTransport is the transport of a client without
+// Options.HTTPClient: net/http's default, with more idle connections.
+func defaultTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 256
+	tr.MaxIdleConnsPerHost = 64
+	return tr
 }
 
 // Close implements [driver.Driver]; the layer calls it once, from
@@ -236,12 +245,10 @@ func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, 
 	if err := ctx.Err(); err != nil {
 		return result{}, false, opError(ep, "%w", err)
 	}
-	attempts := 1
-	if ep.retry {
-		attempts += c.opts.Retries
-	}
+	attempts := 1 + c.opts.Retries
 	var lastErr error
-	for i := 0; i < attempts; i++ {
+	i := 0
+	for ; i < attempts; i++ {
 		if i > 0 {
 			wait := backoff(i, res.header)
 			c.log.Debug("Remote inbox call failed; retrying", watermill.LogFields{
@@ -262,18 +269,32 @@ func (c *client) do(ctx context.Context, ep endpoint, body []byte) (res result, 
 		if ctx.Err() != nil {
 			return result{}, uncertain || sent, c.ctxError(ctx, ep, i+1, lastErr)
 		}
-		if errors.Is(lastErr, ErrProtocol) {
-			return result{}, uncertain || sent, lastErr // a broken answer comes back broken
+		if errors.Is(lastErr, ErrProtocol) || tlsMistake(lastErr) {
+			return result{}, uncertain || sent, lastErr // a broken answer, or a TLS mistake, comes back as it is
 		}
-		if lastErr == nil {
+		switch {
+		case lastErr == nil && res.code == http.StatusTooManyRequests:
+			// A refusal: nothing was done, so any call may be repeated,
+			// but not before Retry-After, and not when that is beyond
+			// what the client waits.
+			lastErr = c.statusError(ep, res)
+			if wait, ok := retryAfter(res.header); ok && wait > maxRetryAfterWait {
+				return result{}, uncertain, lastErr
+			}
+			continue
+		case lastErr == nil:
 			lastErr = c.statusError(ep, res)
 			uncertain = true // a 5xx may come after the server acted
-		} else if sent {
+		case sent:
 			uncertain = true
 		}
+		if !ep.retry {
+			i++
+			break
+		}
 	}
-	if attempts > 1 {
-		return result{}, uncertain, fmt.Errorf("%w (gave up after %d attempts)", lastErr, attempts)
+	if i > 1 {
+		return result{}, uncertain, fmt.Errorf("%w (gave up after %d attempts)", lastErr, i)
 	}
 	return result{}, uncertain, lastErr
 }
@@ -300,17 +321,28 @@ func transientCode(code int) bool {
 // every retry loop of the library).
 var retryBackoff = outage.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 
-// backoff is the wait before attempt i (1-based retries): retryBackoff's; a
-// Retry-After of a 429 or 503 is honoured up to 5 s.
+// maxRetryAfterWait is the longest Retry-After (of a 429 or a 503) the
+// client waits before a retry; a 429 asking longer fails at once.
+const maxRetryAfterWait = 5 * time.Second
+
+// backoff is the wait before attempt i (1-based retries): retryBackoff's,
+// or a Retry-After of a 429 or 503 up to maxRetryAfterWait.
 func backoff(i int, h http.Header) time.Duration {
 	d := retryBackoff.Pause(i - 1)
-	if h != nil {
-		if sec, err := strconv.Atoi(h.Get("Retry-After")); err == nil && sec > 0 {
-			ra := min(time.Duration(sec)*time.Second, 5*time.Second)
-			d = max(d, ra)
-		}
+	if ra, ok := retryAfter(h); ok {
+		d = max(d, min(ra, maxRetryAfterWait))
 	}
 	return d
+}
+
+// retryAfter is the Retry-After header of h in whole seconds, if it has
+// one.
+func retryAfter(h http.Header) (time.Duration, bool) {
+	sec, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+	if err != nil || sec <= 0 {
+		return 0, false
+	}
+	return time.Duration(min(sec, maxLeaseSeconds)) * time.Second, true
 }
 
 // attempt sends one request. sent reports whether the request may have
@@ -353,6 +385,9 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 		if actx.Err() != nil && ctx.Err() == nil {
 			return result{}, sent, opError(ep, "%w: no answer within %s (Options.Timeout)", inbox.ErrStoreUnavailable, c.opts.Timeout)
 		}
+		if tlsMistake(err) {
+			return result{}, false, opError(ep, "%w: %w", inbox.ErrStoreUnavailable, err) // for Check to tell
+		}
 		return result{}, sent, opError(ep, "%w: %v", inbox.ErrStoreUnavailable, err)
 	}
 	defer resp.Body.Close()
@@ -372,6 +407,25 @@ func (c *client) attempt(ctx context.Context, ep endpoint, body []byte) (res res
 			inbox.ErrStoreUnavailable, ErrProtocol, resp.StatusCode, limit)
 	}
 	return result{code: resp.StatusCode, body: b, header: resp.Header}, true, nil
+}
+
+// tlsMistake reports whether err is a TLS handshake that failed on the
+// certificate, or a server that does not speak TLS: a mistake of
+// configuration, not worth a retry.
+func tlsMistake(err error) bool {
+	if err == nil {
+		return false
+	}
+	var certErr *tls.CertificateVerificationError
+	return errors.As(err, &certErr) || notTLS(err)
+}
+
+// notTLS reports whether err says that the server answered a TLS
+// handshake in plain HTTP or something else. net/http turns the
+// tls.RecordHeaderError of an HTTP answer into an error of its own text.
+func notTLS(err error) bool {
+	var recErr tls.RecordHeaderError
+	return errors.As(err, &recErr) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
 func isDialError(err error) bool {
@@ -413,7 +467,13 @@ func (c *client) statusError(ep endpoint, res result) error {
 	case code >= 300 && code < 400:
 		return opError(ep, "%w: %w: unexpected redirect (HTTP %d to %s); redirects are not followed: is the base URL right?",
 			inbox.ErrStoreUnavailable, ErrProtocol, code, quote(res.header.Get("Location"), 200))
-	case code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
+	case code == http.StatusTooManyRequests:
+		wait := "no Retry-After"
+		if ra, ok := retryAfter(res.header); ok {
+			wait = "Retry-After " + ra.String()
+		}
+		return opError(ep, "%w: %w: HTTP 429 %s (%s)", inbox.ErrStoreUnavailable, ErrTooManyRequests, detail, wait)
+	case code >= 500 || code == http.StatusRequestTimeout:
 		return opError(ep, "%w: HTTP %d %s", inbox.ErrStoreUnavailable, code, detail)
 	}
 	return opError(ep, "%w: %w: unexpected HTTP %d %s", inbox.ErrStoreUnavailable, ErrProtocol, code, detail)
@@ -610,16 +670,18 @@ func (c *client) readDiscovery(ctx context.Context) (d *Discovery, absent bool, 
 	}
 	return &Discovery{
 		Version: w.Version, Auth: w.Auth, LeasePolicy: w.LeasePolicy, Extensions: w.Extensions,
-		LeaseMin: time.Duration(w.LeaseSeconds.Min) * time.Second, LeaseMax: time.Duration(w.LeaseSeconds.Max) * time.Second,
-		LeaseDefault:  time.Duration(w.LeaseSeconds.Default) * time.Second,
-		MaxRetryAfter: time.Duration(w.MaxRetryAfterMs) * time.Millisecond,
+		LeaseMin:      min(time.Duration(w.LeaseSeconds.Min)*time.Second, MaxLease),
+		LeaseMax:      min(time.Duration(w.LeaseSeconds.Max)*time.Second, MaxLease),
+		LeaseDefault:  min(time.Duration(w.LeaseSeconds.Default)*time.Second, MaxLease),
+		MaxRetryAfter: min(time.Duration(w.MaxRetryAfterMs)*time.Millisecond, MaxRetryAfter),
 		Retention:     time.Duration(w.RetentionSeconds) * time.Second,
 	}, false, nil
 }
 
 // CheckKey is the key [Store.Check] reads (GET /v1/inbox/{key}) to prove
 // that the service accepts the token and that its store answers. It is only
-// read, never written.
+// read, never written. A service may let every token read it, whatever
+// key prefixes limit the token (the reference server does).
 const CheckKey = "inbox-remote:check"
 
 // Check tells whether the service works for this client, reading it afresh
@@ -659,6 +721,10 @@ func (s *Store) Check(ctx context.Context) error {
 		return stores.Misconfigured(fmt.Sprintf("remote store: %s is not an inbox service (404 for the discovery document and for a key): is the base URL right?", base), err)
 	case errors.Is(err, ErrProtocol):
 		return stores.Misconfigured(fmt.Sprintf("remote store: %s does not answer as an inbox service of protocol v1: is the base URL right?", base), err)
+	case errors.As(err, new(*tls.CertificateVerificationError)):
+		return stores.Misconfigured(fmt.Sprintf("remote store: the TLS certificate of %s is not trusted: name the CA that signed it with ca_file=<PEM file> in the store URL (Options.HTTPClient for New), or connect by a name the certificate holds", base), err)
+	case notTLS(err):
+		return stores.Misconfigured(fmt.Sprintf("remote store: %s does not answer in TLS: write http:// instead of https://, or point the URL at the service's TLS port", base), err)
 	}
 	return fmt.Errorf("remote store: checking the inbox service at %s: %w", base, err)
 }

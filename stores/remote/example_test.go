@@ -74,9 +74,9 @@ func Example_url() {
 }
 
 func ExampleStore_Discover() {
-	url, stop := startService("a-secret-token")
+	url, stop := startService("a-secret-token-0001")
 	defer stop()
-	store, err := remote.New(remote.Options{URL: url, Token: "a-secret-token"})
+	store, err := remote.New(remote.Options{URL: url, Token: "a-secret-token-0001"})
 	if err != nil {
 		panic(err)
 	}

@@ -94,7 +94,10 @@ func newRig(t *testing.T, opts remote.Options) *rig {
 	backing := newMemory(t, 0)
 	// The rig's client holds an admin token, accepted everywhere, so that
 	// it can make the admin calls too; consumers have a token of their own.
-	h, err := server.New(server.Config{Store: backing, LeaseMin: time.Second, Token: "consumer-" + testToken, AdminTokens: []string{testToken}})
+	// Tests send wrong tokens by the hundred: the server does not limit
+	// failed authentications (the server's tests check that it can).
+	h, err := server.New(server.Config{Store: backing, LeaseMin: time.Second, Token: "consumer-" + testToken, AdminTokens: []string{testToken},
+		AuthFailuresPerMinute: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,5 +541,65 @@ func TestClient_try_begin_not_retried_without_the_leaseId_extension(t *testing.T
 	_ = r.client.Release(context.Background(), "k", "l")
 	if n := r.in.count("/v1/inbox/release"); n != 1+4 {
 		t.Fatalf("release sent %d times, want 1 and then 4 (it carries its leaseId, so it is retried)", n)
+	}
+}
+
+// tooMany answers the first n requests 429 with Retry-After sec and the
+// error code, then lets requests through.
+func tooMany(n int, sec, code string) func(http.ResponseWriter, *http.Request, http.Handler) {
+	var seen atomic.Int32
+	return func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+		if int(seen.Add(1)) > n {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", sec)
+		status(http.StatusTooManyRequests, `{"error":"`+code+`","message":"over a limit"}`)(w, r, next)
+	}
+}
+
+// A 429 (a limit of the service: request rate, live records, failed
+// authentications) is a refusal: nothing was done, so every call may be
+// repeated after it, forget included. The client waits what Retry-After
+// says, when that is within its own bound (5 s), for at most Retries more
+// attempts; a longer Retry-After fails at once, without a request more.
+// Either way the error wraps ErrTooManyRequests and
+// inbox.ErrStoreUnavailable: the middleware nacks and backs off, with no
+// hot loop.
+func TestClient_429_is_a_bounded_retry(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+
+	r := newRig(t, remote.Options{Retries: 2})
+	r.in.on("/v1/inbox/try-begin", tooMany(2, "1", "rate_limited"))
+	start := time.Now()
+	c, err := r.client.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin after two 429s with Retry-After 1: %+v, %v", c, err)
+	}
+	if el := time.Since(start); el < 2*time.Second || r.in.count("/v1/inbox/try-begin") != 3 {
+		t.Fatalf("TryBegin took %s and %d requests, want 3 requests at least 1 s apart (Retry-After)", el, r.in.count("/v1/inbox/try-begin"))
+	}
+
+	r = newRig(t, remote.Options{Retries: 2})
+	r.in.on("/v1/inbox/forget", tooMany(1, "1", "rate_limited"))
+	if err := r.client.Forget(ctx, "k"); err != nil || r.in.count("/v1/inbox/forget") != 2 {
+		t.Fatalf("Forget after a 429: %v after %d requests, want success after 2", err, r.in.count("/v1/inbox/forget"))
+	}
+
+	r = newRig(t, remote.Options{Retries: 2})
+	r.in.on("/v1/inbox/try-begin", tooMany(1000, "691200", "quota_exceeded"))
+	_, err = r.client.TryBegin(ctx, "k", inbox.BeginOptions{})
+	checkErr(t, "TryBegin refused for 8 days", err, "/v1/inbox/try-begin", remote.ErrTooManyRequests, inbox.ErrStoreUnavailable)
+	if n := r.in.count("/v1/inbox/try-begin"); n != 1 || !strings.Contains(err.Error(), "quota_exceeded") || !strings.Contains(err.Error(), "Retry-After 192h0m0s") {
+		t.Fatalf("a 429 with Retry-After 8 days: %d requests, error %v; want one request (no wait, no retry), the code and the wait quoted", n, err)
+	}
+
+	r = newRig(t, remote.Options{Retries: 1})
+	r.in.on("/v1/inbox/mark-processed", tooMany(1000, "1", "rate_limited"))
+	err = r.client.MarkProcessed(ctx, "k")
+	checkErr(t, "MarkProcessed always refused", err, "/v1/inbox/mark-processed", remote.ErrTooManyRequests, inbox.ErrStoreUnavailable)
+	if n := r.in.count("/v1/inbox/mark-processed"); n != 2 {
+		t.Fatalf("MarkProcessed always answered 429: %d requests, want 2 (Retries 1)", n)
 	}
 }

@@ -25,6 +25,9 @@
 //     is not loopback ([Options.Insecure]). Without it, such a URL is
 //     refused at Open, before anything is sent (the discovery request
 //     included): use https:// across a network.
+//   - ca_file: a PEM file of the CAs that sign the service's certificate
+//     (a private CA), for https:// only: the client trusts them instead
+//     of the system's. [New] takes an Options.HTTPClient instead.
 //   - retention is refused: retention is the service's business (set it on
 //     the store URL of inboxd). The service announces it in its discovery
 //     document (retentionSeconds), and [Store.Retention] reports it once the
@@ -59,8 +62,9 @@
 //   - Every call has a bound per HTTP attempt ([Options.Timeout]); the
 //     caller's context bounds the whole call, retries included.
 //   - Calls safe to repeat are retried, with jittered exponential backoff
-//     (50 ms doubling up to 1 s), after a network error, a timeout, 408, 429,
-//     or a 5xx other than 501; never after another 4xx. Safe are: GET;
+//     (50 ms doubling up to 1 s, or a 503's Retry-After up to 5 s), after a
+//     network error, a timeout, 408, or a 5xx other than 501; never after
+//     another 4xx but 429 (below). Safe are: GET;
 //     try-begin, because the client always sends its own leaseId (the
 //     caller's [inbox.BeginOptions.LeaseID] or a new one), which a server
 //     listing the leaseId extension honours, so a repeat by the holder gets
@@ -72,6 +76,13 @@
 //     attempt. forget and force-release get one attempt: a repeat after a
 //     lost answer could delete, or end the lease of, a record that a
 //     consumer made in between.
+//   - A 429 (a limit of the service: its request rate or live records for
+//     the token, failed authentications from this address) is a refusal:
+//     nothing was done, so every call is retried after it, up to
+//     Options.Retries times, once its Retry-After has passed (at least
+//     the backoff above). A Retry-After over 5 s fails the call at once.
+//     The error wraps [ErrTooManyRequests] and [inbox.ErrStoreUnavailable]:
+//     the middleware nacks, and backs off as for a store that is down.
 //   - A release whose first attempt went out but whose answer was lost, and
 //     whose retry then hears LeaseLost, returns nil: the lease is gone either
 //     way (released by the lost attempt, or lost before), which is what the
@@ -88,8 +99,8 @@
 //     of bounds, named with the value: a granted leaseSeconds outside the
 //     discovery document's range (or beyond what a time.Duration holds); a
 //     discovery document whose range is not 1 <= min <= default <= max; a
-//     Busy retryAfterMs that is negative or longer than 7 days (or than the
-//     service's longest lease or maxRetryAfterMs, when longer); an owner, a
+//     Busy retryAfterMs that is negative or beyond what a time.Duration
+//     holds; an owner, a
 //     payload hash, a reason, a lease id or a key longer than
 //     [inbox.MaxOwnerLen], [inbox.MaxPayloadHashLen], [inbox.MaxReasonLen],
 //     [inbox.MaxLeaseIDLen] or [inbox.MaxKeyLen].
@@ -140,7 +151,11 @@
 //     The lease granted is the server's leaseSeconds answer (ext.); without
 //     it, the lease asked for. Busy's RetryAfter is the
 //     server's retryAfterMs (ext.); without it, the time left until
-//     expiresAt on the local clock (clocks must then agree). Busy's
+//     expiresAt on the local clock (clocks must then agree). Whatever the
+//     service answers or announces, the client takes no wait longer than
+//     [MaxRetryAfter] and no lease longer than [MaxLease]: longer ones,
+//     and deadlines beyond them, are cut to them (a lease believed shorter
+//     than granted is safe: the holder renews or stops sooner). Busy's
 //     BackingOff (a failed attempt's backoff, not a live lease) is the
 //     server's "backoff": true (ext. fail); a service that does not send it
 //     (one without the fail extension, or with it from before the field
@@ -197,6 +212,8 @@ package remote
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -227,6 +244,18 @@ const (
 	DefaultMaxResponseBytes = 64 << 10
 )
 
+// What the client believes of a service, whatever it answers or
+// announces: a longer wait or lease is taken as these.
+const (
+	// MaxRetryAfter bounds a Busy claim's RetryAfter and ExpiresAt (from
+	// retryAfterMs, or from expiresAt without it) and
+	// Discovery.MaxRetryAfter.
+	MaxRetryAfter = 7 * 24 * time.Hour
+	// MaxLease bounds a granted lease (Claim.Lease and ExpiresAt, the
+	// deadline Extend returns) and Discovery's lease range.
+	MaxLease = 24 * time.Hour
+)
+
 // Errors of this package. Each error that wraps one of them also wraps
 // [inbox.ErrStoreUnavailable].
 var (
@@ -241,6 +270,11 @@ var (
 	// ErrProtocol: the answer does not follow protocol v1 (malformed JSON,
 	// unknown status, missing field, unexpected HTTP status, oversize body).
 	ErrProtocol = errors.New("remote store: answer violates protocol v1")
+
+	// ErrTooManyRequests: the service answered 429: the call is over one
+	// of its limits (its request rate or live records for the token,
+	// failed authentications from this address), and nothing was done.
+	ErrTooManyRequests = errors.New("remote store: the service refuses the call over one of its limits (429)")
 )
 
 // Options configure a [Store].
@@ -392,6 +426,23 @@ func init() {
 	stores.Register(SchemeTLS, stores.OpenerFunc(openURL))
 }
 
+// readCAs reads the PEM certificates of a ca_file parameter.
+func readCAs(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is quoted below
+		}
+		return nil, fmt.Errorf("%w: ca_file %q: %v", stores.ErrInvalidURL, file, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%w: ca_file %q holds no PEM certificate (-----BEGIN CERTIFICATE-----)", stores.ErrInvalidURL, file)
+	}
+	return pool, nil
+}
+
 func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, error) {
 	if p.Retention != 0 {
 		return nil, fmt.Errorf("%w: parameter retention is not taken by %s:// (the remote store's retention is the service's business: set it on the inbox service's own store URL)",
@@ -448,8 +499,24 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 			opts.Retries = -1
 		}
 	}
-	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries", "insecure"); err != nil {
+	var roots *x509.CertPool
+	if file, ok, err := stores.PopString(q, "ca_file"); err != nil {
 		return nil, err
+	} else if ok {
+		if u.Scheme != SchemeTLS {
+			return nil, fmt.Errorf("%w: parameter ca_file is for https:// (it names the CAs that sign the service's certificate), the URL is %s://", stores.ErrInvalidURL, u.Scheme)
+		}
+		if roots, err = readCAs(file); err != nil {
+			return nil, err
+		}
+	}
+	if err := stores.RejectUnknown(u.Scheme, q, "token_file", "token", "timeout", "retries", "insecure", "ca_file"); err != nil {
+		return nil, err
+	}
+	if roots != nil {
+		tr := defaultTransport()
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		opts.HTTPClient = &http.Client{Transport: tr}
 	}
 	base := *u
 	base.RawQuery = ""

@@ -130,7 +130,7 @@ func TestClient_validates_the_service_answers(t *testing.T) {
 		{"/v1/inbox/try-begin", "leaseSeconds", "-5", begin, "leaseSeconds -5"},
 		{"/v1/inbox/try-begin", "leaseId", long(inbox.MaxLeaseIDLen + 1), begin, "leaseId of 129 bytes is over the limit of 128"},
 		{"/v1/inbox/try-begin", "retryAfterMs", "-5", busy, "retryAfterMs -5"},
-		{"/v1/inbox/try-begin", "retryAfterMs", "604800001", busy, "retryAfterMs 604800001"},
+		{"/v1/inbox/try-begin", "retryAfterMs", "9223372036855", busy, "retryAfterMs 9223372036855"},
 		{"/v1/inbox/try-begin", "retryAfterMs", "1e300", busy, "retryAfterMs"},
 		{"/v1/inbox/try-begin", "reason", long(inbox.MaxReasonLen + 1), dead, "reason of 1025 bytes is over the limit of 1024"},
 		{"/v1/inbox/extend", "leaseSeconds", "18446744074", extend, "leaseSeconds 18446744074 granted"},
@@ -251,5 +251,84 @@ func TestClient_forbidden_says_what_the_token_may_not_do(t *testing.T) {
 	checkErr(t, "Forget with a consumer's token", err, "/v1/inbox/forget", remote.ErrUnauthorized, inbox.ErrStoreUnavailable)
 	if err != nil && (!strings.Contains(err.Error(), "may not make this call") || strings.Contains(err.Error(), "refused the bearer token")) {
 		t.Errorf("error %q: want it to say the token may not make this call", err)
+	}
+}
+
+// hostile makes the service's answers carry, per path, the fields given
+// (JSON values; "" removes the field), as a hostile service would.
+func hostile(fields map[string]map[string]string) func(http.ResponseWriter, *http.Request, http.Handler) {
+	return func(w http.ResponseWriter, req *http.Request, next http.Handler) {
+		rec := &capture{header: http.Header{}}
+		next.ServeHTTP(rec, req)
+		var m map[string]any
+		if err := json.Unmarshal(rec.body.Bytes(), &m); err != nil {
+			panic(err)
+		}
+		for f, v := range fields[req.URL.EscapedPath()] {
+			if v == "" {
+				delete(m, f)
+				continue
+			}
+			var x any
+			if err := json.Unmarshal([]byte(v), &x); err != nil {
+				panic(err)
+			}
+			m[f] = x
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.code)
+		_ = json.NewEncoder(w).Encode(m)
+	}
+}
+
+// Issue 30, finding 2: the client bounded retryAfterMs but not a wait
+// computed from expiresAt (Busy with expiresAt in the year 9999 made a
+// 292-year backoff), and a discovery document could raise its limits as
+// far. Whatever the service says, the client believes no wait longer than
+// remote.MaxRetryAfter and no lease longer than remote.MaxLease.
+func TestClient_bounds_every_wait_and_lease_by_its_own_maxima(t *testing.T) {
+	t.Parallel()
+	const far = `"9999-12-31T23:59:59Z"`
+	const maxMillis, maxSeconds = "9223372036854", "9223372036" // what a time.Duration holds
+	discovery := map[string]string{"leaseSeconds": `{"min":1,"default":30,"max":` + maxSeconds + `}`, "maxRetryAfterMs": maxMillis}
+	for name, c := range map[string]map[string]string{
+		"Busy without retryAfterMs, expiresAt in 9999": {"expiresAt": far, "retryAfterMs": ""},
+		"Busy with a retryAfterMs of 292 years":        {"retryAfterMs": maxMillis},
+	} {
+		r := newRig(t, remote.Options{})
+		r.in.on("", hostile(map[string]map[string]string{"/v1/inbox": discovery, "/v1/inbox/try-begin": c}))
+		ctx := ctxT(t)
+		if _, err := r.backing.TryBegin(ctx, "k", inbox.BeginOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cl, err := r.client.TryBegin(ctx, "k", inbox.BeginOptions{})
+		if err != nil || cl.Status != inbox.Busy {
+			t.Fatalf("%s: %+v, %v, want Busy", name, cl, err)
+		}
+		if cl.RetryAfter <= 0 || cl.RetryAfter > remote.MaxRetryAfter || cl.ExpiresAt.After(time.Now().Add(remote.MaxRetryAfter)) {
+			t.Errorf("%s: RetryAfter %s, ExpiresAt %s; want at most %s from now", name, cl.RetryAfter, cl.ExpiresAt, remote.MaxRetryAfter)
+		}
+		d, err := r.client.Discover(ctx)
+		if err != nil || d.LeaseMax > remote.MaxLease || d.LeaseDefault > remote.MaxLease || d.MaxRetryAfter > remote.MaxRetryAfter {
+			t.Errorf("%s: discovery %+v, %v; want its lease range within %s and its backoff within %s", name, d, err, remote.MaxLease, remote.MaxRetryAfter)
+		}
+	}
+	r := newRig(t, remote.Options{})
+	r.in.on("", hostile(map[string]map[string]string{
+		"/v1/inbox":           discovery,
+		"/v1/inbox/try-begin": {"leaseSeconds": maxSeconds, "expiresAt": far},
+		"/v1/inbox/extend":    {"leaseSeconds": maxSeconds, "expiresAt": far},
+	}))
+	ctx := ctxT(t)
+	cl, err := r.client.TryBegin(ctx, "k", inbox.BeginOptions{})
+	if err != nil || cl.Status != inbox.Acquired {
+		t.Fatalf("TryBegin: %+v, %v, want Acquired", cl, err)
+	}
+	if cl.Lease <= 0 || cl.Lease > remote.MaxLease || cl.ExpiresAt.After(time.Now().Add(remote.MaxLease)) {
+		t.Errorf("a granted lease of 292 years: Lease %s, ExpiresAt %s; want at most %s", cl.Lease, cl.ExpiresAt, remote.MaxLease)
+	}
+	exp, err := r.client.Extend(ctx, "k", cl.LeaseID, time.Minute)
+	if err != nil || exp.After(time.Now().Add(remote.MaxLease)) {
+		t.Errorf("an extension to the year 9999: %s, %v; want at most %s from now", exp, err, remote.MaxLease)
 	}
 }

@@ -132,7 +132,7 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 		if err := checkGranted(ep, d, w.LeaseSeconds); err != nil {
 			return inbox.Claim{}, err
 		}
-		claim.LeaseID, claim.ExpiresAt = w.LeaseID, *w.ExpiresAt
+		claim.LeaseID, claim.ExpiresAt = w.LeaseID, notAfter(*w.ExpiresAt, MaxLease)
 		switch {
 		case w.LeaseSeconds > 0:
 			claim.Lease = time.Duration(w.LeaseSeconds) * time.Second
@@ -143,19 +143,21 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 		default:
 			claim.Lease = inbox.DefaultLease
 		}
+		claim.Lease = min(claim.Lease, MaxLease)
 	case inbox.Busy:
 		if w.ExpiresAt == nil {
 			return inbox.Claim{}, protoError(ep, "Busy without expiresAt")
 		}
-		claim.ExpiresAt = *w.ExpiresAt
-		if limit := maxRetryAfter(d); w.RetryAfterMs < 0 || w.RetryAfterMs > limit {
-			return inbox.Claim{}, protoError(ep, "Busy with retryAfterMs %d, outside [0, %d] (7 days, or the service's longest lease or backoff)", w.RetryAfterMs, limit)
+		claim.ExpiresAt = notAfter(*w.ExpiresAt, MaxRetryAfter)
+		if w.RetryAfterMs < 0 || w.RetryAfterMs > maxMillis {
+			return inbox.Claim{}, protoError(ep, "Busy with retryAfterMs %d, outside [0, %d]", w.RetryAfterMs, int64(maxMillis))
 		}
 		if w.RetryAfterMs > 0 {
 			claim.RetryAfter = time.Duration(w.RetryAfterMs) * time.Millisecond
 		} else {
 			claim.RetryAfter = max(time.Until(claim.ExpiresAt), 0)
 		}
+		claim.RetryAfter = min(claim.RetryAfter, MaxRetryAfter)
 		// backoff is the fail extension's: false from a service without it,
 		// or from one before it was added.
 		claim.BackingOff = w.Backoff
@@ -187,25 +189,20 @@ func checkGranted(ep endpoint, d *Discovery, sec int64) error {
 		return nil
 	case sec < 0 || sec > maxLeaseSeconds:
 		return protoError(ep, "leaseSeconds %d granted, outside [1, %d]", sec, int64(maxLeaseSeconds))
-	case d != nil && d.LeaseMax > 0 && (time.Duration(sec)*time.Second < d.LeaseMin || time.Duration(sec)*time.Second > d.LeaseMax):
+	case d != nil && d.LeaseMax > 0 && (min(time.Duration(sec)*time.Second, MaxLease) < d.LeaseMin || min(time.Duration(sec)*time.Second, MaxLease) > d.LeaseMax):
 		return protoError(ep, "leaseSeconds %d granted, outside the service's range [%d, %d] of its discovery document",
 			sec, int64(d.LeaseMin/time.Second), int64(d.LeaseMax/time.Second))
 	}
 	return nil
 }
 
-// maxBusyWait is the longest wait a Busy answer may announce (retryAfterMs)
-// whatever the service's discovery document says.
-const maxBusyWait = 7 * 24 * time.Hour
-
-// maxRetryAfter is the longest retryAfterMs a Busy answer may carry: 7 days,
-// or longer when the service's longest lease or backoff is.
-func maxRetryAfter(d *Discovery) int64 {
-	limit := maxBusyWait
-	if d != nil {
-		limit = max(limit, d.MaxRetryAfter, d.LeaseMax)
+// notAfter is t, or the local clock's now plus limit when t is later: a
+// deadline the client believes, whatever the service answered.
+func notAfter(t time.Time, limit time.Duration) time.Time {
+	if latest := time.Now().Add(limit); t.After(latest) {
+		return latest
 	}
-	return int64(limit / time.Millisecond)
+	return t
 }
 
 // holderCall sends a mark-processed, release, extend or fail with a lease
@@ -337,7 +334,7 @@ func (c *client) Extend(ctx context.Context, key, leaseID string, lease time.Dur
 	if err := checkGranted(extendEP, d, w.LeaseSeconds); err != nil {
 		return time.Time{}, err
 	}
-	return *w.ExpiresAt, nil
+	return notAfter(*w.ExpiresAt, MaxLease), nil
 }
 
 // Get implements [driver.Driver] with GET /v1/inbox/{key}; the layer's

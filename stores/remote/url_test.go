@@ -2,7 +2,9 @@ package remote_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
@@ -173,5 +176,63 @@ func TestClient_lease_granted_by_server(t *testing.T) {
 	checkErr(t, "a lease under the minimum with reject", err, "try-begin", inbox.ErrInvalidLease, inbox.ErrInvalidArgument)
 	if !strings.Contains(err.Error(), "[30, 120]") {
 		t.Fatalf("error %q does not state the server's range", err)
+	}
+}
+
+// Issue 30, finding 6: the remote store URL had no way to name a private
+// CA. ca_file=<PEM file> makes the client trust the CAs it holds (and only
+// them) for https://; a certificate they did not sign fails Open as a
+// mistake of configuration that names ca_file.
+func TestOpenURL_ca_file_trusts_a_private_CA(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, _ := testenv.SelfSignedCert(t, t.TempDir())
+	otherCA, _, _ := testenv.SelfSignedCert(t, t.TempDir())
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := server.New(server.Config{Store: newMemory(t, 0), Token: testToken, LeaseMin: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ctx := ctxT(t)
+	s, err := stores.Open(ctx, srv.URL+"/?token="+testToken+"&ca_file="+url.QueryEscape(certFile))
+	if err != nil {
+		t.Fatalf("Open with ca_file naming the server's CA: %v", err)
+	}
+	defer s.Close()
+	if c, err := s.TryBegin(ctx, "ca:k", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin over https with ca_file: %+v, %v", c, err)
+	}
+	for name, raw := range map[string]string{
+		"no ca_file":      srv.URL + "/?token=" + testToken + "&timeout=5s",
+		"another CA file": srv.URL + "/?token=" + testToken + "&timeout=5s&ca_file=" + url.QueryEscape(otherCA),
+	} {
+		_, err := stores.Open(ctx, raw)
+		if !errors.Is(err, stores.ErrMisconfigured) || !strings.Contains(err.Error(), "ca_file") || strings.Contains(err.Error(), testToken) {
+			t.Errorf("%s: Open = %v, want a configuration error that names ca_file", name, err)
+		}
+	}
+	plain := serve(t, server.Config{Store: newMemory(t, 0), Token: testToken})
+	if _, err := stores.Open(ctx, strings.Replace(plain, "http://", "https://", 1)+"/?token="+testToken+"&ca_file="+url.QueryEscape(certFile)); !errors.Is(err, stores.ErrMisconfigured) || !strings.Contains(err.Error(), "does not answer in TLS") {
+		t.Errorf("https:// to a plain HTTP service: Open = %v, want a configuration error that says it does not answer in TLS", err)
+	}
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for raw, want := range map[string]string{
+		"http://127.0.0.1:1/?ca_file=" + url.QueryEscape(certFile):                                   "https://",
+		srv.URL + "/?ca_file=/nonexistent/ca.pem":                                                    "/nonexistent/ca.pem",
+		srv.URL + "/?ca_file=" + url.QueryEscape(notPEM):                                             "no PEM certificate",
+		srv.URL + "/?ca_file=" + url.QueryEscape(certFile) + "&ca_file=" + url.QueryEscape(certFile): "ca_file",
+	} {
+		if _, err := stores.Open(ctx, raw); !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Open(%s) = %v, want an invalid-URL error naming %q", raw, err, want)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/sql/internal/dialect"
 )
 
 // Migrate creates the store's table and index when they do not exist, and
@@ -88,7 +89,7 @@ func (d *sqlDriver) missingColumns(ctx context.Context) ([]int, error) {
 		err := d.probe(ctx, c.name)
 		switch {
 		case err == nil:
-		case classify(err) == kindNoColumn:
+		case classify(err) == dialect.NoColumn:
 			missing = append(missing, i)
 		default:
 			return nil, err
@@ -121,7 +122,7 @@ func (d *sqlDriver) addColumns(ctx context.Context, missing []int) error {
 		return d.runDDL(ctx, stmts)
 	}
 	for _, q := range stmts {
-		if _, err := d.db.ExecContext(ctx, q); err != nil && classify(err) != kindDuplicateColumn {
+		if _, err := d.db.ExecContext(ctx, q); err != nil && classify(err) != dialect.DuplicateColumn {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/faultproxy"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	"github.com/watermill-inbox/inbox/stores/sql/internal/sqltest"
 	"github.com/watermill-inbox/inbox/stores/storetest"
 )
 
@@ -57,9 +58,7 @@ func faults(b backend, table string) func(t *testing.T, cfg storetest.Config) (i
 		driver, dsn := "pgx", u.String()
 		if b.dialect == sqlstore.MySQL {
 			driver = "mysql"
-			if dsn, err = sqlstore.MySQLDSN(u.String()); err != nil {
-				t.Fatal(err)
-			}
+			dsn = sqltest.MySQLDSN(t, u.String())
 		}
 		db, err := sql.Open(driver, dsn)
 		if err != nil {

@@ -8,15 +8,23 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores/driver"
+	"github.com/watermill-inbox/inbox/stores/sql/internal/dialect"
 )
 
-// Dialect names the SQL database a [Store] talks to.
+// Dialect names the SQL database a [Store] talks to. Each is linked into a
+// program by a package of its own, which imports the database/sql driver,
+// registers the driver's name with database/sql and the dialect's URL
+// schemes with package stores, and tells the store what the driver's
+// errors mean:
+//
+//	import _ "github.com/watermill-inbox/inbox/stores/sql/postgres" // Postgres: driver "pgx", postgres://, postgresql://
+//	import _ "github.com/watermill-inbox/inbox/stores/sql/mysql"    // MySQL: driver "mysql", mysql://
+//	import _ "github.com/watermill-inbox/inbox/stores/sql/sqlite"   // SQLite: driver "sqlite", sqlite://
 type Dialect string
 
 // The dialects this package speaks.
 const (
-	// Postgres is PostgreSQL 12 or later, through github.com/jackc/pgx/v5/stdlib
-	// (any database/sql driver for PostgreSQL works).
+	// Postgres is PostgreSQL 12 or later, through github.com/jackc/pgx/v5/stdlib.
 	Postgres Dialect = "postgres"
 
 	// MySQL is MySQL 8 and MariaDB 10.5 or later, through
@@ -31,8 +39,29 @@ const (
 	SQLite Dialect = "sqlite"
 )
 
-// Validate reports whether d is one of the dialects above.
+// packages are the import paths of the dialects' packages.
+var packages = map[Dialect]string{
+	Postgres: "github.com/watermill-inbox/inbox/stores/sql/postgres",
+	MySQL:    "github.com/watermill-inbox/inbox/stores/sql/mysql",
+	SQLite:   "github.com/watermill-inbox/inbox/stores/sql/sqlite",
+}
+
+// Validate reports whether d is one of the dialects above and its package
+// is linked into the program; errors wrap [inbox.ErrInvalidArgument] and
+// name the package to import.
 func (d Dialect) Validate() error {
+	if err := d.known(); err != nil {
+		return err
+	}
+	if dialect.Lookup(string(d)) == nil {
+		return fmt.Errorf("%w: sql store: dialect %s is not linked into this program: import _ %q, which links its database/sql driver", inbox.ErrInvalidArgument, d, packages[d])
+	}
+	return nil
+}
+
+// known reports whether d is one of the dialects above (which [DDL] needs,
+// without the driver).
+func (d Dialect) known() error {
 	switch d {
 	case Postgres, MySQL, SQLite:
 		return nil
@@ -212,7 +241,7 @@ func addColumn(d Dialect, table string, i int) string {
 // [Store.Migrate], which adds the column; the DDL ends with the statement
 // that does so, as a comment, for users who migrate by hand.
 func DDL(d Dialect, table string) (string, error) {
-	if err := d.Validate(); err != nil {
+	if err := d.known(); err != nil {
 		return "", err
 	}
 	if table == "" {

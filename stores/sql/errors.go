@@ -6,87 +6,16 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/outage"
+	"github.com/watermill-inbox/inbox/stores/sql/internal/dialect"
 )
 
-// errKind classifies a driver error.
-type errKind int
-
-const (
-	kindOther           errKind = iota
-	kindRetry                   // deadlock or serialization failure: the statement was rolled back, run it again
-	kindLockWait                // lock wait timeout
-	kindNoTable                 // the table does not exist
-	kindDuplicate               // unique violation
-	kindNoColumn                // a column does not exist
-	kindDuplicateColumn         // ALTER TABLE ADD COLUMN of a column that exists
-)
-
-func classify(err error) errKind {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		switch pg.Code {
-		case "40001", "40P01":
-			return kindRetry
-		case "55P03":
-			return kindLockWait
-		case "42P01":
-			return kindNoTable
-		case "23505":
-			return kindDuplicate
-		case "42703":
-			return kindNoColumn
-		case "42701":
-			return kindDuplicateColumn
-		}
-		return kindOther
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		switch my.Number {
-		case 1213: // ER_LOCK_DEADLOCK
-			return kindRetry
-		case 1205: // ER_LOCK_WAIT_TIMEOUT
-			return kindLockWait
-		case 1146: // ER_NO_SUCH_TABLE
-			return kindNoTable
-		case 1062: // ER_DUP_ENTRY
-			return kindDuplicate
-		case 1054: // ER_BAD_FIELD_ERROR
-			return kindNoColumn
-		case 1060: // ER_DUP_FIELDNAME
-			return kindDuplicateColumn
-		}
-		return kindOther
-	}
-	var lite *sqlite.Error
-	if errors.As(err, &lite) {
-		switch lite.Code() & 0xff {
-		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-			return kindLockWait
-		case sqlite3.SQLITE_CONSTRAINT:
-			return kindDuplicate
-		}
-		switch msg := lite.Error(); {
-		case strings.Contains(msg, "no such table"):
-			return kindNoTable
-		case strings.Contains(msg, "no such column"):
-			return kindNoColumn
-		case strings.Contains(msg, "duplicate column name"):
-			return kindDuplicateColumn
-		}
-	}
-	return kindOther
-}
+// classify says what an error of the store's database/sql driver means; the
+// dialect packages that import the drivers register how to tell.
+func classify(err error) dialect.Kind { return dialect.Classify(err) }
 
 // deadlockBackoff spaces the retries of a deadlocked statement: 1 to 2 ms,
 // doubling (outage.Backoff's table lists every retry loop of the library).
@@ -99,7 +28,7 @@ func retryDeadlocks(ctx context.Context, f func() error) error {
 	const attempts = 8
 	for i := 0; ; i++ {
 		err := f()
-		if err == nil || i == attempts-1 || classify(err) != kindRetry {
+		if err == nil || i == attempts-1 || classify(err) != dialect.Retry {
 			return err
 		}
 		t := time.NewTimer(deadlockBackoff.Pause(i))
@@ -121,13 +50,13 @@ func retryDeadlocks(ctx context.Context, f func() error) error {
 // inbox.ErrStoreUnavailable). sql.ErrNoRows never reaches here.
 func (d *sqlDriver) fault(err error) error {
 	switch classify(err) {
-	case kindNoTable:
+	case dialect.NoTable:
 		return fmt.Errorf("%w: table %s does not exist: run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
 			inbox.ErrStoreUnavailable, d.opts.Table, err)
-	case kindNoColumn:
+	case dialect.NoColumn:
 		return fmt.Errorf("%w: table %s lacks a column of this version of the store (a table of an earlier layout): run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
 			inbox.ErrStoreUnavailable, d.opts.Table, err)
-	case kindRetry:
+	case dialect.Retry:
 		return fmt.Errorf("%w: still deadlocked after retries: %w", inbox.ErrStoreUnavailable, err)
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
@@ -161,10 +90,10 @@ func wrapErr(ctx context.Context, d Dialect, table, op string, err error) error 
 		return fmt.Errorf("%w: sql store (%s): %s: %w (driver: %v)", inbox.ErrStoreUnavailable, d, op, context.DeadlineExceeded, err)
 	}
 	switch classify(err) {
-	case kindNoTable:
+	case dialect.NoTable:
 		return fmt.Errorf("%w: sql store (%s): %s: table %s does not exist: run Store.Migrate, set Options.AutoMigrate (migrate=true in a URL) or apply sqlstore.DDL: %w",
 			inbox.ErrStoreUnavailable, d, op, table, err)
-	case kindRetry:
+	case dialect.Retry:
 		return fmt.Errorf("%w: sql store (%s): %s: still deadlocked after retries: %w", inbox.ErrStoreUnavailable, d, op, err)
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {

@@ -11,6 +11,7 @@ import (
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 func ExampleNew() {
@@ -18,7 +19,9 @@ func ExampleNew() {
 	dir, _ := os.MkdirTemp("", "inbox-example")
 	defer os.RemoveAll(dir)
 
-	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "inbox.db"), 0))
+	// The dialect's package registers the database/sql driver "sqlite":
+	// import sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite".
+	db, err := sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(dir, "inbox.db"), 0))
 	if err != nil {
 		panic(err)
 	}
@@ -52,6 +55,8 @@ func Example_url() {
 	dir, _ := os.MkdirTemp("", "inbox-example")
 	defer os.RemoveAll(dir)
 
+	// With import _ "github.com/watermill-inbox/inbox/stores/sql/sqlite",
+	// which registers sqlite://.
 	store, err := stores.Open(ctx, "sqlite://"+filepath.Join(dir, "inbox.db")+"?migrate=true&retention=72h")
 	if err != nil {
 		panic(err)
@@ -68,7 +73,7 @@ func ExampleStore_BeginTxClaim() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "inbox-example")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "app.db"), 0))
+	db, _ := sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(dir, "app.db"), 0))
 	defer db.Close()
 	db.SetMaxOpenConns(1) // SQLite has one writer: the transaction's connection
 	if _, err := db.Exec("CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {

@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"net/url"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/stores/driver"
@@ -34,31 +33,9 @@ func Apply(ctx context.Context, s *Store, ops []driver.Op) ([]inbox.Claim, []err
 	return res, errs, err
 }
 
-// MySQLDSN turns a mysql:// URL into the go-sql-driver DSN the opener uses.
-func MySQLDSN(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	cfg, err := mysqlConfig(u)
-	if err != nil {
-		return "", err
-	}
-	return cfg.FormatDSN(), nil
-}
-
 // OnCleanupBatch makes s call f with the rows each cleanup statement
 // deleted.
 func OnCleanupBatch(s *Store, f func(n int64)) { s.d.onCleanupBatch = f }
-
-// SQLitePath returns the database path a sqlite:// URL names.
-func SQLitePath(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	return sqlitePath(u)
-}
 
 // Statements returns the statements that a batch of one TryBegin and a
 // batch of one Complete run (not on the MySQL 8 path, where a claim is a

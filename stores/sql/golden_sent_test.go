@@ -16,6 +16,7 @@ import (
 	inboxdriver "github.com/watermill-inbox/inbox/stores/driver"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 	"github.com/watermill-inbox/inbox/stores/sql/internal/sqltest"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 // The golden files hold what the store sends: a workload that calls every
@@ -83,14 +84,10 @@ func sendEverything(t *testing.T, b backend, rec *recorder) {
 	case sqlstore.Postgres:
 		plain, name, dsn = b.open(t), "pgx", testenv.Postgres.URL(t)
 	case sqlstore.MySQL:
-		var err error
-		if dsn, err = sqlstore.MySQLDSN(testenv.MySQL.URL(t)); err != nil {
-			t.Fatal(err)
-		}
-		plain, name = b.open(t), "mysql"
+		plain, name, dsn = b.open(t), "mysql", sqltest.MySQLDSN(t, testenv.MySQL.URL(t))
 	default:
 		path := sqltest.SQLiteFile(t)
-		plain, name, dsn = sqltest.OpenSQLiteFile(t, path), "sqlite", sqlstore.SQLiteDSN(path, 10*time.Second)
+		plain, name, dsn = sqltest.OpenSQLiteFile(t, path), "sqlite", sqlitedialect.DSN(path, 10*time.Second)
 	}
 	table, earlier := newTable(t, plain, b.dialect), newTable(t, plain, b.dialect)
 	if _, err := plain.ExecContext(ctx, "ALTER TABLE "+earlier+" DROP COLUMN reason"); err != nil {

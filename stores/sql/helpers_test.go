@@ -4,9 +4,6 @@ import (
 	"database/sql"
 	"testing"
 
-	_ "github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/watermill-inbox/inbox/internal/testenv"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 	"github.com/watermill-inbox/inbox/stores/sql/internal/sqltest"
 )
@@ -31,23 +28,9 @@ var backends = []backend{
 var (
 	ctxT         = sqltest.Ctx
 	openPostgres = sqltest.OpenPostgres
+	openMySQL    = sqltest.OpenMySQL
 	openSQLite   = sqltest.OpenSQLite
 )
-
-// openMySQL opens the test server with the DSN the store's URL opener makes.
-func openMySQL(t testing.TB) *sql.DB {
-	t.Helper()
-	dsn, err := sqlstore.MySQLDSN(testenv.MySQL.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
 
 // newTable returns a fresh table name, created, and dropped when the test
 // ends.

@@ -55,6 +55,15 @@ type Options struct {
 	// default [DefaultCleanupBatch].
 	CleanupBatch int
 
+	// Timeout bounds each call, its wait in the batch queue included; a
+	// call that has no answer by then fails with an error wrapping
+	// inbox.ErrStoreUnavailable and context.DeadlineExceeded, and its round
+	// trip is canceled once every call it carries has timed out. Optional;
+	// default [DefaultTimeout] (10 s: longer than SQLite's busy timeout, so
+	// that a locked database answers with its own error first); negative
+	// means no bound.
+	Timeout time.Duration
+
 	// Logger receives the janitor's errors. Optional; default no logging.
 	Logger watermill.LoggerAdapter
 
@@ -76,10 +85,16 @@ func (o *Options) setDefaults() {
 	if o.CleanupBatch == 0 {
 		o.CleanupBatch = DefaultCleanupBatch
 	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = watermill.NopLogger{}
 	}
 }
+
+// DefaultTimeout is the default of Options.Timeout.
+const DefaultTimeout = 10 * time.Second
 
 // Validate reports whether o is usable after defaults. Errors wrap
 // [inbox.ErrInvalidArgument].
@@ -103,35 +118,12 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store is the SQL [inbox.LeaseStore]. It is safe for concurrent use. The
-// portable layer it embeds ([driver.Store]) validates input, refuses calls
-// once closed, maps errors and batches concurrent calls; the statements are
-// its driver's.
-//
-// Its methods are those of the portable layer it embeds, [driver.Store],
-// with the contracts of [inbox.LeaseStore] and [inbox.Admin]:
-//
-//   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
-//     lease: Acquired, Busy (another live lease, or a failed attempt's
-//     backoff), Processed or Dead.
-//   - Complete(ctx, key, leaseID): marks key processed under the lease;
-//     repeating it after success succeeds.
-//   - Release(ctx, key, leaseID): gives the lease back unmarked.
-//   - Fail(ctx, key, leaseID, opts): ends a failed attempt: the key waits
-//     out opts.RetryAfter, or is dead with opts.Dead.
-//   - Extend(ctx, key, leaseID, lease) (time.Time, error): renews the lease.
-//   - Get(ctx, key) (inbox.Record, error): what the store knows of key.
-//   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
-//     ([inbox.Store]).
-//   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
-//   - Retention() time.Duration: how long a processed key stays processed
-//     ([inbox.RetentionReporter], for the middleware's stale check).
-//   - BatchStats: how calls were batched; Close.
-//
-// Complete, Release, Fail and Extend fail with [inbox.ErrLeaseLost] when
-// leaseID no longer holds the key; bad input wraps
-// [inbox.ErrInvalidArgument]; a backend failure wraps
-// [inbox.ErrStoreUnavailable].
+// Store is the SQL [inbox.LeaseStore] and [inbox.Admin]. It is safe for
+// concurrent use. Its methods are those of the portable layer it embeds,
+// [driver.Store] (TryBegin, Complete, Release, Fail, Extend, Get,
+// IsProcessed, MarkProcessed, List, Forget, ForceRelease, Retention,
+// BatchStats, Close), with the contracts of [inbox.LeaseStore] and
+// [inbox.Admin], and its own below.
 type Store struct {
 	*driver.Store
 	d *sqlDriver
@@ -173,16 +165,19 @@ type sqlDriver struct {
 }
 
 // New returns a store over db, which must be open on a database of
-// opts.Dialect. It asks a MySQL-protocol server for its version (to tell
-// MariaDB from MySQL) and, with [Options.AutoMigrate], creates the table;
-// ctx bounds that work. The store does not close db.
+// opts.Dialect, whose package the program imports (see [Dialect]: New
+// refuses a dialect that is not linked). It asks a MySQL-protocol server
+// for its version (to tell MariaDB from MySQL) and, with
+// [Options.AutoMigrate], creates the table; ctx bounds that work. The store
+// does not close db.
 //
 // On MySQL and MariaDB, open db with parseTime=true and clientFoundRows=true
 // (the URL opener does): the store does not depend on them for correctness,
 // but they are the settings it is tested with. On SQLite, set a busy
-// timeout and immediate transactions, and limit the pool to one connection
-// (db.SetMaxOpenConns(1)): SQLite has one writer at a time, and waiting in
-// the pool is cheaper than SQLite's busy loop. See the package documentation.
+// timeout and immediate transactions (the DSN of sqlitedialect.DSN does),
+// and limit the pool to one connection (db.SetMaxOpenConns(1)): SQLite has
+// one writer at a time, and waiting in the pool is cheaper than SQLite's
+// busy loop.
 func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sql store: db is nil", inbox.ErrInvalidArgument)
@@ -221,7 +216,7 @@ func newStore(db *sql.DB, opts Options) (*Store, error) {
 	if opts.batch != nil {
 		b = *opts.batch
 	}
-	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b})
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}

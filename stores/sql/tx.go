@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/sql/internal/dialect"
 )
 
 // TxClaimOptions configure [Store.BeginTxClaim].
@@ -130,7 +131,7 @@ func (s *Store) BeginTxClaim(ctx context.Context, key string, opts TxClaimOption
 	for i := 0; ; i++ {
 		var release func()
 		tx, release, processed, err = s.d.tryTxClaim(ctx, key, opts)
-		if err == nil || i == attempts-1 || classify(err) != kindRetry {
+		if err == nil || i == attempts-1 || classify(err) != dialect.Retry {
 			if err != nil {
 				return nil, nil, false, s.d.txErr(ctx, key, err)
 			}
@@ -146,7 +147,7 @@ func (s *Store) BeginTxClaim(ctx context.Context, key string, opts TxClaimOption
 
 // txErr maps an error of the claim: lock-wait timeouts are Busy.
 func (s *sqlDriver) txErr(ctx context.Context, key string, err error) error {
-	if ctx.Err() == nil && classify(err) == kindLockWait {
+	if ctx.Err() == nil && classify(err) == dialect.LockWait {
 		return &inbox.BusyError{Key: key}
 	}
 	return s.wrap(ctx, "BeginTxClaim", err)

@@ -127,17 +127,6 @@ func TestOpen_sqlite_relative_and_file_reopen(t *testing.T) {
 	if ok, err := s2.IsProcessed(ctxT(t), "url:key"); err != nil || !ok {
 		t.Fatalf("IsProcessed after reopening the file = %v, %v", ok, err)
 	}
-	for raw, want := range map[string]string{
-		"sqlite:rel/inbox.db":    "rel/inbox.db",
-		"sqlite://rel/inbox.db":  "rel/inbox.db",
-		"sqlite:///abs/inbox.db": "/abs/inbox.db",
-		"sqlite::memory:":        ":memory:",
-	} {
-		got, err := sqlstore.SQLitePath(raw)
-		if err != nil || got != want {
-			t.Errorf("SQLitePath(%q) = %q, %v; want %q", raw, got, err, want)
-		}
-	}
 }
 
 func TestOpen_rejects_bad_parameters_by_name(t *testing.T) {

@@ -516,3 +516,56 @@ func (s *suite) checkCanceled(t *testing.T, st inbox.LeaseStore, v *waitOp) {
 		t.Errorf("%s %q: %v after Complete again, want Processed", v.name, v.key, r.State)
 	}
 }
+
+// testUnansweredCalls makes calls over a link that answers nothing (a
+// server that hangs), under contexts without a deadline: the store bounds
+// each call itself, so every call fails within its bound (CallTimeout) with
+// an error wrapping inbox.ErrStoreUnavailable, and the store works again
+// once the link is restored.
+func (s *suite) testUnansweredCalls(t *testing.T) {
+	st, link := s.faultStore(t)
+	slow, ok := link.(SlowLink)
+	if !ok {
+		t.Skip("fault case skipped: the harness's Link is not a SlowLink (no Delay), so the suite cannot make the backend stop answering")
+	}
+	held := newKey(t, "held")
+	c := mustBegin(t, st, held, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+	slow.Delay(time.Hour)
+	calls := map[string]func(ctx context.Context) error{
+		"TryBegin": func(ctx context.Context) error {
+			_, err := st.TryBegin(ctx, newKey(t, "new"), inbox.BeginOptions{Lease: longLease})
+			return err
+		},
+		"Complete": func(ctx context.Context) error { return st.Complete(ctx, held, c.LeaseID) },
+		"Get": func(ctx context.Context) error {
+			_, err := st.Get(ctx, held)
+			return err
+		},
+	}
+	start := time.Now()
+	errs := make(map[string]error, len(calls))
+	var mu sync.Mutex
+	var fns []func()
+	for name, call := range calls {
+		fns = append(fns, func() {
+			err := call(context.Background())
+			mu.Lock()
+			errs[name] = err
+			mu.Unlock()
+		})
+	}
+	together(fns...)
+	if d := time.Since(start); d > s.callBound() {
+		t.Errorf("the calls over a link that answers nothing returned after %v, more than the bound of %v", d, s.callBound())
+	}
+	for name, err := range errs {
+		if !errors.Is(err, inbox.ErrStoreUnavailable) {
+			t.Errorf("%s over a link that answers nothing = %v, want an error wrapping inbox.ErrStoreUnavailable", name, err)
+		}
+	}
+	link.Restore()
+	pollUntil(t, 30*time.Second+s.callBound(), "the store to answer again after Restore", func() bool {
+		_, err := st.Get(ctxT(t), held)
+		return err == nil
+	})
+}

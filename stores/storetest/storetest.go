@@ -195,6 +195,7 @@ func (s *suite) cases() []testCase {
 		{"Release_and_TryBegin_concurrent_agree_with_the_record", s.testReleaseClaimRace},
 		{"Faults_link_cut_under_load_fails_calls_cleanly", s.testLinkCut},
 		{"Faults_caller_canceled_while_waiting_gets_its_error", s.testCanceledWhileWaiting},
+		{"Faults_unanswered_calls_fail_within_the_store_bound", s.testUnansweredCalls},
 		{"TryBegin_busy_reports_deadline_and_retry_after", s.testBusyFields},
 		{"TryBegin_same_lease_id_is_idempotent", s.testSameLeaseIDIdempotent},
 		{"TryBegin_after_complete_is_processed", s.testProcessedAfterComplete},
@@ -231,6 +232,7 @@ func (s *suite) cases() []testCase {
 		{"Admin_List_in_key_order_across_pages", s.testListKeyOrder},
 		{"Admin_Forget_makes_key_new", s.testForget},
 		{"Admin_ForceRelease_frees_lease_and_backoff", s.testForceRelease},
+		{"Go_calls_get_their_methods_answers", s.testGo},
 	}
 }
 

@@ -220,7 +220,7 @@ func (f failing) Extend(context.Context, string, string, time.Duration) (time.Ti
 // answers are checked).
 func TestServer_error_answers_follow_openapi(t *testing.T) {
 	t.Parallel()
-	v, base := newValidator(t, server.Config{Token: "tok", AdminTokens: []string{"adm"}, LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048, MaxRetryAfter: time.Hour}, false)
+	v, base := newValidator(t, server.Config{Token: "consumer-token-01", AdminTokens: []string{"admin-token-0001"}, LeasePolicy: server.PolicyReject, MaxBodyBytes: 2048, MaxRetryAfter: time.Hour}, false)
 	// send sends a request with the consumer's token (auth), the admin's
 	// (on the admin endpoints) or none; hdr (name, value, ...) overrides
 	// the Content-Type of a body (application/json) or sets the Host.
@@ -230,9 +230,9 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 			req.Header.Set("Content-Type", "application/json")
 		}
 		if auth {
-			tok := "tok"
+			tok := "consumer-token-01"
 			if strings.HasSuffix(path, "/list") || strings.HasSuffix(path, "/forget") || strings.HasSuffix(path, "/force-release") {
-				tok = "adm"
+				tok = "admin-token-0001"
 			}
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
@@ -305,7 +305,7 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 	for _, path := range []string{"/v1/inbox/list", "/v1/inbox/forget", "/v1/inbox/force-release"} {
 		req, _ := http.NewRequest("POST", base+path, strings.NewReader(`{"key":"k"}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer tok")
+		req.Header.Set("Authorization", "Bearer consumer-token-01")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -371,6 +371,7 @@ func TestServer_error_answers_follow_openapi(t *testing.T) {
 		{"GET", "/v1/inbox/k", ``, []string{"Host", "attacker.example:8080"}},
 		{"GET", "/v1/inbox", ``, []string{"Host", "attacker.example:8080"}},
 		{"GET", "/metrics", ``, []string{"Host", "attacker.example:8080"}},
+		{"POST", "/v1/inbox/try-begin", `{"key":"k"}`, []string{"X-Forwarded-For", "203.0.113.7"}},
 		{"POST", "/v1/inbox/list", `{}`, nil},
 	} {
 		if got := send(c.method, c.path, c.body, false, c.hdr...); got != 403 {
@@ -404,4 +405,57 @@ func TestKeyPath_follows_openapi(t *testing.T) {
 			t.Fatalf("Get(%q): %+v, %v", k, r, err)
 		}
 	}
+}
+
+// The 429 answers of the server's limits (live records, request rate,
+// failed authentications) follow the document, Retry-After included.
+func TestServer_limit_answers_follow_openapi(t *testing.T) {
+	t.Parallel()
+	const tok = "consumer-token-01"
+	v, base := newValidator(t, server.Config{Token: tok, MaxRecordsPerToken: 1, AuthFailuresPerMinute: 2}, true)
+	rv, rbase := newValidator(t, server.Config{Token: tok, RequestsPerSecond: 1}, true)
+	send := func(method, path, body, token string) int {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	send("POST", "/v1/inbox/try-begin", `{"key":"a"}`, tok)
+	if got := send("POST", "/v1/inbox/mark-processed", `{"key":"b"}`, tok); got != 429 {
+		t.Errorf("a second record past MaxRecordsPerToken 1 = %d, want 429", got)
+	}
+	for n := 0; n < 1000 && rv.count("getRecord 429 rate_limited") == 0; n++ {
+		req, _ := http.NewRequest("GET", rbase+"/v1/inbox/a", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if rv.count("getRecord 429 rate_limited") == 0 {
+		t.Errorf("no rate_limited answer was checked; seen %v", rv.seen)
+	}
+	for range 3 {
+		send("POST", "/v1/inbox/try-begin", `{"key":"a"}`, "wrong-token-guess")
+	}
+	for _, want := range []string{"markProcessed 429 quota_exceeded", "tryBegin 429 too_many_auth_failures"} {
+		if v.count(want) == 0 {
+			t.Errorf("no %q answer was checked; seen %v", want, v.seen)
+		}
+	}
+}
+
+func (v *validator) count(key string) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.seen[key]
 }

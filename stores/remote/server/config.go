@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -36,7 +37,19 @@ const (
 	// DefaultMaxRetryAfter bounds the backoff of a failed attempt (the fail
 	// extension's retryAfterMs).
 	DefaultMaxRetryAfter = 24 * time.Hour
+	// DefaultAuthFailuresPerMinute bounds the failed authentications of a
+	// client address.
+	DefaultAuthFailuresPerMinute = 60
 )
+
+// MinTokenBytes is the shortest bearer token the server accepts in its
+// configuration: a shorter one could be guessed.
+const MinTokenBytes = 16
+
+// PrefixSeparator ends every key prefix of a [Grant], as it ends the
+// parts of an inbox key: without it, prefix "app" would reach "apple:1",
+// another namespace's key.
+const PrefixSeparator = ":"
 
 // ErrInvalidConfig is wrapped by the errors of [Config.Validate].
 var ErrInvalidConfig = fmt.Errorf("%w: invalid inbox server config", inbox.ErrInvalidArgument)
@@ -64,21 +77,23 @@ type Config struct {
 	// Token turns bearer authentication on: every call of a consumer (all
 	// but discovery, the admin endpoints, /healthz and /readyz) must carry
 	// "Authorization: Bearer <Token>", else the answer is 401; so must
-	// /metrics, unless MetricsOpen. Optional; default "" (auth none). The
-	// token is never logged.
+	// /metrics, unless MetricsOpen. Optional; default "" (auth none). A
+	// token (here, in Tokens, Grants or AdminTokens) has at least
+	// [MinTokenBytes]. The token is never logged.
 	//
 	// Without any consumer token (Token, Tokens, Grants), auth is none, and
 	// the server defends against web pages instead: it refuses (403
 	// forbidden) every request but /healthz and /readyz that carries an
 	// Origin header (a browser's cross-site request) or whose Host header
 	// is not a loopback name or address (localhost, 127.0.0.0/8, ::1, with
-	// or without port) or one of AllowedHosts (DNS rebinding).
+	// or without port) or one of AllowedHosts (DNS rebinding), or that a
+	// proxy relayed (a Forwarded, X-Forwarded-* or X-Real-IP header).
 	Token string
 
 	// Tokens are more accepted bearer tokens, beside Token: for a rotation
 	// without downtime, accept the old and the new one, move the clients,
 	// then drop the old one ([Server.SetTokens] changes the set while
-	// serving). Any token turns auth on. Optional; none may be empty.
+	// serving). Any token turns auth on. Optional.
 	Tokens []string
 
 	// Grants are more consumers' tokens, beside Token and Tokens, each
@@ -91,8 +106,8 @@ type Config struct {
 	// token is answered 403 forbidden there. An admin token is also
 	// accepted on every other endpoint, for every key. A token that is
 	// both an admin's and a consumer's is an admin's; Validate refuses
-	// that. [Server.SetAdminTokens] changes them while serving. Optional;
-	// none may be empty. Without any, the admin endpoints are off (403
+	// that. [Server.SetAdminTokens] changes them while serving. Optional.
+	// Without any, the admin endpoints are off (403
 	// forbidden, and the discovery document leaves the admin extension
 	// out), unless AdminNoAuth.
 	AdminTokens []string
@@ -122,6 +137,49 @@ type Config struct {
 	// with 400 invalid_argument, as LeasePolicy says for leases. Optional;
 	// default 24 h.
 	MaxRetryAfter time.Duration
+
+	// MaxRecordsPerToken bounds the live records each consumer token may
+	// have in the store: a try-begin or a mark-processed without lease
+	// that would make one more is answered 429 quota_exceeded, with
+	// Retry-After the time until the token's oldest record expires. Tokens
+	// limited to the same key prefixes (the old and the new token of a
+	// rotation) count as one, and so do the tokens without prefixes; admin
+	// tokens are not limited. The server counts records in its memory
+	// (about a hundred bytes each), since its start, from the call that
+	// may create one until the lease or backoff it started and Retention
+	// have passed since its last write through the server, so that no
+	// record outlives its count. Optional; default 0: StoreCapacity shared
+	// equally among the tokens (see there), else no bound.
+	MaxRecordsPerToken int
+
+	// StoreCapacity is the number of records Store keeps before it evicts
+	// the least recently written: the memory store's MaxEntries
+	// (cmd/inboxd sets it from a memory:// URL). When the consumers'
+	// tokens are limited to two or more sets of prefixes, the server
+	// refuses (429 quota_exceeded) a call that would make the records it
+	// counts, the admins' included, pass StoreCapacity, and each token's
+	// share is StoreCapacity divided among them unless MaxRecordsPerToken
+	// says otherwise: no token's records can evict another's processed
+	// keys. With one set, the store evicts as it does without the server.
+	// Optional; default 0: a store that does not evict.
+	StoreCapacity int
+
+	// RequestsPerSecond bounds each consumer token's requests (tokens
+	// counted as for MaxRecordsPerToken), in bursts of a second's worth:
+	// beyond, the answer is 429 rate_limited with Retry-After. Admin tokens
+	// are not limited. Optional; default 0: no bound.
+	RequestsPerSecond float64
+
+	// AuthFailuresPerMinute bounds the requests with a wrong bearer token
+	// from one client address (an IPv4 address, an IPv6 /64): past it, the
+	// address's requests that need a token are answered 429
+	// too_many_auth_failures, the token unchecked, until the budget refills
+	// (AuthFailuresPerMinute a minute). Behind a reverse proxy every client
+	// has the proxy's address. The server keeps at most 4096 addresses;
+	// past that, new ones push out those whose budget is full again, then
+	// others, blocked ones last. Optional; default
+	// DefaultAuthFailuresPerMinute; negative: no bound.
+	AuthFailuresPerMinute int
 
 	// LeaseMin and LeaseMax bound the leases the server grants, in whole
 	// seconds. Optional; defaults 30 s and 120 s (the inbox ADR's range).
@@ -207,6 +265,9 @@ func (c *Config) setDefaults() {
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	if c.AuthFailuresPerMinute == 0 {
+		c.AuthFailuresPerMinute = DefaultAuthFailuresPerMinute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -224,24 +285,38 @@ func (c *Config) setDefaults() {
 
 // Grant is a consumer's bearer token and the keys it may touch.
 type Grant struct {
-	// Token is the bearer token. Required. It is never logged nor quoted in
-	// errors.
+	// Token is the bearer token. Required; at least [MinTokenBytes]. It is
+	// never logged nor quoted in errors.
 	Token string
 
 	// Prefixes, when not empty, restrict the token to the keys that start
 	// with one of them: a call on another key, GET included, is answered
-	// 403 forbidden. Optional; default none: every key. None may be empty.
+	// 403 forbidden. Each ends with [PrefixSeparator]. Optional; default
+	// none: every key.
 	Prefixes []string
 }
 
 func (g Grant) validate() error {
-	if g.Token == "" {
-		return errors.New("its token is empty")
+	if err := checkToken(g.Token); err != nil {
+		return fmt.Errorf("its token %v", err)
 	}
 	for i, p := range g.Prefixes {
 		if p == "" || !utf8.ValidString(p) || len(p) > inbox.MaxKeyLen {
 			return fmt.Errorf("its prefix %d must be 1 to %d bytes of UTF-8", i, inbox.MaxKeyLen)
 		}
+		if !strings.HasSuffix(p, PrefixSeparator) {
+			return fmt.Errorf("its prefix %d %s does not end with %q: without the separator it reaches other namespaces' keys (prefix \"app\" reaches \"apple:1\"); use %s",
+				i, quote(p, 100), PrefixSeparator, quote(p+PrefixSeparator, 101))
+		}
+	}
+	return nil
+}
+
+// checkToken refuses a token shorter than MinTokenBytes, in words that
+// follow "token" and never quote it.
+func checkToken(t string) error {
+	if len(t) < MinTokenBytes {
+		return fmt.Errorf("is %d bytes, shorter than the %d bytes a token must have (make one with: head -c 32 /dev/urandom | base64)", len(t), MinTokenBytes)
 	}
 	return nil
 }
@@ -268,9 +343,14 @@ func (c Config) Validate() error {
 	if c.Store == nil {
 		bad("Store is required")
 	}
+	if c.Token != "" {
+		if err := checkToken(c.Token); err != nil {
+			bad("Token %v", err)
+		}
+	}
 	for i, t := range c.Tokens {
-		if t == "" {
-			bad("Tokens[%d] is empty", i)
+		if err := checkToken(t); err != nil {
+			bad("Tokens[%d] %v", i, err)
 		}
 	}
 	consumers := map[string]bool{}
@@ -283,9 +363,9 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, t := range c.AdminTokens {
-		switch {
-		case t == "":
-			bad("AdminTokens[%d] is empty", i)
+		switch err := checkToken(t); {
+		case err != nil:
+			bad("AdminTokens[%d] %v", i, err)
 		case consumers[t]:
 			bad("AdminTokens[%d] is also a consumer's token: give operators tokens of their own", i)
 		}
@@ -326,6 +406,12 @@ func (c Config) Validate() error {
 	}
 	if c.Retention < 0 {
 		bad("Retention %s is negative", c.Retention)
+	}
+	if c.MaxRecordsPerToken < 0 || c.StoreCapacity < 0 {
+		bad("MaxRecordsPerToken %d and StoreCapacity %d may not be negative", c.MaxRecordsPerToken, c.StoreCapacity)
+	}
+	if c.RequestsPerSecond < 0 || math.IsNaN(c.RequestsPerSecond) || math.IsInf(c.RequestsPerSecond, 0) {
+		bad("RequestsPerSecond %v is not a number >= 0", c.RequestsPerSecond)
 	}
 	if c.ReadyTimeout < 0 {
 		bad("ReadyTimeout %s is negative", c.ReadyTimeout)

@@ -23,7 +23,7 @@ func ExampleNew() {
 	defer store.Close()
 	h, err := server.New(server.Config{
 		Store:       store,
-		Token:       "a-secret-token", // from a file or the environment in real use
+		Token:       "a-secret-token-0001", // from a file or the environment in real use
 		LeaseMin:    10 * time.Second,
 		LeasePolicy: server.PolicyReject,
 		Logger:      slog.New(slog.NewJSONHandler(os.Stderr, nil)),
@@ -36,7 +36,7 @@ func ExampleNew() {
 	defer srv.Close()
 
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/inbox/try-begin", strings.NewReader(`{"key":"k","leaseSeconds":5}`))
-	req.Header.Set("Authorization", "Bearer a-secret-token")
+	req.Header.Set("Authorization", "Bearer a-secret-token-0001")
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -56,7 +56,7 @@ func ExampleServer_SetTokens() {
 		panic(err)
 	}
 	defer store.Close()
-	h, err := server.New(server.Config{Store: store, Token: "old-token"})
+	h, err := server.New(server.Config{Store: store, Token: "old-token-000000001"})
 	if err != nil {
 		panic(err)
 	}
@@ -73,14 +73,14 @@ func ExampleServer_SetTokens() {
 		return resp.StatusCode
 	}
 
-	if err := h.SetTokens("old-token", "new-token"); err != nil { // both while clients move
+	if err := h.SetTokens("old-token-000000001", "new-token-000000001"); err != nil { // both while clients move
 		panic(err)
 	}
-	fmt.Println(status("old-token"), status("new-token"))
-	if err := h.SetTokens("new-token"); err != nil { // every client has moved
+	fmt.Println(status("old-token-000000001"), status("new-token-000000001"))
+	if err := h.SetTokens("new-token-000000001"); err != nil { // every client has moved
 		panic(err)
 	}
-	fmt.Println(status("old-token"), status("new-token"))
+	fmt.Println(status("old-token-000000001"), status("new-token-000000001"))
 	// Output:
 	// 200 200
 	// 401 200
@@ -97,8 +97,8 @@ func ExampleGrant() {
 	defer store.Close()
 	h, err := server.New(server.Config{
 		Store:       store,
-		Grants:      []server.Grant{{Token: "billing-token", Prefixes: []string{"rabbit:billing:"}}},
-		AdminTokens: []string{"operator-token"}, // from files in real use
+		Grants:      []server.Grant{{Token: "billing-token-0001", Prefixes: []string{"rabbit:billing:"}}},
+		AdminTokens: []string{"operator-token-0001"}, // from files in real use
 	})
 	if err != nil {
 		panic(err)
@@ -119,10 +119,10 @@ func ExampleGrant() {
 		fmt.Println(path, resp.StatusCode, answer.Status+answer.Error)
 	}
 
-	post("billing-token", "/v1/inbox/try-begin", `{"key":"rabbit:billing:invoice-handler:42"}`)
-	post("billing-token", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:label-handler:42"}`)
-	post("billing-token", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
-	post("operator-token", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	post("billing-token-0001", "/v1/inbox/try-begin", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	post("billing-token-0001", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:label-handler:42"}`)
+	post("billing-token-0001", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
+	post("operator-token-0001", "/v1/inbox/forget", `{"key":"rabbit:billing:invoice-handler:42"}`)
 	// Output:
 	// /v1/inbox/try-begin 200 Acquired
 	// /v1/inbox/try-begin 403 forbidden

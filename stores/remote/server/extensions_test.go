@@ -16,21 +16,21 @@ import (
 
 func TestServer_discovery_lists_fail_and_admin(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []server.Config{{AdminNoAuth: true}, {AdminTokens: []string{"adm"}}, {Token: "t", AdminTokens: []string{"adm"}}} {
+	for _, cfg := range []server.Config{{AdminNoAuth: true}, {AdminTokens: []string{"admin-token-0001"}}, {Token: "consumer-token-01", AdminTokens: []string{"admin-token-0001"}}} {
 		_, b, _ := call(t, newServer(t, cfg), "GET", "/v1/inbox", "")
 		if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail admin]" || b["maxRetryAfterMs"] != 86400000.0 {
 			t.Fatalf("discovery %v: want the extensions with admin, and maxRetryAfterMs 24 h", b)
 		}
 	}
 	// No admin token and not AdminNoAuth: the admin endpoints are off.
-	for _, cfg := range []server.Config{{}, {Token: "t"}} {
+	for _, cfg := range []server.Config{{}, {Token: "consumer-token-01"}} {
 		h := newServer(t, cfg)
 		_, b, _ := call(t, h, "GET", "/v1/inbox", "")
 		if got := fmt.Sprint(b["extensions"]); got != "[extend leaseId payloadHash payloadMismatch fail]" {
 			t.Fatalf("extensions without an admin token: %s", got)
 		}
 		for _, path := range []string{"list", "forget", "force-release"} {
-			code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, `{"key":"k"}`, "Authorization", "Bearer t")
+			code, b, _ := call(t, h, "POST", "/v1/inbox/"+path, `{"key":"k"}`, "Authorization", "Bearer consumer-token-01")
 			want(t, path+" without an admin token", code, b, 403, "error", "forbidden")
 		}
 	}
@@ -252,7 +252,7 @@ func TestServer_fail_and_admin_bad_input(t *testing.T) {
 // admin's: a consumer's token is answered 403 there.
 func TestServer_fail_and_admin_need_the_token(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{Token: "t0k", AdminTokens: []string{"adm1n"}})
+	h := newServer(t, server.Config{Token: "consumer-token-t0k", AdminTokens: []string{"admin-token-adm1n"}})
 	for path, body := range map[string]string{
 		"fail": `{"key":"k","leaseId":"L"}`, "list": `{}`, "forget": `{"key":"k"}`, "force-release": `{"key":"k"}`,
 	} {
@@ -261,13 +261,13 @@ func TestServer_fail_and_admin_need_the_token(t *testing.T) {
 		want(t, path+" without the token", code, b, 401, "error", "unauthorized")
 		code, b, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer wrong")
 		want(t, path+" with a wrong token", code, b, 401, "error", "unauthorized")
-		code, b, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer t0k")
+		code, b, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer consumer-token-t0k")
 		if admin {
 			want(t, path+" with a consumer's token", code, b, 403, "error", "forbidden")
 		} else if code != http.StatusOK {
 			t.Errorf("%s with the consumer's token: %d", path, code)
 		}
-		code, _, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer adm1n")
+		code, _, _ = call(t, h, "POST", "/v1/inbox/"+path, body, "Authorization", "Bearer admin-token-adm1n")
 		if code != http.StatusOK {
 			t.Errorf("%s with the admin's token: %d", path, code)
 		}

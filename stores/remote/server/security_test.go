@@ -84,8 +84,8 @@ func TestServer_without_token_refuses_browsers(t *testing.T) {
 	}
 	// With bearer auth a page cannot send the token: Origin and Host are
 	// the token's business, not the server's.
-	ht := newServer(t, server.Config{Token: "t0k"})
-	code, b, _ := call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Authorization", "Bearer t0k", "Host", "inbox.example.com", "Origin", "https://app.example.com")
+	ht := newServer(t, server.Config{Token: "consumer-token-t0k"})
+	code, b, _ := call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Authorization", "Bearer consumer-token-t0k", "Host", "inbox.example.com", "Origin", "https://app.example.com")
 	want(t, "a token over any Host and Origin", code, b, 200, "status", "Acquired")
 	code, b, _ = call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Host", "inbox.example.com", "Origin", "https://app.example.com")
 	want(t, "no token over any Host and Origin", code, b, 401, "error", "unauthorized")
@@ -96,11 +96,11 @@ func TestServer_without_token_refuses_browsers(t *testing.T) {
 // changes nothing. An admin's token touches every key.
 func TestServer_token_key_prefixes(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{LeaseMin: time.Second, AdminTokens: []string{"adm"}, Tokens: []string{"any"}, Grants: []server.Grant{
-		{Token: "billing", Prefixes: []string{"rabbit:billing:", "kafka:billing:"}},
+	h := newServer(t, server.Config{LeaseMin: time.Second, AdminTokens: []string{"admin-token-0001"}, Tokens: []string{"any-key-token-0001"}, Grants: []server.Grant{
+		{Token: "billing-token-0001", Prefixes: []string{"rabbit:billing:", "kafka:billing:"}},
 	}})
 	as := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
-	code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`, as("any")...)
+	code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1","leaseId":"S"}`, as("any-key-token-0001")...)
 	want(t, "an unlimited token", code, b, 200, "status", "Acquired")
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/inbox/try-begin", `{"key":"rabbit:shipping:h:1"}`},
@@ -114,35 +114,35 @@ func TestServer_token_key_prefixes(t *testing.T) {
 		{"GET", "/v1/inbox/rabbit:shipping:h:1", ``},
 		{"GET", "/v1/inbox/rabbit%3Ashipping%3Ah%3A1", ``},
 	} {
-		code, b, _ := call(t, h, c.method, c.path, c.body, as("billing")...)
+		code, b, _ := call(t, h, c.method, c.path, c.body, as("billing-token-0001")...)
 		want(t, fmt.Sprintf("%s %s with the billing token", c.method, c.path), code, b, 403, "error", "forbidden")
 	}
-	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("adm")...)
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("admin-token-0001")...)
 	want(t, "the shipping key after the refused calls", code, b, 200, "status", "InProgress")
 	for _, key := range []string{"rabbit:billing:h:1", "kafka:billing:h:1"} {
-		code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		code, b, _ := call(t, h, "POST", "/v1/inbox/try-begin", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing-token-0001")...)
 		want(t, "try-begin of "+key+" with the billing token", code, b, 200, "status", "Acquired")
-		code, b, _ = call(t, h, "POST", "/v1/inbox/extend", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		code, b, _ = call(t, h, "POST", "/v1/inbox/extend", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing-token-0001")...)
 		want(t, "extend of "+key, code, b, 200, "status", "Extended")
-		code, b, _ = call(t, h, "POST", "/v1/inbox/mark-processed", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing")...)
+		code, b, _ = call(t, h, "POST", "/v1/inbox/mark-processed", fmt.Sprintf(`{"key":%q,"leaseId":"B"}`, key), as("billing-token-0001")...)
 		want(t, "mark-processed of "+key, code, b, 200, "status", "Processed")
-		code, b, _ = call(t, h, "GET", "/v1/inbox/"+key, "", as("billing")...)
+		code, b, _ = call(t, h, "GET", "/v1/inbox/"+key, "", as("billing-token-0001")...)
 		want(t, "GET of "+key, code, b, 200, "status", "Processed")
 	}
-	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:billing:h:1"}`, as("billing")...)
+	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:billing:h:1"}`, as("billing-token-0001")...)
 	want(t, "forget with the billing token", code, b, 403, "error", "forbidden")
-	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:shipping:h:1"}`, as("adm")...)
+	code, b, _ = call(t, h, "POST", "/v1/inbox/forget", `{"key":"rabbit:shipping:h:1"}`, as("admin-token-0001")...)
 	want(t, "forget with the admin's token", code, b, 200, "status", "Forgotten")
 
 	// SetGrants changes the prefixes while serving.
-	if err := h.SetGrants(server.Grant{Token: "billing", Prefixes: []string{"rabbit:shipping:"}}); err != nil {
+	if err := h.SetGrants(server.Grant{Token: "billing-token-0001", Prefixes: []string{"rabbit:shipping:"}}); err != nil {
 		t.Fatal(err)
 	}
-	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("billing")...)
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:shipping:h:1", "", as("billing-token-0001")...)
 	want(t, "GET after SetGrants", code, b, 200, "status", "NotFound")
-	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:billing:h:1", "", as("billing")...)
+	code, b, _ = call(t, h, "GET", "/v1/inbox/rabbit:billing:h:1", "", as("billing-token-0001")...)
 	want(t, "GET of the old prefix after SetGrants", code, b, 403, "error", "forbidden")
-	code, _, _ = call(t, h, "GET", "/v1/inbox/k", "", as("any")...)
+	code, _, _ = call(t, h, "GET", "/v1/inbox/k", "", as("any-key-token-0001")...)
 	if code != 401 {
 		t.Fatalf("a token SetGrants dropped: %d, want 401", code)
 	}
@@ -153,12 +153,12 @@ func TestServer_token_key_prefixes(t *testing.T) {
 // /metrics is as open as the protocol.
 func TestServer_metrics_need_a_token(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{Token: "t0k", AdminTokens: []string{"adm"}})
+	h := newServer(t, server.Config{Token: "consumer-token-t0k", AdminTokens: []string{"admin-token-0001"}})
 	for _, hdr := range [][]string{nil, {"Authorization", "Bearer wrong"}} {
 		code, b, _ := call(t, h, "GET", "/metrics", "", hdr...)
 		want(t, fmt.Sprintf("/metrics with %q", hdr), code, b, 401, "error", "unauthorized")
 	}
-	for _, tok := range []string{"t0k", "adm"} {
+	for _, tok := range []string{"consumer-token-t0k", "admin-token-0001"} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/metrics", nil)
 		req.Header.Set("Authorization", "Bearer "+tok)
@@ -171,7 +171,7 @@ func TestServer_metrics_need_a_token(t *testing.T) {
 		code, b, _ := call(t, h, "GET", path, "")
 		want(t, path+" without a token", code, b, 200, "status", "OK")
 	}
-	for _, cfg := range []server.Config{{Token: "t0k", MetricsOpen: true}, {}} {
+	for _, cfg := range []server.Config{{Token: "consumer-token-t0k", MetricsOpen: true}, {}} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/metrics", nil)
 		req.Host = "127.0.0.1:8080"
@@ -246,39 +246,129 @@ func TestConfig_validate_tokens(t *testing.T) {
 	t.Parallel()
 	m := newMemory(t)
 	for name, cfg := range map[string]server.Config{
-		"admin token is a consumer's":  {Store: m, Token: "same", AdminTokens: []string{"same"}},
-		"admin token is a grant's":     {Store: m, Grants: []server.Grant{{Token: "same"}}, AdminTokens: []string{"same"}},
+		"admin token is a consumer's":  {Store: m, Token: "same-token-000001", AdminTokens: []string{"same-token-000001"}},
+		"admin token is a grant's":     {Store: m, Grants: []server.Grant{{Token: "same-token-000001"}}, AdminTokens: []string{"same-token-000001"}},
 		"empty admin token":            {Store: m, AdminTokens: []string{""}},
 		"empty grant token":            {Store: m, Grants: []server.Grant{{Token: ""}}},
-		"empty prefix":                 {Store: m, Grants: []server.Grant{{Token: "t", Prefixes: []string{""}}}},
-		"AdminNoAuth with a token":     {Store: m, Token: "t", AdminNoAuth: true},
-		"AdminNoAuth with admin token": {Store: m, AdminTokens: []string{"a"}, AdminNoAuth: true},
+		"empty prefix":                 {Store: m, Grants: []server.Grant{{Token: "consumer-token-01", Prefixes: []string{""}}}},
+		"AdminNoAuth with a token":     {Store: m, Token: "consumer-token-01", AdminNoAuth: true},
+		"AdminNoAuth with admin token": {Store: m, AdminTokens: []string{"admin-token-0001"}, AdminNoAuth: true},
 		"allowed host with a path":     {Store: m, AllowedHosts: []string{"inbox/x"}},
 	} {
 		_, err := server.New(cfg)
 		if !errors.Is(err, server.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
-		} else if strings.Contains(err.Error(), "same") {
+		} else if strings.Contains(err.Error(), "same-token-000001") {
 			t.Errorf("%s: the error quotes a token: %v", name, err)
 		}
 	}
-	h := newServer(t, server.Config{Token: "c", AdminTokens: []string{"a"}})
-	if err := h.SetAdminTokens("c"); !errors.Is(err, server.ErrInvalidConfig) {
+	h := newServer(t, server.Config{Token: "consumer-token-c", AdminTokens: []string{"admin-token-a-0001"}})
+	if err := h.SetAdminTokens("consumer-token-c"); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("SetAdminTokens of a consumer's token: %v", err)
 	}
-	if err := h.SetTokens("a"); !errors.Is(err, server.ErrInvalidConfig) {
+	if err := h.SetTokens("admin-token-a-0001"); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("SetTokens of an admin's token: %v", err)
 	}
-	if err := newServer(t, server.Config{Token: "c"}).SetAdminTokens("a"); !errors.Is(err, server.ErrInvalidConfig) {
+	if err := newServer(t, server.Config{Token: "consumer-token-c"}).SetAdminTokens("admin-token-a-0001"); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("SetAdminTokens on a server without admin tokens: %v", err)
 	}
-	if err := h.SetAdminTokens("a2"); err != nil {
+	if err := h.SetAdminTokens("admin-token-a2-0001"); err != nil {
 		t.Fatal(err)
 	}
-	code, b, _ := call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer a")
+	code, b, _ := call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer admin-token-a-0001")
 	want(t, "list with the replaced admin token", code, b, 401, "error", "unauthorized")
-	code, _, _ = call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer a2")
+	code, _, _ = call(t, h, "POST", "/v1/inbox/list", `{}`, "Authorization", "Bearer admin-token-a2-0001")
 	if code != 200 {
 		t.Fatalf("list with the new admin token: %d", code)
 	}
+}
+
+// Issue 30: a one-byte token was accepted, and a prefix without the
+// separator reached other namespaces' keys ("app" reaches "apple:1").
+// Tokens are at least MinTokenBytes and prefixes end with ':', at New and
+// at every Set; the errors name the rule and never quote the token.
+func TestConfig_short_tokens_and_prefixes_without_separator_are_refused(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t)
+	const long = "0123456789abcdef-long-enough"
+	for name, cfg := range map[string]server.Config{
+		"a one-byte Token":         {Store: m, Token: "x"},
+		"a short entry of Tokens":  {Store: m, Tokens: []string{long, "short-tok"}},
+		"a short grant's token":    {Store: m, Grants: []server.Grant{{Token: "short-tok"}}},
+		"a short admin token":      {Store: m, AdminTokens: []string{"short-tok"}},
+		"a prefix without ':'":     {Store: m, Grants: []server.Grant{{Token: long, Prefixes: []string{"app"}}}},
+		"a second prefix without":  {Store: m, Grants: []server.Grant{{Token: long, Prefixes: []string{"rabbit:billing:", "kafka:billing"}}}},
+		"15 bytes, one below":      {Store: m, Token: "0123456789abcde"},
+		"a prefix ending in a dot": {Store: m, Grants: []server.Grant{{Token: long, Prefixes: []string{"rabbit.billing."}}}},
+	} {
+		_, err := server.New(cfg)
+		if !errors.Is(err, server.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "short-tok") || strings.Contains(err.Error(), long) {
+			t.Errorf("%s: the error quotes a token: %v", name, err)
+		}
+		if !strings.Contains(err.Error(), "16 bytes") && !strings.Contains(err.Error(), `end with ":"`) {
+			t.Errorf("%s: the error does not say the rule: %v", name, err)
+		}
+	}
+	h := newServer(t, server.Config{Grants: []server.Grant{{Token: long, Prefixes: []string{"app:"}}}, AdminTokens: []string{"admin-" + long}})
+	for name, err := range map[string]error{
+		"SetTokens, short":        h.SetTokens("short-tok"),
+		"SetGrants, no separator": h.SetGrants(server.Grant{Token: long, Prefixes: []string{"app"}}),
+		"SetAdminTokens, short":   h.SetAdminTokens("short-tok"),
+	} {
+		if !errors.Is(err, server.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	// The token kept its prefix "app:", so "apple:1" stays out of reach.
+	code, b, _ := call(t, h, "POST", "/v1/inbox/mark-processed", `{"key":"apple:1"}`, "Authorization", "Bearer "+long)
+	want(t, "mark-processed of apple:1 with the app: token", code, b, 403, "error", "forbidden")
+	code, b, _ = call(t, h, "POST", "/v1/inbox/mark-processed", `{"key":"app:1"}`, "Authorization", "Bearer "+long)
+	want(t, "mark-processed of app:1 with the app: token", code, b, 200, "status", "Processed")
+}
+
+// Issue 30, finding 5: without a token, a request relayed by a proxy was
+// served, and behind a reverse proxy that mode is open to the network. A
+// server without tokens refuses every request that carries Forwarded or an
+// X-Forwarded-* header (or X-Real-IP), but /healthz and /readyz, with 403
+// and a message that says why and what to do; with tokens they are served.
+func TestServer_without_token_refuses_forwarded_requests(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, server.Config{AdminNoAuth: true})
+	for _, hdr := range [][]string{
+		{"Forwarded", "for=203.0.113.7;proto=https"},
+		{"X-Forwarded-For", "203.0.113.7"},
+		{"X-Forwarded-Host", "inbox.example.com"},
+		{"X-Forwarded-Proto", "https"},
+		{"x-forwarded-port", "443"},
+		{"X-Real-Ip", "203.0.113.7"},
+	} {
+		for _, c := range []struct{ method, path, body string }{
+			{"POST", "/v1/inbox/mark-processed", `{"key":"order:42"}`},
+			{"POST", "/v1/inbox/forget", `{"key":"order:42"}`},
+			{"GET", "/v1/inbox/order:42", ``},
+			{"GET", "/v1/inbox", ``},
+			{"GET", "/metrics", ``},
+		} {
+			code, b, _ := call(t, h, c.method, c.path, c.body, hdr...)
+			want(t, fmt.Sprintf("%s %s with %s", c.method, c.path, hdr[0]), code, b, 403, "error", "forbidden")
+			if msg, _ := b["message"].(string); !strings.Contains(msg, "proxy") || !strings.Contains(msg, "token") {
+				t.Errorf("%s %s with %s: message %q does not say why and what to do", c.method, c.path, hdr[0], msg)
+			}
+		}
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if code, b, _ := call(t, h, "GET", path, "", hdr...); code != 200 {
+				t.Errorf("GET %s with %s: %d %v, want 200 (probes pass through proxies)", path, hdr[0], code, b)
+			}
+		}
+	}
+	if _, b, _ := call(t, h, "GET", "/v1/inbox/order:42", ""); b["status"] != "NotFound" {
+		t.Fatalf("a refused request changed the key: %v", b)
+	}
+	ht := newServer(t, server.Config{Token: "consumer-token-t0k"})
+	code, b, _ := call(t, ht, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, "Authorization", "Bearer consumer-token-t0k", "X-Forwarded-For", "203.0.113.7", "Forwarded", "for=203.0.113.7")
+	want(t, "a token through a proxy", code, b, 200, "status", "Acquired")
 }

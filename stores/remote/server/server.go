@@ -27,10 +27,12 @@
 // for a call the token may not make (see "Who may call what" below), or a
 // browser's request to a server without tokens, 404 for an unknown path,
 // 405 for a wrong method, 413 for a body over [Config.MaxBodyBytes], 415
-// unsupported_media_type for a POST that is not application/json, 501
-// not_supported when the store cannot extend
-// leases or has no admin operations, 503 store_unavailable when the store is
-// down or closed, 500 for other store failures. Unknown request fields are
+// unsupported_media_type for a POST that is not application/json, 429
+// with Retry-After over a limit ([Config.MaxRecordsPerToken],
+// RequestsPerSecond, AuthFailuresPerMinute), 501 not_supported when the
+// store cannot extend leases or has no admin operations, 503
+// store_unavailable when the store is down or closed, 500 for other store
+// failures. Unknown request fields are
 // ignored; field names match exactly.
 //
 // The discovery document lists the extensions extend, leaseId, payloadHash,
@@ -94,7 +96,9 @@
 //   - Consumers' tokens ([Config.Token], Tokens, Grants) may call
 //     try-begin, mark-processed, release, extend, fail, GET and /metrics;
 //     a [Grant] with Prefixes only on keys that start with one of them (403
-//     forbidden otherwise, GET included).
+//     forbidden otherwise, GET included), but for the GET of the key
+//     inbox-remote:check, which every token may read: the remote client's
+//     check at Open reads it.
 //   - Admin tokens ([Config.AdminTokens]) may call everything, the admin
 //     endpoints list, forget and force-release included, on every key. A
 //     consumer's token gets 403 there. Without admin tokens, the admin
@@ -111,7 +115,9 @@
 //     that is not localhost, an address of 127.0.0.0/8 or ::1 (with or
 //     without port), or one of [Config.AllowedHosts], is 403 forbidden
 //     (/healthz and /readyz excepted). That defeats a cross-site form POST
-//     and DNS rebinding. With tokens, a page cannot send one.
+//     and DNS rebinding. With tokens, a page cannot send one. So is a
+//     request that a proxy relayed (Forwarded, X-Forwarded-*, X-Real-IP):
+//     behind a reverse proxy, auth none would be open to its clients.
 //
 // Metrics (Prometheus): inbox_server_requests_total{endpoint, code, status}
 // and inbox_server_request_duration_seconds{endpoint}. endpoint is
@@ -197,6 +203,11 @@ type Server struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 
+	records     *records           // the live records per tenant; nil without limits
+	authFails   *authFailures      // failed authentications per address; nil: no bound
+	tenants     map[string]*tenant // by tenantKey, under authMu; kept across SetGrants
+	adminTenant *tenant            // the operators' tokens
+
 	ops map[string]operation // the POSTed operations of protocol v1, by path
 }
 
@@ -222,12 +233,14 @@ type authState struct {
 type grantHash struct {
 	hash     [32]byte
 	prefixes []string
+	tenant   *tenant
 }
 
 // principal is what a request's bearer token allows.
 type principal struct {
 	admin    bool
 	prefixes []string // nil: every key
+	tenant   *tenant  // what its limits count; nil: none (auth none)
 }
 
 // everyKey is the principal of a request to a server with auth none.
@@ -244,7 +257,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, records: newRecords(cfg), authFails: newAuthFailures(cfg.AuthFailuresPerMinute),
+		tenants: map[string]*tenant{}, adminTenant: &tenant{admin: true}}
 	s.ops = map[string]operation{
 		wire.TryBegin: {epTryBegin, false, s.tryBegin}, wire.MarkProcessed: {epMark, false, s.markProcessed},
 		wire.Release: {epRelease, false, s.release}, wire.Extend: {epExtend, false, s.extend}, wire.Fail: {epFail, false, s.fail},
@@ -262,12 +276,13 @@ func New(cfg Config) (*Server, error) {
 	auth := wire.AuthNone
 	if grants := cfg.consumerTokens(); len(grants) > 0 {
 		auth = wire.AuthBearer
-		st.consumers = hashGrants(grants)
+		st.consumers = s.hashGrants(grants)
 	}
 	if len(cfg.AdminTokens) > 0 {
 		st.admins = hashTokens(cfg.AdminTokens)
 	}
 	s.auth.Store(&st)
+	s.records.setTenants(countTenants(st.consumers))
 	s.hosts = map[string]bool{}
 	for _, h := range cfg.AllowedHosts {
 		s.hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
@@ -317,11 +332,12 @@ func (s *Server) Drain() { s.draining.Store(true) }
 
 // reply is what an endpoint answers.
 type reply struct {
-	code   int
-	body   any    // encoded as JSON
-	status string // v1 status or error code, for metrics and logs
-	key    string // for debug logs
-	err    error  // a store failure, logged
+	code       int
+	body       any           // encoded as JSON
+	status     string        // v1 status or error code, for metrics and logs
+	key        string        // for debug logs
+	err        error         // a store failure, logged
+	retryAfter time.Duration // a 429's Retry-After
 }
 
 func errReply(code int, errCode, msg string) reply {
@@ -414,7 +430,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // send: a request with an Origin header (a browser's cross-site request,
 // such as a form's POST), or one whose Host header is not a loopback name
 // or address or one of Config.AllowedHosts (a page whose name was rebound
-// to a loopback address). With bearer auth, a page cannot send the token.
+// to a loopback address); and a request that a proxy relayed (Forwarded,
+// X-Forwarded-*, X-Real-IP): behind a reverse proxy, auth none is open to
+// the proxy's clients. With bearer auth, a page cannot send the token.
 func (s *Server) checkBrowser(r *http.Request) *reply {
 	if s.auth.Load().consumers != nil {
 		return nil
@@ -424,6 +442,12 @@ func (s *Server) checkBrowser(r *http.Request) *reply {
 			"a request with an Origin header (from a web page) is refused by a server without tokens: give inboxd a token file (INBOX_TOKEN_FILE) to serve browsers' code")
 		return &rep
 	}
+	if h := forwardedHeader(r.Header); h != "" {
+		rep := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(
+			"a request relayed by a proxy (it carries %s) is refused by a server without tokens: behind a reverse proxy, a server without tokens is open to every client of the proxy. "+
+				"Give the server a token file (cmd/inboxd: INBOX_TOKEN_FILE), or let clients reach it directly on loopback", h))
+		return &rep
+	}
 	if !s.hostAllowed(r.Host) {
 		rep := errReply(http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(
 			"Host %s is not a loopback name or address, nor an allowed host: a server without tokens answers only requests to localhost, 127.0.0.1 or ::1 (cmd/inboxd: INBOX_ALLOWED_HOSTS names others)",
@@ -431,6 +455,18 @@ func (s *Server) checkBrowser(r *http.Request) *reply {
 		return &rep
 	}
 	return nil
+}
+
+// forwardedHeader is the name of a header of h that a proxy adds to the
+// requests it relays (Forwarded, X-Forwarded-*, X-Real-IP), "" when
+// there is none.
+func forwardedHeader(h http.Header) string {
+	for name := range h { // canonical names: X-Forwarded-For, X-Real-Ip
+		if name == "Forwarded" || name == "X-Real-Ip" || strings.HasPrefix(name, "X-Forwarded-") {
+			return name
+		}
+	}
+	return ""
 }
 
 // hostAllowed reports whether a Host header names a loopback name or
@@ -497,6 +533,13 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, r
 	if admin && st.admins == nil { // AdminNoAuth: auth none
 		return &principal{admin: true}, true
 	}
+	now := time.Now()
+	if wait, blocked := s.authFails.blocked(r.RemoteAddr, now); blocked {
+		*rep = tooMany(wire.CodeTooManyAuthFailures, fmt.Sprintf(
+			"too many requests with a wrong bearer token from this address (over %d a minute): its requests are refused, whatever token they carry, for %s",
+			s.cfg.AuthFailuresPerMinute, ceilSeconds(wait)), wait)
+		return nil, false
+	}
 	h := r.Header.Get("Authorization")
 	scheme, tok, _ := strings.Cut(h, " ")
 	who := st.lookup(sha256.Sum256([]byte(strings.TrimSpace(tok))))
@@ -509,14 +552,52 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, admin bool, r
 		msg := "missing bearer token"
 		if h != "" {
 			msg = "wrong bearer token"
+			s.authFails.fail(r.RemoteAddr, now)
 		}
 		*rep = errReply(http.StatusUnauthorized, wire.CodeUnauthorized, msg)
 		return nil, false
 	case admin && !who.admin:
 		*rep = errReply(http.StatusForbidden, wire.CodeForbidden, "this endpoint needs an admin token; the bearer token is a consumer's")
 		return nil, false
+	case who.admin:
+		who.tenant = s.adminTenant
+	case s.cfg.RequestsPerSecond > 0:
+		if ok, wait := who.tenant.allow(s.cfg.RequestsPerSecond, now); !ok {
+			*rep = tooMany(wire.CodeRateLimited, fmt.Sprintf("this bearer token is over its rate of %v requests a second", s.cfg.RequestsPerSecond), wait)
+			return nil, false
+		}
 	}
 	return who, true
+}
+
+// tooMany is a 429 answer whose Retry-After says wait, in whole seconds.
+func tooMany(code, msg string, wait time.Duration) reply {
+	r := errReply(http.StatusTooManyRequests, code, msg)
+	r.retryAfter = wait
+	return r
+}
+
+// ceilSeconds is d rounded up to whole seconds, at least 1 s: the wait a
+// Retry-After says.
+func ceilSeconds(d time.Duration) time.Duration {
+	return max((d+time.Second-1)/time.Second, 1) * time.Second
+}
+
+// admit counts key as a record of the request's token before a call that
+// may create it, or refuses the call (429 quota_exceeded) when the token's
+// share of the store, or the store, is full. done takes the call's outcome.
+func (s *Server) admit(ctx context.Context, key string) (done func(ok bool), bad *reply) {
+	who, _ := ctx.Value(principalKey{}).(*principal)
+	if who == nil {
+		return func(bool) {}, nil
+	}
+	done, wait, reason := s.records.admit(who.tenant, key)
+	if reason != "" {
+		r := tooMany(wire.CodeQuotaExceeded, reason+fmt.Sprintf(": a new key is refused until a record of it expires, in %s", ceilSeconds(wait)), wait)
+		r.key = key
+		return nil, &r
+	}
+	return done, nil
 }
 
 // lookup returns what the token of hash got allows, nil when it is not
@@ -526,7 +607,7 @@ func (st *authState) lookup(got [32]byte) *principal {
 	var who *principal
 	for i := range st.consumers {
 		if subtle.ConstantTimeCompare(got[:], st.consumers[i].hash[:]) == 1 {
-			who = &principal{prefixes: st.consumers[i].prefixes}
+			who = &principal{prefixes: st.consumers[i].prefixes, tenant: st.consumers[i].tenant}
 		}
 	}
 	for _, want := range st.admins {
@@ -563,7 +644,7 @@ func (s *Server) SetGrants(grants ...Grant) error {
 	if len(grants) == 0 {
 		return fmt.Errorf("%w: SetTokens with no token would refuse every client", ErrInvalidConfig)
 	}
-	hashes := hashGrants(grants)
+	hashes := s.hashGrants(grants)
 	for i, g := range grants {
 		if err := g.validate(); err != nil {
 			return fmt.Errorf("%w: SetTokens: grant %d: %v", ErrInvalidConfig, i, err)
@@ -573,6 +654,7 @@ func (s *Server) SetGrants(grants ...Grant) error {
 		}
 	}
 	s.auth.Store(&authState{consumers: hashes, admins: old.admins})
+	s.records.setTenants(countTenants(hashes))
 	return nil
 }
 
@@ -593,8 +675,8 @@ func (s *Server) SetAdminTokens(tokens ...string) error {
 	}
 	hashes := hashTokens(tokens)
 	for i, t := range tokens {
-		if t == "" {
-			return fmt.Errorf("%w: SetAdminTokens: token %d is empty", ErrInvalidConfig, i)
+		if err := checkToken(t); err != nil {
+			return fmt.Errorf("%w: SetAdminTokens: token %d %v", ErrInvalidConfig, i, err)
 		}
 		for _, c := range old.consumers {
 			if c.hash == hashes[i] {
@@ -614,12 +696,30 @@ func hashTokens(tokens []string) [][32]byte {
 	return hashes
 }
 
-func hashGrants(grants []Grant) []grantHash {
+// hashGrants hashes the grants' tokens and gives each its tenant: the
+// same one as before for the same prefixes. The caller holds authMu, or
+// is New.
+func (s *Server) hashGrants(grants []Grant) []grantHash {
 	out := make([]grantHash, len(grants))
 	for i, g := range grants {
-		out[i] = grantHash{hash: sha256.Sum256([]byte(g.Token)), prefixes: slices.Clone(g.Prefixes)}
+		k := tenantKey(g.Prefixes)
+		t := s.tenants[k]
+		if t == nil {
+			t = &tenant{}
+			s.tenants[k] = t
+		}
+		out[i] = grantHash{hash: sha256.Sum256([]byte(g.Token)), prefixes: slices.Clone(g.Prefixes), tenant: t}
 	}
 	return out
+}
+
+// countTenants is the number of tenants among grants.
+func countTenants(grants []grantHash) int {
+	seen := map[*tenant]bool{}
+	for _, g := range grants {
+		seen[g.tenant] = true
+	}
+	return len(seen)
 }
 
 // post checks the token and the Content-Type of a POSTed operation, reads
@@ -762,7 +862,12 @@ func (s *Server) tryBegin(ctx context.Context, body []byte) reply {
 	if err := opts.Validate(); err != nil {
 		return s.storeReply(err)
 	}
+	done, full := s.admit(ctx, req.Key)
+	if full != nil {
+		return *full
+	}
 	c, err := s.cfg.Store.TryBegin(ctx, req.Key, opts)
+	done(err == nil)
 	if err != nil {
 		return s.storeFailure(req.Key, err)
 	}
@@ -852,7 +957,12 @@ func (s *Server) markProcessed(ctx context.Context, body []byte) reply {
 	}
 	var err error
 	if req.LeaseID == "" {
+		done, full := s.admit(ctx, req.Key)
+		if full != nil {
+			return *full
+		}
 		err = s.cfg.Store.MarkProcessed(ctx, req.Key)
+		done(err == nil)
 	} else {
 		err = s.cfg.Store.Complete(ctx, req.Key, req.LeaseID)
 	}
@@ -887,6 +997,7 @@ func (s *Server) extend(ctx context.Context, body []byte) reply {
 func (s *Server) leaseOutcome(key string, err error, status string, ok wire.StatusResponse) reply {
 	switch {
 	case err == nil:
+		s.records.touch(key, s.cfg.LeaseMax)
 		return reply{code: http.StatusOK, body: ok, status: status, key: key}
 	case errors.Is(err, inbox.ErrLeaseLost):
 		return reply{code: http.StatusOK, body: wire.StatusResponse{Status: wire.StatusLeaseLost}, status: wire.StatusLeaseLost, key: key}
@@ -898,6 +1009,11 @@ func (s *Server) get(ctx context.Context, path string, acceptDead bool) reply {
 	key, _, err := wire.KeyFromPath(path)
 	if err != nil {
 		return errReply(http.StatusBadRequest, wire.CodeInvalidKey, err.Error())
+	}
+	if key == wire.CheckKey {
+		// Every token may read the check key, whatever its prefixes: a
+		// client limited to its own keys checks its token with it.
+		ctx = context.WithValue(ctx, principalKey{}, everyKey)
 	}
 	if r := s.checkKey(ctx, key); r != nil {
 		return *r
@@ -962,6 +1078,9 @@ func (s *Server) fail(ctx context.Context, body []byte) reply {
 		ok = wire.StatusDead
 	}
 	err = s.cfg.Store.Fail(ctx, req.Key, req.LeaseID, opts)
+	if err == nil {
+		s.records.touch(req.Key, opts.RetryAfter)
+	}
 	return s.leaseOutcome(req.Key, err, ok, wire.StatusResponse{Status: ok})
 }
 
@@ -1064,11 +1183,23 @@ func (s *Server) keyCall(ctx context.Context, body []byte, call func(key string)
 }
 
 func (s *Server) forget(ctx context.Context, body []byte) reply {
-	return s.keyCall(ctx, body, func(key string) error { return s.admin.Forget(ctx, key) }, wire.StatusForgotten)
+	return s.keyCall(ctx, body, func(key string) error {
+		err := s.admin.Forget(ctx, key)
+		if err == nil {
+			s.records.drop(key)
+		}
+		return err
+	}, wire.StatusForgotten)
 }
 
 func (s *Server) forceRelease(ctx context.Context, body []byte) reply {
-	return s.keyCall(ctx, body, func(key string) error { return s.admin.ForceRelease(ctx, key) }, wire.StatusReleased)
+	return s.keyCall(ctx, body, func(key string) error {
+		err := s.admin.ForceRelease(ctx, key)
+		if err == nil {
+			s.records.touch(key, 0)
+		}
+		return err
+	}, wire.StatusReleased)
 }
 
 func (s *Server) ready(ctx context.Context) reply {
@@ -1121,8 +1252,11 @@ func (s *Server) storeFailure(key string, err error) reply {
 func (s *Server) write(w http.ResponseWriter, rep reply) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if rep.code == http.StatusServiceUnavailable {
+	switch rep.code {
+	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")
+	case http.StatusTooManyRequests:
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(ceilSeconds(rep.retryAfter)/time.Second), 10))
 	}
 	w.WriteHeader(rep.code)
 	if err := json.NewEncoder(w).Encode(rep.body); err != nil {
@@ -1145,6 +1279,12 @@ func (s *Server) done(r *http.Request, ep string, start time.Time, rep reply) {
 	case rep.err != nil && rep.code >= 500:
 		s.log.LogAttrs(r.Context(), slog.LevelError, "inbox server: store call failed",
 			append(attrs, slog.String("error", rep.err.Error()), slog.String("key", rep.key))...)
+	case rep.code == http.StatusTooManyRequests:
+		// Limits are counted in metrics; a log line each would let a
+		// client past its limit flood the logs.
+		if s.log.Enabled(r.Context(), slog.LevelDebug) {
+			s.log.LogAttrs(r.Context(), slog.LevelDebug, "inbox server: request refused over a limit", append(attrs, slog.String("key", rep.key))...)
+		}
 	case rep.code == http.StatusUnauthorized:
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "inbox server: unauthorized request", attrs...)
 	case rep.code == http.StatusForbidden:

@@ -48,7 +48,8 @@ func newServer(t testing.TB, cfg server.Config) *server.Server {
 
 // call sends one request to h in process and returns code and decoded body.
 // The request's Host is 127.0.0.1:8080, and a body is application/json,
-// unless hdr (name, value, ...) names them ("Host" sets the Host).
+// unless hdr (name, value, ...) names them ("Host" sets the Host,
+// "RemoteAddr" the client's address, 192.0.2.1:1234 otherwise).
 func call(t testing.TB, h http.Handler, method, target, body string, hdr ...string) (int, map[string]any, http.Header) {
 	t.Helper()
 	var rd io.Reader
@@ -64,6 +65,10 @@ func call(t testing.TB, h http.Handler, method, target, body string, hdr ...stri
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i] == "Host" {
 			req.Host = hdr[i+1]
+			continue
+		}
+		if hdr[i] == "RemoteAddr" {
+			req.RemoteAddr = hdr[i+1]
 			continue
 		}
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -236,7 +241,7 @@ func TestServer_lease_policy(t *testing.T) {
 func TestServer_bearer_auth(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
-	const token = "tok-123-secret"
+	const token = "tok-123-secret-value"
 	h := newServer(t, server.Config{Token: token, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	for _, hdr := range [][]string{nil, {"Authorization", "Bearer nope"}, {"Authorization", "Basic " + token}, {"Authorization", token}} {
 		code, b, rh := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"k"}`, hdr...)
@@ -266,18 +271,18 @@ func TestServer_bearer_auth(t *testing.T) {
 // client out or turn auth on behind the discovery document's back.
 func TestServer_token_rotation(t *testing.T) {
 	t.Parallel()
-	h := newServer(t, server.Config{Token: "old-token", Tokens: []string{"new-token"}})
+	h := newServer(t, server.Config{Token: "old-token-000000001", Tokens: []string{"new-token-000000001"}})
 	accepted := func(tok string) bool {
 		code, _, _ := call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"rot"}`, "Authorization", "Bearer "+tok)
 		return code == 200
 	}
-	if !accepted("old-token") || !accepted("new-token") || accepted("other") {
+	if !accepted("old-token-000000001") || !accepted("new-token-000000001") || accepted("other") {
 		t.Fatal("Token and Tokens: want old and new accepted, any other refused")
 	}
-	if err := h.SetTokens("new-token"); err != nil {
+	if err := h.SetTokens("new-token-000000001"); err != nil {
 		t.Fatal(err)
 	}
-	if accepted("old-token") || !accepted("new-token") {
+	if accepted("old-token-000000001") || !accepted("new-token-000000001") {
 		t.Fatal("after SetTokens(new): want only the new token accepted")
 	}
 	for _, bad := range [][]string{nil, {"a", ""}} {
@@ -285,17 +290,17 @@ func TestServer_token_rotation(t *testing.T) {
 			t.Errorf("SetTokens(%q): %v, want ErrInvalidConfig", bad, err)
 		}
 	}
-	if !accepted("new-token") {
+	if !accepted("new-token-000000001") {
 		t.Fatal("a refused SetTokens changed the tokens")
 	}
 	open := newServer(t, server.Config{})
 	if err := open.SetTokens("x"); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("SetTokens on a server without auth: %v, want ErrInvalidConfig", err)
 	}
-	if _, err := server.New(server.Config{Store: newMemory(t), Tokens: []string{"ok", ""}}); !errors.Is(err, server.ErrInvalidConfig) {
+	if _, err := server.New(server.Config{Store: newMemory(t), Tokens: []string{"ok-token-00000001", ""}}); !errors.Is(err, server.ErrInvalidConfig) {
 		t.Errorf("an empty entry in Tokens: %v, want ErrInvalidConfig", err)
 	}
-	code, b, _ := call(t, newServer(t, server.Config{Tokens: []string{"only"}}), "GET", "/v1/inbox", "")
+	code, b, _ := call(t, newServer(t, server.Config{Tokens: []string{"only-token-0000001"}}), "GET", "/v1/inbox", "")
 	want(t, "Tokens alone turn auth on", code, b, 200, "auth", "bearer")
 }
 
@@ -450,7 +455,7 @@ func TestConfig_validate(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := server.New(server.Config{Store: m, Token: "secret-value", LeasePolicy: "x"}); err == nil || strings.Contains(err.Error(), "secret-value") {
+	if _, err := server.New(server.Config{Store: m, Token: "secret-value-0000", LeasePolicy: "x"}); err == nil || strings.Contains(err.Error(), "secret-value-0000") {
 		t.Fatalf("Validate error %v quotes the token or is nil", err)
 	}
 	reg := prometheus.NewRegistry()
@@ -488,12 +493,12 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	store := newMemory(t)
-	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "t0k", AdminTokens: []string{"adm"}, LeaseMin: time.Second})
-	auth := []string{"Authorization", "Bearer t0k"}
+	h := newServer(t, server.Config{Store: store, Registerer: reg, Token: "consumer-token-t0k", AdminTokens: []string{"admin-token-0001"}, LeaseMin: time.Second})
+	auth := []string{"Authorization", "Bearer consumer-token-t0k"}
 	post := func(path, body string) map[string]any {
 		a := auth
 		if strings.Contains("/v1/inbox/list /v1/inbox/force-release /v1/inbox/forget", path) {
-			a = []string{"Authorization", "Bearer adm"}
+			a = []string{"Authorization", "Bearer admin-token-0001"}
 		}
 		_, b, _ := call(t, h, "POST", path, body, a...)
 		return b
@@ -521,18 +526,18 @@ func TestServer_status_label_vocabulary(t *testing.T) {
 	post("/v1/inbox/try-begin", `{"key":"d","acceptDead":true}`)                       // Dead
 	call(t, h, "GET", "/v1/inbox/d?acceptDead=true", "", auth...)                      // Dead
 	lease = post("/v1/inbox/try-begin", `{"key":"e"}`)["leaseId"]
-	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease))                               // Released
-	post("/v1/inbox/list", `{}`)                                                                                          // OK
-	post("/v1/inbox/force-release", `{"key":"e"}`)                                                                        // Released
-	post("/v1/inbox/forget", `{"key":"e"}`)                                                                               // Forgotten
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                              // 401
-	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                        // 403, a consumer's token
-	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer t0k", "Content-Type", "text/plain") // 415
-	post("/v1/inbox/try-begin", `{`)                                                                                      // 400
-	post("/v1/inbox/try-begin", `{"key":""}`)                                                                             // 400 invalid_key
-	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                               // 413
-	call(t, h, "DELETE", "/v1/inbox", "")                                                                                 // 405
-	call(t, h, "GET", "/nowhere", "")                                                                                     // 404
+	post("/v1/inbox/fail", fmt.Sprintf(`{"key":"e","leaseId":%q,"retryAfterMs":1}`, lease))                                              // Released
+	post("/v1/inbox/list", `{}`)                                                                                                         // OK
+	post("/v1/inbox/force-release", `{"key":"e"}`)                                                                                       // Released
+	post("/v1/inbox/forget", `{"key":"e"}`)                                                                                              // Forgotten
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`)                                                                             // 401
+	call(t, h, "POST", "/v1/inbox/forget", `{"key":"a"}`, auth...)                                                                       // 403, a consumer's token
+	call(t, h, "POST", "/v1/inbox/try-begin", `{"key":"a"}`, "Authorization", "Bearer consumer-token-t0k", "Content-Type", "text/plain") // 415
+	post("/v1/inbox/try-begin", `{`)                                                                                                     // 400
+	post("/v1/inbox/try-begin", `{"key":""}`)                                                                                            // 400 invalid_key
+	post("/v1/inbox/try-begin", `{"key":"`+strings.Repeat("x", 20000)+`"}`)                                                              // 413
+	call(t, h, "DELETE", "/v1/inbox", "")                                                                                                // 405
+	call(t, h, "GET", "/nowhere", "")                                                                                                    // 404
 	_ = store.Close()
 	call(t, h, "GET", "/readyz", "")           // 503 store_unavailable
 	post("/v1/inbox/try-begin", `{"key":"z"}`) // 503 store_unavailable

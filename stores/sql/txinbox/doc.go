@@ -19,7 +19,11 @@
 //
 // The inbox table is the SQL store's (package
 // github.com/watermill-inbox/inbox/stores/sql): create it with sqlstore.DDL,
-// sqlstore.Store.Migrate or sqlstore.Options.AutoMigrate. [New] does no I/O.
+// sqlstore.Store.Migrate or sqlstore.Options.AutoMigrate. The program
+// imports the dialect's package, as for the SQL store
+// (github.com/watermill-inbox/inbox/stores/sql/postgres, .../mysql or
+// .../sqlite), which links its database/sql driver; [New] refuses a dialect
+// whose package is not linked. [New] does no I/O.
 //
 // # What happens to a message
 //
@@ -83,8 +87,8 @@
 // # SQLite
 //
 // SQLite has one writer at a time. Open the database with a busy timeout
-// (sqlstore.SQLiteDSN does) and limit the pool to one connection
-// (db.SetMaxOpenConns(1)): messages then take turns on that connection, a
+// (sqlitedialect.DSN, package stores/sql/sqlite, does) and limit the pool
+// to one connection (db.SetMaxOpenConns(1)): messages then take turns on that connection, a
 // delivery waiting for it for at most [Config.LockTimeout] before failing
 // with [inbox.ErrBusy]. The handler must not use the *sql.DB outside the
 // transaction: its one connection is the transaction's, so such a call waits

@@ -13,6 +13,7 @@ import (
 	"github.com/watermill-inbox/inbox/keying"
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
 )
 
@@ -20,7 +21,7 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txinbox-example")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "app.db"), 0))
+	db, err := sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(dir, "app.db"), 0))
 	if err != nil {
 		panic(err)
 	}

@@ -35,6 +35,12 @@ const (
 	ForceRelease  = "/v1/inbox/force-release" // ext. "admin"
 )
 
+// CheckKey is the key a client reads (GET) to check that the service
+// accepts its token and that the service's store answers. Every consumer
+// token may read it, whatever key prefixes limit the token; writing it
+// needs the right to, as for any key.
+const CheckKey = "inbox-remote:check"
+
 // AcceptDeadQuery is the query of GET /v1/inbox/{key} with which a client
 // says that it reads the status Dead (ext. "fail").
 const AcceptDeadQuery = "acceptDead=true"
@@ -99,6 +105,12 @@ const (
 	CodeStoreUnavailable = "store_unavailable"
 	CodeInternal         = "internal_error"
 	CodeDraining         = "draining" // /readyz while the server shuts down
+	// 429 answers, with Retry-After: a token over its request rate, a
+	// token over its share of live records, a client address past its
+	// budget of failed authentications.
+	CodeRateLimited         = "rate_limited"
+	CodeQuotaExceeded       = "quota_exceeded"
+	CodeTooManyAuthFailures = "too_many_auth_failures"
 )
 
 // TryBeginRequest is the body of POST /v1/inbox/try-begin.

@@ -18,7 +18,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-inbox/inbox/internal/testenv"
-	sqlstore "github.com/watermill-inbox/inbox/stores/sql" // also registers the pgx, mysql and sqlite drivers
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	_ "github.com/watermill-inbox/inbox/stores/sql/mysql"    // the dialect, and the "mysql" driver
+	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, and the "pgx" driver
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 // Ctx is a context for a test's database calls, canceled when it ends.
@@ -34,12 +37,19 @@ func OpenPostgres(t testing.TB) *sql.DB {
 	return open(t, "pgx", testenv.Postgres.URL(t))
 }
 
-// OpenMySQL opens the test MariaDB or MySQL (testenv.MySQL) with the
-// settings of the SQL store's URL opener (parseTime, clientFoundRows,
-// interpolateParams).
+// OpenMySQL opens the test MariaDB or MySQL (testenv.MySQL) with
+// [MySQLDSN].
 func OpenMySQL(t testing.TB) *sql.DB {
 	t.Helper()
-	u, err := url.Parse(testenv.MySQL.URL(t))
+	return open(t, "mysql", MySQLDSN(t, testenv.MySQL.URL(t)))
+}
+
+// MySQLDSN turns a mysql:// URL without parameters into a go-sql-driver
+// DSN with the settings of the SQL store's URL opener (parseTime,
+// clientFoundRows, interpolateParams).
+func MySQLDSN(t testing.TB, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +58,7 @@ func OpenMySQL(t testing.TB) *sql.DB {
 	cfg.Passwd, _ = u.User.Password()
 	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
 	cfg.ParseTime, cfg.ClientFoundRows, cfg.InterpolateParams = true, true, true
-	return open(t, "mysql", cfg.FormatDSN())
+	return cfg.FormatDSN()
 }
 
 // SQLiteFile returns a new database file in the test's temporary directory.
@@ -58,7 +68,7 @@ func SQLiteFile(t testing.TB) string { return filepath.Join(t.TempDir(), "inbox.
 // the store's URL opener does.
 func OpenSQLiteFile(t testing.TB, path string) *sql.DB {
 	t.Helper()
-	db := open(t, "sqlite", sqlstore.SQLiteDSN(path, 10*time.Second))
+	db := open(t, "sqlite", sqlitedialect.DSN(path, 10*time.Second))
 	db.SetMaxOpenConns(1)
 	return db
 }
