@@ -73,10 +73,14 @@ func TestMaxAttempts_counts_lease_acquisitions_not_failures(t *testing.T) {
 	runs := 0
 	errCharge := errors.New("payment gateway timeout")
 
-	// 1: the handler succeeds, the router nacks (its output failed to
-	// publish): the lease is released unmarked.
+	// 1: the handler succeeds and returns a message, which the router
+	// fails to publish, so it nacks: the lease is released unmarked.
 	m := deliver("a")
-	if _, err := ib.Middleware(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })(m); err != nil {
+	charged := func(*message.Message) ([]*message.Message, error) {
+		runs++
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("charged"))}, nil
+	}
+	if _, err := ib.Middleware(charged)(m); err != nil {
 		t.Fatalf("delivery 1: %v", err)
 	}
 	m.Nack()
