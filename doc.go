@@ -26,39 +26,11 @@
 // key back without marking), and keeps a long handler's lease alive with
 // [LeaseStore.Extend].
 //
-// # Guarantees every LeaseStore gives
-//
-// The conformance suite in [github.com/watermill-inbox/inbox/stores/storetest]
-// checks each of these against every store this project ships:
-//
-//   - Mutual exclusion: while a lease is live exactly one TryBegin acquires it.
-//     Others see Busy with ExpiresAt and RetryAfter (relative, so callers never
-//     compare clocks).
-//   - Fencing: an expired lease is free. The next TryBegin acquires the key and
-//     [Record.Attempts] grows; the old holder's Complete, Release and Extend then
-//     fail with [ErrLeaseLost], so a stalled consumer can never mark a key that
-//     someone else owns.
-//   - Idempotent calls: TryBegin repeated with the caller's own
-//     [BeginOptions.LeaseID] returns Acquired again; Complete repeated with the
-//     lease that completed the key succeeds again, so a lost reply never turns
-//     into ErrLeaseLost.
-//   - Retention: a processed key stays processed for the store's retention
-//     (default [DefaultRetention], 7 days); a lease lasts its lease length
-//     (default [DefaultLease], 30 s). Expiry is logical: every read compares
-//     timestamps, so correctness never waits for a background deletion. A record
-//     in flight keeps its history (attempts, first seen) after its lease ends.
-//   - One clock: lease deadlines come from the store's own clock where it has
-//     one (Redis TIME, the SQL server's clock), so consumers with skewed clocks
-//     agree. A store that cannot do this says so in its package documentation.
-//   - Opaque keys: a key is any valid UTF-8 string of 1 to [MaxKeyLen] bytes
-//     without a NUL byte, compared byte for byte: "ABC", "abc" and "abc " are
-//     three keys. The NUL byte is refused because several backends cannot
-//     store it in a text column; the keying package maps ids holding one to a
-//     hash, so such messages are still deduplicated.
-//   - Bad input (empty or over-long key, zero or negative lease, empty lease id)
-//     is an error that names the problem, wraps [ErrInvalidArgument] (and the
-//     more precise [ErrInvalidKey], [ErrInvalidLease] or [ErrInvalidLeaseID]),
-//     and changes nothing. A canceled context is an error and changes nothing.
+// [LeaseStore] states the guarantees that every store gives; the
+// conformance suite in [github.com/watermill-inbox/inbox/stores/storetest]
+// checks each of them against every store this project ships, and each
+// store's package says what is its own (its URL, its layout, where it was
+// verified).
 //
 // # What the library guarantees end to end
 //

@@ -50,9 +50,44 @@ type Store interface {
 }
 
 // LeaseStore is the leased contract of the remote inbox protocol v1, which
-// every store of this project implements. See the package documentation for
-// the guarantees each method gives. Implementations must be safe for
-// concurrent use.
+// every store of this project implements. Its methods say what each does;
+// together they give these guarantees, which the conformance suite
+// (package github.com/watermill-inbox/inbox/stores/storetest) checks
+// against every store this project ships:
+//
+//   - Mutual exclusion: while a lease is live exactly one TryBegin acquires
+//     it. Others see Busy with ExpiresAt and RetryAfter (relative, so
+//     callers never compare clocks).
+//   - Fencing: an expired lease is free. The next TryBegin acquires the key
+//     and [Record.Attempts] grows; the old holder's Complete, Release, Fail
+//     and Extend then fail with [ErrLeaseLost], so a stalled consumer can
+//     never mark a key that someone else owns.
+//   - Idempotent calls: TryBegin repeated with the caller's own
+//     [BeginOptions.LeaseID] returns Acquired again; Complete repeated with
+//     the lease that completed the key succeeds again, so a lost reply never
+//     turns into ErrLeaseLost.
+//   - Retention: a processed key stays processed for the store's retention
+//     (default [DefaultRetention], 7 days); a lease lasts its lease length
+//     (default [DefaultLease], 30 s). Expiry is logical: every read compares
+//     timestamps, so correctness never waits for a background deletion. A
+//     record in flight keeps its history (attempts, first seen) after its
+//     lease ends.
+//   - One clock: lease deadlines come from the store's own clock where it
+//     has one (Redis TIME, the SQL server's clock), so consumers with skewed
+//     clocks agree. A store that cannot do this says so in its package
+//     documentation.
+//   - Opaque keys: a key is any valid UTF-8 string of 1 to [MaxKeyLen] bytes
+//     without a NUL byte, compared byte for byte: "ABC", "abc" and "abc "
+//     are three keys. The NUL byte is refused because several backends
+//     cannot store it in a text column; the keying package maps ids holding
+//     one to a hash, so such messages are still deduplicated.
+//   - Bad input (empty or over-long key, zero or negative lease, empty lease
+//     id) is an error that names the problem, wraps [ErrInvalidArgument] (and
+//     the more precise [ErrInvalidKey], [ErrInvalidLease] or
+//     [ErrInvalidLeaseID]), and changes nothing. A canceled context is an
+//     error and changes nothing.
+//
+// Implementations must be safe for concurrent use.
 type LeaseStore interface {
 	Store
 
@@ -311,10 +346,14 @@ type FailOptions struct {
 // records and ends them by key, without holding a lease. Every store of
 // this project implements it.
 type Admin interface {
-	// List returns one page of the records that opts selects, ordered by
-	// key. A page may hold fewer than opts.Limit records while
-	// ListPage.Next is not empty (a store that scans filters after
-	// scanning): keep calling with Next until it is empty.
+	// List returns one page of the records that opts selects, in key order
+	// (byte for byte), after opts.Cursor: the first page holds the
+	// smallest keys, and each page starts after the last key of the page
+	// before, so that a listing holds each record once, in key order. A
+	// page may hold fewer than opts.Limit records, even none, while
+	// ListPage.Next is not empty (a store that reads records to filter
+	// them may end a page at the last key it examined): keep calling with
+	// Next until it is empty.
 	List(ctx context.Context, opts ListOptions) (ListPage, error)
 
 	// Forget deletes key's record, whatever its state, so that the next

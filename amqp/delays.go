@@ -26,8 +26,9 @@ var ErrBroker = errors.New("inboxamqp: broker")
 
 // DefaultDelays is the ladder of delays [Delays] uses unless
 // DelaysConfig.Delays names others: 250 ms, 500 ms, 1 s, 2 s, 5 s, 10 s,
-// 20 s, 30 s and 1 min. It covers inboxmw.DefaultBackoff (at most a minute)
-// with a copy waiting at most about twice its backoff.
+// 20 s, 30 s and 1 min. It covers inboxmw.DefaultBackoff (at most a minute):
+// a copy waits at least its backoff and, from 250 ms up, less than 2.5
+// times it (the step from 2 s to 5 s).
 var DefaultDelays = ladder.Default
 
 // DefaultMaxChannels is the default of DelaysConfig.MaxChannels.

@@ -93,10 +93,10 @@
 // want of permissions or with a wrong vhost, fails there, saying so) or at
 // a queue's first hand-off. A wait is rounded up to the next delay of the
 // ladder ([DefaultDelays]: 250 ms, 500 ms, 1 s, 2 s, 5 s, 10 s, 20 s, 30 s,
-// 1 min), so a copy waits at least its backoff and, below a minute, at most
-// about twice it; a longer wait takes the longest delay, and the copy,
-// back before its key's backoff has ended, is handed off again for the
-// rest. The copy keeps the message's UUID, payload, metadata (the
+// 1 min), so a copy waits at least its backoff and, from 250 ms to a
+// minute, less than 2.5 times it; a longer wait takes the longest delay,
+// and the copy, back before its key's backoff has ended, is handed off
+// again for the rest. The copy keeps the message's UUID, payload, metadata (the
 // IdempotencyKey among them) and headers, plus the inbox's own fields
 // (inboxmw.MetadataKey, inboxmw.MetadataAttempts); it is persistent and
 // published mandatory, so a delay queue deleted behind the library's back

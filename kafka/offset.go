@@ -86,7 +86,8 @@
 // record later than the ones behind it. A copy goes to the shortest delay
 // that is at least the wait the middleware asks for, so it waits up to the
 // next delay of the ladder (the default, 250 ms, 500 ms, 1 s, 2 s, 5 s,
-// 10 s, 20 s, 30 s, 1 min, waits at most about twice what was asked). A
+// 10 s, 20 s, 30 s, 1 min, waits less than 2.5 times what was asked, from
+// 250 ms up). A
 // wait longer than the longest delay takes the longest: the copy then comes
 // back before its key's backoff has ended, and the middleware hands it off
 // again for the remainder. A copy carries its due time in the [DueHeader]

@@ -46,8 +46,7 @@ type RetryConfig struct {
 	// that is at least the wait asked for, or the longest delay when the
 	// wait is longer than all of them (the copy then comes back early and
 	// the middleware hands it off again for the rest). Default 250 ms,
-	// 500 ms, 1 s, 2 s, 5 s, 10 s, 20 s, 30 s, 1 min: it covers
-	// inboxmw.DefaultBackoff with at most about twice the wait asked for.
+	// 500 ms, 1 s, 2 s, 5 s, 10 s, 20 s, 30 s, 1 min ([DefaultDelays]).
 	Delays []time.Duration
 
 	// SaramaConfig configures the admin client of the setup, the producer of
@@ -123,8 +122,9 @@ func DefaultTopicName(topic, group string, delay time.Duration) string {
 // DefaultDelays is the ladder of delays [Retry] uses unless
 // RetryConfig.Delays names others, one retry topic each: 250 ms, 500 ms,
 // 1 s, 2 s, 5 s, 10 s, 20 s, 30 s and 1 min, as inboxamqp's. It covers
-// inboxmw.DefaultBackoff (at most a minute) with a copy waiting at most
-// about twice its backoff.
+// inboxmw.DefaultBackoff (at most a minute): a copy waits at least its
+// backoff and, from 250 ms up, less than 2.5 times it (the step from 2 s
+// to 5 s).
 var DefaultDelays = ladder.Default
 
 // DefaultConcurrency is the default of RetryConfig.Concurrency.

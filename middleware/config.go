@@ -115,7 +115,9 @@ type Config struct {
 	// (inboxctl forget). An attempt that fails before the last returns an
 	// [inbox.AttemptError], transient for [IsTransient], so the broker
 	// redelivers it. Default 0: unlimited, and a failed attempt returns the
-	// handler's error as it is. Needs an [inbox.LeaseStore].
+	// handler's error as it is. Needs an [inbox.LeaseStore]: refused with a
+	// [TxStore] (the SQL transactional mode) or a plain Store, which count
+	// no attempts.
 	//
 	// An attempt is an acquisition of the key's lease ([inbox.Record.Attempts]),
 	// counted by the store across consumers and restarts, whatever ended it:
@@ -152,8 +154,9 @@ type Config struct {
 	// [DefaultRedeliveryMinDelay] (1 ms).
 	RedeliveryMinDelay time.Duration
 
-	// Tracer receives each message's claim and store calls. Default none;
-	// inboxotel.New(tracerProvider) records them as spans.
+	// Tracer receives each message's claim, store calls and hand-offs to
+	// Redelivery. Default none; inboxotel.New(tracerProvider) records them
+	// as spans.
 	Tracer Tracer
 
 	// MissingKey says what happens to a message without an id. Default

@@ -5,18 +5,25 @@
 //	ib, err := inboxmw.New(inboxmw.Config{..., Tracer: inboxotel.New(otel.GetTracerProvider())})
 //
 // Each message gets a span inbox.claim, from the start of the middleware to
-// the claim's outcome, and one span per store call, named by its op:
+// the claim's outcome, and a span per store call, named by its op:
 // inbox.try_begin (each retry of a failing claim its own; a TxStore's
 // BeginTx), inbox.is_processed, inbox.extend (each heartbeat),
 // inbox.complete (a TxStore's commit too), inbox.release, inbox.fail and
-// inbox.mark_processed, all children of the span in the message's context (the handler's, when a
-// tracing middleware of Watermill's runs outside the inbox). Each carries
-// inbox.key, the key's scope (inbox.bus, inbox.group, inbox.alias) and
-// inbox.attempt; the claim's carries inbox.outcome (acquired, duplicate,
-// busy, dead, fail_open, no_key, store_error, payload_mismatch, closed,
-// key_error, canceled), which is also set, with the key and the attempt, on
-// the message context's span. A store call that failed has an error
-// status.
+// inbox.mark_processed; and a span inbox.redeliver for each hand-off of the
+// message to inboxmw.Config.Redelivery. All are children of the span in the
+// message's context (the handler's, when a tracing middleware of
+// Watermill's runs outside the inbox). Each carries inbox.key, the key's
+// scope (inbox.bus, inbox.group, inbox.alias) and inbox.attempt; a call or
+// hand-off that failed has an error status. The claim's span carries
+// inbox.outcome, which is also set, with the key and the attempt, on the
+// message context's span: acquired, duplicate, busy, dead, fail_open,
+// no_key, store_error, payload_mismatch, redelivered (a delivery that found
+// its key waiting out a backoff and was handed to Redelivery), stale (a
+// message refused under inboxmw.StaleReject), closed, key_error or
+// canceled. The outcomes counted after the claim (processed, released,
+// lease_lost, complete_retry, complete_failed, redelivery_failed, and
+// redelivered and stale when the message went on to the handler) go to
+// inboxmw.Metrics only.
 package inboxotel
 
 import (

@@ -21,7 +21,9 @@
 //	ls            records in key order: -state available|in-progress|processed|dead,
 //	              -prefix P, -older-than D (last seen at least D ago: 30s, 10m, 7d, 1d12h),
 //	              -stuck D (leases held at least D, heartbeat or not),
-//	              -limit N (default 100; pages through the store until N are printed)
+//	              -limit N (default 100; pages through the store until N are printed;
+//	              on Redis each page scans the whole database: on a large one give
+//	              the store URL a longer timeout, such as timeout=1m)
 //	release KEY   end the key's backoff, or its live lease with -force, now, whoever holds it
 //	forget KEY    delete the key's record (with -force if its lease is live): its next
 //	              delivery runs the handler
@@ -46,8 +48,8 @@
 // lease: its lease ends by itself once its length (30 s by default) has
 // passed, and the record is then available.
 //
-// Dead keys (a handler that failed MaxAttempts times; inboxmw.Config.MaxAttempts)
-// are listed with the reason of their last failure; forgetting one lets the
+// Dead keys (a handler that failed on the key's last attempt allowed,
+// inboxmw.Config.MaxAttempts, or with a permanent error) are listed with the reason of their last failure; forgetting one lets the
 // next delivery of its message run the handler again, attempts from 1:
 //
 //	inboxctl -store redis://127.0.0.1:6379/0 ls -state dead
@@ -75,11 +77,9 @@
 // are RFC 3339 in UTC, on the store's clock.
 //
 // With -json, output is JSON objects, one a line: ls prints one per record
-// (nothing when none matches; "jq -s" makes an array), in key order over all
-// pages (a store that lists by scanning, such as Redis, orders each page
-// only, so ls collects the records up to -limit first; there -limit keeps
-// the first records found, not the first by key); get prints one
-// record; release and forget print
+// (nothing when none matches; "jq -s" makes an array), in key order, as
+// every store lists them (inbox.Admin.List), so -limit N keeps the first N
+// keys; get prints one record; release and forget print
 // {"key", "before", "after"} with the record before and after, or with
 // -dry-run {"key", "before", "dryRun": true}. A record's
 // fields are those of protocol v1's GET /v1/inbox/{key} answer, so that the

@@ -11,11 +11,12 @@ import (
 	"time"
 )
 
-// Default is the ladder used when none is configured: it covers
-// inboxmw.DefaultBackoff (at most one minute) with at most about twice the
-// wait asked for; a longer wait takes the top rung and, when the copy comes
-// back before its key's backoff has ended, is handed off again for the
-// remainder.
+// Default is the ladder used when none is configured. It covers
+// inboxmw.DefaultBackoff (at most one minute): a wait from 250 ms to a
+// minute takes less than 2.5 times the wait (the step from 2 s to 5 s is
+// the widest), a shorter one 250 ms; a longer wait takes the top rung and,
+// when the copy comes back before its key's backoff has ended, is handed
+// off again for the remainder.
 var Default = []time.Duration{
 	250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
 	10 * time.Second, 20 * time.Second, 30 * time.Second, time.Minute,

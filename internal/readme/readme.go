@@ -1,24 +1,26 @@
-// Package readme keeps the README's code blocks true: every fenced block of
-// README.md says, in an HTML comment on the line just before its opening
-// fence, how a test holds it to the code (CONTRIBUTING.md, "README code
-// blocks"):
+// Package readme keeps the code blocks of README.md and of the pages of
+// docs/ true: every fenced block says, in an HTML comment on the line just
+// before its opening fence, how a test holds it to the code
+// (CONTRIBUTING.md, "README code blocks"):
 //
 //	<!-- readme: run DIR TEST -->    the test TEST, in package directory DIR,
-//	                                 runs the block (its commands, its program);
-//	                                 it gets the block with [RunBy]
+//	                                 runs the block (its commands, its program)
+//	                                 and compares what it prints with the
+//	                                 block's; it gets the block with [RunBy]
 //	<!-- readme: compile -->         a Go block that is a whole file: compiled
 //	                                 as a main package of the module
 //	<!-- readme: excerpt FILE -->    the block's lines are lines of FILE, a Go
 //	                                 file of the repository (so compiled), in
-//	                                 the same order; a line whose code holds
-//	                                 "..." stands for elided code, and comments
-//	                                 are prose, so neither is compared
+//	                                 the same order, comments included; a line
+//	                                 whose code holds "..." stands for elided
+//	                                 code, and only its comment is looked for
 //
 // Several directives are separated by ';' (a block of two commands run by
 // two tests). The package's own test, TestREADME_every_block_is_held, fails
 // on a block without a directive, a run whose test does not exist or does
 // not read the README, a compile that does not build, and an excerpt with a
-// line its file lacks.
+// line its file lacks. The Go snippets that README excerpts show are
+// functions of snippets_test.go, which TestSnippets_run runs.
 package readme
 
 import (
@@ -38,8 +40,11 @@ import (
 	"testing"
 )
 
-// Block is one fenced code block of the README.
+// Block is one fenced code block of the README or of a page of docs/.
 type Block struct {
+	// File is the Markdown file that holds the block, relative to the
+	// repository's root ("README.md", "docs/stores.md"); "" is README.md.
+	File string
 	// Line is the line number of the opening fence, from 1.
 	Line int
 	// Lang is the word after the opening fence ("go", "sh"), "" for none.
@@ -150,23 +155,56 @@ func Root(t testing.TB) string {
 	}
 }
 
-// Load returns the blocks of the repository's README.md.
+// Files returns the Markdown files whose blocks are held to the code:
+// README.md and the pages of docs/, relative to root.
+func Files(root string) ([]string, error) {
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		return nil, err
+	}
+	files := []string{"README.md"}
+	for _, d := range docs {
+		files = append(files, filepath.ToSlash(must(filepath.Rel(root, d))))
+	}
+	return files, nil
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// Load returns the blocks of the repository's README.md and docs/*.md.
 func Load(t testing.TB) []Block {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join(Root(t), "README.md"))
+	root := Root(t)
+	files, err := Files(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks, err := Parse(src)
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
+	var blocks []Block
+	for _, f := range files {
+		src, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(f)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := Parse(src)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for i := range bs {
+			bs[i].File = f
+		}
+		blocks = append(blocks, bs...)
 	}
 	return blocks
 }
 
-// RunBy returns the README's blocks whose marker says that the calling test
-// (t.Name(), its top-level test) runs them, and fails the test when there
-// is none: a test that no block names runs nothing.
+// RunBy returns the blocks of the README and docs/ whose marker says that
+// the calling test (t.Name(), its top-level test) runs them, and fails the
+// test when there is none: a test that no block names runs nothing.
 func RunBy(t testing.TB) []Block {
 	t.Helper()
 	name, _, _ := strings.Cut(t.Name(), "/")
@@ -180,7 +218,7 @@ func RunBy(t testing.TB) []Block {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("no block of README.md is marked <!-- readme: run DIR %s -->", name)
+		t.Fatalf("no block of README.md or docs/*.md is marked <!-- readme: run DIR %s -->", name)
 	}
 	return out
 }
@@ -191,7 +229,11 @@ func RunBy(t testing.TB) []Block {
 func Check(root string, blocks []Block) []error {
 	var errs []error
 	for _, b := range blocks {
-		where := fmt.Sprintf("README.md:%d (```%s)", b.Line, b.Lang)
+		file := b.File
+		if file == "" {
+			file = "README.md"
+		}
+		where := fmt.Sprintf("%s:%d (```%s)", file, b.Line, b.Lang)
 		if len(b.Directives) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no <!-- readme: ... --> marker on the line before the block: "+
 				"say which test runs it (run DIR TEST), or compile it (compile), or name the Go file it is an excerpt of (excerpt FILE); see CONTRIBUTING.md", where))
@@ -285,10 +327,12 @@ func checkCompile(root string, b Block) error {
 	return nil
 }
 
-// checkExcerpt wants the code of each line of b, compared with runs of
-// spaces made one, among the lines of file, in the same order. Comments and
-// blank lines are not compared, nor lines whose code holds "..." (elided
-// code).
+// checkExcerpt wants each line of b, compared with runs of white space
+// made one, among the lines of file, in the same order, comments included.
+// Blank lines are not compared. A line whose code (before its comment)
+// holds "..." stands for elided code, any number of lines: only its
+// comment, if it has one, must be on a line of file after the block's
+// previous lines (and the next lines come after that one).
 func checkExcerpt(root, file string, b Block) error {
 	if !strings.HasSuffix(file, ".go") {
 		return fmt.Errorf("%s is not a Go file: an excerpt is of a file that is compiled", file)
@@ -299,23 +343,32 @@ func checkExcerpt(root, file string, b Block) error {
 	}
 	var have []string
 	for _, l := range strings.Split(string(src), "\n") {
-		have = append(have, code(l))
+		have = append(have, squash(l))
 	}
 	next, compared := 0, 0
+	find := func(match func(string) bool) bool {
+		for ; next < len(have); next++ {
+			if match(have[next]) {
+				next++
+				return true
+			}
+		}
+		return false
+	}
 	for _, l := range b.Lines() {
-		want := code(l)
-		if want == "" || strings.Contains(want, "...") {
+		want := squash(l)
+		if want == "" {
+			continue
+		}
+		if c := code(l); strings.Contains(c, "...") {
+			comment := squash(strings.TrimPrefix(strings.TrimSpace(l), strings.TrimSpace(c)))
+			if comment != "" && !find(func(h string) bool { return strings.HasSuffix(h, comment) }) {
+				return fmt.Errorf("%s has no line with the comment %q of the block's elided line %q after the block's previous lines (the block and the file differ: change one)", file, comment, want)
+			}
 			continue
 		}
 		compared++
-		found := false
-		for ; next < len(have); next++ {
-			if have[next] == want {
-				found, next = true, next+1
-				break
-			}
-		}
-		if !found {
+		if !find(func(h string) bool { return h == want }) {
 			return fmt.Errorf("%s has no line %q after the block's previous lines (the block and the file differ: change one)", file, want)
 		}
 	}
@@ -324,6 +377,9 @@ func checkExcerpt(root, file string, b Block) error {
 	}
 	return nil
 }
+
+// squash returns line with runs of white space made one space, trimmed.
+func squash(line string) string { return strings.Join(strings.Fields(line), " ") }
 
 // code returns line without its comment and with runs of white space made
 // one space, trimmed.

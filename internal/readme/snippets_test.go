@@ -1,9 +1,10 @@
 package readme_test
 
-// The README's Go snippets, compiled: each README block marked
+// The README's Go snippets: each README block marked
 // <!-- readme: excerpt internal/readme/snippets_test.go --> is an excerpt
-// of this file (TestREADME_every_block_is_held compares them line by line).
-// Change a snippet here and in the README together.
+// of this file (TestREADME_every_block_is_held compares them line by line,
+// comments included), and TestSnippets_run (snippets_run_test.go) runs
+// each function. Change a snippet here and in the README together.
 
 import (
 	"context"
@@ -18,10 +19,10 @@ import (
 	"github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
-	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/middleware" // package inboxmw
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/memory"
-	_ "github.com/watermill-inbox/inbox/stores/redis"
+	_ "github.com/watermill-inbox/inbox/stores/redis" // each driver registers its schemes
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 	_ "github.com/watermill-inbox/inbox/stores/sql/postgres" // the dialect, with the database/sql driver "pgx"
 	"github.com/watermill-inbox/inbox/stores/sql/txinbox"
@@ -29,14 +30,14 @@ import (
 
 // README, "Quick start".
 func quickStart(ctx context.Context, router *message.Router) error {
-	store, err := memory.New(memory.Options{})
+	store, err := memory.New(memory.Options{}) // or Redis, SQL, ... (see below)
 	if err != nil {
 		return err
 	}
 	ib, err := inboxmw.New(inboxmw.Config{
 		Store: store,
-		Bus:   "rabbit",
-		Group: "billing",
+		Bus:   "rabbit",  // your message bus
+		Group: "billing", // your consumer group or queue
 	})
 	if err != nil {
 		return err
@@ -53,17 +54,17 @@ func quickStart(ctx context.Context, router *message.Router) error {
 // README, "Where it goes among Watermill's middlewares".
 func middlewareOrder(router *message.Router, ib *inboxmw.Inbox, poisonQueue message.HandlerMiddleware) {
 	router.AddMiddleware(
-		poisonQueue,
-		ib.Middleware,
-		middleware.Recoverer,
-		middleware.Retry{MaxRetries: 3}.Middleware,
+		poisonQueue,          // outside, only with a filter (below)
+		ib.Middleware,        // the inbox
+		middleware.Recoverer, // inside: a panic becomes an error that releases the lease
+		middleware.Retry{MaxRetries: 3}.Middleware, // inside: in-process retries keep the lease
 	)
 }
 
 // README, the poison queue's filter.
 func poisonFilter(pub message.Publisher) (message.HandlerMiddleware, error) {
 	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
-		return !inboxmw.IsTransient(err)
+		return !inboxmw.IsTransient(err) // not ErrBusy, ErrStoreUnavailable, ErrClosed, ErrAttemptFailed
 	})
 	return poisonQueue, err
 }
@@ -75,7 +76,7 @@ func maxAttempts(router *message.Router, store inbox.LeaseStore, pub message.Pub
 		return err
 	}
 	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, "billing.poison", func(err error) bool {
-		return !inboxmw.IsTransient(err)
+		return !inboxmw.IsTransient(err) // dead keys and other permanent errors
 	})
 	if err != nil {
 		return err
@@ -86,7 +87,7 @@ func maxAttempts(router *message.Router, store inbox.LeaseStore, pub message.Pub
 
 // README, "Stores".
 func openStore(ctx context.Context) error {
-	store, err := stores.Open(ctx, os.Getenv("INBOX_STORE_URL"))
+	store, err := stores.Open(ctx, os.Getenv("INBOX_STORE_URL")) // e.g. redis://127.0.0.1:6379/0?retention=72h
 	if err != nil {
 		return err
 	}
@@ -96,7 +97,7 @@ func openStore(ctx context.Context) error {
 
 // README, "Transactional mode (SQL)".
 func transactional(db *sql.DB, router *message.Router, sub message.Subscriber) error {
-	txs, err := txinbox.New(txinbox.Config{DB: db, Dialect: sqlstore.Postgres})
+	txs, err := txinbox.New(txinbox.Config{DB: db, Dialect: sqlstore.Postgres}) // the inbox table must exist (sqlstore.DDL)
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func transactional(db *sql.DB, router *message.Router, sub message.Subscriber) e
 	router.AddConsumerHandler("charge", "orders", sub, func(msg *message.Message) error {
 		tx, _ := txinbox.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), "INSERT INTO charges (order_id) VALUES ($1)", string(msg.Payload))
-		return err
+		return err // commits with the mark, or rolls back with it
 	})
 	router.AddMiddleware(ib.Middleware)
 	return nil
@@ -121,7 +122,7 @@ func rabbitIDs(amqpURI string, store inbox.LeaseStore) (*inboxmw.Inbox, amqp.Con
 	ib, err := inboxmw.New(inboxmw.Config{
 		Store: store, Bus: "rabbit", Group: "billing",
 		IDSources: []keying.IDSource{
-			keying.FromMetadata(keying.DefaultIDMetadataKey),
+			keying.FromMetadata(keying.DefaultIDMetadataKey), // IdempotencyKey
 			inboxamqp.FromMessageID(),
 			keying.FromUUID(),
 		},
@@ -135,6 +136,3 @@ func kafkaIDs() inboxmw.Config {
 		IDSources: append(keying.DefaultIDSources(), inboxkafka.FromOffset()),
 	}
 }
-
-// The snippets are compiled, not run.
-var _ = []any{quickStart, middlewareOrder, poisonFilter, maxAttempts, openStore, transactional, rabbitIDs, kafkaIDs}

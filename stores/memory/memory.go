@@ -1,16 +1,17 @@
-// Package memory is an in-process [inbox.LeaseStore]: for tests, for a single
-// consumer process, and as the default that needs no server. Create one with
-// [New], or by URL with [github.com/watermill-inbox/inbox/stores] (each Open
-// returns a new, empty store):
+// Package memory is an in-process [inbox.LeaseStore] and [inbox.Admin]: for
+// tests, for a single consumer process, and as the default that needs no
+// server. Create one with [New], or by URL with
+// [github.com/watermill-inbox/inbox/stores] (each Open returns a new, empty
+// store):
 //
 //	memory://?retention=168h&lease=30s&max_entries=1000000
 //
-// The records live in the process and are lost when it exits. One mutex
-// guards them, so every operation is atomic. Expiry is logical: every call
-// compares deadlines on the process's monotonic clock, and expired records
-// are swept as later writes go by. A record whose lease is in flight is kept
-// for the lease plus the retention. Reported times are the wall clock at
-// [New] plus the monotonic time since.
+// What each method does and guarantees is [inbox.LeaseStore]'s contract.
+// The records live in the process: they are lost when it exits and not
+// shared with other processes. Deadlines are on the process's monotonic
+// clock; reported times are the wall clock at [New] plus the monotonic time
+// since. The repository's docs/stores.md ("Stores in depth", memory) says
+// how it works and what List costs.
 //
 // At most [Options.MaxEntries] records are kept. A new key at the bound
 // evicts records from the least recently written, skipping those with a

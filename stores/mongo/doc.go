@@ -41,116 +41,29 @@
 // about once a minute); without it, or on a server that refuses TTL indexes,
 // they only take space until a job of yours deletes them.
 //
-// # Claims
+// What each method does and guarantees is [inbox.LeaseStore]'s contract;
+// this page has what is MongoDB's own. How each operation runs (the claim's
+// conditional upsert and its duplicate key fallback, the fenced updates,
+// List's range of _id), why calls are not batched, and how the server's
+// clock is estimated are in the repository's docs/stores.md ("Stores in
+// depth", MongoDB).
+//
+// # Claims, and the clock
 //
 // Every write is a single-document operation whose filter states the
-// condition under which it applies, so on mongod (where single-document
-// writes are atomic) concurrent callers cannot both succeed. No pipeline
-// update, $$NOW or transaction is used, because FerretDB runs none of them.
-// TryBegin is:
-//
-//  1. FindOneAndUpdate with upsert on {_id: key, processed: false, dead:
-//     false, leaseUntil <= now, retryAt <= now, expiresAt > now}: it takes a
-//     live record whose lease ended or was released and whose backoff is
-//     over ($inc attempts, new leaseId and leaseUntil, retryAt reset), or,
-//     when no document has the key, inserts a new one. One round trip for a
-//     new key. The returned document gives Claim.Attempts.
-//  2. When a document with the key exists but does not match (processed,
-//     dead, leased, in a backoff, or past its retention), the upsert's
-//     insert fails with a duplicate key error on _id (E11000): that is how
-//     races between inserts, and between an insert and an update, are
-//     resolved. The store then reads the document and answers Processed,
-//     Dead (with the reason), or Busy (with the holder's deadline, or the
-//     backoff's end and Claim.BackingOff, and the time left); a retry by
-//     the holder (same BeginOptions.LeaseID) renews its lease with a
-//     conditional update on {leaseId, leaseUntil > now} without counting an
-//     attempt; a record past its retention is replaced by a fresh one with
-//     a conditional replace on {expiresAt <= now}.
-//  3. When the record changed between those steps, TryBegin starts over, at
-//     most 4 times, then fails with inbox.ErrStoreUnavailable.
-//
-// Complete, Release, Fail and Extend are one conditional update on {_id:
-// key, leaseId, processed: false, expiresAt > now} (fencing by lease id: a
-// failed, released or dead record has leaseId ""); a Complete that matches
-// nothing reads the record to tell a repeated Complete by the completing
-// lease (success) from a lost lease ([inbox.ErrLeaseLost]). Fail clears the
-// lease, records the reason, and sets either retryAt (now + RetryAfter,
-// rounded up to the millisecond, so the backoff never ends early) or dead.
-// MarkProcessed is an upsert on {_id, expiresAt > now} that also clears dead
-// and retryAt, with the same duplicate key fallback for records past their
-// retention.
-//
-// # Admin
-//
-// [Store] implements [inbox.Admin] (cmd/inboxctl uses it):
-//
-//   - List is one find on {_id: {$gte: prefix, $lt: end}, expiresAt > now}
-//     plus conditions for the state (processed, dead, leaseUntil against
-//     now) and the age (lastSeen <= now - OlderThan), sorted by _id, limited
-//     to Limit+1 documents: the extra one says whether a next page exists.
-//     The prefix is a range of _id, not a regular expression, since keys may
-//     hold any character: end is the prefix with its last code point
-//     incremented, and strings compare byte for byte (MongoDB without a
-//     collation, as FerretDB), which for UTF-8 is code point order. The
-//     cursor (ListPage.Next) is the last _id of the page; the next page
-//     starts after it.
-//   - Forget is a deleteOne on _id.
-//   - ForceRelease is one conditional update on {_id, processed: false,
-//     dead: false, expiresAt > now, $or: [leaseUntil > now, retryAt > now]}
-//     that clears leaseId, leaseUntil and retryAt and keeps attempts; any
-//     other record matches nothing and is left as it is.
-//
-// No index is added for List: on mongod the _id index serves the prefix
-// range and the order, and the state and age conditions are checked on the
-// documents the range walks, so a page costs the records between its first
-// and its last match, which is a full walk of the prefix for a rare state
-// (dead keys among millions). An index on the state would instead cost
-// every claim, which rewrites leaseUntil, for the sake of an operator's
-// command; list by a narrow prefix instead. FerretDB 1.24 scans the
-// collection for every List, as for every conditional write.
-//
-// # The portable layer, and round trips
-//
-// [Store] embeds the layer of package
-// [github.com/watermill-inbox/inbox/stores/driver] that every store of this
-// project sits behind. It checks keys, lease ids, owners, payload hashes,
-// leases, failure reasons and list options before anything is sent
-// ([inbox.ErrInvalidArgument]), applies List's default limit, refuses calls
-// after Close ([inbox.ErrClosed]), fills in Options.Lease and a new lease id
-// when TryBegin names none, bounds each call by Options.Timeout (the
-// caller's own deadline when it is sooner), and maps errors to the sentinels
-// of package inbox with messages that name the store, the operation and the
-// key. What this package adds is MongoDB's own: the documents, the claims
-// above, the server's clock, and the mapping of the driver's errors.
-//
-// The layer does not batch this store's calls: each call makes its own
-// round trips at once, and concurrent calls run concurrently over the
-// client's connection pool. A bulk write cannot keep the fencing on the
-// servers this package supports. MongoDB's update command answers how many
-// documents a batch matched, not which, so a batch of Completes or Releases
-// cannot tell whose lease held. The bulkWrite command, whose answer has a
-// result per operation, is MongoDB 8.0's, and FerretDB 1.24 does not know
-// it. And FerretDB 1.24 ends an unordered batch of upserts at its first
-// duplicate key error, skipping the operations after it and reporting
-// neither the document it inserted nor the right index of the error, so the
-// outcome of each claim would be lost as well.
-//
-// # Clock
-//
-// Lease deadlines and expiry times are on the server's clock, estimated by
-// the client, because the form FerretDB runs has no server-side "now" ($$NOW
-// needs a pipeline update). New reads the server's clock three times with the
-// hello command (its localTime field) and keeps the reading with the
-// shortest round trip; between readings the store advances it with the local
-// monotonic clock, and it reads the server's clock again once a minute.
-// Consumers on hosts whose clocks disagree by any amount therefore agree on
-// deadlines to within the error of their estimates: half the round trip of
-// the kept reading plus 0.5 ms (localTime has millisecond precision), plus
-// the drift since that reading (at most 500 ppm, 30 ms a minute, between the
-// local monotonic clock and a slewing server clock). On a LAN that is a few
-// milliseconds; keep leases far longer than that (seconds, as the default 30
-// s is). A step of the server's clock is picked up within a minute. Times are
-// kept in milliseconds, as BSON dates are.
+// condition under which it applies (a conditional upsert for TryBegin,
+// races resolved by the duplicate-key error on _id), so on mongod, where
+// single-document writes are atomic, concurrent callers cannot both
+// succeed. No pipeline update, $$NOW or transaction is used, because
+// FerretDB runs none of them. For the same reason the store cannot read the
+// server's "now" in a write: deadlines are on the server's clock as the
+// client estimates it, from the hello command's localTime (read at New,
+// then once a minute, advanced meanwhile by the local monotonic clock), so
+// consumers with skewed clocks agree to within a few milliseconds on a LAN;
+// keep leases far longer than that (the default 30 s is). Times are kept in
+// milliseconds, as BSON dates are. List needs no index of its own: the _id
+// index serves its prefix range and order. No call is batched: each makes
+// its own round trips.
 //
 // # Guarantees, and where they were verified
 //
@@ -162,6 +75,8 @@
 //	  retention, Get, keys, bad input, ctx,
 //	  attempts, Fail, backoff, dead, List,
 //	  Forget, ForceRelease)
+//	fault cases (a link cut under load, calls   verified, through a         not verified here
+//	  canceled while they wait)                   fault proxy, 8 callers
 //	concurrent TryBegin: exactly one acquires   NOT held: FerretDB's        not verified here
 //	  (fresh key, expired lease, released key)    updates are not atomic      (expected: atomic
 //	                                              under concurrency; the      single-document
@@ -171,16 +86,11 @@
 //	server clock via hello localTime            verified                    not verified here
 //
 // No mongod was available where this package was written. The suite runs
-// against one when INBOX_TEST_MONGO_URL is set (mongod 4.2 or newer), and a
-// run there is what verifies the mongod column.
-//
-// FerretDB 1.24 on SQLite is for functional tests only. Besides the lack of
-// atomicity, it pushes a filter down to SQLite only when the filter is
-// exactly {_id: value}; every other filter, so every conditional write of
-// this store, scans the whole collection, so every claim and mark costs time
-// in proportion to the collection's size (BENCHMARKS.md at the repository
-// root has what this package's benchmarks measured). mongod finds the
-// document through the _id index whatever else the filter says.
+// against one, fault cases included, when INBOX_TEST_MONGO_URL is set
+// (mongod 4.2 or newer), and a run there is what verifies the mongod
+// column. FerretDB 1.24 on SQLite is for functional tests only: besides
+// the lack of atomicity, every conditional write scans its whole
+// collection.
 //
 // Errors: server and network faults, and the per-call Options.Timeout, wrap
 // [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled;

@@ -205,7 +205,7 @@ func newStore(client *mongo.Client, opts Options) (*Store, error) {
 		coll:   client.Database(opts.Database).Collection(opts.Collection),
 		clock:  &serverClock{db: client.Database("admin"), local: opts.LocalClock},
 	}
-	// No batching: see "Round trips" in the package documentation. A
+	// No batching: see docs/stores.md (MongoDB, "Round trips"). A
 	// negative Timeout is the layer's "no bound".
 	ds, err := driver.New(b, driver.Config{Name: "mongo store", Lease: opts.Lease, Retention: opts.Retention, Timeout: opts.Timeout})
 	if err != nil {
@@ -367,8 +367,8 @@ func lte(t time.Time) bson.D { return bson.D{{Key: "$lte", Value: t}} }
 func gt(t time.Time) bson.D  { return bson.D{{Key: "$gt", Value: t}} }
 
 // Apply implements [driver.Driver]: the ops one after the other, each its
-// own round trips (the layer sends one op per call: see "Round trips" in
-// the package documentation).
+// own round trips (the layer sends one op per call: see docs/stores.md,
+// MongoDB, "Round trips").
 func (b *backend) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	if err := b.ready(ctx); err != nil {
 		return err
@@ -377,7 +377,7 @@ func (b *backend) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim,
 	return nil
 }
 
-// Claim is TryBegin. See the package documentation for the algorithm.
+// Claim is TryBegin. docs/stores.md (MongoDB, "Claims") describes the algorithm.
 func (b *backend) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 	key, id, lease := op.Key, op.LeaseID, op.Lease
 	for range claimRounds {

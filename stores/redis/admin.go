@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -17,11 +16,17 @@ import (
 // Bounds of one page of List (see "Operators: List, Forget, ForceRelease"
 // in the package documentation).
 const (
-	// maxScanSteps bounds the SCAN calls of one page.
-	maxScanSteps = 16
-	// maxScanCount bounds the COUNT of one SCAN call, which grows while the
-	// calls find no key under the prefix.
-	maxScanCount = 1000
+	// scanCount is the COUNT of each SCAN call.
+	scanCount = 1000
+	// examineKeys and examineBytes bound the keys one page examines: the
+	// smallest keys after the cursor, whose records it reads in key order
+	// until the page is full. Without a filter of state or age, nearly
+	// every record is selected: a page examines twice the records it
+	// holds.
+	examineKeys  = 100_000
+	examineBytes = 8 << 20
+	// maxReadChunk bounds the records read in one pipeline.
+	maxReadChunk = 1000
 )
 
 // Forget implements [driver.Driver]: DEL.
@@ -73,91 +78,6 @@ func (d *rdb) scanNodes(ctx context.Context) ([]scanNode, error) {
 	return nil, fmt.Errorf("%w: List scans the server of a *redis.Client or the masters of a *redis.ClusterClient, not a %T", inbox.ErrNotSupported, d.client)
 }
 
-// listCursor is where a listing stands: the server being scanned and its
-// SCAN cursor, or done once every server was scanned; and the keys that
-// SCAN returned but the previous page had no room for (without the list
-// prefix). See cursor.
-type listCursor struct {
-	node string // Cluster: the master being scanned; "" otherwise
-	scan uint64
-	done bool
-	rest []string
-}
-
-// String encodes c as List's Next: "" at the end of the listing; else
-// [node "/"] scan-cursor, or "end" once every server was scanned, then
-// each key of rest as ";" length ":" key. Keys are valid UTF-8 without NUL,
-// so the cursor is too.
-func (c listCursor) String() string {
-	if c.done && len(c.rest) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	switch {
-	case c.done:
-		b.WriteString("end")
-	case c.node != "":
-		b.WriteString(c.node)
-		b.WriteByte('/')
-		fallthrough
-	default:
-		b.WriteString(strconv.FormatUint(c.scan, 10))
-	}
-	for _, k := range c.rest {
-		b.WriteByte(';')
-		b.WriteString(strconv.Itoa(len(k)))
-		b.WriteByte(':')
-		b.WriteString(k)
-	}
-	return b.String()
-}
-
-// parseCursor is the inverse of listCursor.String; "" is the start.
-func parseCursor(s string) (listCursor, error) {
-	var c listCursor
-	if s == "" {
-		return c, nil
-	}
-	bad := func() (listCursor, error) {
-		return listCursor{}, fmt.Errorf("%w: malformed List cursor %q", inbox.ErrInvalidArgument, s)
-	}
-	head, tail, more := strings.Cut(s, ";")
-	if more && tail == "" {
-		return bad()
-	}
-	if head == "end" {
-		c.done = true
-	} else {
-		if i := strings.LastIndexByte(head, '/'); i >= 0 {
-			c.node, head = head[:i], head[i+1:]
-			if c.node == "" {
-				return bad()
-			}
-		}
-		n, err := strconv.ParseUint(head, 10, 64)
-		if err != nil {
-			return bad()
-		}
-		c.scan = n
-	}
-	for tail != "" {
-		l, r, ok := strings.Cut(tail, ":")
-		n, err := strconv.Atoi(l)
-		if !ok || err != nil || n < 0 || n > len(r) || (n < len(r) && r[n] != ';') {
-			return bad()
-		}
-		c.rest = append(c.rest, r[:n])
-		tail = strings.TrimPrefix(r[n:], ";")
-		if len(r) > n && tail == "" {
-			return bad() // a trailing ";"
-		}
-	}
-	if c.done && len(c.rest) == 0 {
-		return bad()
-	}
-	return c, nil
-}
-
 // globEscape escapes the characters of s that are special in a pattern of
 // SCAN MATCH.
 func globEscape(s string) string {
@@ -172,105 +92,138 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// List implements [driver.Driver]: SCAN with MATCH on the store's prefix
-// and opts.Prefix, then each key's record read in one pipeline, filtered
-// and sorted. A page makes at most maxScanSteps SCAN calls, each with COUNT
-// the room left on the page (doubling, up to maxScanCount, while the calls
-// find no key under the prefix); the keys of a call that do not fit on the
-// page travel in Next. On Cluster it scans one master after the other.
+// List implements [driver.Driver]: one page in key order. It SCANs the
+// whole database (every master on Cluster) with MATCH on the store's prefix
+// and opts.Prefix, keeping the smallest keys after the cursor (the last key
+// of the previous page), at most examineKeys of them (twice the page's
+// records without a filter) and examineBytes of their bytes; then it reads their records with the Get script in key
+// order, a pipeline per chunk, until the page holds opts.Limit records
+// that opts selects and one more, which tells that another page follows.
+// When the kept keys run out first while SCAN found more, the page ends at
+// the last key it examined: Next is that key.
 func (d *rdb) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
-	cur, err := parseCursor(opts.Cursor)
-	if err != nil {
-		return inbox.ListPage{}, err
-	}
 	nodes, err := d.scanNodes(ctx)
 	if err != nil {
 		return inbox.ListPage{}, err
 	}
-	pos := 0 // nodes[pos] is being scanned, unless cur.done
-	if opts.Cursor != "" && !cur.done {
-		if pos = slices.IndexFunc(nodes, func(n scanNode) bool { return n.addr == cur.node }); pos < 0 {
-			return inbox.ListPage{}, fmt.Errorf("%w: the List cursor continues the scan of server %q, which List does not scan now (a failover, a change of the Cluster's masters, or a cursor of another client): start the listing again", inbox.ErrInvalidArgument, cur.node)
-		}
-	}
 	match := globEscape(d.opts.Prefix+opts.Prefix) + "*"
-	skip := len(d.opts.Prefix) + len(opts.Prefix)
-	var items []inbox.ListItem
-	steps := 0
-	for len(items) < opts.Limit {
-		room := opts.Limit - len(items)
-		keys := cur.rest // suffixes after opts.Prefix
-		cur.rest = nil
-		count := max(room-len(keys), 1)
-		for len(keys) < room && !cur.done && steps < maxScanSteps {
-			need := room - len(keys)
-			found, next, err := nodes[pos].c.Scan(ctx, cur.scan, match, int64(count)).Result()
-			steps++
+	keep := smallest{maxKeys: examineKeys, maxBytes: examineBytes, set: map[string]struct{}{}}
+	if opts.State == inbox.StateNotFound && opts.OlderThan == 0 {
+		keep.maxKeys = 2 * (opts.Limit + 1)
+	}
+	for _, n := range nodes {
+		for scan := uint64(0); ; {
+			found, next, err := n.c.Scan(ctx, scan, match, scanCount).Result()
 			if err != nil {
 				return inbox.ListPage{}, mapErr(err)
-			}
-			if count > need && len(found) > need {
-				// A grown COUNT found more keys than the page can take:
-				// the same call again with COUNT the room left, so that
-				// few keys are left over.
-				count = need
-				continue
 			}
 			for _, k := range found {
 				// MATCH returns only keys under the prefixes; an empty
 				// inbox key is none of the store's.
-				if len(k) >= skip && len(k) > len(d.opts.Prefix) {
-					keys = append(keys, k[skip:])
+				if k = k[len(d.opts.Prefix):]; k != "" && k > opts.Cursor {
+					keep.add(k)
 				}
 			}
-			cur.scan = next
-			if next == 0 {
-				if pos++; pos == len(nodes) {
-					cur.done = true
-				}
-			}
-			if len(found) == 0 {
-				count = min(2*count, maxScanCount)
-			} else {
-				count = max(room-len(keys), 1)
+			if scan = next; scan == 0 {
+				break
 			}
 		}
-		if len(keys) == 0 {
-			break
-		}
-		slices.Sort(keys)
-		keys = slices.Compact(keys)
-		got, err := d.readList(ctx, opts, keys)
+	}
+	keys := keep.sorted()
+	var p inbox.ListPage
+	chunk := 0
+	for len(keys) > 0 && len(p.Items) <= opts.Limit {
+		// What the page still needs, and more after a chunk that filters
+		// dropped.
+		chunk = min(max(opts.Limit+1-len(p.Items), 2*chunk), maxReadChunk, len(keys))
+		got, err := d.readList(ctx, opts, keys[:chunk])
 		if err != nil {
 			return inbox.ListPage{}, err
 		}
-		if len(got) > room {
-			for _, it := range got[room:] {
-				cur.rest = append(cur.rest, it.Key[len(opts.Prefix):])
-			}
-			got = got[:room]
-		}
-		items = append(items, got...)
+		p.Items = append(p.Items, got...)
+		keys = keys[chunk:]
 	}
-	slices.SortFunc(items, func(a, b inbox.ListItem) int { return strings.Compare(a.Key, b.Key) })
-	items = slices.CompactFunc(items, func(a, b inbox.ListItem) bool { return a.Key == b.Key })
-	if !cur.done {
-		cur.node = nodes[pos].addr
+	switch {
+	case len(p.Items) > opts.Limit:
+		p.Items = p.Items[:opts.Limit]
+		p.Next = p.Items[opts.Limit-1].Key
+	case keep.left:
+		p.Next = keep.heap[0] // the largest key examined
 	}
-	next := cur.String()
-	if len(next) > 4*inbox.MaxKeyLen {
-		return inbox.ListPage{}, fmt.Errorf("%w: the %d keys that one SCAN call returned beyond the limit of %d are too long to carry in the List cursor: list with a larger Limit", inbox.ErrInvalidArgument, len(cur.rest), opts.Limit)
-	}
-	return inbox.ListPage{Items: items, Next: next}, nil
+	return p, nil
 }
 
-// readList reads the records of keys (sorted, after opts.Prefix) in one
-// pipeline, and returns those that are live and that opts selects, in key
-// order.
+// smallest keeps the smallest distinct strings it is given, at most
+// maxKeys of them and maxBytes of their bytes: a max-heap, and the set of
+// its strings. Once it has left a string out (left), it keeps only those
+// smaller than every string it left out (ceil), so that what it keeps is
+// always every string given up to its largest.
+type smallest struct {
+	maxKeys, maxBytes int
+	heap              []string
+	set               map[string]struct{}
+	bytes             int
+	left              bool
+	ceil              string
+}
+
+func (s *smallest) add(k string) {
+	if _, dup := s.set[k]; dup || (s.left && k >= s.ceil) {
+		return
+	}
+	s.heap = append(s.heap, k)
+	s.set[k] = struct{}{}
+	s.bytes += len(k)
+	for i := len(s.heap) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s.heap[p] >= s.heap[i] {
+			break
+		}
+		s.heap[p], s.heap[i] = s.heap[i], s.heap[p]
+		i = p
+	}
+	for len(s.heap) > s.maxKeys || s.bytes > s.maxBytes {
+		s.left, s.ceil = true, s.heap[0]
+		s.pop()
+	}
+}
+
+// pop removes the largest string.
+func (s *smallest) pop() {
+	delete(s.set, s.heap[0])
+	s.bytes -= len(s.heap[0])
+	last := len(s.heap) - 1
+	s.heap[0] = s.heap[last]
+	s.heap = s.heap[:last]
+	for i := 0; ; {
+		c := 2*i + 1
+		if c >= len(s.heap) {
+			return
+		}
+		if c+1 < len(s.heap) && s.heap[c+1] > s.heap[c] {
+			c++
+		}
+		if s.heap[i] >= s.heap[c] {
+			return
+		}
+		s.heap[i], s.heap[c] = s.heap[c], s.heap[i]
+		i = c
+	}
+}
+
+// sorted returns the strings kept, in increasing order.
+func (s *smallest) sorted() []string {
+	out := slices.Clone(s.heap)
+	slices.Sort(out)
+	return out
+}
+
+// readList reads the records of keys (inbox keys) in one pipeline, and
+// returns those that are live and that opts selects, in the order of keys.
 func (d *rdb) readList(ctx context.Context, opts inbox.ListOptions, keys []string) ([]inbox.ListItem, error) {
 	calls := make([]*scriptCall, len(keys))
 	for i, k := range keys {
-		calls[i] = &scriptCall{key: opts.Prefix + k}
+		calls[i] = &scriptCall{key: k}
 	}
 	p := d.client.Pipeline()
 	d.queue(ctx, p, getScript, calls)
@@ -290,7 +243,7 @@ func (d *rdb) readList(ctx context.Context, opts inbox.ListOptions, keys []strin
 			r.LastSeen.After(now.Add(-opts.OlderThan)) {
 			continue
 		}
-		items = append(items, inbox.ListItem{Key: opts.Prefix + keys[i], Record: r})
+		items = append(items, inbox.ListItem{Key: keys[i], Record: r})
 	}
 	return items, nil
 }

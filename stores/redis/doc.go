@@ -1,221 +1,65 @@
-// Package redisstore is the Redis [inbox.LeaseStore], over go-redis v9's
-// [redis.UniversalClient], so one store serves a standalone Redis, Sentinel
-// (a failover client) and Redis Cluster.
+// Package redisstore is the Redis [inbox.LeaseStore] and [inbox.Admin], over
+// go-redis v9's [redis.UniversalClient], so one store serves a standalone
+// Redis, Sentinel (a failover client) and Redis Cluster.
 //
 //	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 //	store, err := redisstore.New(client, redisstore.Options{Retention: 72 * time.Hour})
 //
-// # How it works
+// What each method does and guarantees is [inbox.LeaseStore]'s contract;
+// this page has what is Redis's own. How each operation runs, its round
+// trips, the cost of List and the benchmarks are in the repository's
+// docs/stores.md ("Stores in depth", Redis).
 //
-// The store is the portable layer of [driver] (input validation, the
-// closed check, the lease default and lease ids, the per-call
-// [Options.Timeout], error mapping, batching) over a driver that speaks
-// Redis. Every operation is on one Redis key, so it is atomic and valid on
-// Cluster whatever slot the key hashes to. A claim of a key Redis does not
-// hold, nearly every message, is native: SET key record NX PX ttl,
-// pipelined with PEXPIRETIME key in the same round trip (on Cluster both go
-// to the key's node). When SET NX wrote, the key is acquired; its lease
-// began at the time of the SET on the Redis clock, rounded down to the
-// millisecond, which the store reads back from the key's absolute expiry
-// (PEXPIRETIME minus the TTL it gave), so Claim.ExpiresAt comes from
-// Redis's clock, not the consumer's. When the key exists (a duplicate, a
-// busy key, an expired lease to take over, the holder's own retry), SET NX
-// changes nothing and a Lua script decides, one more round trip. Complete,
-// Release, Fail, MarkProcessed and Extend are calls of one Lua script that
-// applies operations to a key (the middleware's Complete, which knows what
-// its claim wrote, is a GET and a SET in it: the fenced mark at its
-// least); Get (IsProcessed is a Get) and ForceRelease are a script each,
-// Forget a DEL, and List a SCAN (see "Operators" below). Scripts run by their SHA (EVALSHA); a server whose script cache
-// is empty (NOSCRIPT, after a restart, a failover or SCRIPT FLUSH) gets the
-// same calls again with EVAL, which loads the script. Scripts that need
-// the time read it with TIME (Redis 7 replicates scripts by their effects,
-// which makes that safe), so consumers with skewed clocks agree.
-// PEXPIRETIME needs Redis 7.0 or later.
-//
-// Lease ids are made by the client ([inbox.NewLeaseID], or the caller's
-// [inbox.BeginOptions.LeaseID]), so a TryBegin that go-redis retries after
-// a lost reply finds its own lease (SET NX then fails, and the script
-// renews the holder's lease) and returns Acquired again.
-//
-// Round trips and Redis work per operation, when it travels alone:
-//
-//	TryBegin of a new key                 1   SET NX PX, PEXPIRETIME
-//	TryBegin of a key that exists         2   the same, then the script
-//	  (processed, busy, dead, in a backoff, an expired lease, the
-//	  holder's retry)
-//	Complete, Release, Fail,              1   a script call each
-//	  MarkProcessed, Extend
-//	Get, IsProcessed, ForceRelease        1   a script each
-//	Forget                                1   DEL
-//	List, one page                        2+  at most 16 SCAN calls, a
-//	                                          pipeline of the Get script
-//	                                          after each round of them (on
-//	                                          Cluster, CLUSTER SLOTS first)
+// # Layout
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
-// "inbox:"), that holds its record: a few MessagePack values (the layouts
-// are described under "Record layouts" in the source of doc.go). The records
-// that the claim of a new key and the Complete after it write hold no time:
-// their times are derived from the key's expiry, the time of each SET
-// rounded down to the millisecond, so the lease, or the retention, ends up
-// to a millisecond before its full length has passed since the SET ran, and
-// they live exactly as long as Redis holds the key. Every other record holds
-// its times, in microseconds of the Redis clock, and a logical expiry that
-// every script compares with TIME, so a processed key is processed for
-// exactly the retention and a lease ends exactly at its deadline. The
-// physical TTL is lease + retention while a record is in flight (an expired
-// lease keeps the record's history, attempts and first seen, for the next
-// TryBegin), the end of the backoff + retention after a Fail with one, and
-// the retention once it is processed, released or dead, never before the
-// logical expiry. The store owns every key under its prefix: a value it did
-// not write there is an error wrapping [inbox.ErrStoreUnavailable]
-// (WRONGTYPE, or an unexpected record), never overwritten.
+// "inbox:"), holding its record in MessagePack; its TTL is lease +
+// retention while a lease is in flight, the end of a failed attempt's
+// backoff + retention, and the retention once it is processed, released or
+// dead. Expiry is logical, in Lua scripts that read
+// Redis's TIME, so deadlines come from the Redis clock and consumers with
+// skewed clocks agree; the TTL only cleans up. The claim of a new key is a
+// native SET NX PX (with PEXPIRETIME, one round trip), a key that exists a
+// script; every operation touches one key, so it is atomic, on Cluster too.
+// The store owns every key under its prefix: a value it did not write there
+// is an error wrapping [inbox.ErrStoreUnavailable], never overwritten.
+// Leases and retention are kept in whole microseconds and are at most
+// [MaxDuration] (100 years). Needs Redis 7.0 or later (PEXPIRETIME), and
+// EVALSHA, EVAL, SET and PEXPIRETIME on the prefix's keys.
 //
-// Leases and retention are kept in whole microseconds (rounded up) and are
-// at most [MaxDuration] (100 years).
+// # Batched round trips
+//
+// TryBegin, Complete, Release, Fail, MarkProcessed and Extend go through
+// the layer's group commit: a call that finds fewer than two round trips in
+// flight goes out at once; calls made while two are in flight travel
+// together in the next one, one go-redis pipeline (split per node on
+// Cluster), at most 128 calls, each with its own result and its own
+// Timeout. A connection that fails fails the calls of its round trip with
+// [inbox.ErrStoreUnavailable].
+//
+// # Operators: List, Forget, ForceRelease
+//
+// List returns pages in key order, as every store does: each page SCANs
+// the whole database (every master on Cluster) and reads the records of
+// the keys it keeps, so its time grows with the database; on one of
+// millions of keys, give the operators' store URL a longer timeout
+// (timeout=1m). It needs a *redis.Client or a *redis.ClusterClient (a Ring
+// is [inbox.ErrNotSupported]). Forget is a DEL; ForceRelease a script.
 //
 // # Errors
 //
 // go-redis errors never leak as such: a network or server error, a reply of
 // an unexpected shape and the store's own [Options.Timeout] wrap
-// [inbox.ErrStoreUnavailable] (the middleware then nacks the message and
-// the broker redelivers it), with go-redis's error kept in the chain for
-// errors.Is and errors.As. A context canceled by the caller is returned
-// wrapping [context.Canceled]; a deadline wraps both
-// [inbox.ErrStoreUnavailable] and [context.DeadlineExceeded]. A client closed
-// under the store, or a closed store, gives [inbox.ErrClosed].
-//
+// [inbox.ErrStoreUnavailable], with go-redis's error kept in the chain. A
+// context canceled by the caller wraps [context.Canceled]; a deadline wraps
+// both [inbox.ErrStoreUnavailable] and [context.DeadlineExceeded]. A client
+// closed under the store, or a closed store, gives [inbox.ErrClosed].
 // Options.Timeout reaches the socket only when the client was built with
 // ContextTimeoutEnabled (stores opened from a URL are); otherwise a call
-// that hangs is bounded by the client's ReadTimeout and WriteTimeout (3 s by
-// default) for each of its retries.
+// that hangs is bounded by the client's ReadTimeout and WriteTimeout (3 s
+// by default) for each of its retries.
 //
-// A Release or Fail whose reply is lost, retried by go-redis (MaxRetries),
-// fails with [inbox.ErrLeaseLost] although the first one took effect: the
-// key is released, in its backoff or dead all the same.
-//
-// # Failed attempts: backoff and dead keys
-//
-// Every TryBegin answer carries the key's attempts (Claim.Attempts): 1 for
-// the native claim of a new key, otherwise the count in the record. A
-// Fail is fenced like a Release (a script call, batched like one) and
-// records its reason in the record, which Get and List report as
-// Record.Reason until the record is forgotten or expires; the next
-// acquisition keeps it as history.
-//
-// Fail with a backoff (FailOptions.RetryAfter) clears the lease and keeps
-// the end of the backoff, "retry at", on the Redis clock: until then every
-// TryBegin, the failed lease's own included, answers Busy with ExpiresAt
-// the retry at, RetryAfter the time left and Claim.BackingOff true (a Busy
-// on a live lease has it false), and Get reports the key Available with
-// Record.RetryAt. The first acquisition after it clears the
-// retry at. The record lives until the retry at plus the retention. A
-// backoff longer than [MaxDuration] is MaxDuration.
-//
-// Fail with Dead writes a dead record (kind 4) that lives for the retention
-// from the Fail: TryBegin answers Dead with its reason and attempts for
-// every caller; Complete, Release, Fail and Extend fail with
-// [inbox.ErrLeaseLost] ("the key is dead") and change nothing;
-// MarkProcessed marks it processed; IsProcessed is false. An operator
-// replays it with Forget.
-//
-// None of this costs the message's usual path anything: the claim of a new
-// key and the Complete of its fresh record send what they sent before.
-//
-// # Operators: List, Forget, ForceRelease
-//
-// The store implements [inbox.Admin] (cmd/inboxctl uses it). Forget is a
-// DEL of the key's record. ForceRelease is a script: a live lease or a
-// running backoff ends (the lease id is cleared, attempts and reason are
-// kept, the key is available at once, kept for the retention); a key that
-// is processed, dead, absent or neither leased nor backing off is left
-// alone.
-//
-// List walks the keys with SCAN, MATCH [Options.Prefix] followed by
-// ListOptions.Prefix (both literal: the glob characters *, ?, [, ] and the
-// backslash are escaped), and reads the matched records with the Get script,
-// one pipelined call per key, so logical expiry applies (an expired record is
-// not listed) and each item is the record Get gives; it then keeps the
-// records in the state asked for whose last seen is at least OlderThan before
-// the Redis clock. A page makes at most 16 SCAN calls, each with COUNT the
-// room left on the page, doubled (up to 1000) after a call that found no key
-// under the prefixes, so a prefix that few keys match is still walked in few
-// pages; and as many pipelines as rounds of SCAN calls (one, unless filters
-// drop records). Items are ordered by key within a page, not across pages:
-// the listing follows SCAN's order. Next is SCAN's cursor, followed by the
-// keys that the last SCAN call returned beyond the page's limit (they open
-// the next page); "" when the scan is over. A page may hold fewer items than
-// the limit, even none, while Next is not empty. SCAN's guarantees carry
-// over: on a server that stays the same (no failover), a key that exists
-// from the first page to the last is listed, and a key may be listed twice
-// (when Redis resizes its table during the listing). A listing costs Redis
-// one SCAN step per COUNT keys of the whole database, matched or not, and a
-// script call per matched key.
-//
-// On Cluster, List scans the masters one after the other, ordered by
-// address (go-redis's ClusterClient.ForEachMaster, which reloads the
-// cluster's slots on each page), and Next names the master it is at with
-// its SCAN cursor. A cursor whose master is gone (a failover, a node
-// removed) is refused with [inbox.ErrInvalidArgument]: start the listing
-// again. While slots migrate between masters, a listing may miss or repeat
-// the keys that move. List needs a *redis.Client (standalone or Sentinel)
-// or a *redis.ClusterClient; on any other client, such as a Ring, it fails
-// with [inbox.ErrNotSupported], since SCAN would reach one shard only.
-//
-// # Durability: what survives a Redis restart
-//
-// The store is exactly as durable as the Redis under it. With append-only
-// persistence and appendfsync always (appendonly yes, appendfsync always),
-// every TryBegin, Complete and MarkProcessed acknowledged to the store is on
-// disk before the reply: after a crash or restart no processed mark is lost
-// and no live lease is forgotten, so no key is run twice; the fault tests
-// check this with SIGKILL and SHUTDOWN mid-run. With Redis's default
-// appendfsync everysec, a crash of the machine or of Redis can lose the last
-// second of writes: a key completed in that second runs once more when its
-// message is redelivered, and a lease granted in it can be granted again
-// while its first holder still runs. With persistence off (the shared test
-// Redis of this project keeps nothing on disk) a restart forgets every key.
-// With replication (Sentinel, Cluster), a failover can lose the writes the
-// replica had not received; WAIT is not used. A restart or failover also
-// empties the script cache, which the EVAL fallback absorbs.
-//
-// # Batched round trips
-//
-// TryBegin, Complete, Release, Fail and MarkProcessed go through the layer's
-// group commit (see "Batching" in [driver]), without timers: a call that
-// finds fewer than two round trips of its Store in flight goes out at once,
-// alone, in the caller's goroutine, so one consumer waits no longer than
-// without batching (its claim never waits behind the mark of its previous
-// message); calls that arrive while two are in flight are queued and travel
-// together in the next one (at most 128 calls; callers that find 4096 calls
-// queued wait for room, honouring their context). A batch is one go-redis
-// pipeline (on Cluster, go-redis's ClusterClient splits it per node): the
-// native claims of new keys and a script call for each Complete, Release,
-// Fail, MarkProcessed and Extend. The claims whose key SET NX found then go together
-// in a second pipeline, a script call each. A key that appears more than once
-// in a batch gets a single script call that applies its operations in the
-// order they were made (a Release then a claim of its key acquires it; two
-// claims of a new key give one Acquired), so calls on one key take effect in
-// that order, and no claim in the second pipeline can be overtaken by a later
-// call on its key. Get, IsProcessed and the operators' calls are not
-// batched.
-//
-// Each call keeps its own result (a lost lease is [inbox.ErrLeaseLost] for
-// that call only) and its own Timeout, which the batcher keeps without a
-// timer per call: a batch runs under a context detached from its callers',
-// canceled once the Timeout of all its calls has passed, and a caller whose
-// context ends gets its context's error (its call is not sent if it was
-// still queued; if it was, the result is dropped). A connection
-// that fails fails every call of its round trip with
-// [inbox.ErrStoreUnavailable]; on Cluster, those of the failing node.
-// Script calls that find no script (NOSCRIPT) are sent again, with EVAL,
-// in one more pipeline. Sixteen consumers of one Store therefore make far
-// fewer round trips than calls, which is what costs Redis most of its CPU
-// per message (a system call on each side per round trip).
-// [driver.Store.BatchStats] counts the round trips and the calls they
-// carried.
-//
-// # URL form
+// # URL
 //
 // Importing the package registers the schemes redis and rediss (TLS) with
 // [github.com/watermill-inbox/inbox/stores]:
@@ -226,140 +70,61 @@
 //	redis://[:sentinel-password@]sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379&password=master-password (Sentinel)
 //
 // The store's parameters are retention, lease and check (shared by every
-// store), prefix, timeout (per call), conn_check (true or false, see below)
-// and cluster (true or false; an addr parameter implies true). prefix
-// ([Options.Prefix], default inbox:) must end with ':', so that the store's
-// keys stay in its namespace: prefix=app is refused (with the inbox key
-// le:1 it would reach the Redis key apple:1, another namespace's; use
-// prefix=app:). Durations are
-// Go durations that may start with days: retention=7d, retention=1d12h,
-// timeout=5s. A Cluster URL names no database, or 0. master_name makes a
-// Sentinel client ([redis.NewFailoverClient]): the URL's host and every addr
-// are then Sentinels, the user info is the Sentinels' and the username and
-// password parameters the master's. route_by_latency, route_randomly and
-// replica_only are refused with it: the store writes on every call, so it
-// talks to the master only. Every other parameter goes to go-redis's
-// [redis.ParseURL], [redis.ParseClusterURL] or [redis.ParseFailoverURL], so
-// its options (dial_timeout, read_timeout, pool_size, max_retries, ...) can
-// be set too, and an unknown parameter is an error naming it. Pool sizes
-// (pool_size, min_idle_conns, max_idle_conns, max_active_conns,
-// max_concurrent_dials) must be within [0, 100000]: go-redis panics on a
-// negative one. The store made from a URL enables ContextTimeoutEnabled, owns
-// its client and closes it on Close; errors quote the URL with its password
-// masked.
+// store), prefix (must end with ':', so that prefix=app cannot reach
+// another namespace's apple:1), timeout (per call), conn_check and cluster
+// (an addr parameter implies it; a Cluster URL names no database, or 0).
+// Durations may start with days: retention=7d. master_name makes a Sentinel
+// client: the URL's host and every addr are Sentinels, and
+// route_by_latency, route_randomly and replica_only are refused with it.
+// Every other parameter goes to go-redis's [redis.ParseURL],
+// [redis.ParseClusterURL] or [redis.ParseFailoverURL] (dial_timeout,
+// pool_size, max_retries, ...), pool sizes within [0, 100000]; an unknown
+// parameter is an error naming it. A store made from a URL owns its client
+// (Close closes it), enables ContextTimeoutEnabled, speaks RESP2 unless the
+// URL sets protocol, and skips go-redis's check of each pooled connection
+// unless conn_check=true (a recvfrom per call; a dead connection is then
+// found by the call, which go-redis retries). Errors quote the URL with its
+// password masked.
 //
 // # Checks at Open
 //
 // A store opened from a URL is checked before [stores.Open] returns it,
-// within its timeout (5 s by default): a PING (the client connects,
-// authenticates and selects the URL's database); on a standalone client,
-// INFO cluster, since a Cluster node needs cluster=true; then the store's
-// Get script on one key under the prefix, and the fast claim's SET (with XX,
-// on that key, which the Get script found without a live record, so nothing
-// live is written) and PEXPIRETIME (the server runs EVALSHA, EVAL, SET and
-// PEXPIRETIME for this user on the prefix's keys, and is Redis 7.0 or
-// later).
-// A mistake of configuration is an error wrapping [stores.ErrMisconfigured]
-// and [inbox.ErrStoreUnavailable] that names it and how to fix it, for
-// example:
+// within its timeout: a PING (connect, authenticate, select the database),
+// on a standalone client INFO cluster (a Cluster node needs cluster=true),
+// the Get script and the fast claim's SET XX and PEXPIRETIME on one key
+// under the prefix, writing nothing live. A mistake of configuration wraps
+// [stores.ErrMisconfigured] and [inbox.ErrStoreUnavailable] and says what to
+// fix, for example:
 //
-//	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS invalid username-password pair or user is disabled.)
-//	redis store: user app may not run the store's scripts (EVALSHA, EVAL) on keys under prefix "inbox:" at 127.0.0.1:6379: grant it in the server's ACL (...) (NOPERM ...)
-//	redis store: the database in the URL's path "/99" does not exist at 127.0.0.1:6379: use /0 (...) (ERR DB index is out of range)
+//	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS ...)
 //	redis store: 127.0.0.1:7000 is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)
-//	redis store: the TLS certificate of 10.0.0.5:6380 is not trusted: give the client the CA that signed it, ...
 //
-// A server that does not answer is an error wrapping
-// [inbox.ErrStoreUnavailable] only ("redis store: Open: cannot reach
-// 127.0.0.1:6379: inbox: store unavailable: dial tcp 127.0.0.1:6379:
-// connect: connection refused; ..."). check=false skips the check: Open then
-// sends nothing (go-redis connects on the first call), and the same mistakes
-// fail the calls with [inbox.ErrStoreUnavailable]. This check is not
-// conn_check, which is go-redis's check of each pooled connection (below).
+// A server that does not answer wraps [inbox.ErrStoreUnavailable] only.
+// check=false sends nothing at Open. [New] takes the caller's client as it
+// is and sends nothing: it checks only its options.
 //
-// [New] takes the caller's client as it is and sends nothing: it checks only
-// its options.
+// # Durability
 //
-// # go-redis's log
+// The store is exactly as durable as the Redis under it: with appendonly
+// yes and appendfsync always, no acknowledged mark or lease is lost on a
+// crash; with everysec the last second can be; without persistence a
+// restart forgets every key; a failover can lose the writes the replica had
+// not received.
 //
-// go-redis logs a few events (a dial that failed after its retries, a
-// connection closed with unread data, ...) through one logger for the whole
-// process, which prints to standard error by default. Importing this package
-// replaces it, once, at initialisation: the lines go to the Watermill logger
-// given to [SetLogger], at debug level, or nowhere (the default). The store's
-// errors carry the same faults to the caller. An application that calls
-// redis.SetLogger itself replaces this, for its clients and the store's.
+// # Verified against
 //
-// # Client settings
+// The conformance suite runs against Redis 7.0 standalone (with its fault
+// cases through a proxy), a TLS-only server with a verifying client, a
+// local 3-node Cluster, and a master with a replica and a Sentinel, where a
+// failover under a store opened by URL reaches the promoted replica and
+// finds there the marks and leases replicated before it; persistence is
+// checked with SIGKILL and SHUTDOWN of a private append-only server.
 //
-// Two more settings of the client made from a URL differ from go-redis's
-// defaults, to save CPU on every call (BENCHMARKS.md at the repository root
-// has the measurements):
-//
-//   - it speaks RESP2 unless the URL sets protocol: the scripts' replies
-//     are the same in both, and the store uses none of RESP3's push
-//     notifications, whose bookkeeping go-redis does on every call;
-//   - it skips go-redis's check of every connection taken from the pool, a
-//     recvfrom (MSG_PEEK) system call per call (parameter conn_check,
-//     default false; true restores the check). A connection that the
-//     server closed (a restart, its idle timeout) is then found dead when a
-//     call uses it, and go-redis retries the call on another connection
-//     (max_retries, 3 by default; every script is safe to repeat, with the
-//     caveat of Release above). With retries off (max_retries=-1) the check
-//     stays on unless conn_check=false is given, as every dead connection
-//     would fail one call.
-//
-// A client passed to [New] is used as it is; the same settings can be made
-// there (Options.Protocol, and a Dialer whose connections do not implement
-// syscall.Conn).
-//
-// TLS (rediss://) is tested against a private redis-server that serves TLS
-// only: the conformance suite with a verifying client, and by URL, where a
-// certificate the system does not trust is refused unless the URL says
-// skip_verify=true (go-redis's parameter).
-//
-// Sentinel is tested with a private master, replica and Sentinel: the
-// conformance suite through a failover client, and a failover
-// (SENTINEL FAILOVER) under a store opened by URL, which reaches the
-// promoted replica without being reopened and finds there the marks and
-// leases that were replicated before it.
-//
-// # Watermill's Deduplicator
-//
-// [ExpiringKeyRepository] implements Watermill's
-// middleware.ExpiringKeyRepository on Redis for applications that use
-// Watermill's own Deduplicator; its documentation says why this project's
-// inbox middleware is safer.
-//
-// # Benchmarks
-//
-// BenchmarkTryBeginComplete runs one message's work, TryBegin then Complete
-// on a new key, three ways: this store ("ours"); the same commands (the
-// fast claim's pipeline, then the script call of Complete) sent by hand
-// through go-redis ("raw-lua": fixed lease id, no validation, timeout,
-// batching or reply checks), which isolates the store's Go-side cost; and
-// SET NX PX then SET ("raw-setnx"), the two-round-trip floor with no
-// fencing, history or clock. Each runs sequentially and with 16 concurrent
-// callers. BenchmarkOverhead_paired alternates ours and raw-lua within each
-// iteration of each caller, so that load drift weighs on both alike, and
-// reports their time ratio, with the default Timeout and with Timeout off.
-// BenchmarkTryBeginCompleteInterleaved runs the three in turn within every
-// iteration; the harness of make bench (cmd/inboxbench) uses it.
-//
-// What ours adds to raw-lua is the store's Go side: the timer of
-// [Options.Timeout] on every call (none with Timeout off), validation of the
-// key, lease id and owner, batching, the boxing of script arguments and the
-// lease id. What raw-lua costs Redis beyond raw-setnx is PEXPIRETIME and
-// the script call of Complete, the price of lease fencing, attempts,
-// history and one clock.
-//
-// Two benchmarks report what the store costs the Redis server:
-// BenchmarkRedisCPU_TryBegin_new_key its CPU time and command time per
-// claim of a new key, on the shared test server; BenchmarkRedisCPU_message
-// its CPU time, script time and the client's round trips per message
-// (TryBegin and Complete) against Watermill's Deduplicator over Redis and a
-// bare SET NX PX, with one caller and with 16, on a server of its own. The
-// measured figures are in BENCHMARKS.md at the repository root.
+// go-redis logs a few events through one logger for the whole process;
+// importing this package sends them to [SetLogger]'s Watermill logger, at
+// debug level, or nowhere (the default). [ExpiringKeyRepository] implements
+// Watermill's middleware.ExpiringKeyRepository, for applications that use
+// Watermill's own Deduplicator.
 package redisstore
 
 // Record layouts

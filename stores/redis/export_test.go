@@ -71,15 +71,3 @@ func Apply(ctx context.Context, s *Store, ops []driver.Op) ([]inbox.Claim, []err
 	err := s.d.Apply(ctx, ops, res, errs)
 	return res, errs, err
 }
-
-// EncodeCursor and DecodeCursor are List's cursor: the server scanned (on
-// Cluster), its SCAN cursor, whether every server was scanned, and the keys
-// left over for the next page.
-func EncodeCursor(node string, scan uint64, done bool, rest []string) string {
-	return listCursor{node: node, scan: scan, done: done, rest: rest}.String()
-}
-
-func DecodeCursor(s string) (node string, scan uint64, done bool, rest []string, err error) {
-	c, err := parseCursor(s)
-	return c.node, c.scan, c.done, c.rest, err
-}

@@ -101,7 +101,6 @@ func harness(t *testing.T, c redis.UniversalClient) storetest.Harness {
 		Retention: time.Second,
 		// Times are Redis TIME microseconds, returned as stored.
 		TimePrecision: time.Microsecond,
-		ListByScan:    "List pages by SCAN: keys in order within a page, and a key may come twice",
 	}
 }
 

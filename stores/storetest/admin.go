@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -55,18 +56,6 @@ func keysOf(items []inbox.ListItem) []string {
 	return out
 }
 
-// listed returns the keys of items, the pages of one listing: as listed,
-// or, for a store that lists by scanning (Harness.ListByScan), sorted and
-// each once.
-func (s *suite) listed(items []inbox.ListItem) []string {
-	ks := keysOf(items)
-	if s.h.ListByScan != "" {
-		slices.Sort(ks)
-		ks = slices.Compact(ks)
-	}
-	return ks
-}
-
 // adminFixture makes, under a prefix of its own, one key in each state:
 // available (released), in-progress, processed, dead, and one in a backoff.
 func adminFixture(t *testing.T, st inbox.LeaseStore) (prefix string, keys map[inbox.State][]string) {
@@ -112,7 +101,7 @@ func (s *suite) testListFilters(t *testing.T) {
 	}
 	slices.Sort(want)
 	all := listAll(t, a, inbox.ListOptions{Prefix: prefix})
-	if got := s.listed(all); !slices.Equal(got, want) {
+	if got := keysOf(all); !slices.Equal(got, want) {
 		t.Fatalf("List(prefix) = %q, want %q in key order", got, want)
 	}
 	for _, it := range all {
@@ -122,15 +111,12 @@ func (s *suite) testListFilters(t *testing.T) {
 		}
 	}
 	for state, ks := range keys {
-		got := s.listed(listAll(t, a, inbox.ListOptions{Prefix: prefix, State: state}))
+		got := keysOf(listAll(t, a, inbox.ListOptions{Prefix: prefix, State: state}))
 		if !slices.Equal(got, ks) {
 			t.Errorf("List(state %v) = %q, want %q", state, got, ks)
 		}
 	}
 	dead := listAll(t, a, inbox.ListOptions{Prefix: prefix, State: inbox.StateDead})
-	if s.h.ListByScan != "" {
-		dead = slices.CompactFunc(dead, func(a, b inbox.ListItem) bool { return a.Key == b.Key })
-	}
 	if len(dead) != 1 || dead[0].Reason != "poison" || dead[0].Attempts != 1 {
 		t.Fatalf("dead keys listed as %+v, want one with its reason and attempts", dead)
 	}
@@ -139,7 +125,7 @@ func (s *suite) testListFilters(t *testing.T) {
 	}
 	age := 2 * s.h.Lease
 	pollUntil(t, expireDeadline(age), "the fixture to be listed as older than "+age.String(), func() bool {
-		return len(s.listed(listAll(t, a, inbox.ListOptions{Prefix: prefix, OlderThan: age}))) == len(want)
+		return len(keysOf(listAll(t, a, inbox.ListOptions{Prefix: prefix, OlderThan: age}))) == len(want)
 	})
 	if got := listAll(t, a, inbox.ListOptions{Prefix: prefix + "zzz"}); len(got) != 0 {
 		t.Fatalf("List of an unused prefix = %q, want none", keysOf(got))
@@ -159,7 +145,7 @@ func (s *suite) testListPages(t *testing.T) {
 		want = append(want, k)
 	}
 	got := listAll(t, a, inbox.ListOptions{Prefix: prefix, Limit: 2})
-	if !slices.Equal(s.listed(got), want) {
+	if !slices.Equal(keysOf(got), want) {
 		t.Fatalf("paged List = %q, want %q once each, in order", keysOf(got), want)
 	}
 }
@@ -233,4 +219,80 @@ func (s *suite) testForceRelease(t *testing.T) {
 	}
 	wantErr(t, "Complete by the forcibly released holder", st.Complete(ctxT(t), k, c0.LeaseID), inbox.ErrLeaseLost)
 	wantErr(t, "Release by the forcibly released holder", st.Release(ctxT(t), k, c0.LeaseID), inbox.ErrLeaseLost)
+}
+
+// testListKeyOrder: List returns the records in key order, byte for byte,
+// across pages: the first page holds the smallest keys, and each page
+// starts after the last key of the one before. Keys that collations order
+// otherwise (case, spaces, punctuation, non-ASCII) are among them; so are
+// a state that few records are in and a page limit that cuts the listing
+// anywhere.
+func (s *suite) testListKeyOrder(t *testing.T) {
+	st := s.store(t)
+	a := s.admin(t, st)
+	prefix := newKey(t, "order:")
+	suffixes := []string{"", "B", "a", "A", "a b", "a-b", "ab", "aB", "a\x01", "é", "z", "~", "Z", "0", "_", "ÿ", "日本"}
+	for i := 1; i <= 40; i++ {
+		suffixes = append(suffixes, fmt.Sprintf("k%03d", i))
+	}
+	var want, held []string
+	for i, sfx := range suffixes {
+		k := prefix + sfx
+		if i%7 == 3 { // a few in progress, for a filter few records pass
+			mustBegin(t, st, k, inbox.BeginOptions{Lease: longLease}, inbox.Acquired)
+			held = append(held, k)
+		} else if err := st.MarkProcessed(ctxT(t), k); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, k)
+	}
+	slices.Sort(want)
+	slices.Sort(held)
+
+	first, err := a.List(ctxT(t), inbox.ListOptions{Prefix: prefix, Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(first.Items); !slices.Equal(got, want[:5]) || first.Next == "" {
+		t.Fatalf("List(limit 5) = %q (next %q), want the 5 smallest keys %q and a cursor", got, first.Next, want[:5])
+	}
+	for _, limit := range []int{1, 3, 7, 1000} {
+		got := listOrdered(t, a, inbox.ListOptions{Prefix: prefix, Limit: limit})
+		if ks := keysOf(got); !slices.Equal(ks, want) {
+			t.Fatalf("List by pages of %d = %q, want each key once in byte order: %q", limit, ks, want)
+		}
+		got = listOrdered(t, a, inbox.ListOptions{Prefix: prefix, Limit: limit, State: inbox.StateInProgress})
+		if ks := keysOf(got); !slices.Equal(ks, held) {
+			t.Fatalf("List(in progress) by pages of %d = %q, want %q", limit, ks, held)
+		}
+	}
+}
+
+// listOrdered pages through List as listAll does, and checks that each
+// page starts after the last key of the pages before it.
+func listOrdered(t *testing.T, a inbox.Admin, opts inbox.ListOptions) []inbox.ListItem {
+	t.Helper()
+	var all []inbox.ListItem
+	for pages := 0; ; pages++ {
+		if pages > 1000 {
+			t.Fatal("List: more than 1000 pages; is Next advancing?")
+		}
+		p, err := a.List(ctxT(t), opts)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", opts, err)
+		}
+		if len(p.Items) > opts.Limit {
+			t.Fatalf("List returned %d items, over the limit of %d", len(p.Items), opts.Limit)
+		}
+		for _, it := range p.Items {
+			if len(all) > 0 && it.Key <= all[len(all)-1].Key {
+				t.Fatalf("List(%+v) returned %q after %q: not in key order across pages", opts, it.Key, all[len(all)-1].Key)
+			}
+			all = append(all, it)
+		}
+		if p.Next == "" {
+			return all
+		}
+		opts.Cursor = p.Next
+	}
 }

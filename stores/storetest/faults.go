@@ -266,7 +266,7 @@ func mustGetE(ctx context.Context, t *testing.T, st inbox.LeaseStore, key string
 func (s *suite) testLinkCut(t *testing.T) {
 	st, link := s.faultStore(t)
 	run := &cutRun{s: s, t: t, st: st, base: newKey(t, "")}
-	ws := make([]*cutWorker, racers)
+	ws := make([]*cutWorker, s.h.FaultCallers)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -284,7 +284,7 @@ func (s *suite) testLinkCut(t *testing.T) {
 		}()
 	}
 	pollUntil(t, 30*time.Second, "the workers' calls to succeed before the cut", func() bool {
-		return run.okCalls.Load() >= 4*racers
+		return run.okCalls.Load() >= int64(4*len(ws))
 	})
 	link.Cut()
 	run.phase.Store(phaseCut)
@@ -335,7 +335,7 @@ func (s *suite) testLinkCut(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d workers, %d keys: %d calls failed with the link cut, %d claims failed, %d holders' Complete or Release failed, %d failed claims took effect after the holder's Release; slowest call %s (%s)",
-		racers, keys, errs, failedClaims, unfinished, run.lateProbes.Load(), run.slowest, run.slowestCall)
+		len(ws), keys, errs, failedClaims, unfinished, run.lateProbes.Load(), run.slowest, run.slowestCall)
 }
 
 // waitOp is one call of testCanceledWhileWaiting.

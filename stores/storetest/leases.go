@@ -268,7 +268,7 @@ func (s *suite) testExtendKeepsLastSeen(t *testing.T) {
 		return
 	}
 	held := listAll(t, a, inbox.ListOptions{Prefix: key, State: inbox.StateInProgress, OlderThan: age})
-	if got := s.listed(held); len(got) != 1 || got[0] != key {
+	if got := keysOf(held); len(got) != 1 || got[0] != key {
 		t.Fatalf("List(in progress, older than %s) = %q, want the lease extended for that long, %q", age, got, key)
 	}
 	if got := listAll(t, a, inbox.ListOptions{Prefix: key, State: inbox.StateInProgress, OlderThan: time.Hour}); len(got) != 0 {

@@ -61,9 +61,10 @@
 // Its MaxBusyWait does not bound the wait on a concurrent claim (the lock
 // timeout does), only the retries of a BeginTx that fails (the database
 // down): they are paced, for at most MaxBusyWait, then the message is
-// nacked with an error wrapping [inbox.ErrStoreUnavailable]. Its FailOpen is
-// refused (the handler needs the transaction). The lock timeout per
-// database:
+// nacked with an error wrapping [inbox.ErrStoreUnavailable]. Its FailOpen,
+// PayloadHash and MaxAttempts are refused (the handler needs the
+// transaction; the claim records no fingerprint and counts no attempts).
+// The lock timeout per database:
 //
 //   - PostgreSQL: the transaction's lock_timeout (set_config, local to the
 //     transaction). It also bounds the lock waits of the handler's own
@@ -78,7 +79,10 @@
 //
 // Each message in flight holds one pooled connection from its claim to its
 // commit: size the pool (db.SetMaxOpenConns) for the router's concurrency,
-// or the claims wait for connections.
+// or the claims wait for connections, on every database for at most
+// [Config.LockTimeout]; then BeginTx fails with an error wrapping
+// [inbox.ErrStoreUnavailable] ([inbox.ErrBusy] on SQLite, whose one
+// connection is its writer).
 //
 // # SQLite
 //

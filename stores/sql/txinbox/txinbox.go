@@ -73,9 +73,10 @@ type Config struct {
 	// redelivers later. On PostgreSQL it is the transaction's lock_timeout,
 	// which also bounds the lock waits of the handler's own statements; on
 	// MySQL and MariaDB, innodb_lock_wait_timeout, in whole seconds (rounded
-	// up), set for the transaction's connection and reset after; on SQLite
-	// it bounds the wait for the database's one writer connection. Optional;
-	// default [DefaultLockTimeout].
+	// up), set for the transaction's connection and reset after. On every
+	// database it also bounds the wait for a pooled connection (on SQLite,
+	// the database's one writer connection). Optional; default
+	// [DefaultLockTimeout].
 	LockTimeout time.Duration
 
 	// Outbox stores the messages a handler returns in the handler's

@@ -420,7 +420,7 @@ func TestLs_stuck(t *testing.T) {
 
 // recorder records the ListOptions of each List call, and serves at most
 // pageSize records a page, with an empty page (and a new cursor) before each
-// real one when gaps is set, as stores that scan (Redis) may answer.
+// real one when gaps is set, as a store may answer (inbox.Admin.List).
 type recorder struct {
 	*memory.Store
 	pageSize int
@@ -516,6 +516,29 @@ func TestLs_pages_through_the_store(t *testing.T) {
 				t.Fatalf("ls -limit 3 as text: want a header, 3 rows and the note, got %v", table)
 			}
 		})
+	}
+}
+
+// unordered is a store whose List breaks the contract: its second page
+// starts before the end of its first.
+type unordered struct{ *memory.Store }
+
+func (unordered) Close() error { return nil }
+
+func (u unordered) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage, error) {
+	if opts.Cursor == "" {
+		return inbox.ListPage{Items: []inbox.ListItem{{Key: "b"}}, Next: "b"}, nil
+	}
+	return inbox.ListPage{Items: []inbox.ListItem{{Key: "a"}}}, nil
+}
+
+// ls prints records in key order as the store lists them, and fails on a
+// store that lists out of order rather than print what it says it does not.
+func TestLs_refuses_a_listing_out_of_key_order(t *testing.T) {
+	t.Parallel()
+	r := onStore(unordered{newStore(t)}).run(t, "-store", "memory://", "ls", "-json")
+	if r.code != cli.ExitFailure || !strings.Contains(r.stderr, `the store listed a after b: not in key order`) {
+		t.Fatalf("ls over a store that lists out of key order: %v; want exit 1 saying so", r)
 	}
 }
 

@@ -178,25 +178,25 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		return err
 	}
 	var items []inbox.ListItem
-	seen := map[string]struct{}{}
 	more := false
 	for {
 		left := o.limit - len(items)
 		opts.Limit = min(left, inbox.MaxListLimit)
 		p, err := a.List(ctx, opts)
 		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w (a page of ls reads the records it examines, and on Redis scans the whole database: on a large one, give the store URL a longer timeout, such as timeout=1m)", err)
+			}
 			return fmt.Errorf("ls on %s: %w", label, err)
 		}
 		for _, it := range p.Items {
-			// A store that lists by scanning (Redis) may give a key twice.
-			if _, dup := seen[it.Key]; dup {
-				continue
+			if n := len(items); n > 0 && it.Key <= items[n-1].Key {
+				return fmt.Errorf("ls on %s: the store listed %s after %s: not in key order, as inbox.Admin.List must", label, showKey(it.Key), showKey(items[n-1].Key))
 			}
 			if len(items) == o.limit { // more than asked: keep what -limit allows
 				more = true
 				break
 			}
-			seen[it.Key] = struct{}{}
 			items = append(items, it)
 		}
 		if len(items) >= o.limit {
@@ -211,8 +211,6 @@ func (r *runner) ls(ctx context.Context, o *lsOptions) error {
 		}
 		opts.Cursor = p.Next
 	}
-	// In key order over all pages: a scanning store orders each page only.
-	slices.SortFunc(items, func(a, b inbox.ListItem) int { return strings.Compare(a.Key, b.Key) })
 	if r.json {
 		for _, it := range items {
 			if err := r.writeJSON(keyedJSON{Key: it.Key, recordJSON: toJSON(it.Record)}); err != nil {

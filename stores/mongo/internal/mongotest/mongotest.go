@@ -6,6 +6,7 @@
 package mongotest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -49,6 +50,16 @@ type Server struct {
 	// TTL states whether the server creates TTL indexes: mongod does,
 	// FerretDB 1.x refuses them.
 	TTL bool
+
+	// FaultsURI, when set, is the server of the conformance suite's fault
+	// cases (a connection string as URI): a server of their own, so that
+	// their load does not slow the other cases down. Default URI.
+	FaultsURI string
+
+	// FaultCallers is the conformance suite's Harness.FaultCallers: how
+	// many callers its case of a link cut under load runs at once. Zero is
+	// the suite's default (64).
+	FaultCallers int
 }
 
 // Connect returns a client of uri, disconnected when the test ends.
@@ -115,6 +126,9 @@ func Run(t *testing.T, srv Server) {
 			},
 			TimePrecision: time.Millisecond, // BSON dates
 			NotAtomic:     srv.NotAtomic,
+			Faults:        faults(cmp.Or(srv.FaultsURI, srv.URI)),
+			CallTimeout:   faultCallTimeout,
+			FaultCallers:  srv.FaultCallers,
 		})
 	})
 	t.Run("Clock_hosts_with_skewed_clocks_agree", func(t *testing.T) {
@@ -157,6 +171,27 @@ func Run(t *testing.T, srv Server) {
 		t.Parallel()
 		testOpenURL(t, client, srv.URI)
 	})
+}
+
+// faultCallTimeout is the Timeout of the stores the fault cases break, as
+// the conformance suite's own: FerretDB in-process over SQLite runs one
+// write at a time, tens of ms each under -race, while the suite's other
+// cases run.
+const faultCallTimeout = 30 * time.Second
+
+// faults gives the conformance suite's fault cases a store whose client
+// reaches the server (the first host of uri, directly) through a
+// faultproxy of its own, so that cutting or slowing that link disturbs no
+// other subtest, on a collection of its own (FerretDB scans the whole
+// collection for each conditional write).
+func faults(uri string) func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+	return func(t *testing.T, cfg storetest.Config) (inbox.LeaseStore, storetest.Link) {
+		direct := Connect(t, uri)
+		proxy := faultproxy.New(t, firstHost(t, uri))
+		client := Connect(t, viaProxy(t, uri, proxy.Addr()))
+		coll := Collection(t, direct, "faults")
+		return NewStore(t, client, coll, mongostore.Options{Retention: cfg.Retention, Timeout: faultCallTimeout}), proxy
+	}
 }
 
 // testSkewedClocks runs two stores whose hosts' clocks are two hours apart:

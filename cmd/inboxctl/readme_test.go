@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/readme"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/stores"
+)
+
+// shellWords splits a command line of plain words and single-quoted
+// strings, as the README writes them.
+func shellWords(t *testing.T, line string) []string {
+	t.Helper()
+	var words []string
+	var w strings.Builder
+	inWord, quoted := false, false
+	for _, c := range line {
+		switch {
+		case quoted && c == '\'':
+			quoted = false
+		case quoted:
+			w.WriteRune(c)
+		case c == '\'':
+			quoted, inWord = true, true
+		case c == ' ':
+			if inWord {
+				words = append(words, w.String())
+				w.Reset()
+				inWord = false
+			}
+		case strings.ContainsRune(`"$\|&;<>()*?`+"`", c):
+			t.Fatalf("README line %q: the test's splitter takes plain words and single quotes only", line)
+		default:
+			w.WriteRune(c)
+			inWord = true
+		}
+	}
+	if quoted {
+		t.Fatalf("README line %q: unterminated quote", line)
+	}
+	if inWord {
+		words = append(words, w.String())
+	}
+	return words
+}
+
+var timeRE = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+
+// normalize makes a line of output comparable: times (which differ from
+// run to run) are one placeholder, runs of white space (a table's
+// alignment) one space.
+func normalize(line string) string {
+	return strings.Join(strings.Fields(timeRE.ReplaceAllString(line, "<time>")), " ")
+}
+
+// matches reports whether got (lines) is what want (lines) shows, where a
+// line "..." of want stands for any number of lines of got.
+func matches(want, got []string) bool {
+	if len(want) == 0 {
+		return len(got) == 0
+	}
+	if want[0] == "..." {
+		for i := 0; i <= len(got); i++ {
+			if matches(want[1:], got[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return len(got) > 0 && normalize(want[0]) == normalize(got[0]) && matches(want[1:], got[1:])
+}
+
+// The README's inboxctl transcript runs as written against the shared
+// Redis, under a prefix of the test's own (the only change to the
+// commands: the -store URL's database and prefix), on a store holding what
+// the transcript shows (a lease held on rabbit:billing:charge:42, a dead
+// rabbit:billing:charge:7); each command's output is the one the README
+// shows after it, times and the alignment of columns aside, a line "..."
+// standing for lines not shown.
+func TestREADME_commands_run(t *testing.T) {
+	t.Parallel()
+	base := testenv.Redis.URL(t)
+	storeURL := withParams(t, base, "prefix", "inboxctl-readme-"+randomName(t)+":")
+	ctx := ctxT(t, time.Minute)
+	st, err := stores.Open(ctx, storeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	held, dead := "rabbit:billing:charge:42", "rabbit:billing:charge:7"
+	t.Cleanup(func() {
+		for _, k := range []string{held, dead} {
+			_ = st.(inbox.Admin).Forget(context.Background(), k)
+		}
+	})
+	if c, err := st.TryBegin(ctx, held, inbox.BeginOptions{Owner: "consumer-1/4242"}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(%s) = %+v, %v", held, c, err)
+	}
+	c, err := st.TryBegin(ctx, dead, inbox.BeginOptions{Owner: "consumer-2/77"})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(%s) = %+v, %v", dead, c, err)
+	}
+	if err := st.Fail(ctx, dead, c.LeaseID, inbox.FailOptions{Dead: true, Reason: "card declined: insufficient funds"}); err != nil {
+		t.Fatal(err)
+	}
+
+	const readmeStore = "redis://127.0.0.1:6379/0"
+	var steps [][]string // each: the command line, then the output shown
+	for _, b := range readme.RunBy(t) {
+		for _, line := range b.Lines() {
+			if cmd, ok := strings.CutPrefix(line, "$ "); ok {
+				steps = append(steps, []string{cmd})
+			} else if len(steps) == 0 {
+				t.Fatalf("README line %q comes before the first command ($ ...)", line)
+			} else {
+				steps[len(steps)-1] = append(steps[len(steps)-1], line)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	var transcript strings.Builder
+	failed := false
+	for _, step := range steps {
+		args, ok := strings.CutPrefix(step[0], "go run ./cmd/inboxctl ")
+		if !ok {
+			t.Fatalf("README line %q is not a `$ go run ./cmd/inboxctl` command", step[0])
+		}
+		words := shellWords(t, args)
+		for i, w := range words {
+			seen[w] = true
+			if w == readmeStore {
+				words[i] = storeURL
+			}
+		}
+		r := ctl(t, words...)
+		got := strings.Split(strings.TrimSuffix(r.stdout+r.stderr, "\n"), "\n")
+		fmt.Fprintf(&transcript, "$ %s\n%s", step[0], r.stdout+r.stderr)
+		if r.code != 0 || !matches(step[1:], got) {
+			t.Errorf("README's %q: exit %d, printed:\n%s\nwant exit 0 and:\n%s", step[0], r.code, r.stdout+r.stderr, strings.Join(step[1:], "\n"))
+			failed = true
+		}
+	}
+	if failed {
+		t.Logf("the transcript as it ran:\n%s", transcript.String())
+	}
+	for _, c := range []string{"get", "ls", "release", "forget", "migrate", "-stuck", "-force", "-dry-run", "-json"} {
+		if !seen[c] {
+			t.Errorf("the README's transcript never runs %s", c)
+		}
+	}
+	if len(steps) == 0 {
+		t.Fatal("the README's inboxctl block has no command")
+	}
+}
+
+// The transcript's comparison: times and alignment aside, every line; a
+// line "..." stands for any number of lines.
+func TestREADME_transcript_comparison(t *testing.T) {
+	t.Parallel()
+	got := []string{"KEY   STATE", "k1    Dead  2026-11-27T09:14:03.5Z", "k2    Dead", "done"}
+	for _, tc := range []struct {
+		want []string
+		ok   bool
+	}{
+		{[]string{"KEY STATE", "k1 Dead 2001-01-01T00:00:00Z", "k2 Dead", "done"}, true},
+		{[]string{"KEY STATE", "...", "done"}, true},
+		{[]string{"...", "k2 Dead", "done"}, true},
+		{[]string{"KEY STATE", "..."}, true},
+		{[]string{"KEY STATE", "k1 Dead <time>", "done"}, false},
+		{[]string{"KEY STATE", "k1 Processed 2001-01-01T00:00:00Z", "..."}, false},
+		{[]string{"KEY STATE", "k1 Dead 2001-01-01T00:00:00Z", "k2 Dead", "done", "more"}, false},
+		{nil, false},
+	} {
+		if matches(tc.want, got) != tc.ok {
+			t.Errorf("matches(%q) = %v, want %v", tc.want, !tc.ok, tc.ok)
+		}
+	}
+}
