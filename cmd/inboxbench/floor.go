@@ -65,7 +65,7 @@ type floor struct {
 	name   string
 	marks  bool
 	fenced bool
-	b     *batch.Batcher[floorOp, bool]
+	b      *batch.Batcher[floorOp, bool]
 	// counter counts the round trips as a driver.Store counts its own.
 	counter driver.BatchCounter
 

@@ -85,6 +85,8 @@ if type(kind) == 'table' then return kind end
 //	R lease-id                               Release
 //	F lease-id retry-after-µs dead reason    Fail (dead "1" or "0")
 //	M                                        MarkProcessed
+//	K lease-id fresh completed               Complete, knowing its claim
+//	E lease-id lease-µs                      Extend
 //
 // Replies, one per operation (one operation: its reply; several: an array
 // of them):
@@ -100,9 +102,6 @@ if type(kind) == 'table' then return kind end
 //   - C, K, R, F, E: -1 no record, -2 another lease holds the key, -3
 //     processed (R, F, E), -4 dead.
 //   - M: 1.
-//
-//	K lease-id fresh completed               Complete, knowing its claim
-//	E lease-id lease-µs                      Extend
 //
 // A Complete alone takes a short way first ("Record layouts" in doc.go).
 // K carries the fresh record its claim wrote and the completed fresh
