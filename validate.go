@@ -1,9 +1,10 @@
 package inbox
 
 import (
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -159,11 +160,15 @@ func (o ListOptions) Validate() error {
 	return nil
 }
 
-// NewLeaseID returns a random lease id: 32 hex digits (128 bits from
-// crypto/rand). Stores use it when [BeginOptions.LeaseID] is empty; clients
-// use it to make TryBegin retryable.
+// NewLeaseID returns a random lease id: 32 hex digits, 128 bits of
+// math/rand/v2's global source (ChaCha8, seeded by the runtime from the
+// operating system: unpredictable, and without the system call that
+// crypto/rand makes on every message). Stores use it when
+// [BeginOptions.LeaseID] is empty; clients use it to make TryBegin
+// retryable.
 func NewLeaseID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+); it panics instead.
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
 	return hex.EncodeToString(b[:])
 }
