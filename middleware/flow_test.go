@@ -607,7 +607,8 @@ func TestInbox_plain_store_flow(t *testing.T) {
 	mem := newMemory(t)
 	ib := newInbox(t, inboxmw.Config{Store: plainStore{mem}, Alias: staticAlias()})
 	var runs atomic.Int32
-	h := func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }
+	// A handler that returns a message is marked once the router acked it.
+	h := func(m *message.Message) ([]*message.Message, error) { runs.Add(1); return okWithOutput(m) }
 	processed := func(id string) bool {
 		ok, _ := mem.IsProcessed(context.Background(), testKeyPrefix+id)
 		return ok
@@ -617,7 +618,7 @@ func TestInbox_plain_store_flow(t *testing.T) {
 	if _, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, errBoom }, msgFor("p-1")); !errors.Is(err, errBoom) {
 		t.Fatal(err)
 	}
-	// Success but nacked: not marked.
+	// Success but nacked (its message failed to publish): not marked.
 	m := msgFor("p-1")
 	if _, err := call(ib, h, m); err != nil {
 		t.Fatal(err)
@@ -639,6 +640,11 @@ func TestInbox_plain_store_flow(t *testing.T) {
 	if runs.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2 (nacked, then acked; the third skipped)", runs.Load())
 	}
+	// A handler that returns nothing is marked as it returns.
+	if _, err := call(ib, ok, msgFor("p-2")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "marked as the handler returned nothing", func() bool { return processed("p-2") })
 }
 
 func TestConfig_validate(t *testing.T) {

@@ -923,12 +923,15 @@ func earlier(a, b time.Time) time.Time {
 
 // IsTransient reports whether err, returned by the middleware, means "try
 // again later" rather than "this message is bad": the key was busy, the
-// store was unavailable, the middleware was closing, or (with
+// store was unavailable, the middleware was closing, a context ended
+// (context.Canceled or DeadlineExceeded, whether the router's or one a
+// handler's error wraps: a timeout is worth another try), or (with
 // Config.MaxAttempts) an attempt failed that was not the last one allowed
 // ([inbox.ErrAttemptFailed]). A dead key ([inbox.ErrDead]) is not
-// transient, nor is a handler's error without MaxAttempts. Use it to keep
-// such messages out of a poison queue, which would ack them and lose their
-// only copy:
+// transient, whatever error it wraps, nor is a handler's other error
+// without MaxAttempts: set MaxAttempts to poison a message whose handler
+// keeps timing out. Use it to keep transient failures out of a poison
+// queue, which would ack them and lose their only copy:
 //
 //	poison, err := wmw.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
 //		return !inboxmw.IsTransient(err)
