@@ -50,7 +50,8 @@ const (
 )
 
 // Config configures [New]. Only Store, Bus and Group are required; every
-// other field has a default.
+// other field has a default. docs/middleware.md says which bound limits
+// which wait, docs/retries.md how failed attempts are retried.
 type Config struct {
 	// Store is the inbox store. An [inbox.LeaseStore] (every store of this
 	// project) gets the leased flow, a [TxStore] the transactional one; a
@@ -78,85 +79,68 @@ type Config struct {
 	// [inbox.DefaultLease] (30 s).
 	Lease time.Duration
 
-	// HeartbeatInterval is how often the lease is extended while the
-	// handler runs and until the ack. Default Lease/3; shorter than Lease.
+	// HeartbeatInterval is how often the lease of a handler still running
+	// is extended. Default Lease/3; shorter than Lease.
 	HeartbeatInterval time.Duration
 
-	// MaxBusyWait bounds the in-process wait for a claim. A key another
-	// consumer holds is polled (20 ms growing to 1 s, jittered) for at most
-	// the time its lease has left plus a little; a failing store is retried
-	// (see FailOpen). Then the middleware returns an error wrapping
-	// [inbox.ErrBusy] or [inbox.ErrStoreUnavailable] and the broker
-	// redelivers later. Default 10 s, short enough not to stall a Kafka
-	// rebalance; negative means no wait.
+	// MaxBusyWait bounds the in-process wait for a claim: on a key another
+	// consumer holds (polled for at most the time its lease has left plus a
+	// little), or on a failing store (see FailOpen). Then the message is
+	// returned with an error wrapping [inbox.ErrBusy] or
+	// [inbox.ErrStoreUnavailable], for the broker to redeliver later.
+	// Default 10 s, short enough not to stall a Kafka rebalance; negative
+	// means no wait.
 	MaxBusyWait time.Duration
 
-	// StoreTimeout bounds each call to a store that does not bound its own
-	// (one not built on stores/driver; every store of this project bounds
-	// its calls itself, by its URL's timeout=), and each hand-off to
-	// Redelivery. Default 5 s. A TxStore's BeginTx runs under the message's
-	// context, its wait on a concurrent claim bounded by the store's lock
-	// timeout (see [TxStore]).
+	// StoreTimeout bounds each hand-off to Redelivery, and each call to a
+	// store that does not bound its calls itself (one not built on
+	// stores/driver: every store of this project bounds its own). Default
+	// 5 s.
 	StoreTimeout time.Duration
 
-	// FailOpen runs the handler at once without deduplication when the
-	// claim fails (logged, and counted as outcome fail_open). Default false:
-	// fail closed; the claims of a failing store are retried with jittered
-	// backoff (50 ms growing to 2 s), paced across the Inbox, for at most
-	// MaxBusyWait, then the message is nacked. An outage then costs the
-	// store a few calls a second, and no message is lost or run twice.
+	// FailOpen runs the handler without deduplication when the claim fails
+	// (logged, and counted as outcome fail_open). Default false: the claims
+	// of a failing store are retried with jittered backoff, paced across
+	// the Inbox so that an outage costs the store a few calls a second, for
+	// at most MaxBusyWait; then the message is nacked.
 	FailOpen bool
 
 	// MaxAttempts marks a key dead when its handler fails on the key's
-	// MaxAttempts-th attempt or a later one: the store records the
-	// handler's error, the middleware returns an [inbox.DeadError] (not
-	// transient: route it to a poison queue), and later deliveries get the
-	// same error without the handler, until an operator forgets the key
-	// (inboxctl forget). An attempt that fails before the last returns an
-	// [inbox.AttemptError], transient for [IsTransient], so the broker
-	// redelivers it. Default 0: unlimited, and a failed attempt returns the
-	// handler's error as it is. Needs an [inbox.LeaseStore]: refused with a
-	// [TxStore] (the SQL transactional mode) or a plain Store, which count
-	// no attempts.
-	//
-	// An attempt is an acquisition of the key's lease ([inbox.Record.Attempts]),
-	// counted by the store across consumers and restarts, whatever ended it:
-	// a handler's failure, but also a handler that succeeded whose message
-	// the router then nacked (its output failed to publish), a consumer that
-	// crashed or lost its lease, a delivery refused under PayloadHashReject,
-	// and a lease an operator ended (inboxctl release). A key can therefore
-	// die after fewer than MaxAttempts handler failures, but never without
-	// one: only a failing handler marks it dead.
+	// MaxAttempts-th attempt or a later one: the middleware returns an
+	// [inbox.DeadError] (not transient: route it to a poison queue), and
+	// later deliveries get it without the handler until an operator forgets
+	// the key (inboxctl forget). An attempt that fails before the last
+	// returns an [inbox.AttemptError], transient for [IsTransient]. An
+	// attempt is an acquisition of the key's lease ([inbox.Record.Attempts]),
+	// whatever ended it (a nacked publish, a crash, a lost lease, a
+	// PayloadHashReject refusal), so a key can die after fewer handler
+	// failures, never without one. Default 0: unlimited, and a failed
+	// attempt returns the handler's error as it is. Refused with a
+	// [TxStore] or a plain Store, which count no attempts.
 	MaxAttempts int
 
 	// Backoff is how long a key stays unclaimable after its attempt-th
 	// attempt failed: the store answers Busy until then, so the message
-	// waits in the broker (with Redelivery), or its redelivery waits
-	// in-process (at most MaxBusyWait), instead of spinning through the
-	// broker. Default [DefaultBackoff]; ExponentialBackoff(0, 0) turns it
-	// off.
+	// waits in the broker (Redelivery) or in-process (at most MaxBusyWait)
+	// instead of spinning. Default [DefaultBackoff]; ExponentialBackoff(0,
+	// 0) turns it off.
 	Backoff func(attempt int) time.Duration
 
-	// Redelivery hands a failed attempt's message back to the broker, which
-	// holds its backoff: the consumer moves on at once instead of waiting
-	// the backoff out, and the broker delivers a copy when it ends
-	// (inboxamqp.Delays for RabbitMQ, inboxkafka.Retry for Kafka). It also
-	// serves a redelivery that finds its key still waiting out a backoff.
-	// The original is acked once the broker holds the copy. Waits shorter
-	// than RedeliveryMinDelay, a message whose topic is unknown, and a
-	// hand-off that fails fall back to the default: the message is returned
-	// to the broker as an error and its redelivery waits in-process (at most
-	// MaxBusyWait). Default none.
+	// Redelivery hands a failed attempt's message to a delay its broker
+	// holds (inboxamqp.Delays, inboxkafka.Retry): the consumer moves on at
+	// once, the original is acked once the broker holds the copy, and the
+	// copy comes back when the backoff ends. Waits shorter than
+	// RedeliveryMinDelay, a message whose topic is unknown and a failed
+	// hand-off fall back to returning the message to the broker as an
+	// error. Default none.
 	Redelivery Redeliverer
 
-	// RedeliveryMinDelay is the shortest wait that Redelivery takes over;
-	// shorter ones are waited out in-process. Default
-	// [DefaultRedeliveryMinDelay] (1 ms).
+	// RedeliveryMinDelay is the shortest wait that Redelivery takes over.
+	// Default [DefaultRedeliveryMinDelay] (1 ms).
 	RedeliveryMinDelay time.Duration
 
-	// Tracer receives each message's claim, store calls and hand-offs to
-	// Redelivery. Default none; inboxotel.New(tracerProvider) records them
-	// as spans.
+	// Tracer receives each message's claim, store calls and hand-offs.
+	// Default none; inboxotel.New(tracerProvider) records them as spans.
 	Tracer Tracer
 
 	// MissingKey says what happens to a message without an id. Default
@@ -166,41 +150,25 @@ type Config struct {
 	// PayloadHash turns on content fingerprints. Default PayloadHashOff.
 	PayloadHash PayloadHashPolicy
 
-	// KeepOutputIDs leaves the messages the handler returns as they are.
-	// By default each one without an IdempotencyKey metadata field
-	// ([keying.DefaultIDMetadataKey]) gets one, and the same UUID, derived
-	// from the input's inbox key and the message's position among those
-	// returned ([OutputID]): a handler that runs again for the same input
-	// (after a crash before the mark, a failed publish, a lost lease)
-	// returns the same ids, and the next stage's inbox drops the second
-	// copies. That needs the handler to return its messages in a stable
-	// order. When a second run returns other messages, the one published
-	// first at each position wins downstream (a PayloadHash check there
-	// reports the difference). Messages with an IdempotencyKey keep it and
-	// their UUID; a message without a key of its own (MissingKeyProcess)
-	// has none to derive from. [DerivedKey] derives ids for what the handler
-	// sends itself. Default false.
+	// KeepOutputIDs leaves the messages the handler returns as they are. By
+	// default each one without an IdempotencyKey gets one, and the same
+	// UUID, derived from the input's key and its position ([OutputID]), so
+	// that a handler that runs again for one input returns the same ids and
+	// the next stage's inbox drops the second copies (docs/pipelines.md).
 	KeepOutputIDs bool
 
-	// Timestamp reads the time the broker took a message, for the stale
-	// check: a message older than the store's retention (reported by the
-	// store, [inbox.RetentionReporter]) less StaleMargin may be a replay
-	// whose key has expired, which the store can no longer tell from new
-	// work; it is logged and counted (outcome stale), and refused under
-	// [StaleReject]. Messages for which it returns false pass. Default none:
-	// no check. inboxkafka.Timestamp reads a Kafka record's timestamp,
-	// inboxamqp.Timestamp the AMQP timestamp property that
-	// inboxamqp.Marshaler copies into the metadata.
+	// Timestamp reads the time the broker took a message (inboxkafka and
+	// inboxamqp have one), for the stale check: a message older than the
+	// store's retention ([inbox.RetentionReporter]) less StaleMargin may be
+	// a replay whose key has expired; it is logged and counted (outcome
+	// stale), and refused under [StaleReject]. Default none: no check.
 	Timestamp TimestampFunc
 
-	// Stale says what happens to a stale message (see Timestamp). Default
-	// StaleWarn.
+	// Stale says what happens to a stale message. Default StaleWarn.
 	Stale StalePolicy
 
 	// StaleMargin is taken off the store's retention before a message's age
-	// is compared with it, so that a message whose key is about to expire,
-	// or whose broker clock runs behind, is reported too. Default a tenth of
-	// the retention; at least the retention makes every message stale.
+	// is compared with it. Default a tenth of the retention.
 	StaleMargin time.Duration
 
 	// Owner names this consumer in the store's records. Default
@@ -212,7 +180,7 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 
 	// Metrics receives outcome counts and store call timings. Default none;
-	// package inboxmetrics (inbox/metrics) has a Prometheus one.
+	// package inboxmetrics has a Prometheus one.
 	Metrics Metrics
 }
 

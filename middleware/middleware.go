@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/outage"
+	"github.com/watermill-inbox/inbox/internal/sched"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores/driver"
 )
@@ -134,10 +135,8 @@ type msgCall struct {
 	cancel   context.CancelCauseFunc // the handler's context
 
 	// The keeper's, under its lock:
+	sched.Entry
 	deadline time.Time // when the lease ends unless renewed (monotonic)
-	due      time.Time // when the keeper acts on it next
-	idx      int       // its index in the keeper's heap; -1 when not in it
-	verdict  bool      // waiting for the router's ack or nack
 	renewing bool      // an Extend is in flight
 	lost     bool      // the lease is no longer ours
 	settling bool      // the handler is done: no more heartbeats
@@ -153,7 +152,7 @@ type msgCall struct {
 // handle builds the message's key and hands the message to the flow of the
 // store's kind.
 func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now(), idx: -1}
+	m := &msgCall{ib: ib, h: h, msg: msg, handler: message.HandlerNameFromCtx(msg.Context()), start: time.Now()}
 	key, err := ib.keyOf(msg)
 	if err != nil {
 		return m.keyError(err)
@@ -875,12 +874,12 @@ func (ib *Inbox) Close(ctx context.Context) error {
 	go func() { ib.pending.Wait(); close(drained) }()
 	select {
 	case <-drained:
-		ib.keep.close()
+		ib.keep.close(false)
 		return nil
 	case <-ctx.Done():
 	}
 	ib.abandonOnce.Do(func() { close(ib.abandon) })
-	ib.keep.abandon()
+	ib.keep.close(true)
 	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), nil)
 	return fmt.Errorf("inbox middleware: closed before every pending mark landed; the others are abandoned: %w", ctx.Err())
 }

@@ -2,8 +2,6 @@ package inboxmw
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -13,41 +11,20 @@ import (
 	"github.com/watermill-inbox/inbox/keying"
 )
 
-// This file gives the handler's output ids derived from its input, so that
-// a handler that runs twice (a crash before the mark, a failed publish, a
-// lost lease) returns the same messages twice and the next stage's inbox
-// drops the second copies.
-//
-// The derivation: a UUID of version 8 (RFC 9562, section 5.8, the
-// name-based example of appendix B.2 with SHA-256) over a domain that says
-// what is derived, the input message's inbox key, and a name: the output's
-// position for a returned message, the handler's own name for DerivedKey.
-// Its 122 free bits are the first bits of
-//
-//	SHA-256(domain || 0x00 || inputKey || 0x00 || name)
-//
-// with the version (8) and the variant (0b10) bits set over them, written
-// in the usual 8-4-4-4-12 lower-case hex form. The input key already names
-// the bus, the consumer group, the handler (alias) and the message's id, so
-// two handlers of one message, or one handler in two groups, derive
-// different ids. The publish topic is not part of it: a router handler
-// publishes all its messages to one topic, so it would add nothing.
-
-// Domains of the derivation: what a derived id is for.
-const (
-	outputDomain = "watermill-inbox output"
-	namedDomain  = "watermill-inbox named"
-)
+// This file gives the handler's output ids derived from its input
+// (keying.DeriveID), so that a handler that runs twice (a crash before the
+// mark, a failed publish, a lost lease) returns the same messages twice and
+// the next stage's inbox drops the second copies.
 
 // OutputID returns the id the middleware gives the message at position
 // (from 0) of those returned by the handler of the message whose inbox key
 // is inputKey, when that message has no IdempotencyKey of its own: it
 // becomes both its IdempotencyKey metadata field
 // ([keying.DefaultIDMetadataKey]) and its UUID. It is a UUID of version 8
-// derived with SHA-256 from inputKey and position (see
-// [Config.KeepOutputIDs]); the same arguments always give the same id.
+// derived with SHA-256 from inputKey and position ([keying.DeriveID];
+// see [Config.KeepOutputIDs]); the same arguments always give the same id.
 func OutputID(inputKey string, position int) string {
-	return deriveID(outputDomain, inputKey, strconv.Itoa(position))
+	return keying.DeriveID(keying.OutputDomain, inputKey, strconv.Itoa(position))
 }
 
 // DerivedKey returns an id derived from the inbox key of the message whose
@@ -72,32 +49,7 @@ func DerivedKey(ctx context.Context, name string) (string, error) {
 	if key == "" {
 		return "", fmt.Errorf("%w: inboxmw.DerivedKey(%q): the context has no inbox key (not a handler's under the inbox middleware, or a message without an id)", inbox.ErrNoKey, name)
 	}
-	return deriveID(namedDomain, key, name), nil
-}
-
-// deriveID is the derivation described at the top of this file.
-func deriveID(domain, key, name string) string {
-	h := sha256.New()
-	h.Write([]byte(domain))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	h.Write([]byte{0})
-	h.Write([]byte(name))
-	var sum [sha256.Size]byte
-	b := h.Sum(sum[:0])[:16]
-	b[6] = b[6]&0x0f | 0x80 // version 8
-	b[8] = b[8]&0x3f | 0x80 // variant 0b10
-	var s [36]byte
-	hex.Encode(s[0:8], b[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], b[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], b[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], b[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:36], b[10:16])
-	return string(s[:])
+	return keying.DeriveID(keying.NamedDomain, key, name), nil
 }
 
 // deriveOutputs gives each message of out without an IdempotencyKey the id

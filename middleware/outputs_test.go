@@ -20,7 +20,7 @@ import (
 )
 
 // The derivation is pinned: these values were computed outside Go (Python's
-// hashlib) from the description in outputs.go, so a change of the
+// hashlib) from the description in keying/derive.go, so a change of the
 // derivation, which would make every output of a rolling upgrade new work
 // downstream, fails here.
 func TestOutputID_derivation_is_pinned(t *testing.T) {
