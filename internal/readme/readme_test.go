@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/watermill-inbox/inbox/internal/readme"
 )
@@ -249,4 +250,26 @@ func checkFuzzLine(t *testing.T, root, what string) {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// README.md is read in ten minutes (issue 30: it was 785 lines, one table
+// row 1,181 characters long): at most 300 lines, none of them, prose,
+// table row or code, over 200 characters. Depth goes to docs/ and the
+// package docs.
+func TestREADME_size(t *testing.T) {
+	t.Parallel()
+	const maxLines, maxWidth = 300, 200
+	b, err := os.ReadFile(filepath.Join(readme.Root(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) > maxLines {
+		t.Errorf("README.md has %d lines, more than %d: move depth to a page of docs/", len(lines), maxLines)
+	}
+	for i, l := range lines {
+		if n := utf8.RuneCountInString(l); n > maxWidth {
+			t.Errorf("README.md:%d is %d characters long, more than %d: %.60q...", i+1, n, maxWidth, l)
+		}
+	}
 }

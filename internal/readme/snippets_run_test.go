@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -13,15 +14,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-inbox/inbox"
-	inboxamqp "github.com/watermill-inbox/inbox/amqp"
 	"github.com/watermill-inbox/inbox/internal/testenv"
-	inboxkafka "github.com/watermill-inbox/inbox/kafka"
-	"github.com/watermill-inbox/inbox/keying"
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/memory"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
@@ -155,7 +152,7 @@ func TestSnippets_run(t *testing.T) {
 				}
 			}
 		}
-		if n < 8 {
+		if n < 6 {
 			t.Fatalf("snippets_test.go has %d functions: is the parser still finding them?", n)
 		}
 	})
@@ -229,7 +226,8 @@ func TestSnippets_run(t *testing.T) {
 	})
 
 	// The poison queue's filter lets the inbox's transient errors through
-	// (the broker redelivers) and poisons the others.
+	// (the broker redelivers), those its comment names, context errors
+	// included (a handler's timeout), and poisons the others.
 	t.Run("poisonFilter", func(t *testing.T) {
 		t.Parallel()
 		pub := &recordingPublisher{}
@@ -245,6 +243,9 @@ func TestSnippets_run(t *testing.T) {
 			{inbox.ErrStoreUnavailable, false},
 			{inbox.ErrClosed, false},
 			{&inbox.AttemptError{Key: "k", Attempt: 1, MaxAttempts: 3, Err: errors.New("x")}, false},
+			{context.Canceled, false},
+			{fmt.Errorf("payment gateway: %w", context.DeadlineExceeded), false},
+			{&inbox.DeadError{Key: "k", Attempts: 3, Reason: "x", Err: context.DeadlineExceeded}, true},
 			{&inbox.DeadError{Key: "k", Attempts: 3, Reason: "x"}, true},
 			{errors.New("a malformed order"), true},
 		} {
@@ -372,54 +373,6 @@ func TestSnippets_run(t *testing.T) {
 		}
 		if n := charges(); n != 1 {
 			t.Fatalf("%d charges for one order delivered twice, want 1", n)
-		}
-	})
-
-	// RabbitMQ's ids: the marshaler is inboxamqp's, and a message without
-	// an IdempotencyKey is keyed by its AMQP message-id.
-	t.Run("rabbitIDs", func(t *testing.T) {
-		t.Parallel()
-		store := newMemory(t)
-		ib, amqpConfig, err := rabbitIDs(testenv.RabbitMQ.URL(t), store)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ib.Close(context.Background()) })
-		if _, ok := amqpConfig.Marshaler.(inboxamqp.Marshaler); !ok || amqpConfig.Connection.AmqpURI == "" || !amqpConfig.Queue.Durable {
-			t.Fatalf("amqpConfig %+v: want a durable queue config with inboxamqp.Marshaler", amqpConfig)
-		}
-		var _ wamqp.Config = amqpConfig
-		pubSub := newGoChannel(t)
-		r := newRouter(t)
-		r.AddMiddleware(ib.Middleware)
-		keys := make(chan string, 1)
-		r.AddConsumerHandler("charge", "orders", pubSub, func(msg *message.Message) error {
-			keys <- inboxmw.KeyFromCtx(msg.Context())
-			return nil
-		})
-		runRouter(t, r)
-		msg := message.NewMessage(watermill.NewUUID(), nil)
-		msg.Metadata.Set(inboxamqp.DefaultMessageIDKey, "m-1")
-		if err := pubSub.Publish("orders", msg); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case k := <-keys:
-			if k != "rabbit:billing:charge:m-1" {
-				t.Fatalf("key %q, want the AMQP message-id's", k)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("the handler did not run within a minute")
-		}
-	})
-
-	// Kafka's ids: the offset after the default sources.
-	t.Run("kafkaIDs", func(t *testing.T) {
-		t.Parallel()
-		cfg := kafkaIDs()
-		def := keying.DefaultIDSources()
-		if len(cfg.IDSources) != len(def)+1 || cfg.IDSources[len(def)].Name() != inboxkafka.SourceName {
-			t.Fatalf("IDSources %v, want the %d default ones then the Kafka offset", cfg.IDSources, len(def))
 		}
 	})
 }

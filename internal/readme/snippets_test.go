@@ -1,24 +1,20 @@
 package readme_test
 
-// The README's Go snippets: each README block marked
+// The Go snippets of the README and of docs/: each block marked
 // <!-- readme: excerpt internal/readme/snippets_test.go --> is an excerpt
 // of this file (TestREADME_every_block_is_held compares them line by line,
 // comments included), and TestSnippets_run (snippets_run_test.go) runs
-// each function. Change a snippet here and in the README together.
+// each function. Change a snippet here and in its page together.
 
 import (
 	"context"
 	"database/sql"
 	"os"
 
-	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/amqp"
-	"github.com/watermill-inbox/inbox/kafka"
-	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/middleware" // package inboxmw
 	"github.com/watermill-inbox/inbox/stores"
 	"github.com/watermill-inbox/inbox/stores/memory"
@@ -64,12 +60,12 @@ func middlewareOrder(router *message.Router, ib *inboxmw.Inbox, poisonQueue mess
 // README, the poison queue's filter.
 func poisonFilter(pub message.Publisher) (message.HandlerMiddleware, error) {
 	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool {
-		return !inboxmw.IsTransient(err) // not ErrBusy, ErrStoreUnavailable, ErrClosed, ErrAttemptFailed
+		return !inboxmw.IsTransient(err) // transient: ErrBusy, ErrStoreUnavailable, ErrClosed, ErrAttemptFailed, context errors
 	})
 	return poisonQueue, err
 }
 
-// README, MaxAttempts with a poison queue.
+// docs/retries.md, "With a poison queue".
 func maxAttempts(router *message.Router, store inbox.LeaseStore, pub message.Publisher) error {
 	ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "kafka", Group: "billing", MaxAttempts: 5})
 	if err != nil {
@@ -95,7 +91,7 @@ func openStore(ctx context.Context) error {
 	return nil
 }
 
-// README, "Transactional mode (SQL)".
+// docs/pipelines.md, "The SQL transactional mode".
 func transactional(db *sql.DB, router *message.Router, sub message.Subscriber) error {
 	txs, err := txinbox.New(txinbox.Config{DB: db, Dialect: sqlstore.Postgres}) // the inbox table must exist (sqlstore.DDL)
 	if err != nil {
@@ -112,27 +108,4 @@ func transactional(db *sql.DB, router *message.Router, sub message.Subscriber) e
 	})
 	router.AddMiddleware(ib.Middleware)
 	return nil
-}
-
-// README, "Kafka and RabbitMQ": amqp.
-func rabbitIDs(amqpURI string, store inbox.LeaseStore) (*inboxmw.Inbox, amqp.Config, error) {
-	amqpConfig := amqp.NewDurableQueueConfig(amqpURI)
-	amqpConfig.Marshaler = inboxamqp.Marshaler{}
-
-	ib, err := inboxmw.New(inboxmw.Config{
-		Store: store, Bus: "rabbit", Group: "billing",
-		IDSources: []keying.IDSource{
-			keying.FromMetadata(keying.DefaultIDMetadataKey), // IdempotencyKey
-			inboxamqp.FromMessageID(),
-			keying.FromUUID(),
-		},
-	})
-	return ib, amqpConfig, err
-}
-
-// README, "Kafka and RabbitMQ": kafka.
-func kafkaIDs() inboxmw.Config {
-	return inboxmw.Config{
-		IDSources: append(keying.DefaultIDSources(), inboxkafka.FromOffset()),
-	}
 }

@@ -18,54 +18,37 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/readme"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/stores"
 )
 
-// readmeSection returns the section of the repository's README.md that
-// starts with heading.
-func readmeSection(t *testing.T, heading string) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("README.md has no section %q", heading)
-	}
-	if i := strings.Index(sec, "\n## "); i >= 0 {
-		sec = sec[:i]
-	}
-	return sec
-}
-
-// codeBlocks returns the contents of the section's fenced blocks of lang.
-func codeBlocks(sec, lang string) []string {
-	var out []string
-	for _, m := range regexp.MustCompile("(?s)\n```"+lang+"\n(.*?)\n```").FindAllStringSubmatch(sec, -1) {
-		out = append(out, m[1])
-	}
-	return out
-}
-
-// The README's inboxd start, run as written on a fresh machine: its shell
+// The start of docs/inboxd.md, run as written on a fresh machine: its shell
 // block makes the token file in an empty $HOME, then starts inboxd with the
-// README's environment; only the binary (built here instead of go run), the
+// page's environment; only the binary (built here instead of go run), the
 // Redis (the shared one, under a prefix of this test's own) and the listen
 // port (any free one) differ. /readyz answers, the remote store opened with
 // the same token file works, and the logs write durations as strings. The
-// README's Go snippet compiles.
-func TestREADME_inboxd_command_serves(t *testing.T) {
+// page's Go snippet, which opens that store, compiles.
+func TestDocs_inboxd_start_serves(t *testing.T) {
 	t.Parallel()
 	redisURL := testenv.Redis.URL(t)
-	sec := readmeSection(t, "## Remote inbox service (`inboxd`)")
-	blocks := codeBlocks(sec, "sh")
-	if len(blocks) == 0 {
-		t.Fatal("the README's inboxd section has no sh block")
+	var shBlock, goBlock *readme.Block
+	for _, b := range readme.RunBy(t) {
+		switch b.Lang {
+		case "sh":
+			shBlock = &b
+		case "go":
+			goBlock = &b
+		default:
+			t.Fatalf("%s:%d: a block of language %q is marked for this test, which runs a sh block and compiles a go block", b.File, b.Line, b.Lang)
+		}
+	}
+	if shBlock == nil || goBlock == nil {
+		t.Fatal("docs/inboxd.md marks no sh block (the start) or no go block (the consumer's store) for this test")
 	}
 	var setup, start []string
-	for _, line := range strings.Split(blocks[0], "\n") {
+	for _, line := range shBlock.Lines() {
 		if strings.Contains(line, "go run ./cmd/inboxd") {
 			start = append(start, line)
 		} else if start == nil {
@@ -73,7 +56,7 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 		}
 	}
 	if len(start) != 1 {
-		t.Fatalf("want one `go run ./cmd/inboxd` line in the README's block, got %q", blocks[0])
+		t.Fatalf("want one `go run ./cmd/inboxd` line in the block, got %q", shBlock.Text)
 	}
 
 	dir := t.TempDir()
@@ -96,17 +79,17 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 	sh := exec.Command("sh", "-ec", strings.Join(setup, "\n"))
 	sh.Env = env
 	if out, err := sh.CombinedOutput(); err != nil {
-		t.Fatalf("the README's setup lines: %v\n%s", err, out)
+		t.Fatalf("the page's setup lines: %v\n%s", err, out)
 	}
 	tokenFile := filepath.Join(home, ".config", "inboxd", "token")
 	if !strings.Contains(start[0], "INBOX_TOKEN_FILE=\"$HOME/.config/inboxd/token\"") {
-		t.Fatalf("the README's start line %q does not read the token file its setup makes", start[0])
+		t.Fatalf("the page's start line %q does not read the token file its setup makes", start[0])
 	}
 	if tok, err := os.ReadFile(tokenFile); err != nil || len(strings.TrimSpace(string(tok))) < 32 {
-		t.Fatalf("token file made by the README: %q, %v", tok, err)
+		t.Fatalf("token file made by the page's setup: %q, %v", tok, err)
 	}
 
-	// The store URL: the README's query on the shared Redis, under a prefix.
+	// The store URL: the page's query on the shared Redis, under a prefix.
 	storeRE := regexp.MustCompile(`INBOX_STORE_URL='([^']*)'`)
 	m := storeRE.FindStringSubmatch(start[0])
 	if m == nil {
@@ -114,7 +97,7 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 	}
 	readmeURL, err := url.Parse(m[1])
 	if err != nil || readmeURL.Scheme != "redis" {
-		t.Fatalf("README's store URL %q: %v", m[1], err)
+		t.Fatalf("the page's store URL %q: %v", m[1], err)
 	}
 	prefix := "inboxtest:readme:" + inbox.NewLeaseID() + ":"
 	q := readmeURL.Query()
@@ -133,7 +116,7 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 		select {
 		case l, ok := <-lines:
 			if !ok {
-				t.Fatalf("inboxd started as the README says exited: %v", cmd.Wait())
+				t.Fatalf("inboxd started as docs/inboxd.md says exited: %v", cmd.Wait())
 			}
 			var rec map[string]any
 			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "inboxd listening" {
@@ -164,11 +147,11 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 	defer cancel()
 	s, err := stores.Open(ctx, "http://"+addr+"/?token_file="+url.QueryEscape(tokenFile))
 	if err != nil {
-		t.Fatalf("the remote store with the README's token file: %v", err)
+		t.Fatalf("the remote store with the page's token file: %v", err)
 	}
 	defer s.Close()
 	if c, err := s.TryBegin(ctx, "readme", inbox.BeginOptions{}); err != nil || c.Status != inbox.Acquired {
-		t.Fatalf("TryBegin through the README's inboxd: %+v, %v", c, err)
+		t.Fatalf("TryBegin through the page's inboxd: %+v, %v", c, err)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -181,12 +164,8 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 	}
 
 	// The Go snippet compiles as a program's file, with its own imports.
-	snippets := codeBlocks(sec, "go")
-	if len(snippets) == 0 {
-		t.Fatal("the README's inboxd section has no go block")
-	}
 	src := filepath.Join(dir, "snippet.go")
-	if err := os.WriteFile(src, []byte("package main\n\n"+snippets[0]+"\n\nfunc main() {}\n"), 0o600); err != nil {
+	if err := os.WriteFile(src, []byte("package main\n\n"+goBlock.Text+"\n\nfunc main() {}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	wd, err := os.Getwd()
@@ -202,7 +181,7 @@ func TestREADME_inboxd_command_serves(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("go", "build", "-overlay", overlay, "-o", os.DevNull, "./readmesnippet_overlay").CombinedOutput(); err != nil {
-		t.Fatalf("the README's Go snippet does not compile: %v\n%s\n%s", err, out, snippets[0])
+		t.Fatalf("the Go snippet of docs/inboxd.md does not compile: %v\n%s\n%s", err, out, goBlock.Text)
 	}
 }
 
