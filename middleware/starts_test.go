@@ -47,17 +47,7 @@ func runMessages(t *testing.T, store inbox.LeaseStore, h message.HandlerFunc, n 
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := ib.Middleware(h)
-	for i := range n {
-		m := message.NewMessage("starts-"+strconv.Itoa(i), []byte("{}"))
-		ctx, cancel := context.WithCancel(context.Background())
-		m.SetContext(ctx)
-		if _, err := handler(m); err != nil {
-			t.Fatal(err)
-		}
-		m.Ack()
-		cancel()
-	}
+	testenv.Deliver(t, ib.Middleware(h), "starts-", n)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := ib.Close(ctx); err != nil {

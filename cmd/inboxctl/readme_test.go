@@ -14,43 +14,6 @@ import (
 	"github.com/watermill-inbox/inbox/stores"
 )
 
-// shellWords splits a command line of plain words and single-quoted
-// strings, as the README writes them.
-func shellWords(t *testing.T, line string) []string {
-	t.Helper()
-	var words []string
-	var w strings.Builder
-	inWord, quoted := false, false
-	for _, c := range line {
-		switch {
-		case quoted && c == '\'':
-			quoted = false
-		case quoted:
-			w.WriteRune(c)
-		case c == '\'':
-			quoted, inWord = true, true
-		case c == ' ':
-			if inWord {
-				words = append(words, w.String())
-				w.Reset()
-				inWord = false
-			}
-		case strings.ContainsRune(`"$\|&;<>()*?`+"`", c):
-			t.Fatalf("README line %q: the test's splitter takes plain words and single quotes only", line)
-		default:
-			w.WriteRune(c)
-			inWord = true
-		}
-	}
-	if quoted {
-		t.Fatalf("README line %q: unterminated quote", line)
-	}
-	if inWord {
-		words = append(words, w.String())
-	}
-	return words
-}
-
 var timeRE = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
 
 // normalize makes a line of output comparable: times (which differ from
@@ -132,7 +95,7 @@ func TestREADME_commands_run(t *testing.T) {
 		if !ok {
 			t.Fatalf("README line %q is not a `$ go run ./cmd/inboxctl` command", step[0])
 		}
-		words := shellWords(t, args)
+		words := readme.ShellWords(t, args)
 		for i, w := range words {
 			seen[w] = true
 			if w == readmeStore {

@@ -1,10 +1,14 @@
 package testenv
 
 import (
+	"context"
 	"runtime"
 	"runtime/metrics"
+	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // Starts counts what f starts: goroutines (runtime/metrics'
@@ -68,4 +72,23 @@ func timersAllocated() int64 {
 		}
 	}
 	return total
+}
+
+// Deliver passes n messages through h as a router does: UUIDs prefix0,
+// prefix1, ..., each with a context of its own that is canceled after the
+// ack, as watermill-amqp and watermill-kafka give them. A handler error
+// fails the test.
+func Deliver(t testing.TB, h message.HandlerFunc, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		m := message.NewMessage(prefix+strconv.Itoa(i), []byte("{}"))
+		ctx, cancel := context.WithCancel(context.Background())
+		m.SetContext(ctx)
+		_, err := h(m)
+		m.Ack()
+		cancel()
+		if err != nil {
+			t.Fatalf("message %s: %v", m.UUID, err)
+		}
+	}
 }

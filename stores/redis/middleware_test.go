@@ -124,16 +124,7 @@ func TestMiddleware_success_path_starts_no_goroutine_or_timer_per_message(t *tes
 	const n = 10000
 	handler := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	g, tm := testenv.Starts(t, func() {
-		for i := range n {
-			m := message.NewMessage("starts-"+strconv.Itoa(i), []byte("{}"))
-			ctx, cancel := context.WithCancel(context.Background())
-			m.SetContext(ctx)
-			if _, err := handler(m); err != nil {
-				t.Fatal(err)
-			}
-			m.Ack()
-			cancel()
-		}
+		testenv.Deliver(t, handler, "starts-", n)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := ib.Close(ctx); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/watermill-inbox/inbox/cmd/inboxctl/internal/cli"
+	"github.com/watermill-inbox/inbox/internal/readme"
 )
 
 // The inboxctl commands that the alert rules' descriptions and
@@ -31,7 +32,7 @@ func TestAlertRules_commands_run(t *testing.T) {
 			populate(t, st)
 			e := onStore(shared{st})
 			e.getenv = map[string]string{cli.StoreURLEnv: "memory://"} // the descriptions leave the URL to $INBOX_STORE_URL
-			if r := e.run(t, shellWords(t, strings.TrimPrefix(line, "inboxctl "))...); r.code != cli.ExitOK {
+			if r := e.run(t, readme.ShellWords(t, strings.TrimPrefix(line, "inboxctl "))...); r.code != cli.ExitOK {
 				t.Errorf("%s: %q: %v", name, line, r)
 			}
 			n++
