@@ -180,8 +180,10 @@ func (k *keeper) extended(m *msgCall, sent time.Time, err error) {
 }
 
 // lose cancels the handler's context: this consumer no longer holds the key.
+// It counts and logs first, so that whoever sees the context end (the
+// handler, a test) also sees the lease_lost outcome.
 func (m *msgCall) lose(cause error) {
-	m.cancel(cause)
 	m.ib.m.Outcome(m.handler, OutcomeLeaseLost)
 	m.ib.log.Error("Inbox lease lost; handler context canceled", cause, m.fields())
+	m.cancel(cause)
 }
