@@ -22,9 +22,6 @@ type Entry struct {
 	watched bool
 }
 
-// Scheduled reports whether the item is scheduled (read under the lock).
-func (e *Entry) Scheduled() bool { return e.idx > 0 }
-
 // Sched keeps items of type T (pointers that embed an Entry).
 type Sched[T Item] struct {
 	mu    sync.Mutex

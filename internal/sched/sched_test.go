@@ -73,7 +73,7 @@ func TestSched_items_fall_due_in_order(t *testing.T) {
 	if got := r.due; got[0] != "a" || got[1] != "b" || got[2] != "c" {
 		t.Fatalf("fell due in the order %v, want a b c", got)
 	}
-	if a.Scheduled() || b.Scheduled() || c.Scheduled() {
+	if a.idx > 0 || b.idx > 0 || c.idx > 0 {
 		t.Fatal("an item that fell due is still scheduled")
 	}
 }
@@ -106,7 +106,7 @@ func TestSched_watch_and_stop(t *testing.T) {
 	s.UnscheduleLocked(w)
 	s.Unlock()
 	scheduled, watched := s.Stop()
-	if len(scheduled) != 1 || scheduled[0] != later || len(watched) != 0 || later.Scheduled() {
+	if len(scheduled) != 1 || scheduled[0] != later || len(watched) != 0 || later.idx > 0 {
 		t.Fatalf("Stop left %v scheduled and %v watched, want [later] and none", scheduled, watched)
 	}
 	s.Lock()
