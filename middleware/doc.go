@@ -20,10 +20,14 @@
 // message, else it keeps the key until the router acks (the mark) or nacks
 // (a release: its messages failed to publish, and it must run again); a
 // middleware outside the inbox that turns a success into an error after
-// the mark cannot undo it. The inbox starts no goroutine and no timer per
-// message: one keeper per Inbox renews the leases of the handlers running
-// and watches the router's verdicts, and the marks go to the store's
-// batching without waiting (keeper.go). With Config.Redelivery, a failed attempt's message waits out
+// the mark cannot undo it. With the stores of this project, the inbox
+// starts no goroutine and no timer per message: one keeper per Inbox renews
+// the leases of the handlers running and watches the router's verdicts,
+// and the marks go to the store's batching without waiting (keeper.go,
+// through the store's Go method). A store of your own, or a wrapper that
+// hides Go (a struct embedding inbox.LeaseStore around one of ours), has
+// each mark made in a goroutine of its own; embed the store's own type to
+// keep Go. With Config.Redelivery, a failed attempt's message waits out
 // its backoff in the broker (a RabbitMQ delay queue, a Kafka retry topic)
 // instead of in the consumer: the middleware hands a copy to the broker and
 // acks the original (redeliver.go). Config documents every choice;

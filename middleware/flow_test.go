@@ -827,3 +827,26 @@ func TestInbox_TxStore_MaxBusyWait_paces_a_failing_BeginTx_StoreTimeout_does_not
 		t.Fatalf("a BeginTx slower than StoreTimeout: %v (handler ran: %v), want it to run", err, ran.Load())
 	}
 }
+
+// A LeaseStore without the stores' Go method (here a wrapper that embeds
+// inbox.LeaseStore around the memory store, which hides it) is said once at
+// New: its marks each run in a goroutine of their own. The memory store
+// itself is not.
+func TestNew_logs_a_store_without_Go(t *testing.T) {
+	t.Parallel()
+	const msg = "Inbox store has no Go method (a store of your own, or a wrapper that hides it): each mark runs in a goroutine of its own"
+	for _, tc := range []struct {
+		name  string
+		store inbox.Store
+		want  bool
+	}{
+		{"memory store", newMemory(t), false},
+		{"wrapper hiding Go", newFaulty(t), true},
+	} {
+		logs := watermill.NewCaptureLogger()
+		newInbox(t, inboxmw.Config{Store: tc.store, Logger: logs})
+		if got := logged(logs, watermill.InfoLogLevel, msg); got != tc.want {
+			t.Errorf("%s: logged %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

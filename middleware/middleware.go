@@ -99,6 +99,9 @@ func New(cfg Config) (*Inbox, error) {
 			ib.async = g
 		} else {
 			ib.async, ib.bound = goroutineGoer{ib}, cfg.StoreTimeout
+			if ib.leases != nil {
+				ib.log.Info("Inbox store has no Go method (a store of your own, or a wrapper that hides it): each mark runs in a goroutine of its own", nil)
+			}
 		}
 		ib.keep = newKeeper(ib)
 	}
