@@ -45,11 +45,15 @@ func TestFerretDB(t *testing.T) {
 	// FerretDB in-process over SQLite runs one write at a time, each
 	// scanning its collection: under the race detector it serves a few
 	// calls a second. The fault cases get a FerretDB of their own, whose
-	// writer the other cases do not wait for, and 8 callers: 64 would time
-	// out waiting for the writer (SQLITE_BUSY) before and after the cut.
+	// writer the other cases do not wait for, and one caller: its updates
+	// are not atomic (notAtomic), and with 8 callers a CI run lost records
+	// of keys that no other caller touched (NotFound after the link was
+	// restored; FerretDB's findAndModify failed inside its insert with
+	// SQLITE_BUSY). The case under load runs on a mongod
+	// (INBOX_TEST_MONGO_URL).
 	mongotest.Run(t, mongotest.Server{
 		URI: startFerretDB(t), NotAtomic: notAtomic, TTL: false,
-		FaultsURI: startFerretDB(t), FaultCallers: 8,
+		FaultsURI: startFerretDB(t), FaultCallers: 1,
 	})
 }
 
