@@ -76,7 +76,7 @@
 //	  attempts, Fail, backoff, dead, List,
 //	  Forget, ForceRelease)
 //	fault cases (a link cut under load, calls   verified, through a         not verified here
-//	  canceled while they wait)                   fault proxy, 8 callers
+//	  canceled while they wait)                   fault proxy, one caller
 //	concurrent TryBegin: exactly one acquires   NOT held: FerretDB's        not verified here
 //	  (fresh key, expired lease, released key)    updates are not atomic      (expected: atomic
 //	                                              under concurrency; the      single-document
