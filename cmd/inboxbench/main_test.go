@@ -990,3 +990,40 @@ func TestUnitHash(t *testing.T) {
 		t.Errorf("%.3f of the keys that failed once fail again, want about %.1f", again, failureRate)
 	}
 }
+
+// A delivery that reaches the meter after the trial's n-th success is the
+// router's shutdown (a closing watermill-amqp subscriber can nack the last
+// message before its ack goes out, and RabbitMQ hands it back with a
+// context that ends at once): CI saw it as "1 handler errors" in
+// TestRun_smoke. Its error is not the trial's; one before the n-th
+// success is, and the trial's error names it.
+func TestMeter_counts_errors_only_until_the_nth_success(t *testing.T) {
+	t.Parallel()
+	m := newMeter(2)
+	ok := m.middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	errFirst := fmt.Errorf("first failure")
+	failing := m.middleware(func(*message.Message) ([]*message.Message, error) { return nil, errFirst })
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	if _, err := failing(msg); err != errFirst {
+		t.Fatalf("error before the trial's end: %v, want it returned", err)
+	}
+	for range 2 {
+		if _, err := ok(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-m.done:
+	default:
+		t.Fatal("done not closed after the 2nd success")
+	}
+	if _, err := failing(msg); err != errFirst {
+		t.Fatalf("error after the trial's end: %v, want it returned to the router as it is", err)
+	}
+	if got := m.failed.Load(); got != 1 {
+		t.Errorf("failed = %d, want 1: only the error before the trial's end counts", got)
+	}
+	if got := *m.firstErr.Load(); got != errFirst {
+		t.Errorf("first error = %v, want %v", got, errFirst)
+	}
+}

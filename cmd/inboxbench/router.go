@@ -79,12 +79,14 @@ func cpuTime() time.Duration {
 }
 
 // meter is the outermost middleware: it notes the first delivery and the
-// return of the n-th successful handler, after which the router acks.
+// return of the n-th successful handler, after which the router acks, and
+// counts the handlers' errors until then.
 type meter struct {
 	n           int64
 	t0, t1      time.Time
 	cpu0, cpu1  time.Duration
 	ok, failed  atomic.Int64
+	firstErr    atomic.Pointer[error] // the first handler error, for the trial's error
 	done        chan struct{}
 	startedOnce sync.Once
 }
@@ -94,9 +96,20 @@ func newMeter(n int) *meter { return &meter{n: int64(n), done: make(chan struct{
 func (m *meter) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		m.startedOnce.Do(func() { m.t0, m.cpu0 = time.Now(), cpuTime() })
+		select {
+		case <-m.done:
+			// The trial is over and the router closing: a delivery now is
+			// the last message again, nacked by the closing subscriber
+			// before its ack went out (watermill-amqp picks at random
+			// between the ack and the close), with a context that ends at
+			// once. Not the trial's work, nor its error.
+			return h(msg)
+		default:
+		}
 		out, err := h(msg)
 		if err != nil {
 			m.failed.Add(1)
+			m.firstErr.CompareAndSwap(nil, &err)
 			return out, err
 		}
 		if m.ok.Add(1) == m.n {
@@ -182,7 +195,7 @@ func runTrial(ctx context.Context, e *env, b broker, v variant, n, consumers int
 		return res, err
 	}
 	if f := m.failed.Load(); f > 0 {
-		return res, fmt.Errorf("%s/%s: %d handler errors", b.name(), v.name, f)
+		return res, fmt.Errorf("%s/%s: %d handler errors, the first: %w", b.name(), v.name, f, *m.firstErr.Load())
 	}
 	return res, nil
 }
