@@ -17,12 +17,20 @@ const notAtomic = "FerretDB is not atomic under concurrent updates (it reads, th
 
 // startFerretDB runs FerretDB with the SQLite handler in a temporary
 // directory until the test ends, and returns its connection string.
+//
+// Its transactions begin IMMEDIATE (_txlock, modernc.org/sqlite): FerretDB
+// begins them deferred, reads, then writes, and in WAL mode a deferred
+// transaction that must upgrade to write after another connection wrote
+// fails at once with SQLITE_BUSY, without its busy timeout (a CI run failed
+// TryBegin_concurrent_new_busy_processed_keys_each_get_their_status with
+// "database is locked (5) (SQLITE_BUSY)" from findAndModify). An immediate
+// transaction takes the write lock first and waits for it.
 func startFerretDB(tb testing.TB) string {
 	tb.Helper()
 	f, err := ferretdb.New(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
 		Handler:   "sqlite",
-		SQLiteURL: "file:" + tb.TempDir() + "/",
+		SQLiteURL: "file:" + tb.TempDir() + "/?_txlock=immediate",
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
