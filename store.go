@@ -161,6 +161,14 @@ type BeginOptions struct {
 	// the key and reports a different one in [Claim.PayloadMismatch]. At most
 	// [MaxPayloadHashLen] bytes.
 	PayloadHash string
+
+	// Retry says the key was most likely claimed before: the message is a
+	// copy handed back after a failed attempt (the middleware sets it for
+	// a message carrying inboxmw.MetadataAttempts). It is a hint for the
+	// store's way of claiming, never for its answer: the Redis store then
+	// claims with its script at once instead of trying SET NX first, one
+	// round trip instead of two; the other stores ignore it.
+	Retry bool
 }
 
 // Status is the outcome of [LeaseStore.TryBegin].

@@ -347,7 +347,8 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID()}
+	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID(),
+		Retry: m.msg.Metadata.Get(MetadataAttempts) != ""} // a copy of a failed attempt
 	if ib.cfg.PayloadHash != PayloadHashOff {
 		sum := sha256.Sum256(m.msg.Payload)
 		opts.PayloadHash = hex.EncodeToString(sum[:])

@@ -547,3 +547,43 @@ func TestRedelivery_close_waits_for_a_hand_off_in_flight(t *testing.T) {
 		t.Fatal("Close did not return after the hand-off")
 	}
 }
+
+// retryHints is a store (a wrapper of the memory store) that records the
+// BeginOptions.Retry of each claim, in order.
+type retryHints struct {
+	inbox.LeaseStore
+	mu    sync.Mutex
+	hints []bool
+}
+
+func (s *retryHints) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+	s.mu.Lock()
+	s.hints = append(s.hints, opts.Retry)
+	s.mu.Unlock()
+	return s.LeaseStore.TryBegin(ctx, key, opts)
+}
+
+func (s *retryHints) get() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]bool(nil), s.hints...)
+}
+
+// The claim of a copy tells the store that its key was claimed before
+// (BeginOptions.Retry), so that the Redis store claims it in one round
+// trip; the first delivery's claim does not.
+func TestRedelivery_copy_claims_with_the_retry_hint(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := &retryHints{LeaseStore: newMemory(t)}
+	broker := &fakeBroker{pub: ps}
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(100 * time.Millisecond)})
+	led := newLedger()
+	var rs runs
+	startRouter(t, ps, nil, "", ib, failsOnce(&rs, led))
+	publish(t, ps, order("o-1"))
+	testenv.Eventually(t, 10*time.Second, "processed from the copy", func() bool { return led.count("o-1") == 1 })
+	if got := store.get(); len(got) != 2 || got[0] || !got[1] {
+		t.Fatalf("claims' Retry hints %v, want [false true]: the first delivery's, then the copy's", got)
+	}
+}

@@ -101,9 +101,11 @@ type Op struct {
 	// positive.
 	Lease time.Duration
 
-	// Owner and PayloadHash are the Claim's [inbox.BeginOptions] fields.
+	// Owner, PayloadHash and Retry are the Claim's [inbox.BeginOptions]
+	// fields.
 	Owner       string
 	PayloadHash string
+	Retry       bool
 
 	// Failure holds a Fail's options.
 	Failure inbox.FailOptions
@@ -270,7 +272,7 @@ func (s *Store) Close() error {
 
 // TryBegin implements [inbox.LeaseStore].
 func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	return s.do(ctx, Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash})
+	return s.do(ctx, Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash, Retry: opts.Retry})
 }
 
 // Complete implements [inbox.LeaseStore].

@@ -17,8 +17,9 @@ import (
 // the package documentation.
 //
 // In the first pipeline, a claim is the fast claim (SET NX PX of a fresh
-// record and PEXPIRETIME); Complete, Release, Fail and MarkProcessed are a
-// call of opsScript each. A key that appears more than once in the batch
+// record and PEXPIRETIME), or a call of opsScript when its caller said the
+// key was claimed before (driver.Op.Retry, from inbox.BeginOptions.Retry);
+// Complete, Release, Fail and MarkProcessed are a call of opsScript each. A key that appears more than once in the batch
 // gets one call of opsScript that applies all of its operations in their
 // order, so that no two commands of a batch touch one key: a claim sent
 // again in the second pipeline is never overtaken by a later operation on
@@ -42,7 +43,7 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 			}
 			continue
 		}
-		if op.Kind == driver.Claim {
+		if op.Kind == driver.Claim && !op.Retry {
 			claims = append(claims, d.queueClaim(ctx, p, i, op))
 			continue
 		}

@@ -20,7 +20,9 @@
 // Redis's TIME, so deadlines come from the Redis clock and consumers with
 // skewed clocks agree; the TTL only cleans up. The claim of a new key is a
 // native SET NX PX (with PEXPIRETIME, one round trip), a key that exists a
-// script; every operation touches one key, so it is atomic, on Cluster too.
+// script, in a second round trip (a claim with [inbox.BeginOptions.Retry],
+// a copy of a failed attempt, goes to the script at once); every operation
+// touches one key, so it is atomic, on Cluster too.
 // The store owns every key under its prefix: a value it did not write there
 // is an error wrapping [inbox.ErrStoreUnavailable], never overwritten.
 // Leases and retention are kept in whole microseconds and are at most

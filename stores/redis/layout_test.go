@@ -339,7 +339,9 @@ func (l *cmdLog) take() string {
 
 // A claim of a new key runs no script: SET NX and PEXPIRETIME, in one
 // pipeline. A key that exists (busy, processed, the holder's retry) costs
-// the TryBegin script as well; Complete, Release and Extend are scripts.
+// the TryBegin script as well; Complete, Release and Extend are scripts. A
+// claim with BeginOptions.Retry (a copy of a failed attempt) is the script
+// alone, one round trip, for a key that exists and a new one alike.
 func TestStore_new_key_claim_is_native(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
@@ -358,10 +360,11 @@ func TestStore_new_key_claim_is_native(t *testing.T) {
 		}
 	}
 	var cl inbox.Claim
+	retry := false
 	claim := func(key, id string, want inbox.Status) func() error {
 		return func() error {
 			var err error
-			cl, err = s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: id})
+			cl, err = s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: id, Retry: retry})
 			if err == nil && cl.Status != want {
 				err = fmt.Errorf("status %v, want %v", cl.Status, want)
 			}
@@ -380,6 +383,15 @@ func TestStore_new_key_claim_is_native(t *testing.T) {
 	if cl.ExpiresAt.IsZero() || math.Abs(time.Until(cl.ExpiresAt).Seconds()-inbox.DefaultLease.Seconds()) > 5 {
 		t.Fatalf("ExpiresAt %v, want about the default lease from now", cl.ExpiresAt)
 	}
+
+	retry = true
+	step("Fail", "evalsha", func() error { return s.Fail(ctx, "b", "lease-5", inbox.FailOptions{Reason: "boom"}) })
+	step("TryBegin with Retry of a failed key", "evalsha", claim("b", "lease-6", inbox.Acquired))
+	if cl.Attempts != 3 {
+		t.Fatalf("TryBegin with Retry of a failed key: Attempts %d, want 3", cl.Attempts)
+	}
+	step("TryBegin with Retry by another lease", "evalsha", claim("b", "lease-7", inbox.Busy))
+	step("TryBegin with Retry of a new key", "evalsha", claim("c", "lease-8", inbox.Acquired))
 }
 
 // Fail writes the full layout with its reason. With a backoff: kind 1

@@ -39,6 +39,55 @@ func (s *suite) testAttemptsReturned(t *testing.T) {
 	}
 }
 
+// testRetryHint runs a key's life with BeginOptions.Retry set on every
+// claim, a hint that may change how a store claims but none of its
+// answers: a new key is acquired, the holder's retry acquired again,
+// another lease busy until the holder's deadline, a key in a failed
+// attempt's backoff busy and backing off; a released key is acquired with
+// its attempts counted, and a completed one is processed.
+func (s *suite) testRetryHint(t *testing.T) {
+	st := s.store(t)
+	opts := func(id string) inbox.BeginOptions {
+		return inbox.BeginOptions{Lease: longLease, LeaseID: id, Owner: "retrier", Retry: true}
+	}
+	key := newKey(t, "retry-new")
+	c := mustBegin(t, st, key, opts("lease-1"), inbox.Acquired)
+	if c.LeaseID != "lease-1" || c.Attempts != 1 || c.ExpiresAt.IsZero() {
+		t.Fatalf("claim of a new key with Retry = %+v; want Acquired under lease-1, 1 attempt, a deadline", c)
+	}
+	// The holder's retry may renew the lease: the Busy claim below reports
+	// the retry's deadline.
+	if c = mustBegin(t, st, key, opts("lease-1"), inbox.Acquired); c.Attempts != 1 {
+		t.Fatalf("the holder's retry with Retry: Attempts %d, want 1", c.Attempts)
+	}
+	b := mustBegin(t, st, key, opts("lease-2"), inbox.Busy)
+	if b.BackingOff || b.LeaseID != "" || !within(b.ExpiresAt, c.ExpiresAt, s.h.TimePrecision) {
+		t.Fatalf("claim of a held key with Retry = %+v; want Busy until the holder's %s, not BackingOff", b, c.ExpiresAt)
+	}
+	if err := st.Fail(ctxT(t), key, c.LeaseID, inbox.FailOptions{RetryAfter: longLease, Reason: "boom"}); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	if b := mustBegin(t, st, key, opts("lease-3"), inbox.Busy); !b.BackingOff || b.Attempts != 1 {
+		t.Fatalf("claim in a failed attempt's backoff with Retry = %+v; want Busy, BackingOff, 1 attempt", b)
+	}
+
+	key = newKey(t, "retry-released")
+	c = mustBegin(t, st, key, opts("lease-4"), inbox.Acquired)
+	if err := st.Release(ctxT(t), key, c.LeaseID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	c = mustBegin(t, st, key, opts("lease-5"), inbox.Acquired)
+	if c.Attempts != 2 {
+		t.Fatalf("claim of a released key with Retry: Attempts %d, want 2", c.Attempts)
+	}
+	if err := st.Complete(ctxT(t), key, c.LeaseID); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if p := mustBegin(t, st, key, opts("lease-6"), inbox.Processed); p.Attempts != 2 || p.LeaseID != "" {
+		t.Fatalf("claim of a processed key with Retry = %+v; want Processed, 2 attempts, no lease id", p)
+	}
+}
+
 func (s *suite) testFailBackoff(t *testing.T) {
 	st := s.store(t)
 	key := newKey(t, "backoff")

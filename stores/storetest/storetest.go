@@ -222,6 +222,7 @@ func (s *suite) cases() []testCase {
 		{"Bad_input_rejected_without_change", s.testBadInput},
 		{"Canceled_context_fails_without_change", s.testCanceledContext},
 		{"TryBegin_returns_attempts", s.testAttemptsReturned},
+		{"TryBegin_Retry_hint_changes_no_answer", s.testRetryHint},
 		{"Fail_with_backoff_is_busy_until_it_ends", s.testFailBackoff},
 		{"Fail_with_backoff_concurrent_claims_all_back_off", s.testFailBackoffConcurrent},
 		{"Fail_without_backoff_frees_key_and_fences", s.testFailNoBackoff},
