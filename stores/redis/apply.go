@@ -19,12 +19,12 @@ import (
 // In the first pipeline, a claim is the fast claim (SET NX PX of a fresh
 // record and PEXPIRETIME), or a call of opsScript when its caller said the
 // key was claimed before (driver.Op.Retry, from inbox.BeginOptions.Retry);
-// Complete, Release, Fail and MarkProcessed are a call of opsScript each. A key that appears more than once in the batch
-// gets one call of opsScript that applies all of its operations in their
-// order, so that no two commands of a batch touch one key: a claim sent
-// again in the second pipeline is never overtaken by a later operation on
-// its key, and a call that fails (NOSCRIPT included) fails for all of them
-// or none.
+// Complete, Release, Fail and MarkProcessed are a call of opsScript each.
+// A key that appears more than once in the batch gets one call of
+// opsScript that applies all of its operations in their order, so that no
+// two commands of a batch touch one key: a claim sent again in the second
+// pipeline is never overtaken by a later operation on its key, and a call
+// that fails (NOSCRIPT included) fails for all of them or none.
 //
 // Errors are per command: a connection that fails fails every command of
 // the pipeline, hence every call of the batch; on Cluster, the calls of
