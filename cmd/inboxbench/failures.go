@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,6 +126,13 @@ type failTrial struct {
 	pass   time.Duration
 	atPass int
 	failed int // failed attempts (the handler's injected errors)
+	// cpu90 is this process's CPU time from the first delivery until the
+	// 90 % point, and redis90 the Redis server's (INFO cpu, read as both
+	// points passed; redisMeasured false when a read failed); failed90
+	// counts the failed attempts until that point.
+	cpu90, redis90 time.Duration
+	redisMeasured  bool
+	failed90       int
 	// calls are the middleware's store calls by op (Metrics.StoreCall), the
 	// hand-offs to the broker (OpRedeliver) among them; outcomes its
 	// outcomes; waited its in-process waits (Metrics.Waited).
@@ -160,6 +168,16 @@ func (t failTrial) rateAll() float64 { return float64(t.keys) / t.tAll.Seconds()
 // ratePass is the keys (poison ones too) whose handler first ran, per
 // second of the first pass.
 func (t failTrial) ratePass() float64 { return float64(t.keys+t.poison) / t.pass.Seconds() }
+
+// cpuPerKey90 is this process's CPU time per key until the 90 % point,
+// in µs; redisPerKey90 the Redis server's, when measured.
+func (t failTrial) cpuPerKey90() (float64, bool) {
+	return float64(t.cpu90.Nanoseconds()) / 1e3 / float64(need(t.keys, failuresShare)), t.cpu90 > 0
+}
+
+func (t failTrial) redisPerKey90() (float64, bool) {
+	return float64(t.redis90.Nanoseconds()) / 1e3 / float64(need(t.keys, failuresShare)), t.redisMeasured
+}
 
 // handOffs is the hand-offs to the broker per failed attempt.
 func (t failTrial) handOffs() (float64, bool) {
@@ -237,6 +255,15 @@ type failProbe struct {
 	failed       int
 	t0, t90, end time.Time
 	started      bool
+	// cpu0 and cpu90: this process's CPU time at t0 and t90, failed90 the
+	// failed attempts at t90; redis0 and redis90 the Redis server's, read
+	// by goroutines of their own (redisRead) so that no handler waits.
+	cpu0, cpu90      time.Duration
+	failed90         int
+	redisCPU         func() (time.Duration, error)
+	redisReads       sync.WaitGroup
+	redis0, redis90  time.Duration
+	redis0E, redis9E error
 	// firstRuns counts the keys (poison ones too) whose handler ran at
 	// least once; pass is when the last one first ran, and atPass the
 	// regular keys processed then.
@@ -298,7 +325,8 @@ func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		p.mu.Lock()
 		if !p.started {
-			p.started, p.t0 = true, time.Now()
+			p.started, p.t0, p.cpu0 = true, time.Now(), cpuTime()
+			p.redisRead(&p.redis0, &p.redis0E)
 		}
 		p.mu.Unlock()
 		out, err := h(msg)
@@ -326,12 +354,30 @@ func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
 func (p *failProbe) endKey() {
 	p.ended++
 	if p.ended == p.n90 {
-		p.t90 = time.Now()
+		p.t90, p.cpu90, p.failed90 = time.Now(), cpuTime(), p.failed
+		p.redisRead(&p.redis90, &p.redis9E)
 	}
 	if p.ended == p.n {
 		p.end = time.Now()
 	}
 	p.check()
+}
+
+// redisRead reads the Redis server's CPU time into v (or its error into
+// err) in a goroutine of its own; p.mu is held, and the goroutine writes
+// under it.
+func (p *failProbe) redisRead(v *time.Duration, err *error) {
+	if p.redisCPU == nil {
+		return
+	}
+	p.redisReads.Add(1)
+	go func() {
+		defer p.redisReads.Done()
+		d, e := p.redisCPU()
+		p.mu.Lock()
+		*v, *err = d, e
+		p.mu.Unlock()
+	}()
 }
 
 // check closes done once every regular key ended and every poison key is
@@ -416,6 +462,13 @@ func failuresBackoff(base time.Duration) func(int) time.Duration {
 // unless v is in-process, and checks the waits and the dead keys.
 func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration) (failTrial, error) {
 	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{})}
+	if e.redis != nil {
+		p.redisCPU = func() (time.Duration, error) {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return redisCPUTime(rctx, e.redis)
+		}
+	}
 	if v.poison {
 		p.poison = g.consumers
 	}
@@ -493,6 +546,7 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		return failTrial{}, err
 	}
 
+	p.redisReads.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	metrics.mu.Lock()
@@ -506,7 +560,11 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		fails = floor.fails
 	}
 	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
-		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited}
+		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited,
+		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90}
+	if p.redisCPU != nil && p.redis0E == nil && p.redis9E == nil {
+		res.redis90, res.redisMeasured = p.redis90-p.redis0, true
+	}
 	err = p.verify(&res, fails, func(key string) (inbox.Record, error) {
 		gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer gcancel()
@@ -664,8 +722,10 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 						t.failed, h, ho, c, t.outcomes[inboxmw.OutcomeRedeliveryFailed], durMedian(t.waits).Round(time.Millisecond), durMin(t.slack).Round(time.Millisecond),
 						t.waitViolations, t.deadViolations, t.randomDead)
 				}
-				logf("rep %d/%d failures %-8s x%-2d %-24s %6d keys: 90%% in %s (%.0f keys/s), all in %s (%.0f keys/s), first pass in %s (%.1f%% processed)%s  trial %s",
-					rep+1, res.reps, g.broker, g.consumers, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), t.tAll.Round(time.Millisecond), t.rateAll(),
+				cpu, _ := t.cpuPerKey90()
+				red, _ := t.redisPerKey90()
+				logf("rep %d/%d failures %-8s x%-2d %-24s %6d keys: 90%% in %s (%.0f keys/s, cpu %.1f µs/key, redis %.1f), all in %s (%.0f keys/s), first pass in %s (%.1f%% processed)%s  trial %s",
+					rep+1, res.reps, g.broker, g.consumers, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), cpu, red, t.tAll.Round(time.Millisecond), t.rateAll(),
 					t.pass.Round(time.Millisecond), 100*float64(t.atPass)/float64(t.keys),
 					extra, time.Since(started).Round(10*time.Millisecond))
 			}
@@ -755,6 +815,28 @@ func (r *failuresResults) ratios(g int, v string, f func(failTrial) float64) []f
 		}
 	}
 	return out
+}
+
+// perFailed90 returns, per repetition, what variant v's failed attempts
+// until the 90 % point cost over its baseline of the same repetition, in
+// µs per failed attempt: the CPU time (this process's and the Redis
+// server's; ok false where Redis was not measured) and the wall time
+// multiplied by the machine's cores (what the same time of every core
+// would hold). Where the first is about the second, the trial was bound by
+// CPU; where it is smaller, the failed attempts cost waiting.
+func (r *failuresResults) perFailed90(g int, v string) (cpu, wall []float64) {
+	base := r.trials[g][baselineFor(v)]
+	for i, t := range r.trials[g][v] {
+		if i >= len(base) || t.failed90 == 0 || base[i].keys != t.keys {
+			continue
+		}
+		b, n := base[i], float64(t.failed90)
+		wall = append(wall, float64((t.t90-b.t90).Nanoseconds())*float64(runtime.NumCPU())/1e3/n)
+		if t.redisMeasured && b.redisMeasured {
+			cpu = append(cpu, float64((t.cpu90+t.redis90-b.cpu90-b.redis90).Nanoseconds())/1e3/n)
+		}
+	}
+	return cpu, wall
 }
 
 // find returns the index of the group of broker (the in-process one when
@@ -894,6 +976,18 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 				cell(hand, "%.2f", false), cell(handMs, "%.2f", false), cell(calls, "%.2f", false), cell(failMs, "%.2f", false), sum.rf, cell(waited, "%.0f", false),
 				ms(durMedian(waits)), ms(durQuantile(waits, 0.99)), minSlack, sum.wv, sum.dv, sum.rd, sum.dbl, sum.um)
 		}
+		p("\n| variant | CPU until 90%%: this process, µs/key | Redis server, µs/key | failed attempts until 90%% | per failed attempt until 90%%, over its baseline: CPU (process + Redis), µs | wall time × %d cores, µs |\n|---|--:|--:|--:|--:|--:|\n", runtime.NumCPU())
+		for _, v := range g.variants {
+			cpu := r.col(gi, v.name, failTrial.cpuPerKey90)
+			red := r.col(gi, v.name, failTrial.redisPerKey90)
+			f90 := r.col(gi, v.name, func(t failTrial) (float64, bool) { return float64(t.failed90), true })
+			extra, wall := r.perFailed90(gi, v.name)
+			if v.name == baselineOf(v) {
+				extra, wall = nil, nil
+			}
+			p("| %s | %s | %s | %.0f | %s | %s |\n", v.name, cell(cpu, "%.1f", false), cell(red, "%.1f", false), median(f90), cell(extra, "%.0f", true), cell(wall, "%.0f", true))
+		}
+		p("\nCPU until 90%% runs from the first delivery to the 90%% point: this process's (getrusage, the broker's side included when it is kfake in this process) and the Redis server's (`INFO cpu`, read as each point passes: the floor uses no store, and its Redis figure is the idle server's). A failed attempt's cost over the baseline of the same repetition, until the 90%% point: the difference of the two trials' CPU, and of their times to the 90%% point multiplied by the cores, over the failed attempts until then. Where the CPU is about the wall time × cores, the failed attempts cost CPU; where it is less, they cost waiting (a partition or consumer held by the store's and the broker's round trips).\n")
 		p("\nCounts (redelivery_failed, violations, dead, applied twice, unpaired) are totals over the repetitions; the waits are pooled over them; the other figures are medians of the repetitions. The hand-off floor makes no store calls; its waits are against the backoff it handed off with.\n\n")
 		if q := r.relativeToFloor(g.broker, rate90); len(q) > 0 {
 			p("Keys processed per second until 90%% were processed, relative to the hand-off floor (failures-10%% ÷ no-failures ÷ (floor-failures-10%% ÷ floor-no-failures)): %s; until all were (drain): %s; in the first pass: %s.\n\n",

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -751,11 +752,11 @@ func TestFailures_smoke(t *testing.T) {
 	}
 	for _, g := range groups {
 		tables := tablesAfter(report, g.heading)
-		if len(tables) != 2 {
-			t.Errorf("%q: %d tables, want 2 (throughput, retries):\n%s", g.heading, len(tables), report)
+		if len(tables) != 3 {
+			t.Errorf("%q: %d tables, want 3 (throughput, retries, CPU):\n%s", g.heading, len(tables), report)
 			continue
 		}
-		through, retries := tables[0], tables[1]
+		through, retries, cpu := tables[0], tables[1], tables[2]
 		for _, v := range g.variants {
 			row := through[v]
 			if row == nil {
@@ -767,7 +768,24 @@ func TestFailures_smoke(t *testing.T) {
 					t.Errorf("%q %s: %s = %q, want a rate", g.heading, v, col, row[col])
 				}
 			}
-			if v == failuresBaseline || v == floorBaseline {
+			baseline := v == failuresBaseline || v == floorBaseline
+			if row = cpu[v]; row == nil {
+				t.Errorf("%q: no CPU row for %s", g.heading, v)
+			} else {
+				if x := number(row["CPU until 90%: this process, µs/key"]); !(x > 0) {
+					t.Errorf("%q %s: process CPU until 90%% %q, want a figure", g.heading, v, row["CPU until 90%: this process, µs/key"])
+				}
+				if x := number(row["Redis server, µs/key"]); !(x >= 0) || !strings.HasPrefix(v, "floor") && !(x > 0) {
+					t.Errorf("%q %s: Redis CPU until 90%% %q, want a figure (above 0 with the inbox)", g.heading, v, row["Redis server, µs/key"])
+				}
+				extra := []string{"per failed attempt until 90%, over its baseline: CPU (process + Redis), µs", "wall time × " + strconv.Itoa(runtime.NumCPU()) + " cores, µs"}
+				for _, col := range extra {
+					if x := number(row[col]); baseline != math.IsNaN(x) {
+						t.Errorf("%q %s: %s %q, want a figure for a variant with failures (none for a baseline)", g.heading, v, col, row[col])
+					}
+				}
+			}
+			if baseline {
 				continue
 			}
 			row = retries[v]
