@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -133,6 +134,9 @@ type failTrial struct {
 	cpu90, redis90 time.Duration
 	redisMeasured  bool
 	failed90       int
+	// batches90: the Redis store's round trips and the calls they
+	// carried over the same window (none for the hand-off floor).
+	batches90 driver.BatchStats
 	// calls are the middleware's store calls by op (Metrics.StoreCall), the
 	// hand-offs to the broker (OpRedeliver) among them; outcomes its
 	// outcomes; waited its in-process waits (Metrics.Waited).
@@ -177,6 +181,19 @@ func (t failTrial) cpuPerKey90() (float64, bool) {
 
 func (t failTrial) redisPerKey90() (float64, bool) {
 	return float64(t.redis90.Nanoseconds()) / 1e3 / float64(need(t.keys, failuresShare)), t.redisMeasured
+}
+
+// tripsPerKey90 is the Redis store's round trips per key until the 90 %
+// point, and callsPerTrip90 the calls each carried on average.
+func (t failTrial) tripsPerKey90() (float64, bool) {
+	return float64(t.batches90.RoundTrips) / float64(need(t.keys, failuresShare)), t.batches90.RoundTrips > 0
+}
+
+func (t failTrial) callsPerTrip90() (float64, bool) {
+	if t.batches90.RoundTrips == 0 {
+		return 0, false
+	}
+	return float64(t.batches90.Calls) / float64(t.batches90.RoundTrips), true
 }
 
 // handOffs is the hand-offs to the broker per failed attempt.
@@ -264,6 +281,10 @@ type failProbe struct {
 	redisReads       sync.WaitGroup
 	redis0, redis90  time.Duration
 	redis0E, redis9E error
+	// batchStats reads the store's round trips (nil for the floor), at
+	// t0 and t90.
+	batchStats         func() driver.BatchStats
+	batches0, batches9 driver.BatchStats
 	// firstRuns counts the keys (poison ones too) whose handler ran at
 	// least once; pass is when the last one first ran, and atPass the
 	// regular keys processed then.
@@ -326,6 +347,9 @@ func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
 		p.mu.Lock()
 		if !p.started {
 			p.started, p.t0, p.cpu0 = true, time.Now(), cpuTime()
+			if p.batchStats != nil {
+				p.batches0 = p.batchStats()
+			}
 			p.redisRead(&p.redis0, &p.redis0E)
 		}
 		p.mu.Unlock()
@@ -355,6 +379,9 @@ func (p *failProbe) endKey() {
 	p.ended++
 	if p.ended == p.n90 {
 		p.t90, p.cpu90, p.failed90 = time.Now(), cpuTime(), p.failed
+		if p.batchStats != nil {
+			p.batches9 = p.batchStats()
+		}
 		p.redisRead(&p.redis90, &p.redis9E)
 	}
 	if p.ended == p.n {
@@ -478,6 +505,9 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	}
 	defer ts.cleanup()
 	store := &failRecorder{Store: e.redisStore, fails: map[string][]inbox.FailOptions{}}
+	if !v.floor {
+		p.batchStats = e.redisStore.BatchStats
+	}
 	metrics := newCountingMetrics()
 	var ib *inboxmw.Inbox
 	var floor *handOffFloor
@@ -511,7 +541,7 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(runCtx) }()
+	go pprof.Do(runCtx, pprof.Labels("variant", v.name, "broker", b.name()), func(ctx context.Context) { routerDone <- router.Run(ctx) })
 
 	p.mu.Lock()
 	done := p.done
@@ -561,7 +591,7 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	}
 	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
 		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited,
-		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90}
+		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0)}
 	if p.redisCPU != nil && p.redis0E == nil && p.redis9E == nil {
 		res.redis90, res.redisMeasured = p.redis90-p.redis0, true
 	}
@@ -976,7 +1006,7 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 				cell(hand, "%.2f", false), cell(handMs, "%.2f", false), cell(calls, "%.2f", false), cell(failMs, "%.2f", false), sum.rf, cell(waited, "%.0f", false),
 				ms(durMedian(waits)), ms(durQuantile(waits, 0.99)), minSlack, sum.wv, sum.dv, sum.rd, sum.dbl, sum.um)
 		}
-		p("\n| variant | CPU until 90%%: this process, µs/key | Redis server, µs/key | failed attempts until 90%% | per failed attempt until 90%%, over its baseline: CPU (process + Redis), µs | wall time × %d cores, µs |\n|---|--:|--:|--:|--:|--:|\n", runtime.NumCPU())
+		p("\n| variant | CPU until 90%%: this process, µs/key | Redis server, µs/key | store round trips per key | calls per round trip | failed attempts until 90%% | per failed attempt until 90%%, over its baseline: CPU (process + Redis), µs | wall time × %d cores, µs |\n|---|--:|--:|--:|--:|--:|--:|--:|\n", runtime.NumCPU())
 		for _, v := range g.variants {
 			cpu := r.col(gi, v.name, failTrial.cpuPerKey90)
 			red := r.col(gi, v.name, failTrial.redisPerKey90)
@@ -985,9 +1015,12 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 			if v.name == baselineOf(v) {
 				extra, wall = nil, nil
 			}
-			p("| %s | %s | %s | %.0f | %s | %s |\n", v.name, cell(cpu, "%.1f", false), cell(red, "%.1f", false), median(f90), cell(extra, "%.0f", true), cell(wall, "%.0f", true))
+			trips := r.col(gi, v.name, failTrial.tripsPerKey90)
+			per := r.col(gi, v.name, failTrial.callsPerTrip90)
+			p("| %s | %s | %s | %s | %s | %.0f | %s | %s |\n", v.name, cell(cpu, "%.1f", false), cell(red, "%.1f", false), cell(trips, "%.2f", false), cell(per, "%.2f", false),
+				median(f90), cell(extra, "%.0f", true), cell(wall, "%.0f", true))
 		}
-		p("\nCPU until 90%% runs from the first delivery to the 90%% point: this process's (getrusage, the broker's side included when it is kfake in this process) and the Redis server's (`INFO cpu`, read as each point passes: the floor uses no store, and its Redis figure is the idle server's). A failed attempt's cost over the baseline of the same repetition, until the 90%% point: the difference of the two trials' CPU, and of their times to the 90%% point multiplied by the cores, over the failed attempts until then. Where the CPU is about the wall time × cores, the failed attempts cost CPU; where it is less, they cost waiting (a partition or consumer held by the store's and the broker's round trips).\n")
+		p("\nCPU until 90%% runs from the first delivery to the 90%% point: this process's (getrusage, the broker's side included when it is kfake in this process) and the Redis server's (`INFO cpu`, read as each point passes: the floor uses no store, and its Redis figure is the idle server's); the store's round trips to Redis over the same window (`BatchStats`), per key, and the calls they carried on average. A failed attempt's cost over the baseline of the same repetition, until the 90%% point: the difference of the two trials' CPU, and of their times to the 90%% point multiplied by the cores, over the failed attempts until then. Where the CPU is about the wall time × cores, the failed attempts cost CPU; where it is less, they cost waiting (a partition or consumer held by the store's and the broker's round trips).\n")
 		p("\nCounts (redelivery_failed, violations, dead, applied twice, unpaired) are totals over the repetitions; the waits are pooled over them; the other figures are medians of the repetitions. The hand-off floor makes no store calls; its waits are against the backoff it handed off with.\n\n")
 		if q := r.relativeToFloor(g.broker, rate90); len(q) > 0 {
 			p("Keys processed per second until 90%% were processed, relative to the hand-off floor (failures-10%% ÷ no-failures ÷ (floor-failures-10%% ÷ floor-no-failures)): %s; until all were (drain): %s; in the first pass: %s.\n\n",

@@ -778,6 +778,13 @@ func TestFailures_smoke(t *testing.T) {
 				if x := number(row["Redis server, µs/key"]); !(x >= 0) || !strings.HasPrefix(v, "floor") && !(x > 0) {
 					t.Errorf("%q %s: Redis CPU until 90%% %q, want a figure (above 0 with the inbox)", g.heading, v, row["Redis server, µs/key"])
 				}
+				floorRow := strings.HasPrefix(v, "floor")
+				if x := number(row["store round trips per key"]); floorRow != math.IsNaN(x) || !floorRow && !(x > 0) {
+					t.Errorf("%q %s: store round trips per key %q, want a figure above 0 with the inbox (none for the floor)", g.heading, v, row["store round trips per key"])
+				}
+				if x := number(row["calls per round trip"]); floorRow != math.IsNaN(x) || !floorRow && !(x >= 1) {
+					t.Errorf("%q %s: calls per round trip %q, want 1 or more with the inbox (none for the floor)", g.heading, v, row["calls per round trip"])
+				}
 				extra := []string{"per failed attempt until 90%, over its baseline: CPU (process + Redis), µs", "wall time × " + strconv.Itoa(runtime.NumCPU()) + " cores, µs"}
 				for _, col := range extra {
 					if x := number(row[col]); baseline != math.IsNaN(x) {
