@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -28,8 +29,9 @@ import (
 // redelivery (inboxmw.Config.Redelivery: RabbitMQ delay queues, Kafka
 // retry topics), on RabbitMQ with failuresRabbitConsumers competing
 // consumers and on Kafka with failuresKafkaPartitions partitions, with
-// handlers that never fail, that fail each attempt at random with
-// probability failureRate, and that do so with as many always-failing
+// handlers that never fail, that fail at random at the rate failureRate
+// (exactly that share of the keys at their first attempt, each later
+// attempt with that probability: firstFailures), and that do so with as many always-failing
 // (poison) keys as consumers besides; and, at a size of its own, the same
 // random failures without Redelivery (the in-process wait of before issue
 // 21) against a failure-free trial of that size.
@@ -52,7 +54,8 @@ const (
 // middleware does with a failed attempt.
 type failureVariant struct {
 	name string
-	// rate is the probability that an attempt fails (transient, before the
+	// rate is the share of the keys whose first attempt fails, and the
+	// probability that a later attempt fails (transient, before the
 	// handler's effect).
 	rate float64
 	// poison adds as many always-failing keys as consumers, and sets
@@ -253,6 +256,7 @@ type keyRuns struct {
 	ok         int         // effects applied
 	dead       bool        // its DeadError reached the stand-in
 	poison     bool
+	failFirst  bool // its first attempt fails (messages picks them)
 	randomDead bool
 }
 
@@ -302,11 +306,27 @@ func (p *failProbe) messages(topic string) []*message.Message {
 	for i, m := range msgs {
 		p.keys[m.UUID] = &keyRuns{poison: i < p.poison}
 	}
+	for _, i := range firstFailures(p.n, p.v.rate) {
+		p.keys[msgs[p.poison+i].UUID].failFirst = true
+	}
 	return msgs
 }
 
-// handler fails the attempt (before the effect) when the key is poison or
-// the hash of its id and attempt falls under the variant's rate; else it
+// firstFailures returns which of n keys fail their first attempt: exactly
+// round(rate × n) of them, at random places. An exact count, not a draw
+// per key: with a draw, the keys that succeed at once would number
+// 0.9 × n give or take √(0.09 × n) (30 of 10,000), and the 90 % point
+// would fall in the first pass in one trial and wait for a retried copy,
+// at least the shortest delay later, in the next: a coin flip that moved a
+// trial's throughput until 90 % up to fourfold.
+func firstFailures(n int, rate float64) []int {
+	return rand.Perm(n)[:int(math.Round(rate*float64(n)))]
+}
+
+// handler fails the attempt (before the effect) when the key is poison, or
+// it is the key's first and firstFailures picked the key, or it is a later
+// one and the hash of its id and attempt falls under the variant's rate;
+// else it
 // applies the effect (counts the key processed).
 func (p *failProbe) handler(msg *message.Message) error {
 	now := time.Now()
@@ -329,7 +349,7 @@ func (p *failProbe) handler(msg *message.Message) error {
 			p.pass, p.atPass = now, p.ended
 		}
 	}
-	if k.poison || p.v.rate > 0 && unitHash(msg.UUID, attempt) < p.v.rate {
+	if k.poison || k.failFirst && attempt == 0 || attempt > 0 && unitHash(msg.UUID, attempt) < p.v.rate {
 		k.fails = append(k.fails, time.Now())
 		p.failed++
 		return errInjected
@@ -939,12 +959,12 @@ func (r *failuresResults) markdown(b *strings.Builder) {
 	p("## Failures: failed attempts held by the broker (issue 21)\n\n")
 	p("The inbox on Redis with the broker's redelivery (`inboxmw.Config.Redelivery`: RabbitMQ delay queues, `inboxamqp.Delays`; Kafka retry topics, `inboxkafka.Retry` and its subscriber, %s), the default `RedeliveryMinDelay`, and the backoff %s; RabbitMQ with %d competing consumers (prefetch 1), Kafka with %d partitions. ",
 		retryPartitionsName(r.retryPartitions), backoffName(r.backoff), failuresRabbitConsumers, failuresKafkaPartitions)
-	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, every attempt fails with probability 0.1 (a transient error before the handler's effect, decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21; `floor-no-failures` and `floor-failures-10%%`, the hand-off floor (issue 31): the same router, handler and failures with no inbox and no store, which on a failed attempt hands a copy to the same delay queue or retry topic with the same backoff, waits for the same confirm or acknowledged produce, and acks, the copy running the handler again when it comes back: what the broker's hand-off alone costs. Each variant's ratio is to its baseline of the same repetition: `no-failures` for the inbox's, `floor-no-failures` for the floor's; **relative to the hand-off floor** is the inbox's ratio with failures-10%% divided by the floor's, within each repetition: what the inbox adds to a failure (its store calls), the broker's hand-off left out. ", poisonMaxAttempts)
+	p("Variants: `no-failures`, a handler that never fails; `failures-10%%`, a transient error before the handler's effect: exactly 10%% of the keys, picked at random, fail their first attempt, and every later attempt fails with probability 0.1 (decided by a hash of the message UUID and the attempt); `failures-10%%+poison`, the same plus as many always-failing (poison) keys as consumers, published first, with `MaxAttempts: %d` and, for a poison queue, a stand-in that acks a `DeadError` and counts it as its key's end; `failures-10%%-in-process`, the random failures without `Redelivery`: the backoff is waited out in the consumer, as before issue 21; `floor-no-failures` and `floor-failures-10%%`, the hand-off floor (issue 31): the same router, handler and failures with no inbox and no store, which on a failed attempt hands a copy to the same delay queue or retry topic with the same backoff, waits for the same confirm or acknowledged produce, and acks, the copy running the handler again when it comes back: what the broker's hand-off alone costs. Each variant's ratio is to its baseline of the same repetition: `no-failures` for the inbox's, `floor-no-failures` for the floor's; **relative to the hand-off floor** is the inbox's ratio with failures-10%% divided by the floor's, within each repetition: what the inbox adds to a failure (its store calls), the broker's hand-off left out. ", poisonMaxAttempts)
 	p("The in-process variant runs at a size of its own, against a `no-failures` trial of that size in the same repetition: its failed keys stall their consumer for their backoff, so at the full size one trial would take minutes. ")
 	p("%s of every variant (-failures-reps), each running every variant of a group once in an order rotated from one repetition to the next; ratios are taken within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
 	p("**Throughput** is keys processed per second (a key is processed when its handler's effect was applied, or when it is dead; the poison keys are not among the trial's keys), from the first delivery: **until 90%% of the trial's keys were processed**, the target's figure, and **until all were** (drain). ")
 	p("The backoff's full jitter (up to 2 s after a first failure, 4 s after a second) leaves a tail of waiting keys at the end of every trial with failures, which is the backoff policy's time, not the consumer's: the first figure leaves it out, the second includes it. ")
-	p("With failures of 10%%, about 90%% of the keys succeed at their first attempt, so the 90%% point comes near the end of the first pass over the keys: the tables also give the first pass, keys whose handler first ran per second until every key's had (poison keys included), and the share of the keys processed at its end. When that share is under 90%%, the 90%% figure waited for retried keys, and holds some of the backoff's time.\n\n")
+	p("With failures of 10%%, exactly 90%% of the keys succeed at their first attempt (a count drawn at random instead would put the 90%% point before the first pass's end in one trial and after a retried copy's delay in the next), so the 90%% point comes at the end of the first pass over the keys, or before it when retried copies come back during the pass: the tables also give the first pass, keys whose handler first ran per second until every key's had (poison keys included), and the share of the keys processed at its end. When that share is under 90%%, the 90%% figure waited for retried keys, and holds some of the backoff's time.\n\n")
 	p("**Waits**: for each failed attempt after which its key ran again, the time from the handler's failure to the next start of the handler; the backoff is the `RetryAfter` the store's `Fail` got for that attempt. Both ends are taken on the handler's side, outside the store's calls, so a wait shorter than its backoff is one the store and the broker really let through. ")
 	p("**Dead keys**: every poison key, and any key whose random failures reached `MaxAttempts`, must be dead after exactly %d attempts (%d runs of the handler, %d `Fail`s, the last one dead, the store's record dead with %d attempts), each run at least its backoff after the previous failure; a violation counts the key. ", poisonMaxAttempts, poisonMaxAttempts, poisonMaxAttempts, poisonMaxAttempts)
 	p("**Cost of the retries**, per failed attempt, from a counting `inboxmw.Metrics`: hand-offs to the broker (`Redeliver` calls, op `redeliver`: one broker round trip each, a publish and its confirm, with their mean time), and store calls (every `Fail` and `Release`, and every `TryBegin` beyond each key's first); the mean time of a `Fail`; `redelivery_failed` counts the hand-offs that failed (the message then goes back to the broker as an error); in-process wait is `Metrics.Waited`.\n\n")

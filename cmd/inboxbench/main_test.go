@@ -1052,3 +1052,37 @@ func TestMeter_counts_errors_only_until_the_nth_success(t *testing.T) {
 		t.Errorf("first error = %v, want %v", got, errFirst)
 	}
 }
+
+func TestFirstFailures_exact_share_at_random_places(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		n    int
+		rate float64
+		want int
+	}{{10000, 0.1, 1000}, {3000, 0.1, 300}, {800, 0.1, 80}, {7, 0.1, 1}, {10, 0, 0}} {
+		a, b := firstFailures(c.n, c.rate), firstFailures(c.n, c.rate)
+		if len(a) != c.want {
+			t.Fatalf("firstFailures(%d, %v): %d keys, want %d", c.n, c.rate, len(a), c.want)
+		}
+		seen := make(map[int]bool, len(a))
+		for _, i := range a {
+			if i < 0 || i >= c.n || seen[i] {
+				t.Fatalf("firstFailures(%d, %v) = %v: index %d out of range or twice", c.n, c.rate, a, i)
+			}
+			seen[i] = true
+		}
+		if c.want >= 100 && slices.Equal(a, b) {
+			t.Errorf("firstFailures(%d, %v) picked the same keys twice: not at random", c.n, c.rate)
+		}
+	}
+	// Spread: with 16 partitions fed in turn, every partition gets some.
+	per := make([]int, 16)
+	for _, i := range firstFailures(10000, 0.1) {
+		per[i%16]++
+	}
+	for p, k := range per {
+		if k < 20 {
+			t.Errorf("partition %d got %d of 1000 first failures (%v): not spread", p, k, per)
+		}
+	}
+}
