@@ -31,10 +31,11 @@ import (
 // consumers and on Kafka with failuresKafkaPartitions partitions, with
 // handlers that never fail, that fail at random at the rate failureRate
 // (exactly that share of the keys at their first attempt, each later
-// attempt with that probability: firstFailures), and that do so with as many always-failing
-// (poison) keys as consumers besides; and, at a size of its own, the same
-// random failures without Redelivery (the in-process wait of before issue
-// 21) against a failure-free trial of that size.
+// attempt with that probability: firstFailures), and that do so with as
+// many always-failing (poison) keys as consumers besides; and, at a size
+// of its own, the same random failures without Redelivery (the
+// in-process wait of before issue 21) against a failure-free trial of
+// that size.
 const (
 	failuresRabbitConsumers = 4
 	failuresKafkaPartitions = 16
@@ -326,8 +327,7 @@ func firstFailures(n int, rate float64) []int {
 // handler fails the attempt (before the effect) when the key is poison, or
 // it is the key's first and firstFailures picked the key, or it is a later
 // one and the hash of its id and attempt falls under the variant's rate;
-// else it
-// applies the effect (counts the key processed).
+// else it applies the effect (counts the key processed).
 func (p *failProbe) handler(msg *message.Message) error {
 	now := time.Now()
 	p.mu.Lock()
