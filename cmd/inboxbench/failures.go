@@ -168,7 +168,7 @@ type failTrial struct {
 }
 
 func (t failTrial) rate90() float64 {
-	return float64(need(t.keys, failuresShare)) / t.t90.Seconds()
+	return t.keys90() / t.t90.Seconds()
 }
 
 func (t failTrial) rateAll() float64 { return float64(t.keys) / t.tAll.Seconds() }
@@ -177,20 +177,23 @@ func (t failTrial) rateAll() float64 { return float64(t.keys) / t.tAll.Seconds()
 // second of the first pass.
 func (t failTrial) ratePass() float64 { return float64(t.keys+t.poison) / t.pass.Seconds() }
 
+// keys90 is the keys processed at the 90 % point.
+func (t failTrial) keys90() float64 { return float64(need(t.keys, failuresShare)) }
+
 // cpuPerKey90 is this process's CPU time per key until the 90 % point,
 // in µs; redisPerKey90 the Redis server's, when measured.
 func (t failTrial) cpuPerKey90() (float64, bool) {
-	return float64(t.cpu90.Nanoseconds()) / 1e3 / float64(need(t.keys, failuresShare)), t.cpu90 > 0
+	return float64(t.cpu90.Nanoseconds()) / 1e3 / t.keys90(), t.cpu90 > 0
 }
 
 func (t failTrial) redisPerKey90() (float64, bool) {
-	return float64(t.redis90.Nanoseconds()) / 1e3 / float64(need(t.keys, failuresShare)), t.redisMeasured
+	return float64(t.redis90.Nanoseconds()) / 1e3 / t.keys90(), t.redisMeasured
 }
 
 // tripsPerKey90 is the Redis store's round trips per key until the 90 %
 // point, and callsPerTrip90 the calls each carried on average.
 func (t failTrial) tripsPerKey90() (float64, bool) {
-	return float64(t.batches90.RoundTrips) / float64(need(t.keys, failuresShare)), t.batches90.RoundTrips > 0
+	return float64(t.batches90.RoundTrips) / t.keys90(), t.batches90.RoundTrips > 0
 }
 
 func (t failTrial) callsPerTrip90() (float64, bool) {
