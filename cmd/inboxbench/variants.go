@@ -58,6 +58,11 @@ func allVariants() []variant {
 		floorVariant("floor2-redis", "redis", func(e *env) *floor { return e.floor2 }),
 		floorVariant("floor2f-redis", "redis", func(e *env) *floor { return e.floor2f }),
 		floorVariant("floor2-postgres", "postgres", func(e *env) *floor { return e.pgFloor2 }),
+		{name: "store-redis", needs: "redis", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
+			// Keys as long as the inbox's: bus:group:alias:UUID.
+			f := &storeFloor{s: e.redisStore.Store, prefix: bus + ":" + group + ":bench:", owner: inboxmw.DefaultOwner()}
+			return f.middleware, f.drain, nil
+		}, batches: func(e *env) batchCounter { return e.redisStore }},
 		{name: "inbox-memory", make: func(e *env, bus, group string) (message.HandlerMiddleware, func(context.Context) error, error) {
 			s, err := memory.New(memory.Options{Retention: retention})
 			if err != nil {
