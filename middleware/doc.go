@@ -16,11 +16,10 @@
 // redeliver; an acquired one runs the handler while a heartbeat renews the
 // lease, whose loss cancels the handler's context. A failed handler gives
 // the key back before the middleware returns, with a backoff the store
-// holds. A successful one is marked as it returns when it returned no
-// message, else it keeps the key until the router acks (the mark) or nacks
-// (a release: its messages failed to publish, and it must run again); a
-// middleware outside the inbox that turns a success into an error after
-// the mark cannot undo it. With the stores of this project, the inbox
+// holds. A successful one keeps the key until the router acks (the mark)
+// or nacks (a release: its messages failed to publish, or a middleware
+// outside the inbox turned the success into an error, and it must run
+// again). With the stores of this project, the inbox
 // starts no goroutine and no timer per message: one keeper per Inbox renews
 // the leases of the handlers running and watches the router's verdicts,
 // and the marks go to the store's batching without waiting (keeper.go,

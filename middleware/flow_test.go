@@ -309,27 +309,37 @@ func TestInbox_complete_lands_when_subscriber_cancels_context_at_ack(t *testing.
 	}
 }
 
+// TestInbox_nack_after_success_releases: a handler that succeeded is
+// marked only once the router acked its message; nacked (the messages it
+// returned failed to publish, or a middleware outside the inbox turned the
+// success into an error), its key is given back, whether it returned
+// messages or none.
 func TestInbox_nack_after_success_releases(t *testing.T) {
 	t.Parallel()
-	store := newFaulty(t)
-	rec := newRecorder()
-	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
-	m := msgFor("k-1")
-	if _, err := call(ib, okWithOutput, m); err != nil {
-		t.Fatal(err)
-	}
-	m.Nack()
-	testenv.Eventually(t, 5*time.Second, "released", func() bool {
-		r, _ := store.Get(context.Background(), testKeyPrefix+"k-1")
-		return r.State == inbox.StateAvailable
-	})
-	// Counted after Release returns, on the ack waiter's goroutine: the
-	// record can show the key free a moment before the count lands.
-	testenv.Eventually(t, 5*time.Second, "release counted", func() bool {
-		return rec.get(inboxmw.OutcomeReleased) >= 1
-	})
-	if n := rec.get(inboxmw.OutcomeReleased); n != 1 {
-		t.Fatalf("release counted %d times, want 1", n)
+	for name, h := range map[string]message.HandlerFunc{"an output": okWithOutput, "no output": ok} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := newFaulty(t)
+			rec := newRecorder()
+			ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias()})
+			m := msgFor("k-1")
+			if _, err := call(ib, h, m); err != nil {
+				t.Fatal(err)
+			}
+			m.Nack()
+			testenv.Eventually(t, 5*time.Second, "released", func() bool {
+				r, _ := store.Get(context.Background(), testKeyPrefix+"k-1")
+				return r.State == inbox.StateAvailable
+			})
+			// Counted after Release returns, on the keeper's goroutine: the
+			// record can show the key free a moment before the count lands.
+			testenv.Eventually(t, 5*time.Second, "release counted", func() bool {
+				return rec.get(inboxmw.OutcomeReleased) >= 1
+			})
+			if n, p := rec.get(inboxmw.OutcomeReleased), rec.get(inboxmw.OutcomeProcessed); n != 1 || p != 0 {
+				t.Fatalf("release counted %d times and processed %d, want 1 and 0", n, p)
+			}
+		})
 	}
 }
 
@@ -640,11 +650,16 @@ func TestInbox_plain_store_flow(t *testing.T) {
 	if runs.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2 (nacked, then acked; the third skipped)", runs.Load())
 	}
-	// A handler that returns nothing is marked as it returns.
-	if _, err := call(ib, ok, msgFor("p-2")); err != nil {
+	// A handler that returns nothing is marked once the router acked it too.
+	m = msgFor("p-2")
+	if _, err := call(ib, ok, m); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "marked as the handler returned nothing", func() bool { return processed("p-2") })
+	if processed("p-2") {
+		t.Fatal("handler that returned nothing marked before the ack")
+	}
+	m.Ack()
+	testenv.Eventually(t, 5*time.Second, "marked after the ack of a handler that returned nothing", func() bool { return processed("p-2") })
 }
 
 func TestConfig_validate(t *testing.T) {

@@ -15,11 +15,12 @@ import (
 // interval while its handler runs (the Extends that fall due together go
 // out together, through the store's batching), cancels the handler's
 // context when the lease is lost, settles the lease of a handler that
-// returned messages on the router's verdict (it looks at msg.Acked and
-// msg.Nacked every millisecond while such leases wait), and sends again the
-// marks and releases that failed. A handler that returns within its
-// heartbeat interval costs it a heap push and a removal. The fields of
-// msgCall marked "the keeper's" change under the Sched's lock.
+// succeeded on the router's verdict (it looks at msg.Acked and msg.Nacked
+// every millisecond while such leases wait), and sends again the marks and
+// releases that failed. A handler that returns within its heartbeat
+// interval costs it a heap push and a removal, and a place on the watch
+// list until the verdict. The fields of msgCall marked "the keeper's"
+// change under the Sched's lock.
 type keeper struct {
 	ib *Inbox
 	s  *sched.Sched[*msgCall]
@@ -38,8 +39,8 @@ func (k *keeper) hold(m *msgCall) {
 	k.s.Unlock()
 }
 
-// await keeps m, whose handler returned messages, until the router's
-// verdict (verdicts). The heartbeat goes on meanwhile.
+// await keeps m, whose handler succeeded, until the router's verdict
+// (verdicts). The heartbeat goes on meanwhile.
 func (k *keeper) await(m *msgCall) {
 	k.s.Lock()
 	k.s.WatchLocked(m)
@@ -91,8 +92,8 @@ func (k *keeper) close(abandon bool) {
 	}
 }
 
-// verdicts settles the leases whose handler returned messages once the
-// router acked (the mark) or nacked (a release) their message.
+// verdicts settles the leases whose handler succeeded once the router
+// acked (the mark) or nacked (a release) their message.
 func (k *keeper) verdicts(ms []*msgCall) {
 	for _, m := range ms {
 		select {

@@ -26,8 +26,9 @@ import (
 // handle picks the flow by the kind of store: handleLeased (an
 // inbox.LeaseStore), handleTx (a TxStore) or handlePlain. No goroutine and
 // no timer is started for a message: while the handler runs, the Inbox's
-// keeper (keeper.go) renews its lease; after it, the mark is handed to the
-// store without waiting (send), and its answer comes back to settled.
+// keeper (keeper.go) renews its lease; once the router acked the message,
+// the keeper hands the mark to the store without waiting (send), and its
+// answer comes back to settled.
 
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
@@ -533,11 +534,12 @@ func (m *msgCall) hold(claim inbox.Claim, opts inbox.BeginOptions, sent time.Tim
 var errHandlerReturned = errors.New("inbox: handler returned")
 
 // run executes the handler under the lease, which the keeper renews while
-// the handler runs. A handler that succeeded is marked at once when it
-// returned no message; one that returned messages, when the router acked
-// them (the keeper watches for the verdict: a failed publish nacks, and
-// the handler must run again). A handler that failed ends its attempt
-// before run returns.
+// the handler runs. A handler that succeeded is marked once the router
+// acked its message (the keeper watches for the verdict: a failed publish
+// of the messages it returned, or a middleware outside the inbox that
+// turned the success into an error, nacks, and the handler must run
+// again), or at once when the message was acked already (InstantAck). A
+// handler that failed ends its attempt before run returns.
 func (m *msgCall) run() ([]*message.Message, error) {
 	var hctx context.Context
 	hctx, m.cancel = context.WithCancelCause(m.msg.Context())
@@ -547,7 +549,7 @@ func (m *msgCall) run() ([]*message.Message, error) {
 	switch {
 	case err != nil:
 		return m.failed(out, err)
-	case len(out) > 0 && !acked(m.msg):
+	case !acked(m.msg):
 		// The handler's context stays live until the router acks or
 		// nacks: the messages it returned may be published with it.
 		m.ib.keep.await(m)
@@ -735,9 +737,9 @@ func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error 
 // ---- The plain flow (an inbox.Store without leases) -----------------------
 
 // handlePlain is the ADR's flow: IsProcessed, run, MarkProcessed as the
-// leased flow marks (at once, or once the router acked a message whose
-// handler returned messages). Two concurrent deliveries of one message can
-// both pass IsProcessed and both run the handler.
+// leased flow marks (once the router acked the message). Two concurrent
+// deliveries of one message can both pass IsProcessed and both run the
+// handler.
 func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	ib := m.ib
 	var done bool
@@ -760,7 +762,7 @@ func (m *msgCall) handlePlain() ([]*message.Message, error) {
 	}
 	m.base, m.cancel, m.deadline = context.WithoutCancel(m.msg.Context()), func(error) {}, time.Now().Add(ib.cfg.Lease)
 	ib.pending.Add(1) // until the mark is done
-	if len(out) > 0 && !acked(m.msg) {
+	if !acked(m.msg) {
 		ib.keep.await(m)
 	} else {
 		m.settleLease(driver.Mark, "")

@@ -19,9 +19,9 @@ import (
 const startsBound = 20
 
 // The success path starts no goroutine and no timer per message: the
-// counts over 10,000 messages, with a handler that returns nothing (marked
-// at once) and one that returns a message (marked once the router acked
-// it), stay under a constant. (Before the keeper, each message started a
+// counts over 10,000 messages, with a handler that returns nothing and one
+// that returns a message (each marked once the router acked it), stay under
+// a constant. (Before the keeper, each message started a
 // goroutine and a timer for its lease, and a timer for each store call.)
 func TestInbox_success_path_starts_no_goroutine_or_timer_per_message(t *testing.T) {
 	// Not parallel: the counts are the whole process's.

@@ -17,9 +17,9 @@ import (
 
 // Entry is what a Sched keeps of an item: embed it in the item's type.
 type Entry struct {
-	due     time.Time
-	idx     int // index in the heap + 1; 0 when not in it
-	watched bool
+	due  time.Time
+	idx  int // index in the heap + 1; 0 when not in it
+	widx int // index in the watch list + 1; 0 when not watched
 }
 
 // Sched keeps items of type T (pointers that embed an Entry).
@@ -79,21 +79,24 @@ func (s *Sched[T]) UnscheduleLocked(t T) {
 	if e.idx > 0 {
 		heap.Remove(&s.items, e.idx-1)
 	}
-	if e.watched {
-		e.watched = false
-		for i, w := range s.watch {
-			if w.entry() == e {
-				s.watch = append(s.watch[:i], s.watch[i+1:]...)
-				break
-			}
-		}
+	if i := e.widx - 1; i >= 0 { // the last one takes its place
+		last := len(s.watch) - 1
+		s.watch[i] = s.watch[last]
+		s.watch[i].entry().widx = i + 1
+		var zero T
+		s.watch[last] = zero
+		s.watch = s.watch[:last]
+		e.widx = 0
 	}
 }
 
 // WatchLocked adds t to the watch list. Call with the lock held.
 func (s *Sched[T]) WatchLocked(t T) {
-	t.entry().watched = true
+	if t.entry().widx > 0 {
+		return
+	}
 	s.watch = append(s.watch, t)
+	t.entry().widx = len(s.watch)
 	s.wake(time.Now().Add(s.poll))
 }
 
@@ -112,7 +115,7 @@ func (s *Sched[T]) Stop() (scheduled, watched []T) {
 		scheduled = append(scheduled, heap.Pop(&s.items).(T))
 	}
 	for _, w := range s.watch {
-		w.entry().watched = false
+		w.entry().widx = 0
 	}
 	watched, s.watch = s.watch, nil
 	return scheduled, watched

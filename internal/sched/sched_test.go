@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -114,5 +115,36 @@ func TestSched_watch_and_stop(t *testing.T) {
 	s.Unlock()
 	if !refused {
 		t.Fatal("AtLocked after Stop did not refuse")
+	}
+}
+
+// The watch list keeps each item once, and an item unscheduled from any
+// place of it leaves the others watched.
+func TestSched_watch_list_removal(t *testing.T) {
+	t.Parallel()
+	r := newRecorder()
+	s := New(time.Hour, r.onDue, r.onPoll)
+	a, b, c, d := &item{name: "a"}, &item{name: "b"}, &item{name: "c"}, &item{name: "d"}
+	s.Lock()
+	for _, it := range []*item{a, b, c, a, d} {
+		s.WatchLocked(it)
+	}
+	s.UnscheduleLocked(b) // from the middle
+	s.UnscheduleLocked(d) // the last
+	s.UnscheduleLocked(b) // again: nothing
+	s.Unlock()
+	_, watched := s.Stop()
+	var names []string
+	for _, w := range watched {
+		names = append(names, w.name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"a", "c"}) {
+		t.Fatalf("watched after removals: %v, want [a c]", names)
+	}
+	for _, it := range []*item{a, b, c, d} {
+		if it.widx != 0 {
+			t.Errorf("%s still marked watched after Stop", it.name)
+		}
 	}
 }
