@@ -69,9 +69,7 @@ type floor struct {
 	// counter counts the round trips as a driver.Store counts its own.
 	counter driver.BatchCounter
 
-	pending   sync.WaitGroup // marks not yet written
-	markFails atomic.Int64
-	firstFail atomic.Pointer[error]
+	tally markTally
 }
 
 func newFloor(name string, marks, fenced bool, bounds batch.Options, apply floorApply) *floor {
@@ -106,7 +104,7 @@ func (f *floor) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil || !f.marks {
 			return out, err
 		}
-		f.pending.Add(1)
+		f.tally.pending.Add(1)
 		go f.markAfterAck(msg, op.lease)
 		return out, nil
 	}
@@ -115,7 +113,7 @@ func (f *floor) middleware(h message.HandlerFunc) message.HandlerFunc {
 // markAfterAck marks msg's id once the router acked msg (nothing if it
 // nacked it), as the inbox does, bounded by the inbox's store timeout.
 func (f *floor) markAfterAck(msg *message.Message, lease string) {
-	defer f.pending.Done()
+	defer f.tally.pending.Done()
 	select {
 	case <-msg.Acked():
 	case <-msg.Nacked():
@@ -124,29 +122,44 @@ func (f *floor) markAfterAck(msg *message.Message, lease string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), inboxmw.DefaultStoreTimeout)
 	defer cancel()
 	if _, err := f.b.Do(ctx, floorOp{id: msg.UUID, lease: lease, mark: true}); err != nil {
-		if f.markFails.Add(1) == 1 {
-			err = fmt.Errorf("mark of %s: %w", msg.UUID, err)
-			f.firstFail.Store(&err)
-		}
+		f.tally.failed(fmt.Errorf("mark of %s: %w", msg.UUID, err))
 	}
 }
 
 // drain waits until every mark of the messages handled so far is written
 // (the variant's close, after the router stopped), and fails if some
 // could not be: a trial whose marks failed measured less than the work.
-func (f *floor) drain(ctx context.Context) error {
+func (f *floor) drain(ctx context.Context) error { return f.tally.drain(ctx, f.name) }
+
+// markTally counts the marks of a floor (or of store-redis) still in
+// flight and those that failed, for its drain.
+type markTally struct {
+	pending   sync.WaitGroup // marks not yet written
+	fails     atomic.Int64
+	firstFail atomic.Pointer[error]
+}
+
+// failed records a mark that failed with err.
+func (t *markTally) failed(err error) {
+	if t.fails.Add(1) == 1 {
+		t.firstFail.Store(&err)
+	}
+}
+
+// drain waits for the marks in flight, for at most 30 s, and fails if some
+// could not be written; name is the variant's.
+func (t *markTally) drain(ctx context.Context, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { f.pending.Wait(); close(done) }()
+	go func() { t.pending.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return fmt.Errorf("%s: marks still pending: %w", f.name, ctx.Err())
+		return fmt.Errorf("%s: marks still pending: %w", name, ctx.Err())
 	}
-	if n := f.markFails.Swap(0); n > 0 {
-		first := f.firstFail.Swap(nil)
-		return fmt.Errorf("%s: %d marks failed, the first: %w", f.name, n, *first)
+	if n := t.fails.Swap(0); n > 0 {
+		return fmt.Errorf("%s: %d marks failed, the first: %w", name, n, *t.firstFail.Swap(nil))
 	}
 	return nil
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -13,7 +11,7 @@ import (
 	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
-// storeFloor is store-redis (not in the default variants): the inbox's own
+// storeFloor is store-redis: the inbox's own
 // Redis store under the floors' shallow middleware. It claims each message
 // (the store's TryBegin with a lease id, as the inbox does) before the
 // handler and, once the router acked the message, marks it with the
@@ -25,12 +23,10 @@ import (
 // arguments), between it and inbox-redis what the middleware's own path
 // costs.
 type storeFloor struct {
-	s         *driver.Store
-	prefix    string // the key before the message UUID
-	owner     string // as the middleware's default
-	pending   sync.WaitGroup
-	markFails atomic.Int64
-	firstFail atomic.Pointer[error]
+	s      *driver.Store
+	prefix string // the key before the message UUID
+	owner  string // as the middleware's default
+	tally  markTally
 }
 
 func (f *storeFloor) middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -48,7 +44,7 @@ func (f *storeFloor) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return out, err
 		}
-		f.pending.Add(1)
+		f.tally.pending.Add(1)
 		go f.markAfterAck(msg, driver.Op{Kind: driver.Complete, Key: key, LeaseID: c.LeaseID, Owner: f.owner, Lease: c.Lease, ExpiresAt: c.ExpiresAt})
 		return out, nil
 	}
@@ -60,32 +56,19 @@ func (f *storeFloor) markAfterAck(msg *message.Message, op driver.Op) {
 	select {
 	case <-msg.Acked():
 	case <-msg.Nacked():
-		f.pending.Done()
+		f.tally.pending.Done()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), inboxmw.DefaultStoreTimeout)
 	f.s.Go(ctx, op, func(_ inbox.Claim, err error) {
 		cancel()
-		if err != nil && f.markFails.Add(1) == 1 {
-			err = fmt.Errorf("mark of %s: %w", op.Key, err)
-			f.firstFail.Store(&err)
+		if err != nil {
+			f.tally.failed(fmt.Errorf("mark of %s: %w", op.Key, err))
 		}
-		f.pending.Done()
+		f.tally.pending.Done()
 	})
 }
 
 // drain waits for the marks of the messages handled so far, as
 // floor.drain does.
-func (f *storeFloor) drain(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { f.pending.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("store-redis: marks still pending: %w", ctx.Err())
-	}
-	if n := f.markFails.Swap(0); n > 0 {
-		return fmt.Errorf("store-redis: %d marks failed, the first: %w", n, *f.firstFail.Swap(nil))
-	}
-	return nil
-}
+func (f *storeFloor) drain(ctx context.Context) error { return f.tally.drain(ctx, "store-redis") }
