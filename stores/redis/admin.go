@@ -154,8 +154,9 @@ func (d *rdb) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage,
 }
 
 // smallest keeps the smallest distinct strings it is given, at most
-// maxKeys of them and maxBytes of their bytes: a max-heap, and the set of
-// its strings. Once it has left a string out (left), it keeps only those
+// maxKeys of them and maxBytes of their bytes, and always the smallest one,
+// even longer than maxBytes, so that a page moves on: a max-heap, and the
+// set of its strings. Once it has left a string out (left), it keeps only those
 // smaller than every string it left out (ceil), so that what it keeps is
 // always every string given up to its largest.
 type smallest struct {
@@ -182,7 +183,7 @@ func (s *smallest) add(k string) {
 		s.heap[p], s.heap[i] = s.heap[i], s.heap[p]
 		i = p
 	}
-	for len(s.heap) > s.maxKeys || s.bytes > s.maxBytes {
+	for len(s.heap) > s.maxKeys || (s.bytes > s.maxBytes && len(s.heap) > 1) {
 		s.left, s.ceil = true, s.heap[0]
 		s.pop()
 	}

@@ -37,4 +37,13 @@ func TestSmallest_keeps_the_smallest_within_its_bounds(t *testing.T) {
 			t.Errorf("%+v: kept %q (left out some: %v), want %q (of %d)", tc, got, s.left, want, len(all))
 		}
 	}
+	// The smallest string stays even when it alone is over the bytes, so
+	// that List's page moves on (its Next is the largest kept).
+	s := smallest{maxKeys: 3, maxBytes: 2, set: map[string]struct{}{}}
+	for _, k := range []string{"cccc", "bbbb", "d", "aaaa"} {
+		s.add(k)
+	}
+	if got := s.sorted(); !slices.Equal(got, []string{"aaaa"}) || !s.left {
+		t.Errorf("over the bytes: kept %q (left out some: %v), want [aaaa] and some left out", got, s.left)
+	}
 }
