@@ -156,9 +156,9 @@ func (d *rdb) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage,
 // smallest keeps the smallest distinct strings it is given, at most
 // maxKeys of them and maxBytes of their bytes, and always the smallest one,
 // even longer than maxBytes, so that a page moves on: a max-heap, and the
-// set of its strings. Once it has left a string out (left), it keeps only those
-// smaller than every string it left out (ceil), so that what it keeps is
-// always every string given up to its largest.
+// set of its strings. Once it has left a string out (left), it keeps only
+// those smaller than every string it left out (ceil), so that what it keeps
+// is always every string given up to its largest.
 type smallest struct {
 	maxKeys, maxBytes int
 	heap              []string
