@@ -226,6 +226,29 @@ func TestTargets_not_run(t *testing.T) {
 	}
 }
 
+// TestReport_repetitions: the report's header gives the failures section's
+// own count of repetitions when it differs from -reps.
+func TestReport_repetitions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		reps, failuresReps int
+		want               string
+	}{
+		{7, 0, "7 repetitions"},
+		{7, 7, "7 repetitions"},
+		{7, 5, "7 repetitions (5 repetitions in the failures section, -failures-reps)"},
+		{1, 3, "1 repetition (3 repetitions in the failures section, -failures-reps)"},
+	} {
+		rep := &report{opts: options{reps: tc.reps}}
+		if tc.failuresReps > 0 {
+			rep.failures = &failuresResults{reps: tc.failuresReps}
+		}
+		if got := rep.repetitions(); got != tc.want {
+			t.Errorf("reps %d, failures reps %d: %q, want %q", tc.reps, tc.failuresReps, got, tc.want)
+		}
+	}
+}
+
 func TestParseFlags_rejects_bad_values(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{

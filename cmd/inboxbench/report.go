@@ -133,6 +133,16 @@ func describeMachine(ctx context.Context, o options) []string {
 	return out
 }
 
+// repetitions says over how many repetitions the figures are medians: the
+// failures section has its own count (-failures-reps).
+func (r *report) repetitions() string {
+	reps := repetitions(r.opts.reps)
+	if r.failures != nil && r.failures.reps != r.opts.reps {
+		reps += fmt.Sprintf(" (%s in the failures section, -failures-reps)", repetitions(r.failures.reps))
+	}
+	return reps
+}
+
 func (r *report) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -143,7 +153,7 @@ func (r *report) markdown() string {
 		p("- %s\n", m)
 	}
 	p("\nCommand: `inboxbench %s`\n\n", strings.Join(redactArgs(r.opts.args), " "))
-	p("Every figure is the median over %s; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", repetitions(r.opts.reps))
+	p("Every figure is the median over %s; each repetition runs every variant once, in an order rotated from one repetition to the next. Ratios are taken within a repetition (against the baseline run in the same repetition), then their median is given, with the range over repetitions in brackets.\n\n", r.repetitions())
 	if r.router != nil {
 		r.router.markdown(&b)
 	}
