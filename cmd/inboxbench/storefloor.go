@@ -16,11 +16,11 @@ import (
 // lease id, as the inbox does) before the handler and, once the router
 // acked the message, marks it with the Complete that the middleware sends
 // (through the store's Go, carrying what the claim wrote), as
-// floor2f-redis marks in a goroutine that waits for the ack. It has no key building, lease keeping, handler context,
-// metrics or logs: between floor2f-redis and it lies what the store's
-// record and claim cost (the record's fields, PEXPIRETIME, the mark's
-// arguments), between it and inbox-redis what the middleware's own path
-// costs.
+// floor2f-redis marks in a goroutine that waits for the ack. It has no key
+// building, lease keeping, handler context, metrics or logs: between
+// floor2f-redis and it lies what the store's record and claim cost (the
+// record's fields, PEXPIRETIME, the mark's arguments), between it and
+// inbox-redis what the middleware's own path costs.
 type storeFloor struct {
 	s      *driver.Store
 	prefix string // the key before the message UUID
