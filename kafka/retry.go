@@ -68,7 +68,7 @@ type RetryConfig struct {
 	// setup. A partition delivers its due copies concurrently
 	// (Concurrency), while each partition costs the retry consumers fetch
 	// work and goroutines whether it holds copies or not, so one is the
-	// default (BENCHMARKS.md measures it, issue 31). A partition is read by
+	// default (BENCHMARKS.md measures it). A partition is read by
 	// one member of the retry consumer group at a time: more partitions
 	// spread one delay's copies over more consumers. An existing retry
 	// topic keeps its partitions. Default [DefaultPartitions].

@@ -25,7 +25,7 @@ import (
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 )
 
-// The failures section (issue 21): the inbox on Redis with its broker's
+// The failures section: the inbox on Redis with its broker's
 // redelivery (inboxmw.Config.Redelivery: RabbitMQ delay queues, Kafka
 // retry topics), on RabbitMQ with failuresRabbitConsumers competing
 // consumers and on Kafka with failuresKafkaPartitions partitions, with
@@ -34,7 +34,7 @@ import (
 // attempt with that probability: firstFailures), and that do so with as
 // many always-failing (poison) keys as consumers besides; and, at a size
 // of its own, the same random failures without Redelivery (the
-// in-process wait of before issue 21) against a failure-free trial of
+// backoff waited out in the consumer) against a failure-free trial of
 // that size.
 const (
 	failuresRabbitConsumers = 4
@@ -63,7 +63,7 @@ type failureVariant struct {
 	// MaxAttempts to poisonMaxAttempts.
 	poison bool
 	// inProcess leaves Config.Redelivery unset: a failed attempt's backoff
-	// is waited out in the consumer (before issue 21). Such variants run in
+	// is waited out in the consumer. Such variants run in
 	// a group of their own, at -failures-inprocess-n.
 	inProcess bool
 	// floor runs the hand-off floor (handoff.go) instead of the inbox: no

@@ -13,7 +13,7 @@ import (
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 )
 
-// The hand-off floor of the failures section (issue 31): the broker's
+// The hand-off floor of the failures section: the broker's
 // hand-off of a failed attempt without the inbox. It runs the same router
 // and handler as the inbox's variants, with no store: when the handler
 // fails, it hands a copy of the message to the same Redeliverer the inbox

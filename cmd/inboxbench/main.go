@@ -22,13 +22,13 @@
 // that time (internal/faultproxy), for the variants that reach such a
 // store;
 //
-//  3. failures (issue 21): the inbox on Redis with the broker holding failed
+//  3. failures: the inbox on Redis with the broker holding failed
 //     attempts' backoffs (Config.Redelivery: RabbitMQ delay queues with 4
 //     consumers, Kafka retry topics with 16 partitions), with handlers that
 //     never fail, fail 10% of their attempts, and do so with a poison key
 //     per consumer (MaxAttempts 3); and the same failures waited out in the
-//     consumer (no Redelivery), at a size of its own; and the hand-off floor
-//     (issue 31), the same router and handler with no inbox and no store,
+//     consumer (no Redelivery), at a size of its own; and the hand-off
+//     floor, the same router and handler with no inbox and no store,
 //     handing every failed attempt to the same delay queues or retry topics:
 //     keys processed per second until 90% and until all were, the waits
 //     against their backoff, the dead keys' attempts, the hand-offs and
@@ -43,8 +43,8 @@
 // Each repetition runs every variant once, in an order rotated from one
 // repetition to the next; ratios are taken within a repetition, then the
 // median over repetitions is reported. The load average is printed at the
-// start and the end. The report ends with the targets table of issues 14,
-// 21, 24 and 31 (and the guards of issue 13), which -benchmarks-md also writes
+// start and the end. The report ends with the targets table (and the
+// guards of the middleware's own cost), which -benchmarks-md also writes
 // into BENCHMARKS.md, between markers, with the machine and the command.
 //
 //	go run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md

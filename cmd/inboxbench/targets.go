@@ -19,8 +19,8 @@ const (
 // targetFormat is how the targets table prints a value.
 const targetFormat = "%.2f"
 
-// targetRTT is the store round-trip time of issue 24's targets at a
-// network distance, and -store-rtt's default beside 0.
+// targetRTT is the store round-trip time of the targets at a network
+// distance, and -store-rtt's default beside 0.
 const targetRTT = 250 * time.Microsecond
 
 // A targetRow is one line of the targets table: a ratio (or a cost) taken
@@ -32,7 +32,7 @@ type targetRow struct {
 	target string    // "≥ 2.0"; empty for a figure reported without a target
 	ok     func(median float64) bool
 	// retired, for a target no longer pursued, is the verdict shown
-	// instead of met or not met ("retired (issue 24)"); targetNotes says
+	// instead of met or not met ("retired"); targetNotes says
 	// why. The figure is still given.
 	retired string
 	// total, for a counter (violations), judges and shows the sum of the
@@ -90,8 +90,8 @@ func where(broker string, consumers int, rtt time.Duration) string {
 	return fmt.Sprintf("%s, %d %s%s", name, consumers, unit, distance(rtt))
 }
 
-// targets are the rows of the targets table of issues 14, 21, 24, 29 and
-// 31, and issue 13's guards, from the results of this run.
+// targets are the rows of the targets table, and the guards of the
+// middleware's own cost, from the results of this run.
 func (rep *report) targets() []targetRow {
 	r := rep.router
 	tp := func(broker string, consumers int, rtt time.Duration, a, b string) []float64 {
@@ -110,7 +110,7 @@ func (rep *report) targets() []targetRow {
 		{what: "Kafka, 1 partition: inbox-redis ÷ floor-redis", values: tp("kafka", 1, 0, "inbox-redis", "floor-redis"), target: "≥ 0.9", ok: atLeast(0.9), retired: replaced},
 		{what: "Kafka, 16 partitions: inbox-redis ÷ floor-redis", values: tp("kafka", 16, 0, "inbox-redis", "floor-redis"), target: "≥ 0.9", ok: atLeast(0.9), retired: replaced},
 	}
-	// Issue 29: the success path at the floors' cost, on Kafka, where the
+	// The success path at the floors' cost, on Kafka, where the
 	// inbox's own work shows (RabbitMQ is limited by the broker).
 	rows = append(rows,
 		targetRow{what: "Kafka, 16 partitions (issue 29): inbox-redis ÷ floor2-redis", values: tp("kafka", 16, 0, "inbox-redis", "floor2-redis"), target: "≥ 0.8", ok: atLeast(0.8)},
@@ -136,7 +136,7 @@ func (rep *report) targets() []targetRow {
 		targetRow{what: "Redis server CPU per message, Kafka, 16 partitions (issue 29): floor2f-redis ÷ deduplicator-redis",
 			values: r.pairRatios("kafka", 16, 0, "floor2f-redis", "deduplicator-redis", redisCPU)},
 	)
-	// Issue 24: each store against its two-write floor, on loopback and at
+	// Each store against its two-write floor, on loopback and at
 	// a network distance; at that distance, the inbox on Redis against the
 	// Deduplicator over Redis.
 	concurrencies := []struct {
@@ -173,11 +173,11 @@ func (rep *report) targets() []targetRow {
 	return rows
 }
 
-// failureTargets are issue 21's rows: on RabbitMQ with 4 consumers and
+// failureTargets are the failures section's rows: on RabbitMQ with 4 consumers and
 // Kafka with 16 partitions, the throughput with failures ÷ without (keys
 // processed per second until 90% were, with a target; until all were, in
 // the first pass, and the in-process wait's, without), and the violations
-// of the dead keys and of the waits; and issue 31's: the inbox's ratio with
+// of the dead keys and of the waits; and the inbox's ratio with
 // failures-10% relative to the hand-off floor's (with a target), and the
 // floor's own (without).
 func (rep *report) failureTargets() []targetRow {
@@ -193,7 +193,7 @@ func (rep *report) failureTargets() []targetRow {
 			rows = append(rows, targetRow{what: at + "keys processed per second until 90% were processed, " + v + " ÷ " + failuresBaseline,
 				values: f.pairRatios(c.broker, false, v, rate90), target: "≥ 0.8", ok: atLeast(0.8)})
 		}
-		// Issue 31: the same ratio against the broker's hand-off alone.
+		// The same ratio against the broker's hand-off alone.
 		rows = append(rows,
 			targetRow{what: at + "keys processed per second until 90% were processed, failures-10% ÷ " + failuresBaseline + ", relative to the hand-off floor (÷ its floor-failures-10% ÷ " + floorBaseline + ", issue 31)",
 				values: f.relativeToFloor(c.broker, rate90), target: "≥ 0.9", ok: atLeast(0.9)},

@@ -127,7 +127,7 @@
 //
 // Besides the ADR's try-begin, mark-processed, release and GET, and the
 // extend extension, the discovery document (GET /v1/inbox) lists two
-// extensions of issue 16 (stores/remote/openapi.yaml has their exact form):
+// extensions (stores/remote/openapi.yaml has their exact form):
 //
 //   - fail: POST /v1/inbox/fail ends a failed attempt under its lease with
 //     a backoff (the key is Busy until it ends) or dead; try-begin answers

@@ -52,7 +52,7 @@ func middlewareOrder(router *message.Router, ib *inboxmw.Inbox, poisonQueue mess
 	router.AddMiddleware(
 		poisonQueue,          // outside, only with a filter (below)
 		ib.Middleware,        // the inbox
-		middleware.Recoverer, // inside: a panic becomes an error that releases the lease
+		middleware.Recoverer, // inside: a panic becomes an error, a failed attempt (Fail)
 		middleware.Retry{MaxRetries: 3}.Middleware, // inside: in-process retries keep the lease
 	)
 }

@@ -219,12 +219,10 @@ package redisstore
 // Why two layouts without time. Kinds 0 and 3 exist for speed only: kind 0
 // lets the claim of a new key be a native SET NX, no script; kind 3 lets
 // the Complete of a fresh record, the message's usual path, run without
-// TIME, decoding or encoding. Both were measured on 2026-11-26
-// (BENCHMARKS.md, "the record layouts that exist for speed"): writing the
-// full layout instead costs, on Kafka through cmd/inboxbench, 17 to 19
-// percent more Redis CPU per message without kind 3 (the throughput moved
-// within its noise; a target of issue 14 on that CPU has about 15 percent
-// of room), and about a quarter of the throughput and 50 to 70 percent more
+// TIME, decoding or encoding. Both were measured (BENCHMARKS.md, "Record
+// layouts for speed"): writing the full layout instead costs, on Kafka
+// through cmd/inboxbench, 17 to 19 percent more Redis CPU per message
+// without kind 3 (the throughput moved within its noise), and about a quarter of the throughput and 50 to 70 percent more
 // Redis CPU without kind 0. Both stay.
 //
 // Logical expiry. A record of the full or short layout holds its times and
@@ -237,7 +235,7 @@ package redisstore
 //
 // Layouts still read because older versions wrote them. The short layout
 // (kinds 1 and 2 without rs and ra) is what the store wrote before Fail
-// existed (issue 16). Nothing writes it now; the scripts read it as rs ""
+// existed. Nothing writes it now; the scripts read it as rs ""
 // and ra 0 and the next change rewrites it in the full layout. A short
 // record lives at most its lease + the retention after its last write, so
 // it can stop being read once every store of a deployment has run a newer

@@ -85,8 +85,11 @@ type Options struct {
 	// made from a URL are); otherwise the client's ReadTimeout and
 	// WriteTimeout apply to each attempt.
 	//
-	// The bound costs a timer per call; a call whose context already ends
-	// within Timeout adds none.
+	// The calls that are batched (see "Batched round trips") keep the
+	// bound as a value, served by one timer of the batcher for all of
+	// them; each call that is not (Get, IsProcessed, List, Forget,
+	// ForceRelease) gets a timer of its own, unless its context already
+	// ends within Timeout.
 	Timeout time.Duration
 }
 
