@@ -331,7 +331,7 @@ func getReply(v any) (inbox.Record, time.Time, error) {
 		FirstSeen:   fromMicros(first),
 		LastSeen:    fromMicros(last),
 		Owner:       owner,
-		PayloadHash: hash,
+		PayloadHash: shownHash(hash),
 		Reason:      reason,
 	}
 	switch {
