@@ -76,8 +76,9 @@
 //
 // The store's parameters are retention, lease and check (shared by every
 // store), prefix (must end with ':', so that prefix=app cannot reach
-// another namespace's apple:1), timeout (per call), conn_check and cluster
-// (an addr parameter implies it; a Cluster URL names no database, or 0).
+// another namespace's apple:1), timeout (per call), conn_check, cluster
+// (an addr parameter implies it; a Cluster URL names no database, or 0)
+// and allow_eviction ([Options.AllowEviction]).
 // Durations may start with days: retention=7d. master_name makes a Sentinel
 // client: the URL's host and every addr are Sentinels, and
 // route_by_latency, route_randomly and replica_only are refused with it.
@@ -97,12 +98,22 @@
 // within its timeout: a PING (connect, authenticate, select the database),
 // on a standalone client INFO cluster (a Cluster node needs cluster=true),
 // the Get script and the fast claim's SET XX and PEXPIRETIME on one key
-// under the prefix, writing nothing live. A mistake of configuration wraps
+// under the prefix, writing nothing live, then CONFIG GET maxmemory-policy
+// (on every master of a Cluster): a policy other than noeviction can evict
+// the store's keys when the server runs out of memory (every record has a
+// TTL, so the volatile-* policies too), and a processed key evicted is a
+// message that runs again, so Open refuses it, wrapping
+// [ErrEvictionPolicy], unless the URL says allow_eviction=true. A server
+// that refuses CONFIG GET (an ACL, a renamed command) gets one warning
+// ([SetLogger]) and opens. [Store.ServerMemory] reports the keys the
+// server evicted and its memory headroom, which package inboxmetrics
+// exports. A mistake of configuration wraps
 // [stores.ErrMisconfigured] and [inbox.ErrStoreUnavailable] and says what to
 // fix, for example:
 //
 //	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS ...)
 //	redis store: 127.0.0.1:7000 is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)
+//	redis store: 127.0.0.1:6379 has maxmemory-policy volatile-lru, which can evict the store's keys ...
 //
 // A server that does not answer wraps [inbox.ErrStoreUnavailable] only.
 // check=false sends nothing at Open. [New] takes the caller's client as it
