@@ -284,3 +284,9 @@ package redisstore
 // lease + the retention after its last write, so they can stop being read
 // once every store of a deployment has run a newer version for that long.
 // A kind-4 record is never short.
+//
+// Upgrading. The previous version's scripts do not read kinds 5 and 6:
+// while both versions run on one prefix, its calls on a key that the new
+// version processed or killed fail with ErrStoreUnavailable (the
+// middleware nacks the message, which is retried), never with a wrong
+// answer. Upgrade every consumer of a prefix together.

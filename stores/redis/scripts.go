@@ -9,8 +9,8 @@ import "github.com/redis/go-redis/v9"
 
 // clock is the common prelude of the scripts: now in microseconds (Lua
 // converts TIME's strings itself, cheaper than calls of tonumber), the key,
-// and the scripts' side of the record codec: decode, load, save and
-// compact.
+// and the scripts' side of the record codec: hash, fp, decode, load, save,
+// processed and dead.
 //
 // decode returns the values of a record's bytes v, in any layout, or
 // nothing when v is not a record: kind and the values of its layout (a
@@ -23,6 +23,10 @@ import "github.com/redis/go-redis/v9"
 // NUL and its lease fingerprint (fp). A payload hash of an older record
 // that is 64 lowercase hex digits reads in its compact form (hash). A
 // value that is not a record is an error reply naming it.
+//
+// hash returns a payload hash in its compact form, fp the fingerprint of a
+// lease id ("Record layouts" in doc.go; compactHash and fingerprint in
+// record.go are the client's).
 //
 // save writes a record of kind 1 in the full layout, with a physical TTL
 // one millisecond past ex. Numbers handed to redis.call are formatted with
@@ -71,7 +75,7 @@ local function load()
     return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
   end
   if kind == 5 or kind == 6 then
-    -- id is at, ow fs, ph the time from fs to the last change, x ph
+    -- kind 5: at fs d ph fp; kind 6: at fs d ph ow rs
     local e = redis.call('PEXPIRETIME', k)
     if e < 0 then return nil end
     if kind == 5 then
