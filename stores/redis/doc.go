@@ -107,9 +107,8 @@
 // that refuses CONFIG GET (an ACL, a renamed command) gets one warning
 // ([SetLogger]) and opens. [Store.ServerMemory] reports the keys the
 // server evicted and its memory headroom, which package inboxmetrics
-// exports. A mistake of configuration wraps
-// [stores.ErrMisconfigured] and [inbox.ErrStoreUnavailable] and says what to
-// fix, for example:
+// exports. A mistake of configuration wraps [stores.ErrMisconfigured] and
+// [inbox.ErrStoreUnavailable] and says what to fix, for example:
 //
 //	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS ...)
 //	redis store: 127.0.0.1:7000 is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)
