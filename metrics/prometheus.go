@@ -54,6 +54,10 @@
 //
 //	err := inboxmetrics.RegisterStore(prometheus.DefaultRegisterer, "", store, prometheus.Labels{"store": "orders"})
 //
+// For a store whose server can evict its keys (the Redis store: a
+// [ServerMemoryStore]), RegisterStore also exports the server's evicted
+// keys and memory headroom ([RegisterServerMemory]).
+//
 // [RegisterMemoryStore] exports the memory store's record count and
 // evictions.
 package inboxmetrics
@@ -238,7 +242,8 @@ type BatchStore interface {
 // RegisterStore exports the batch sizes of s on reg:
 // <namespace>_inbox_store_batch_size (a histogram) and
 // <namespace>_inbox_store_round_trips_total (a counter); see the package
-// documentation. labels are constant labels telling stores apart (nil for
+// documentation. When s is a [ServerMemoryStore], it also calls
+// [RegisterServerMemory]. labels are constant labels telling stores apart (nil for
 // none); two stores on one registry need different ones. namespace
 // defaults to "watermill". The figures are read from s.BatchStats at each
 // scrape.
@@ -252,13 +257,17 @@ func RegisterStore(reg prometheus.Registerer, namespace string, s BatchStore, la
 	if namespace == "" {
 		namespace = "watermill"
 	}
-	return register(reg, namespace, &batchCollector{
+	err := register(reg, namespace, &batchCollector{
 		s: s,
 		size: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_batch_size"),
 			"Store calls carried by each round trip to the backend (group commit).", nil, labels),
 		trips: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_round_trips_total"),
 			"Round trips of batched store calls to the backend.", nil, labels),
 	})
+	if m, ok := s.(ServerMemoryStore); ok && err == nil {
+		err = RegisterServerMemory(reg, namespace, m, labels)
+	}
+	return err
 }
 
 // batchCollector turns a store's BatchStats into metrics at scrape time.

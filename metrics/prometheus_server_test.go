@@ -85,6 +85,13 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	if err := inboxmetrics.RegisterMemoryStore(reg, "", small, prometheus.Labels{"store": "sessions"}); err != nil {
 		t.Fatal(err)
 	}
+	// A store whose server evicts keys and has little memory left: a
+	// stand-in for the Redis store's ServerMemory (stores/redis tests the
+	// real one against a server that evicts).
+	srvMem := &serverMemory{used: 95 << 20, limit: 100 << 20}
+	if err := inboxmetrics.RegisterServerMemory(reg, "", srvMem, prometheus.Labels{"store": "orders-redis"}); err != nil {
+		t.Fatal(err)
+	}
 	app := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	t.Cleanup(app.Close)
 
@@ -234,6 +241,7 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	}
 	p.waitSeries(t, `count by (handler_name) (watermill_inbox_messages_total{outcome="dead"})`, 4)
 	p.waitSeries(t, `watermill_inbox_memory_evictions_total == 0`, 1)
+	p.waitSeries(t, `watermill_inbox_store_evicted_keys_total == 0`, 1)
 	p.waitSeries(t, `inbox_server_requests_total{endpoint="try-begin", status="Acquired"}`, 1)
 
 	// A dead key, a lost lease, a mark that fails, a stale message, a
@@ -300,6 +308,7 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	srvMem.evicted.Store(3)
 	p.twice(t, `inbox_server_requests_total{status="unauthorized"}`, func() {
 		resp, err := http.Get(inboxd.URL + "/v1/inbox/" + url.PathEscape(key("inboxd", "x")))
 		if err != nil {
@@ -999,4 +1008,14 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// serverMemory stands for the Redis store's ServerMemory.
+type serverMemory struct {
+	evicted     atomic.Int64
+	used, limit int64
+}
+
+func (s *serverMemory) ServerMemory(context.Context) (evicted, used, limit int64, err error) {
+	return s.evicted.Load(), s.used, s.limit, nil
 }

@@ -114,6 +114,12 @@ func build() *dashboard.DashboardBuilder {
 		WithPanel(panel("Store calls by result", "ops",
 			"Store calls a second by call (op) and result (ok or error).",
 			query(`sum by (op, result) (rate(watermill_inbox_store_call_duration_seconds_count{`+group+`}[$__rate_interval]))`, "{{op}} {{result}}"))).
+		WithPanel(panel("Store server: keys evicted", "ops",
+			"Keys a second the store's server (Redis) evicts to stay within its maxmemory: each processed key evicted is a message that runs again if it is delivered again (alert InboxStoreEvicting).",
+			query(`sum by (instance) (rate(watermill_inbox_store_evicted_keys_total[$__rate_interval]))`, "{{instance}}"))).
+		WithPanel(panel("Store server: memory headroom", "bytes",
+			"Memory the store's server (Redis) has left before its maxmemory (alert InboxStoreMemoryLow under a tenth of it).",
+			query(`min by (instance) (min_over_time(watermill_inbox_store_memory_headroom_bytes[$__rate_interval]))`, "{{instance}}"))).
 		WithRow(row("Waits and redeliveries")).
 		WithPanel(panel("Waits in the consumer", "s",
 			"Seconds waited a second, by handler and reason: on a key another consumer holds or that waits out a failed attempt's backoff (busy), or between the claims of a failing store (store_backoff). 1 s/s is one message waiting all the time.",

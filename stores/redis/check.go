@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
@@ -60,6 +62,57 @@ func (s *Store) check(ctx context.Context, u *url.URL) error {
 	}
 	if err := d.client.PExpireTime(ctx, k).Err(); err != nil {
 		return checkError(ctx, target, u, "PEXPIRETIME (Redis 7.0 or later) on keys under prefix "+fmt.Sprintf("%q", d.opts.Prefix), err)
+	}
+	return s.checkEviction(ctx, target, u)
+}
+
+// checkEviction reads the maxmemory-policy of the server (of every master
+// on Cluster) and refuses one that can evict the store's keys, unless
+// Options.AllowEviction. A server that refuses CONFIG GET (an ACL, a
+// renamed command, a managed service) gets one warning, and the store
+// opens.
+func (s *Store) checkEviction(ctx context.Context, target string, u *url.URL) error {
+	policy := func(ctx context.Context, c redis.Cmdable) (string, error) {
+		m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return "", err
+		}
+		return m["maxmemory-policy"], nil
+	}
+	var policies []string
+	var err error
+	if cc, ok := s.d.client.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			p, err := policy(ctx, n)
+			mu.Lock()
+			policies = append(policies, p)
+			mu.Unlock()
+			return err
+		})
+	} else {
+		var p string
+		p, err = policy(ctx, s.d.client)
+		policies = append(policies, p)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		warn(fmt.Sprintf("redis store: %s refused CONFIG GET maxmemory-policy: the store cannot tell whether the server evicts its keys; set maxmemory-policy noeviction on it", target),
+			watermill.LogFields{"error": err.Error()})
+		return nil
+	}
+	if err != nil {
+		return checkError(ctx, target, u, "CONFIG GET maxmemory-policy", err)
+	}
+	for _, p := range policies {
+		if p == "" {
+			warn(fmt.Sprintf("redis store: %s answered CONFIG GET maxmemory-policy with nothing: the store cannot tell whether the server evicts its keys", target), nil)
+			return nil
+		}
+		if p != "noeviction" && !s.d.opts.AllowEviction {
+			return stores.Misconfigured(fmt.Sprintf("redis store: %s has maxmemory-policy %s, which can evict the store's keys (every record has a TTL) when memory runs out, and a processed key evicted runs again: set maxmemory-policy noeviction on the server, or add allow_eviction=true to the URL to accept it", target, p),
+				fmt.Errorf("%w: %s", ErrEvictionPolicy, p))
+		}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 )
 
@@ -63,7 +64,16 @@ func readLua(t *testing.T, c *redis.Client, key string) (luaRead, error) {
 func rawFromLua(t *testing.T, v []any) redisstore.Record {
 	t.Helper()
 	kind := v[0].(int64)
-	n := map[int64]int{redisstore.KindFresh: 6, redisstore.KindCompleted: 8}[kind]
+	n := map[int64]int{redisstore.KindFresh: 6, redisstore.KindCompleted: 8, redisstore.KindCompact: 6, redisstore.KindTomb: 7}[kind]
+	if (kind == redisstore.KindCompact || kind == redisstore.KindTomb) && len(v) == n {
+		r := redisstore.Record{Kind: kind, Attempts: v[1].(int64), FirstSeen: v[2].(int64), LastSeen: v[2].(int64) + v[3].(int64), PayloadHash: v[4].(string)}
+		if kind == redisstore.KindCompact {
+			r.ID = v[5].(string)
+		} else {
+			r.Owner, r.Reason = v[5].(string), v[6].(string)
+		}
+		return r
+	}
 	if n == 0 {
 		return fullFromLua(t, v)
 	}
@@ -153,6 +163,10 @@ func TestRecordCodec_go_writes_scripts_read(t *testing.T) {
 		{"dead", redisstore.Record{Kind: redisstore.KindDead, Owner: "me", Lease: 30_000_000, Attempts: 7, FirstSeen: now - 5_000_000, LastSeen: now - 1000, Expiry: now + hour, Reason: "poison"}, 2 * time.Hour},
 		{"short released", redisstore.Record{Kind: redisstore.KindHeld, Owner: "me", PayloadHash: "h", Lease: 1000, Attempts: 3, FirstSeen: now - 2000, LastSeen: now - 1000, Expiry: now + hour, Short: true}, 2 * time.Hour},
 		{"short processed", redisstore.Record{Kind: redisstore.KindProcessed, ID: "lease-0", Lease: 1000, Attempts: 1, FirstSeen: now - 2000, LastSeen: now - 1000, Expiry: now + hour, Short: true}, 2 * time.Hour},
+		{"compact processed", redisstore.Record{Kind: redisstore.KindCompact, ID: redisstore.Fingerprint("lease-3"), PayloadHash: redisstore.CompactHash(strings.Repeat("0f", 32)), Attempts: 2, FirstSeen: now - 5_000_000, LastSeen: now - 1000}, time.Hour},
+		{"compact processed, marked", redisstore.Record{Kind: redisstore.KindCompact, FirstSeen: now - 1000, LastSeen: now - 1000}, time.Hour},
+		{"compact dead", redisstore.Record{Kind: redisstore.KindTomb, Owner: "me", PayloadHash: "opaque", Attempts: 7, FirstSeen: now - 5_000_000, LastSeen: now - 1000, Reason: strings.Repeat("r", 300)}, time.Hour},
+		{"sha-256 payload hash of an older version", redisstore.Record{Kind: redisstore.KindHeld, ID: "lease-2", Owner: "me", PayloadHash: strings.Repeat("0f", 32), Until: now + 30_000_000, Lease: 30_000_000, Attempts: 2, FirstSeen: now - 5_000_000, LastSeen: now - 1000, Expiry: now + 30_000_000 + hour}, 2 * time.Hour},
 		{"expired", redisstore.Record{Kind: redisstore.KindDead, Lease: 1, Attempts: 1, FirstSeen: now - 2000, LastSeen: now - 1000, Expiry: now - 1, Reason: "past"}, time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,19 +260,16 @@ func TestRecordCodec_scripts_write_go_reads(t *testing.T) {
 		return got, b
 	}
 
-	t.Run("completed by the short way", func(t *testing.T) {
+	t.Run("completed knowing its claim", func(t *testing.T) {
 		cl := claim(t, "completed", "lease-1", inbox.Acquired)
-		e, err := c.PExpireTime(ctx, prefix+"completed").Result()
-		ok(t, "PEXPIRETIME", err)
-		ok(t, "Complete", s.Complete(ctx, "completed", "lease-1"))
+		_, errs, err := redisstore.Apply(ctx, s, []driver.Op{{Kind: driver.Complete, Key: "completed", LeaseID: "lease-1", Owner: "me", PayloadHash: "hash-1", Lease: cl.Lease, ExpiresAt: cl.ExpiresAt}})
+		ok(t, "Apply", err)
+		ok(t, "Complete", errs[0])
 		got, _ := read(t, "completed")
 		checkRecord(t, "completed record", got, redisstore.Record{
-			Kind: redisstore.KindCompleted, ID: "lease-1", Owner: "me", PayloadHash: "hash-1", Lease: leaseUS,
-			TTL: (leaseUS+retUS+999)/1000 + 1, FreshExpiry: e.Milliseconds(), TTL2: (retUS + 999) / 1000,
+			Kind: redisstore.KindCompact, ID: redisstore.Fingerprint("lease-1"), PayloadHash: "hash-1",
+			Attempts: 1, FirstSeen: cl.ExpiresAt.UnixMicro() - leaseUS, LastSeen: max(got.LastSeen, got.FirstSeen),
 		})
-		if v, _ := redisstore.ViewRecord(got, 0, 0); v.FirstSeen != cl.ExpiresAt.UnixMicro()-leaseUS {
-			t.Errorf("first seen %d µs, want the claim's acquisition %d µs", v.FirstSeen, cl.ExpiresAt.UnixMicro()-leaseUS)
-		}
 	})
 
 	// The full layout, through the life of one key.
@@ -291,8 +302,8 @@ func TestRecordCodec_scripts_write_go_reads(t *testing.T) {
 			claim(t, key, "lease-3", inbox.Acquired)
 			ok(t, "Complete", s.Complete(ctx, key, "lease-3"))
 		}, func(g redisstore.Record) redisstore.Record {
-			return redisstore.Record{Kind: redisstore.KindProcessed, ID: "lease-3", Owner: "me", PayloadHash: "hash-1", Lease: leaseUS,
-				Attempts: 3, FirstSeen: acquired, LastSeen: g.LastSeen, Expiry: g.LastSeen + retUS, Reason: strings.Repeat("boom ", 10)}
+			return redisstore.Record{Kind: redisstore.KindCompact, ID: redisstore.Fingerprint("lease-3"), PayloadHash: "hash-1",
+				Attempts: 3, FirstSeen: acquired, LastSeen: g.LastSeen}
 		}},
 	}
 	for _, st := range steps {
@@ -307,14 +318,14 @@ func TestRecordCodec_scripts_write_go_reads(t *testing.T) {
 		claim(t, "dead", "lease-1", inbox.Acquired)
 		ok(t, "Fail", s.Fail(ctx, "dead", "lease-1", inbox.FailOptions{Dead: true, Reason: "poison"}))
 		got, _ := read(t, "dead")
-		checkRecord(t, "dead record", got, redisstore.Record{Kind: redisstore.KindDead, Owner: "me", PayloadHash: "hash-1", Lease: leaseUS,
-			Attempts: 1, FirstSeen: got.FirstSeen, LastSeen: got.LastSeen, Expiry: got.LastSeen + retUS, Reason: "poison"})
+		checkRecord(t, "dead record", got, redisstore.Record{Kind: redisstore.KindTomb, Owner: "me", PayloadHash: "hash-1",
+			Attempts: 1, FirstSeen: got.FirstSeen, LastSeen: got.LastSeen, Reason: "poison"})
 	})
 
 	t.Run("marked", func(t *testing.T) {
 		ok(t, "MarkProcessed", s.MarkProcessed(ctx, "marked"))
 		got, _ := read(t, "marked")
-		checkRecord(t, "marked record", got, redisstore.Record{Kind: redisstore.KindProcessed, FirstSeen: got.LastSeen, LastSeen: got.LastSeen, Expiry: got.LastSeen + retUS})
+		checkRecord(t, "marked record", got, redisstore.Record{Kind: redisstore.KindCompact, FirstSeen: got.LastSeen, LastSeen: got.LastSeen})
 	})
 
 	// save writes integers in the smallest format that fits, which the Go
@@ -382,17 +393,23 @@ func TestRecordCodec_both_refuse(t *testing.T) {
 	with := func(r redisstore.Record, f func(*redisstore.Record)) redisstore.Record { f(&r); return r }
 	fresh := enc(redisstore.Record{Kind: redisstore.KindFresh, ID: "l", Lease: 1, TTL: 1})
 	completed := enc(redisstore.Record{Kind: redisstore.KindCompleted, ID: "l", Lease: 1, TTL: 1, FreshExpiry: 1, TTL2: 1})
+	compact := enc(redisstore.Record{Kind: redisstore.KindCompact, ID: "12345678", Attempts: 1, FirstSeen: 1, LastSeen: 1})
+	tomb := enc(redisstore.Record{Kind: redisstore.KindTomb, Owner: "o", Reason: "r", Attempts: 1, FirstSeen: 1, LastSeen: 1})
 	for _, tc := range []struct {
 		name string
 		b    []byte
 		cut  bool // cmsgpack.unpack fails
 	}{
 		{"empty", nil, false},
-		{"unknown kind", enc(with(full, func(r *redisstore.Record) { r.Kind = 5 })), false},
+		{"unknown kind", enc(with(full, func(r *redisstore.Record) { r.Kind = 7 })), false},
 		{"fresh with a value more", append(fresh[:len(fresh):len(fresh)], 1), false},
 		{"completed without ttl2", completed[:len(completed)-1], false},
 		{"full without ra", append(enc(with(full, func(r *redisstore.Record) { r.Short = true })), 0xa0), false},
 		{"full with a value more", append(enc(full), 0), false},
+		{"compact without the fingerprint", compact[:len(compact)-9], false},
+		{"compact with a value more", append(compact[:len(compact):len(compact)], 0), false},
+		{"compact dead without the reason", tomb[:len(tomb)-2], false},
+		{"compact with a string for the attempts", append([]byte{5, 0xa1, 'x'}, compact[2:]...), false},
 		{"dead in the short layout", enc(with(full, func(r *redisstore.Record) { r.Kind, r.Short = redisstore.KindDead, true })), false},
 		{"a number for the lease id", append([]byte{1, 7}, enc(full)[3:]...), false},
 		{"a string for the lease", append(enc(redisstore.Record{Kind: redisstore.KindFresh, ID: "l"})[:5], 0xa1, 'x', 1), false},

@@ -21,8 +21,21 @@ func decode(b []byte) (record, error) {
 	d.b = b
 	var r record
 	r.Kind = d.int()
-	r.ID, r.Owner, r.PayloadHash = d.str(), d.str(), d.str()
 	switch r.Kind {
+	case kindCompact, kindTomb:
+		r.Attempts, r.FirstSeen = d.int(), d.int()
+		r.LastSeen = r.FirstSeen + d.int()
+		r.PayloadHash = d.str()
+		if r.Kind == kindCompact {
+			r.ID = d.str()
+		} else {
+			r.Owner, r.Reason = d.str(), d.str()
+		}
+	default:
+		r.ID, r.Owner, r.PayloadHash = d.str(), d.str(), d.str()
+	}
+	switch r.Kind {
+	case kindCompact, kindTomb:
 	case kindFresh:
 		r.Lease, r.TTL = d.int(), d.int()
 	case kindCompleted:
@@ -51,11 +64,27 @@ func decode(b []byte) (record, error) {
 // view returns r as the scripts' load returns it, given the key's absolute
 // expiry (PEXPIRETIME, ms) and the Redis clock (TIME, µs), and whether it
 // is live: a fresh record is kind 0 in the values of the full layout, a
-// completed one kind 2, their times derived from the expiries; a record of
+// completed one and a compact processed one kind 2 (the latter's ID NUL and
+// the lease fingerprint), a compact dead one kind 4, their times derived
+// from the expiries; a payload hash in its compact form (compactHash); a record of
 // the full layout is live until its Expiry, a short one reads as Reason ""
 // and RetryAt 0. The store reads records through the scripts only: decode
 // and view are the Go reader that the tests hold against theirs.
 func (r record) view(expiryMS, nowUS int64) (record, bool) {
+	switch r.Kind {
+	case kindCompact, kindTomb:
+		if expiryMS < 0 {
+			return record{}, false
+		}
+		v := record{Kind: kindProcessed, PayloadHash: r.PayloadHash, Attempts: r.Attempts, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen, Expiry: expiryMS * 1000}
+		if r.Kind == kindTomb {
+			v.Kind, v.Owner, v.Reason = kindDead, r.Owner, r.Reason
+		} else if r.ID != "" {
+			v.ID = "\x00" + r.ID
+		}
+		return v, true
+	}
+	r.PayloadHash = compactHash(r.PayloadHash)
 	switch r.Kind {
 	case kindFresh, kindCompleted:
 		if expiryMS < 0 {

@@ -16,11 +16,14 @@
 // "inbox:"), holding its record in MessagePack; its TTL is lease +
 // retention while a lease is in flight, the end of a failed attempt's
 // backoff + retention, and the retention once it is processed, released or
-// dead. Expiry is logical, in Lua scripts that read
-// Redis's TIME, so deadlines come from the Redis clock and consumers with
-// skewed clocks agree; the TTL only cleans up. The claim of a new key is a
-// native SET NX PX (with PEXPIRETIME, one round trip), a key that exists a
-// script, in a second round trip (a claim with [inbox.BeginOptions.Retry],
+// dead. A processed key keeps its attempts, first seen, when it was
+// processed, its payload hash (a SHA-256 as its first 16 bytes, which Get
+// shows as 32 hex digits) and a fingerprint of the lease that completed
+// it: not its owner, which Get shows empty. Expiry is logical, in Lua
+// scripts that read Redis's TIME, so deadlines come from the Redis clock
+// and consumers with skewed clocks agree; the TTL only cleans up. The
+// claim of a new key is a native SET NX PX (with PEXPIRETIME, one round
+// trip), a key that exists a script, in a second round trip (a claim with [inbox.BeginOptions.Retry],
 // a copy of a failed attempt, goes to the script at once); every operation
 // touches one key, so it is atomic, on Cluster too.
 // The store owns every key under its prefix: a value it did not write there
@@ -73,8 +76,9 @@
 //
 // The store's parameters are retention, lease and check (shared by every
 // store), prefix (must end with ':', so that prefix=app cannot reach
-// another namespace's apple:1), timeout (per call), conn_check and cluster
-// (an addr parameter implies it; a Cluster URL names no database, or 0).
+// another namespace's apple:1), timeout (per call), conn_check, cluster
+// (an addr parameter implies it; a Cluster URL names no database, or 0)
+// and allow_eviction ([Options.AllowEviction]).
 // Durations may start with days: retention=7d. master_name makes a Sentinel
 // client: the URL's host and every addr are Sentinels, and
 // route_by_latency, route_randomly and replica_only are refused with it.
@@ -94,12 +98,21 @@
 // within its timeout: a PING (connect, authenticate, select the database),
 // on a standalone client INFO cluster (a Cluster node needs cluster=true),
 // the Get script and the fast claim's SET XX and PEXPIRETIME on one key
-// under the prefix, writing nothing live. A mistake of configuration wraps
-// [stores.ErrMisconfigured] and [inbox.ErrStoreUnavailable] and says what to
-// fix, for example:
+// under the prefix, writing nothing live, then CONFIG GET maxmemory-policy
+// (on every master of a Cluster): a policy other than noeviction can evict
+// the store's keys when the server runs out of memory (every record has a
+// TTL, so the volatile-* policies too), and a processed key evicted is a
+// message that runs again, so Open refuses it, wrapping
+// [ErrEvictionPolicy], unless the URL says allow_eviction=true. A server
+// that refuses CONFIG GET (an ACL, a renamed command) gets one warning
+// ([SetLogger]) and opens. [Store.ServerMemory] reports the keys the
+// server evicted and its memory headroom, which package inboxmetrics
+// exports. A mistake of configuration wraps [stores.ErrMisconfigured] and
+// [inbox.ErrStoreUnavailable] and says what to fix, for example:
 //
 //	redis store: authentication failed for user default at 127.0.0.1:6390: check the user and password in the URL (WRONGPASS ...)
 //	redis store: 127.0.0.1:7000 is a Redis Cluster node: add cluster=true to the URL (or addr=... for more seed nodes)
+//	redis store: 127.0.0.1:6379 has maxmemory-policy volatile-lru, which can evict the store's keys ...
 //
 // A server that does not answer wraps [inbox.ErrStoreUnavailable] only.
 // check=false sends nothing at Open. [New] takes the caller's client as it
@@ -133,9 +146,9 @@ package redisstore
 //
 // This is the one description of the records the store keeps. The Go side
 // of the codec is record.go (record, encode), with the tests' reader in
-// decode_test.go (decode, view); the scripts'
-// side is in scripts.go: decode, load and save in the prelude clock, and
-// the short way of Complete at the top of opsScript. codec_test.go checks,
+// decode_test.go (decode, view); the scripts' side is in scripts.go:
+// decode, load, save, processed and dead in the prelude clock, and the
+// short way of Complete at the top of opsScript. codec_test.go checks,
 // on a real Redis, that each side reads what the other writes, layout by
 // layout.
 //
@@ -146,24 +159,34 @@ package redisstore
 //
 //	kind  layout           values after the kind            written by
 //	0     fresh            id ow ph ln ttl                  the client: the fast claim (apply.go)
-//	3     completed fresh  id ow ph ln ttl E1 ttl2          opsScript's short way of Complete
 //	1     full             id ow ph lu ln at fs ls ex rs ra save: in flight, released, in a backoff
-//	2     full             the same                         save: processed
-//	4     full             the same                         save: dead
-//	1, 2  short            id ow ph lu ln at fs ls ex       nothing now (older versions did)
+//	5     compact          at fs d ph fp                    processed: Complete, MarkProcessed
+//	6     compact dead     at fs d ph ow rs                 dead: Fail
+//	3     completed fresh  id ow ph ln ttl E1 ttl2          nothing now (older versions did)
+//	2, 4  full             as kind 1                        nothing now: processed, dead
+//	1, 2  short            id ow ph lu ln at fs ls ex       nothing now
 //
 // with
 //
-//	id    lease id: of the live or expired lease; after Complete the
-//	      completing lease's; "" after Release, Fail, MarkProcessed or
-//	      ForceRelease
+//	id    lease id: of the live or expired lease; "" after Release, Fail,
+//	      MarkProcessed or ForceRelease; in kinds 2 and 3 the completing
+//	      lease's
 //	ow    owner of the latest acquisition
-//	ph    first non-empty payload hash, "" while there is none
+//	ph    first non-empty payload hash, "" while there is none, in its
+//	      compact form: one of 64 lowercase hex digits (the middleware's
+//	      SHA-256) as a NUL and its first 16 bytes, any other as it is (a
+//	      payload hash never holds a NUL). Hashes are compared in that
+//	      form; Get shows a compact one as its 32 hex digits.
 //	lu    lease deadline, 0 when released, failed, processed or dead
 //	ln    length of the current lease
 //	at    attempts (leases acquired)
 //	fs    first seen
 //	ls    last seen
+//	d     the time from fs to the Complete, MarkProcessed or Fail that
+//	      wrote the compact record: its last seen is fs + d
+//	fp    the first 8 bytes of the SHA-1 of the lease id that completed
+//	      the key ("" after MarkProcessed): a repeated Complete of that
+//	      lease succeeds, any other lease's is ErrLeaseLost
 //	ex    logical expiry of the whole record
 //	rs    reason of the latest Fail, "" when none
 //	ra    retry at: the end of the backoff of the latest Fail, 0 when
@@ -177,6 +200,17 @@ package redisstore
 // Times and durations are microseconds of the Redis clock, except ttl, E1
 // and ttl2, which are milliseconds.
 //
+// Why compact records. A key is kept for the retention once processed, so
+// what a processed key costs is what the inbox costs to run. A compact
+// record holds only what is read later: no owner, no lease id but its
+// fingerprint, no lease, no reason unless dead (a dead key keeps its owner
+// too, for the operator who looks at it), no expiry of its own, and the
+// payload hash as bytes. With a SHA-256 payload hash it is 41 to 43 bytes
+// (d up to 71 minutes), so Redis keeps it in one allocation with its
+// object (an embedded string, at most 44 bytes).
+// TestSizing_bytes_per_processed_key measures it against the floor, SET
+// key 1 PX retention.
+//
 // Encodings. Strings are MessagePack str: fixstr, str 8, str 16 or str 32,
 // the smallest that fits, from both writers. Integers are never negative:
 // the client writes positive fixint or uint 64; the scripts' cmsgpack.pack
@@ -184,26 +218,27 @@ package redisstore
 // Both decoders take any integer format, negative ones included; the Go
 // decoder refuses floats and integers beyond int64, which no writer writes
 // and the scripts would read as Lua numbers. Both refuse a record with a
-// value missing, a value more or a value of the wrong type. The short way of
-// Complete reads no value: it matches the record's bytes, the kind's byte (0
-// or 3) followed by the str header and the bytes of its lease id (a fixstr,
-// or a str 8 since lease ids are at most [inbox.MaxLeaseIDLen] bytes), and
-// writes a completed fresh record as the byte 3, the fresh record's bytes
-// after its kind and cmsgpack.pack(E1, ttl2).
+// value missing, a value more or a value of the wrong type.
 //
 // Who reads what. Every layout is read by decode, which every script runs
 // through load, and by the tests' Go decode (decode_test.go; the store reads
-// records only through the scripts). load returns each as the values of the full
-// layout: a fresh record as kind 0, a completed one as kind 2, a short one
-// with rs "" and ra 0. Every change a script makes writes the full layout
-// (save), except the short way of Complete.
+// records only through the scripts). load returns each as the values of the
+// full layout: a fresh record as kind 0, a completed or compact processed
+// one as kind 2 (a compact one's id is a NUL and fp, which holder matches
+// against the fingerprint of the caller's lease id), a compact dead one as
+// kind 4, a short one with rs "" and ra 0, a payload hash in its compact
+// form. Every change a script makes writes kind 1 (save), 5 (processed) or
+// 6 (dead); the short way of Complete writes kind 5.
 //
-// Times from PEXPIRETIME. Kinds 0 and 3 hold no time of their own: the
-// client that writes a fresh record does not know the Redis clock. Their
-// times come from the key's absolute expiry E (PEXPIRETIME, milliseconds of
-// the Redis clock, exact and the same for every reader), read by load and by
-// the fast claim's pipeline (SET key record NX PX ttl, then PEXPIRETIME key,
-// one round trip; on Cluster both go to the key's node):
+// Times from PEXPIRETIME. Kinds 0, 3, 5 and 6 hold no expiry of their own:
+// they live exactly as long as Redis holds the key, their logical expiry
+// ex the key's absolute expiry E (PEXPIRETIME, milliseconds of the Redis
+// clock, exact and the same for every reader), read by load. Kinds 5 and 6
+// are written with the retention as their TTL. The client that writes a
+// fresh record does not know the Redis clock, so kinds 0 and 3 take their
+// times from E too, as does the fast claim's pipeline (SET key record NX PX
+// ttl, then PEXPIRETIME key, one round trip; on Cluster both go to the
+// key's node):
 //
 //	fresh (kind 0):      acquired a = (E - ttl) * 1000, the time of the SET
 //	                     rounded down to the millisecond; lu = a + ln;
@@ -211,32 +246,45 @@ package redisstore
 //	completed (kind 3):  fs = (E1 - ttl) * 1000; processed at
 //	                     ls = (E - ttl2) * 1000; lu 0; at 1; ex = E * 1000
 //
-// Both live exactly as long as Redis holds the key and never hold a reason
-// or a backoff (a Fail writes the full layout). The client computes the
-// claim's ExpiresAt from the PEXPIRETIME reply as load does (acquiredAt in
-// record.go), so the claim, Busy replies and Get agree to the microsecond.
+// The client computes the claim's ExpiresAt from the PEXPIRETIME reply as
+// load does (acquiredAt in record.go), so the claim, Busy replies and Get
+// agree to the microsecond.
 //
-// Why two layouts without time. Kinds 0 and 3 exist for speed only: kind 0
-// lets the claim of a new key be a native SET NX, no script; kind 3 lets
-// the Complete of a fresh record, the message's usual path, run without
-// TIME, decoding or encoding. Both were measured (BENCHMARKS.md, "Record
-// layouts for speed"): writing the full layout instead costs, on Kafka
-// through cmd/inboxbench, 17 to 19 percent more Redis CPU per message
-// without kind 3 (the throughput moved within its noise), and about a quarter of the throughput and 50 to 70 percent more
-// Redis CPU without kind 0. Both stay.
+// The short way of Complete. Kind 0 exists for speed: the claim of a new
+// key is a native SET NX, no script. Its Complete, the message's usual
+// path, has a short way too: a Complete that knows its claim (the
+// middleware's: its lease, ExpiresAt, owner and payload hash) carries the
+// fresh record's bytes, fs and the end of the compact record (ph and fp),
+// all made by the client; when the key still holds those bytes, the script
+// writes 5, 1, fs, TIME - fs and that end (GET, TIME, SET: no decoding),
+// and when it holds a kind 5 record ending with that fp, it answers at
+// once. Both were measured (BENCHMARKS.md, "Record layouts for speed"),
+// when the short way wrote kind 3: writing the full layout instead cost,
+// on Kafka through cmd/inboxbench, 17 to 19 percent more Redis CPU per
+// message without the short way, and about a quarter of the throughput and
+// 50 to 70 percent more Redis CPU without kind 0.
 //
 // Logical expiry. A record of the full or short layout holds its times and
 // is absent once TIME reaches ex, whatever its physical TTL, which save sets
 // one millisecond past ex so that Redis never drops a record before the
 // scripts stop seeing it. ex is lu plus the retention while a lease is in
 // flight, max(now, ra) plus the retention after a Fail with a backoff, and
-// now plus the retention after any other change (Complete, Release, a dead
-// Fail, MarkProcessed, ForceRelease).
+// now plus the retention after a Release, a Fail without a backoff or a
+// ForceRelease.
 //
-// Layouts still read because older versions wrote them. The short layout
-// (kinds 1 and 2 without rs and ra) is what the store wrote before Fail
-// existed. Nothing writes it now; the scripts read it as rs ""
-// and ra 0 and the next change rewrites it in the full layout. A short
-// record lives at most its lease + the retention after its last write, so
-// it can stop being read once every store of a deployment has run a newer
-// version for that long. A kind-4 record is never short.
+// Layouts still read because older versions wrote them. Kinds 2, 3 and 4,
+// and payload hashes of 64 hex digits, are what the store wrote before the
+// compact records; testdata/layout-v1.json holds one record of each state
+// as that version wrote them, and TestUpgrade_layout_v1_reads reads them.
+// The short layout (kinds 1 and 2 without rs and ra) is what the store
+// wrote before Fail existed. Nothing writes them now; the next change
+// rewrites such a record in a current layout. A record lives at most its
+// lease + the retention after its last write, so they can stop being read
+// once every store of a deployment has run a newer version for that long.
+// A kind-4 record is never short.
+//
+// Upgrading. The previous version's scripts do not read kinds 5 and 6:
+// while both versions run on one prefix, its calls on a key that the new
+// version processed or killed fail with ErrStoreUnavailable (the
+// middleware nacks the message, which is retried), never with a wrong
+// answer. Upgrade every consumer of a prefix together.

@@ -28,7 +28,15 @@ const (
 	KindProcessed = kindProcessed
 	KindCompleted = kindCompleted
 	KindDead      = kindDead
+	KindCompact   = kindCompact
+	KindTomb      = kindTomb
 )
+
+// Fingerprint is what a compact processed record keeps of its lease id.
+func Fingerprint(leaseID string) string { return fingerprint(leaseID) }
+
+// CompactHash is the form in which the store keeps a payload hash.
+func CompactHash(h string) string { return compactHash(h) }
 
 var ErrRecord = errRecord
 

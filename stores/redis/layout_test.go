@@ -36,6 +36,12 @@ func rawRecord(t *testing.T, c *redis.Client, key string) []any {
 	if err != nil {
 		t.Fatalf("record under %s: %v", key, err)
 	}
+	switch r.Kind {
+	case redisstore.KindCompact:
+		return []any{r.Kind, r.Attempts, r.FirstSeen, r.LastSeen - r.FirstSeen, r.PayloadHash, r.ID}
+	case redisstore.KindTomb:
+		return []any{r.Kind, r.Attempts, r.FirstSeen, r.LastSeen - r.FirstSeen, r.PayloadHash, r.Owner, r.Reason}
+	}
 	v := []any{r.Kind, r.ID, r.Owner, r.PayloadHash}
 	switch r.Kind {
 	case redisstore.KindFresh:
@@ -55,6 +61,16 @@ func rawRecord(t *testing.T, c *redis.Client, key string) []any {
 func packRecord(vals ...any) []byte {
 	str := func(i int) string { return vals[i].(string) }
 	num := func(i int) int64 { return vals[i].(int64) }
+	switch k := num(0); k {
+	case redisstore.KindCompact, redisstore.KindTomb:
+		r := redisstore.Record{Kind: k, Attempts: num(1), FirstSeen: num(2), LastSeen: num(2) + num(3), PayloadHash: str(4)}
+		if k == redisstore.KindCompact {
+			r.ID = str(5)
+		} else {
+			r.Owner, r.Reason = str(5), str(6)
+		}
+		return redisstore.EncodeRecord(r)
+	}
 	r := redisstore.Record{Kind: num(0), ID: str(1), Owner: str(2), PayloadHash: str(3)}
 	switch {
 	case r.Kind == redisstore.KindFresh:
@@ -115,12 +131,12 @@ func TestStore_record_layout(t *testing.T) {
 	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
 		t.Fatal(err)
 	}
-	const retMS = int64(time.Hour / time.Millisecond)
 	got = rawRecord(t, c, prefix+"k")
-	want = []any{int64(3), "lease-1", owner, hash, time.Minute.Microseconds(), ttlMS, e.Milliseconds(), retMS}
-	if !slices.Equal(got, want) {
-		t.Fatalf("completed record = %v, want %v", got, want)
+	if len(got) != 6 || got[0] != int64(redisstore.KindCompact) || got[1] != int64(1) || got[2] != acquired || got[3].(int64) < 0 ||
+		got[4] != hash || got[5] != redisstore.Fingerprint("lease-1") {
+		t.Fatalf("processed record = %v, want [5 1 %d <µs to Complete> %q <fingerprint of lease-1>]", got, acquired, hash)
 	}
+	completed := acquired + got[3].(int64)
 	e2, err := c.PExpireTime(ctx, prefix+"k").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -128,50 +144,55 @@ func TestStore_record_layout(t *testing.T) {
 	if ttl := time.Until(time.UnixMilli(e2.Milliseconds())); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
 		t.Fatalf("TTL after Complete = %s, want about the retention (1h)", ttl)
 	}
-	completed := (e2.Milliseconds() - retMS) * 1000
 	r, err = s.Get(ctx, "k")
 	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || r.FirstSeen.UnixMicro() != acquired ||
-		r.LastSeen.UnixMicro() != completed || r.Owner != owner || r.PayloadHash != hash || !r.LeaseUntil.IsZero() {
-		t.Fatalf("Get after Complete = %+v, %v; want processed, 1 attempt, first seen %d µs, last seen %d µs", r, err, acquired, completed)
+		r.LastSeen.UnixMicro() != completed || r.Owner != "" || r.PayloadHash != hash || !r.LeaseUntil.IsZero() {
+		t.Fatalf("Get after Complete = %+v, %v; want processed, 1 attempt, first seen %d µs, last seen %d µs, no owner", r, err, acquired, completed)
 	}
 	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
 		t.Fatalf("Complete repeated by the completing lease: %v", err)
 	}
-	if !slices.Equal(rawRecord(t, c, prefix+"k"), want) {
-		t.Fatal("a repeated Complete changed the completed record")
+	if !slices.Equal(rawRecord(t, c, prefix+"k"), got) {
+		t.Fatal("a repeated Complete changed the processed record")
+	}
+	if err := s.Complete(ctx, "k", "lease-2"); !errors.Is(err, inbox.ErrLeaseLost) {
+		t.Fatalf("Complete by another lease = %v, want ErrLeaseLost", err)
 	}
 }
 
-// The scripts read a completed fresh record: Processed for a claim, lease
-// lost for another lease or for a Release; MarkProcessed rewrites it in the
-// full layout, keeping its history.
+// The scripts read a completed fresh record (kind 3, which older versions
+// wrote): Processed for a claim, lease lost for another lease or for a
+// Release; MarkProcessed rewrites it in the compact layout, keeping its
+// history.
 func TestStore_scripts_read_completed_fresh_records(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
 	ctx := context.Background()
 	prefix := testPrefix(t, c)
 	s := newStore(t, c, redisstore.Options{Prefix: prefix, Retention: time.Hour})
-	cl, err := s.TryBegin(ctx, "k", inbox.BeginOptions{LeaseID: "lease-1", Owner: "me", PayloadHash: "hash-1"})
-	if err != nil || cl.Status != inbox.Acquired {
-		t.Fatalf("TryBegin = %+v, %v", cl, err)
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the short way of Complete wrote it: the fresh record's values, its
+	// expiry and the retention, with the retention as its TTL.
+	const leaseUS, ttl, retMS = int64(30_000_000), int64(3_630_001), int64(3_600_000)
+	completed := func(key, id string) {
+		t.Helper()
+		v := packRecord(int64(3), id, "me", "hash-1", leaseUS, ttl, now.UnixMilli()-1000+ttl, retMS)
+		if err := c.Set(ctx, prefix+key, v, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	completed("k", "lease-1")
+	// A lease id of 32 bytes or more is a str 8 in the record.
+	long := strings.Repeat("L", inbox.MaxLeaseIDLen)
+	completed("long", long)
+	if err := s.Complete(ctx, "long", long); err != nil {
+		t.Fatalf("Complete repeated with a long lease id: %v", err)
 	}
 	if err := s.Complete(ctx, "k", "lease-1"); err != nil {
-		t.Fatal(err)
-	}
-	if got := rawRecord(t, c, prefix+"k"); got[0] != int64(3) {
-		t.Fatalf("record after Complete = %v, want kind 3", got)
-	}
-	// A lease id of 32 bytes or more is a str 8 in the record: the short way
-	// of Complete finds it all the same.
-	long := strings.Repeat("L", inbox.MaxLeaseIDLen)
-	if cl, err := s.TryBegin(ctx, "long", inbox.BeginOptions{LeaseID: long}); err != nil || cl.Status != inbox.Acquired {
-		t.Fatalf("TryBegin with a long lease id = %+v, %v", cl, err)
-	}
-	if err := s.Complete(ctx, "long", long); err != nil {
-		t.Fatal(err)
-	}
-	if got := rawRecord(t, c, prefix+"long"); got[0] != int64(3) || got[1] != long {
-		t.Fatalf("record after Complete with a long lease id = %v, want kind 3", got)
+		t.Fatalf("Complete repeated by the completing lease: %v", err)
 	}
 	before, err := s.Get(ctx, "k")
 	if err != nil || before.State != inbox.StateProcessed {
@@ -196,9 +217,8 @@ func TestStore_scripts_read_completed_fresh_records(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := rawRecord(t, c, prefix+"k")
-	if len(got) != 12 || got[0] != int64(2) || got[1] != "" || got[2] != "me" || got[3] != "hash-1" || got[6] != int64(1) || got[7] != before.FirstSeen.UnixMicro() ||
-		got[10] != "" || got[11] != int64(0) {
-		t.Fatalf("record after MarkProcessed = %v, want kind 2 with the owner, hash, 1 attempt, first seen %d, no reason, no backoff", got, before.FirstSeen.UnixMicro())
+	if len(got) != 6 || got[0] != int64(redisstore.KindCompact) || got[1] != int64(1) || got[2] != before.FirstSeen.UnixMicro() || got[4] != "hash-1" || got[5] != "" {
+		t.Fatalf("record after MarkProcessed = %v, want kind 5 with 1 attempt, first seen %d, the hash, no lease fingerprint", got, before.FirstSeen.UnixMicro())
 	}
 }
 
@@ -399,8 +419,8 @@ func TestStore_new_key_claim_is_native(t *testing.T) {
 // after it (the TTL to match); TryBegin answers Busy until exactly the
 // retry at, for any lease, and Get reports it. ForceRelease clears the
 // retry at; the next acquisition counts an attempt and keeps the reason.
-// Dead is kind 4, kept for the retention, and MarkProcessed makes it kind
-// 2, the reason kept as history.
+// Dead is the compact kind 6, kept for the retention, and MarkProcessed
+// makes it the compact kind 5.
 func TestStore_record_layout_fail(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
@@ -486,13 +506,24 @@ func TestStore_record_layout_fail(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = rawRecord(t, c, prefix+"k")
-	died := got[8].(int64)
-	want = []any{int64(4), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(2), acquired, died,
-		died + ret.Microseconds(), "poison", int64(0)}
-	if !slices.Equal(got, want) {
+	if len(got) != 7 {
+		t.Fatalf("dead record = %v, want 7 values", got)
+	}
+	want = []any{int64(redisstore.KindTomb), int64(2), acquired, got[3], "hash-1", "me", "poison"}
+	if !slices.Equal(got, want) || got[3].(int64) < 0 {
 		t.Fatalf("dead record = %v, want %v", got, want)
 	}
-	expiry(want[9].(int64))
+	ttl := func() time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, prefix+"k").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := ttl(); d <= ret-time.Minute || d > ret {
+		t.Fatalf("TTL of the dead record = %s, want about the retention (%s)", d, ret)
+	}
 	if d := claim("lease-4", inbox.Dead); d.Reason != "poison" || d.Attempts != 2 {
 		t.Fatalf("TryBegin of the dead key = %+v", d)
 	}
@@ -518,17 +549,18 @@ func TestStore_record_layout_fail(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = rawRecord(t, c, prefix+"k")
-	marked := got[8].(int64)
-	want = []any{int64(2), "", "me", "hash-1", int64(0), time.Minute.Microseconds(), int64(2), acquired, marked,
-		marked + ret.Microseconds(), "poison", int64(0)}
-	if !slices.Equal(got, want) {
-		t.Fatalf("record after MarkProcessed of the dead key = %v, want %v", got, want)
+	if len(got) != 6 || got[0] != int64(redisstore.KindCompact) || got[1] != int64(2) || got[2] != acquired || got[4] != "hash-1" || got[5] != "" {
+		t.Fatalf("record after MarkProcessed of the dead key = %v, want kind 5 with 2 attempts, first seen %d, the hash, no lease fingerprint", got, acquired)
+	}
+	if d := ttl(); d <= ret-time.Minute || d > ret {
+		t.Fatalf("TTL of the marked record = %s, want about the retention (%s)", d, ret)
 	}
 }
 
 // A Fail without a backoff ends the lease with no retry at: the next claim
-// acquires at once. A dead record whose logical expiry has passed is
-// absent, though Redis still holds it.
+// acquires at once. A dead record of the full layout (older versions wrote
+// it) whose logical expiry has passed is absent, though Redis still holds
+// it.
 func TestStore_record_layout_fail_without_backoff_and_dead_expiry(t *testing.T) {
 	t.Parallel()
 	c := sharedClient(t)
@@ -603,10 +635,11 @@ func TestStore_scripts_read_records_without_reason(t *testing.T) {
 }
 
 // A Complete that knows its claim (the middleware's, through Go: the
-// claim's ExpiresAt, lease, owner and payload hash) writes the completed
-// fresh record that Complete writes, and costs the server a GET and a SET:
-// no PEXPIRETIME, no TIME. One that knows it wrong, or is not the
-// holder's, goes the common way.
+// claim's ExpiresAt, lease, owner and payload hash) writes the compact
+// processed record that Complete writes, and costs the server a GET, a TIME
+// and a SET: no PEXPIRETIME. One that knows it wrong, or is not the
+// holder's, goes the common way. A payload hash of 64 hex digits is kept
+// as its first 16 bytes, and Get shows them.
 func TestStore_complete_knowing_its_claim(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Config{})
@@ -614,7 +647,7 @@ func TestStore_complete_knowing_its_claim(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
 	s := newStore(t, c, redisstore.Options{Prefix: "p:", Retention: time.Hour})
-	owner, hash := "owner-1", strings.Repeat("h", 64)
+	owner, hash := "owner-1", strings.Repeat("ab", 32)
 	claim := func(key, id string) inbox.Claim {
 		t.Helper()
 		cl, err := s.TryBegin(ctx, key, inbox.BeginOptions{LeaseID: id, Owner: owner, PayloadHash: hash, Lease: time.Minute})
@@ -632,7 +665,7 @@ func TestStore_complete_knowing_its_claim(t *testing.T) {
 	}
 	calls := func(name string) float64 { return commandStats(t, c)[name].calls }
 
-	ref := claim("ref", "lease-1")
+	claim("ref", "lease-1")
 	if err := s.Complete(ctx, "ref", "lease-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -648,15 +681,26 @@ func TestStore_complete_knowing_its_claim(t *testing.T) {
 		t.Errorf("the Complete that knows its claim sent %v SETs, want 1", d)
 	}
 	got, want := rawRecord(t, c, "p:k"), rawRecord(t, c, "p:ref")
-	// The fresh record's expiry differs by the time between the claims.
-	e := ref.ExpiresAt.Add(-time.Minute).UnixMilli() + int64((time.Hour+time.Minute)/time.Millisecond) + 1
-	if !slices.Equal(got[:6], want[:6]) || got[6] != cl.ExpiresAt.Add(-time.Minute).UnixMilli()+int64((time.Hour+time.Minute)/time.Millisecond)+1 ||
-		want[6] != e || got[7] != want[7] {
+	compact := redisstore.CompactHash(hash)
+	if len(compact) != 17 || len(got) != 6 || got[0] != int64(redisstore.KindCompact) || got[1] != int64(1) || got[2] != cl.ExpiresAt.Add(-time.Minute).UnixMicro() ||
+		got[3].(int64) < 0 || got[4] != compact || got[5] != redisstore.Fingerprint("lease-1") || !slices.Equal(got[4:], want[4:]) || want[0] != got[0] {
 		t.Fatalf("record completed knowing its claim = %v; by Complete %v", got, want)
 	}
+	if b, err := c.Get(ctx, "p:k").Bytes(); err != nil || len(b) > 44 {
+		t.Fatalf("processed record of %d bytes (%v), want at most 44 (one allocation)", len(b), err)
+	}
 	r, err := s.Get(ctx, "k")
-	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || !r.FirstSeen.Equal(cl.ExpiresAt.Add(-time.Minute)) || r.Owner != owner || r.PayloadHash != hash {
-		t.Fatalf("Get = %+v, %v", r, err)
+	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || !r.FirstSeen.Equal(cl.ExpiresAt.Add(-time.Minute)) || r.Owner != "" || r.PayloadHash != hash[:32] {
+		t.Fatalf("Get = %+v, %v; want processed, first seen at the claim, no owner, the hash's first 16 bytes", r, err)
+	}
+	if p, err := s.TryBegin(ctx, "k", inbox.BeginOptions{PayloadHash: hash}); err != nil || p.Status != inbox.Processed || p.PayloadMismatch {
+		t.Fatalf("TryBegin with the same hash = %+v, %v; want Processed, no mismatch", p, err)
+	}
+	if p, err := s.TryBegin(ctx, "k", inbox.BeginOptions{PayloadHash: hash[:32] + strings.Repeat("cd", 16)}); err != nil || p.Status != inbox.Processed || p.PayloadMismatch {
+		t.Fatalf("TryBegin with a hash of the same first 16 bytes = %+v, %v; want Processed, no mismatch", p, err)
+	}
+	if p, err := s.TryBegin(ctx, "k", inbox.BeginOptions{PayloadHash: strings.Repeat("cd", 32)}); err != nil || p.Status != inbox.Processed || !p.PayloadMismatch {
+		t.Fatalf("TryBegin with another hash = %+v, %v; want Processed with a mismatch", p, err)
 	}
 	if err := goComplete("k", "lease-1", cl); err != nil {
 		t.Fatalf("repeated: %v", err)

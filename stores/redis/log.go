@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 
@@ -40,6 +41,10 @@ func init() {
 // outage would print a line per failed dial, the flood the middleware's
 // logging avoids.
 //
+// The store's own warnings (a server that hides its maxmemory-policy from
+// the check at Open) go to l too, at info level with the field
+// level=warning; without l, to log/slog's default logger.
+//
 // SetLogger is safe to call at any time, from any goroutine.
 func SetLogger(l watermill.LoggerAdapter) {
 	if l == nil {
@@ -60,4 +65,20 @@ func (goRedisLogger) Printf(_ context.Context, format string, v ...any) {
 	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
 	msg = strings.TrimPrefix(msg, "redis: ")
 	(*l).Debug("go-redis: "+msg, watermill.LogFields{"source": "go-redis"})
+}
+
+// warn logs what the store itself warns about (at Open): at info level,
+// with the field level=warning, through the logger given to SetLogger, or,
+// when none was given, as a warning through log/slog's default logger, so
+// that it is not lost.
+func warn(msg string, fields watermill.LogFields) {
+	if l := goRedisLog.Load(); l != nil {
+		(*l).Info(msg, fields.Add(watermill.LogFields{"level": "warning"}))
+		return
+	}
+	args := make([]any, 0, 2*len(fields))
+	for k, v := range fields {
+		args = append(args, k, v)
+	}
+	slog.Warn(msg, args...)
 }

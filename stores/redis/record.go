@@ -1,6 +1,10 @@
 package redisstore
 
-import "encoding/binary"
+import (
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/hex"
+)
 
 // The Go side of the record codec: the writer (the reader the tests hold
 // against the scripts' is in decode_test.go). The layouts are described
@@ -14,6 +18,8 @@ const (
 	kindProcessed = 2
 	kindCompleted = 3 // a completed fresh record
 	kindDead      = 4
+	kindCompact   = 5 // processed, compact
+	kindTomb      = 6 // dead, compact
 )
 
 // record is the record of one inbox key: the values its bytes hold (see
@@ -34,6 +40,10 @@ type record struct {
 	Reason                                       string
 	RetryAt                                      int64
 	Short                                        bool
+
+	// Kinds 5 and 6 hold Kind, Attempts, FirstSeen, LastSeen (as the time
+	// from FirstSeen), PayloadHash, and ID (kind 5: the lease
+	// fingerprint, 8 bytes or none) or Owner and Reason (kind 6).
 
 	// Kinds 0 and 3: the physical TTL the fresh record was written with
 	// (ttl, ms); kind 3 also the fresh record's absolute expiry (E1, ms)
@@ -60,6 +70,14 @@ func (r record) encode() []byte {
 	}
 	b := make([]byte, 0, n)
 	b = appendUint(b, uint64(r.Kind))
+	switch r.Kind {
+	case kindCompact:
+		b = appendInts(b, r.Attempts, r.FirstSeen, r.LastSeen-r.FirstSeen)
+		return appendStr(appendStr(b, r.PayloadHash), r.ID)
+	case kindTomb:
+		b = appendInts(b, r.Attempts, r.FirstSeen, r.LastSeen-r.FirstSeen)
+		return appendStr(appendStr(appendStr(b, r.PayloadHash), r.Owner), r.Reason)
+	}
 	b = appendStr(b, r.ID)
 	b = appendStr(b, r.Owner)
 	b = appendStr(b, r.PayloadHash)
@@ -74,6 +92,53 @@ func (r record) encode() []byte {
 		return b
 	}
 	return appendUint(appendStr(b, r.Reason), uint64(r.RetryAt))
+}
+
+// compactTail is the end of a compact processed record (kind 5): its
+// payload hash (compact, see compactHash) and the fingerprint of the lease
+// id that completed it.
+func compactTail(hash, leaseID string) []byte {
+	b := appendStr(make([]byte, 0, 2+len(hash)+9), hash)
+	return appendStr(b, fingerprint(leaseID))
+}
+
+// fingerprint is what a compact processed record keeps of the lease id that
+// completed it: the first 8 bytes of its SHA-1 (the scripts' fp, from
+// redis.sha1hex). A repeated Complete compares it; a stale holder's lease id
+// matches it with a probability of 2^-64.
+func fingerprint(leaseID string) string {
+	sum := sha1.Sum([]byte(leaseID))
+	return string(sum[:8])
+}
+
+// compactHash is the form in which the store keeps a payload hash: one of
+// 64 lowercase hex digits (the middleware's SHA-256) becomes a NUL and its
+// first 16 bytes, which tell two payloads apart as well; any other is kept
+// as it is (a payload hash never holds a NUL). The scripts' hash does the
+// same to the hashes of records that older versions wrote.
+func compactHash(h string) string {
+	if len(h) != 64 {
+		return h
+	}
+	var b [17]byte
+	for i := range 64 {
+		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return h
+		}
+	}
+	if _, err := hex.Decode(b[1:], []byte(h[:32])); err != nil {
+		return h
+	}
+	return string(b[:])
+}
+
+// shownHash is the payload hash Get returns for one the store keeps: a
+// compact SHA-256 as its first 16 bytes in hex, any other as it is.
+func shownHash(h string) string {
+	if len(h) == 17 && h[0] == 0 {
+		return hex.EncodeToString([]byte(h[1:]))
+	}
+	return h
 }
 
 // acquiredAt is the time of the fast claim's SET, in µs, rounded down to

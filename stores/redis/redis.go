@@ -91,7 +91,21 @@ type Options struct {
 	// ForceRelease) gets a timer of its own, unless its context already
 	// ends within Timeout.
 	Timeout time.Duration
+
+	// AllowEviction accepts a server whose maxmemory-policy can evict the
+	// store's keys (any but noeviction: every record has a TTL, so the
+	// volatile-* policies evict them too). An evicted processed key is a
+	// message that runs again when it is delivered again. Without it, the
+	// check at [stores.Open] refuses such a server with an error wrapping
+	// [ErrEvictionPolicy]; the URL sets it with allow_eviction=true. [New]
+	// sends nothing, so it checks no policy. Optional; default false.
+	AllowEviction bool
 }
+
+// ErrEvictionPolicy is wrapped by the error of [stores.Open] on a server
+// whose maxmemory-policy can evict the store's keys, unless
+// [Options.AllowEviction] (allow_eviction=true) accepts it.
+var ErrEvictionPolicy = errors.New("redis store: the server's maxmemory-policy can evict the store's keys")
 
 func (o *Options) setDefaults() {
 	if o.Prefix == "" {
@@ -334,7 +348,7 @@ func getReply(v any) (inbox.Record, time.Time, error) {
 		FirstSeen:   fromMicros(first),
 		LastSeen:    fromMicros(last),
 		Owner:       owner,
-		PayloadHash: hash,
+		PayloadHash: shownHash(hash),
 		Reason:      reason,
 	}
 	switch {

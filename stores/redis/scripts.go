@@ -9,27 +9,54 @@ import "github.com/redis/go-redis/v9"
 
 // clock is the common prelude of the scripts: now in microseconds (Lua
 // converts TIME's strings itself, cheaper than calls of tonumber), the key,
-// and the scripts' side of the record codec: decode, load and save.
+// and the scripts' side of the record codec: hash, fp, decode, load, save,
+// processed and dead.
 //
 // decode returns the values of a record's bytes v, in any layout, or
-// nothing when v is not a record: kind, id, ow, ph and the values of its
-// layout (a record of ten values with rs "" and ra 0 added).
+// nothing when v is not a record: kind and the values of its layout (a
+// record of ten values with rs "" and ra 0 added).
 //
 // load returns nil when the key has no live record, else kind, id, ow, ph,
 // lu, ln, at, fs, ls, ex, rs, ra: a fresh record as kind 0, a completed one
-// as kind 2, their times derived from PEXPIRETIME. A value that is not a
-// record is an error reply naming it.
+// and a compact processed one as kind 2, a compact dead one as kind 4,
+// their expiry from PEXPIRETIME; the id of a compact processed record is
+// NUL and its lease fingerprint (fp). A payload hash of an older record
+// that is 64 lowercase hex digits reads in its compact form (hash). A
+// value that is not a record is an error reply naming it.
 //
-// save writes a record of kind 1, 2 or 4 in the full layout, with a
-// physical TTL one millisecond past ex. Numbers handed to redis.call are
-// formatted with %.17g, so the TTL is formatted here; cmsgpack.pack writes
-// integral numbers as integers.
+// hash returns a payload hash in its compact form, fp the fingerprint of a
+// lease id ("Record layouts" in doc.go; compactHash and fingerprint in
+// record.go are the client's).
+//
+// save writes a record of kind 1 in the full layout, with a physical TTL
+// one millisecond past ex. Numbers handed to redis.call are formatted with
+// %.17g, so the TTL is formatted here; cmsgpack.pack writes integral
+// numbers as integers, the smallest format that fits.
+//
+// processed and dead write the compact records (kinds 5 and 6) as of now,
+// for the retention ttl (ms, a string).
 const clock = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
+local function hash(ph)
+  if #ph == 64 and not string.find(ph, '[^0-9a-f]') then
+    return '\0' .. string.gsub(string.sub(ph, 1, 32), '..', function(x) return string.char(tonumber(x, 16)) end)
+  end
+  return ph
+end
+local function fp(lid)
+  return (string.gsub(string.sub(redis.sha1hex(lid), 1, 16), '..', function(x) return string.char(tonumber(x, 16)) end))
+end
 local function decode(v)
-  local kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra, z = cmsgpack.unpack(v)
+  local kind, a, b, c, x, y, at, fs, ls, ex, rs, ra, z = cmsgpack.unpack(v)
+  if kind == 5 or kind == 6 then
+    if type(a) ~= 'number' or type(b) ~= 'number' or type(c) ~= 'number' or type(x) ~= 'string' or type(y) ~= 'string' then return end
+    if kind == 5 and at == nil then return kind, a, b, c, x, y end
+    if kind == 6 and type(at) == 'string' and fs == nil then return kind, a, b, c, x, y, at end
+    return
+  end
+  local id, ow, ph = a, b, c
   if type(id) ~= 'string' or type(ow) ~= 'string' or type(ph) ~= 'string' or type(x) ~= 'number' or type(y) ~= 'number' then return end
   if kind == 0 then
     if at == nil then return kind, id, ow, ph, x, y end
@@ -44,6 +71,20 @@ local function load()
   local v = redis.call('GET', k)
   if not v then return nil end
   local kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra = decode(v)
+  if kind == nil then
+    return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
+  end
+  if kind == 5 or kind == 6 then
+    -- kind 5: at fs d ph fp; kind 6: at fs d ph ow rs
+    local e = redis.call('PEXPIRETIME', k)
+    if e < 0 then return nil end
+    if kind == 5 then
+      if y ~= '' then y = '\0' .. y end
+      return 2, y, '', x, 0, 0, id, ow, ow + ph, e * 1000, '', 0
+    end
+    return 4, '', y, x, 0, 0, id, ow, ow + ph, e * 1000, at, 0
+  end
+  ph = hash(ph)
   if kind == 0 or kind == 3 then
     -- x is the lease, y the TTL the fresh record was written with
     local e = redis.call('PEXPIRETIME', k)
@@ -55,14 +96,17 @@ local function load()
     -- at is the fresh record's expiry, fs the TTL of this one
     return 2, id, ow, ph, 0, x, 1, (at - y) * 1000, (e - fs) * 1000, e * 1000, '', 0
   end
-  if kind == nil then
-    return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
-  end
   if ex <= now then return nil end
   return kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra
 end
 local function save(kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra)
   redis.call('SET', k, cmsgpack.pack(kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra), 'PX', string.format('%d', math.ceil((ex - now) / 1000) + 1))
+end
+local function processed(at, fs, ph, f, ttl)
+  redis.call('SET', k, cmsgpack.pack(5, at, fs, math.max(now - fs, 0), ph, f), 'PX', ttl)
+end
+local function dead(at, fs, ph, ow, rs, ttl)
+  redis.call('SET', k, cmsgpack.pack(6, at, fs, math.max(now - fs, 0), ph, ow, rs), 'PX', ttl)
 end
 `
 
@@ -77,15 +121,15 @@ if type(kind) == 'table' then return kind end
 // MarkProcessed, alone or, when one batch carries several operations on a
 // key, all of them in one call.
 //
-// ARGV = retention (µs), retention (ms, rounded up: ttl2), then the
-// operations one after the other, each a code and its arguments:
+// ARGV = retention (µs), retention (ms, rounded up), then the operations
+// one after the other, each a code and its arguments:
 //
 //	B lease-id lease-µs owner payload-hash   TryBegin
 //	C lease-id                               Complete
 //	R lease-id                               Release
 //	F lease-id retry-after-µs dead reason    Fail (dead "1" or "0")
 //	M                                        MarkProcessed
-//	K lease-id fresh completed               Complete, knowing its claim
+//	K lease-id fresh first-seen tail         Complete, knowing its claim
 //	E lease-id lease-µs                      Extend
 //
 // Replies, one per operation (one operation: its reply; several: an array
@@ -103,44 +147,25 @@ if type(kind) == 'table' then return kind end
 //     processed (R, F, E), -4 dead.
 //   - M: 1.
 //
-// A Complete alone takes a short way first ("Record layouts" in doc.go).
-// K carries the fresh record its claim wrote and the completed fresh
-// record that replaces it, both made by the client from the claim: when
-// the key holds the first, it gets the second (GET, SET: the fenced mark
-// at its least), and when it holds the second already, it answers 1. C, or
-// a K that finds anything else, takes the common way below, except that a
-// fresh record of its lease becomes a completed fresh record (GET,
-// PEXPIRETIME, SET; no TIME) and a completed fresh record of its lease
-// answers 1 at once.
+// A K alone takes a short way first ("Record layouts" in doc.go). It
+// carries the fresh record its claim wrote, the claim's time (first seen,
+// µs) and the tail of the compact processed record that replaces it (its
+// payload hash and lease fingerprint), all made by the client from the
+// claim: when the key holds the fresh record, it gets the compact record
+// (GET, TIME, SET: the fenced mark at its least), and when it holds a
+// compact processed record that ends with this lease's fingerprint, it
+// answers 1. A C, or a K that finds anything else, takes the common way
+// below.
 var opsScript = redis.NewScript(`
-if #ARGV == 6 and ARGV[3] == 'K' then
+if #ARGV == 7 and ARGV[3] == 'K' then
   local v = redis.call('GET', KEYS[1])
   if v == ARGV[5] then
-    redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[2])
+    local t = redis.call('TIME')
+    local fs = tonumber(ARGV[6])
+    redis.call('SET', KEYS[1], '\5\1' .. cmsgpack.pack(fs, math.max(t[1] * 1000000 + t[2] - fs, 0)) .. ARGV[7], 'PX', ARGV[2])
     return 1
   end
-  if v == ARGV[6] then return 1 end
-end
-if (#ARGV == 4 and ARGV[3] == 'C') or (#ARGV == 6 and ARGV[3] == 'K') then
-  local v = redis.call('GET', KEYS[1])
-  if v then
-    local id = ARGV[4]
-    local n = #id
-    local h = string.char(217, n)
-    if n < 32 then h = string.char(160 + n) end
-    if string.sub(v, 2, 1 + #h + n) == h .. id then
-      local kind = string.byte(v)
-      if kind == 0 then
-        local e = redis.call('PEXPIRETIME', KEYS[1])
-        if e > 0 then
-          redis.call('SET', KEYS[1], '\3' .. string.sub(v, 2) .. cmsgpack.pack(e, tonumber(ARGV[2])), 'PX', ARGV[2])
-          return 1
-        end
-      elseif kind == 3 then
-        return 1
-      end
-    end
-  end
+  if v and string.byte(v) == 5 and string.sub(v, -9) == string.sub(ARGV[7], -9) then return 1 end
 end
 ` + clock + `
 local ret = tonumber(ARGV[1])
@@ -178,7 +203,7 @@ local function holder(lid)
   if type(kind) == 'table' then return kind end
   if kind == nil then return -1 end
   if kind == 4 then return -4 end
-  if id ~= lid then return -2 end
+  if id ~= lid and (string.byte(id) ~= 0 or id ~= '\0' .. fp(lid)) then return -2 end
   return kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra
 end
 
@@ -186,7 +211,7 @@ local function complete(lid)
   local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = holder(lid)
   if type(kind) ~= 'number' or kind < 0 then return kind end
   if kind == 2 then return 1 end
-  save(2, id, ow, ph, 0, ln, at, fs, now, now + ret, rs, 0)
+  processed(at, fs, ph, fp(lid), ARGV[2])
   return 1
 end
 
@@ -198,12 +223,12 @@ local function release(lid)
   return 1
 end
 
-local function fail(lid, after, dead, reason)
+local function fail(lid, after, isDead, reason)
   local kind, id, ow, ph, lu, ln, at, fs = holder(lid)
   if type(kind) ~= 'number' or kind < 0 then return kind end
   if kind == 2 then return -3 end
-  if dead == '1' then
-    save(4, '', ow, ph, 0, ln, at, fs, now, now + ret, reason, 0)
+  if isDead == '1' then
+    dead(at, fs, ph, ow, reason, ARGV[2])
   elseif after > 0 then
     save(1, '', ow, ph, 0, ln, at, fs, now, now + after + ret, reason, now + after)
   else
@@ -225,9 +250,9 @@ local function mark()
   local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = load()
   if type(kind) == 'table' then return kind end
   if kind == nil then
-    save(2, '', '', '', 0, 0, 0, now, now, now + ret, '', 0)
+    processed(0, now, '', '', ARGV[2])
   else
-    save(2, '', ow, ph, 0, ln, at, fs, now, now + ret, rs, 0)
+    processed(at, fs, ph, '', ARGV[2])
   end
   return 1
 end
@@ -244,7 +269,7 @@ while i <= #ARGV do
     i = i + 2
   elseif op == 'K' then
     r = complete(ARGV[i + 1])
-    i = i + 4
+    i = i + 5
   elseif op == 'E' then
     r = extend(ARGV[i + 1], tonumber(ARGV[i + 2]))
     i = i + 3

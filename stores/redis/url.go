@@ -48,6 +48,13 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
 		return nil, err
 	}
+	if v, ok, err := stores.PopString(q, "allow_eviction"); err != nil {
+		return nil, err
+	} else if ok {
+		if opts.AllowEviction, err = strconv.ParseBool(v); err != nil {
+			return nil, fmt.Errorf("%w: parameter allow_eviction=%q is not true or false", stores.ErrInvalidURL, v)
+		}
+	}
 	connCheck, connCheckSet := false, false
 	if v, ok, err := stores.PopString(q, "conn_check"); err != nil {
 		return nil, err
@@ -159,7 +166,7 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 // badURL wraps an error of go-redis's URL parser, which names the bad
 // parameter but never the password.
 func badURL(u *url.URL, err error) error {
-	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, check, prefix, timeout, conn_check, cluster, master_name; any other must be a go-redis option such as dial_timeout or pool_size)",
+	return fmt.Errorf("%w: %s: %v (parameters of this store: retention, lease, check, prefix, timeout, conn_check, cluster, master_name, allow_eviction; any other must be a go-redis option such as dial_timeout or pool_size)",
 		stores.ErrInvalidURL, stores.Redact(u), err)
 }
 

@@ -70,6 +70,9 @@ type Config struct {
 	// Password, when set, is required of clients (requirepass: the password
 	// of the default user).
 	Password string
+	// Args are more arguments of redis-server, after the others (for
+	// example "--maxmemory-policy", "volatile-lru").
+	Args []string
 }
 
 // Server is a redis-server process that a test started.
@@ -172,7 +175,7 @@ func (s *Server) args() ([]string, error) {
 	if s.cfg.Cluster {
 		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.Dir, "nodes.conf"))
 	}
-	return a, nil
+	return append(a, s.cfg.Args...), nil
 }
 
 // sentinelArgs writes a Sentinel's configuration file, which Sentinel
