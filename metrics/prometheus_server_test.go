@@ -56,7 +56,7 @@ const (
 // started on a spare port): an application (the middleware with its
 // Prometheus metrics over a Watermill router) and inboxd's server make every
 // outcome the alert rules watch happen, Prometheus scrapes both every
-// second, and every query of the dashboard and every alert expression must
+// 2 seconds, and every query of the dashboard and every alert expression must
 // return series that carry the labels they name (by clauses, legends,
 // matchers, annotations), and every alert must fire. A subtest then renames
 // each metric and label name of each query in a copy, and each renamed
@@ -244,9 +244,9 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	} else if err := rc.Complete(ctx, key("inboxd", "warm"), c.LeaseID); err != nil {
 		t.Fatal(err)
 	}
-	p.waitSeries(t, `count by (handler_name) (watermill_inbox_messages_total{outcome="dead"})`, 4)
-	p.waitSeries(t, `watermill_inbox_memory_evictions_total == 0`, 1)
-	p.waitSeries(t, `inbox_server_requests_total{endpoint="try-begin", status="Acquired"}`, 1)
+	p.waitSeries(t, `count by (handler_name) (last_over_time(watermill_inbox_messages_total{outcome="dead"}[5m]))`, 4)
+	p.waitSeries(t, `last_over_time(watermill_inbox_memory_evictions_total[5m]) == 0`, 1)
+	p.waitSeries(t, `last_over_time(inbox_server_requests_total{endpoint="try-begin", status="Acquired"}[5m])`, 1)
 
 	// A dead key, a lost lease, a mark that fails, a stale message, a
 	// duplicate with another payload, a key busy for the whole wait, hand-offs
@@ -804,6 +804,7 @@ type promServer struct {
 
 type promSeries struct {
 	Metric map[string]string `json:"metric"`
+	Value  []any             `json:"value"` // [time, "value"]
 }
 
 type promRule struct {
@@ -819,13 +820,16 @@ type promAlert struct {
 }
 
 // startPrometheus runs bin with rules, scraping each target (job name ->
-// host:port) and evaluating the rules every second, on a spare port, until
-// the test ends.
+// host:port) every 2 seconds and evaluating the rules every second, on a
+// spare port, until the test ends.
 func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
 	var cfg strings.Builder
-	cfg.WriteString("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\nscrape_configs:\n")
+	// A scrape may take 2 s: under -race on a busy machine, one took a
+	// third of a second with a core hogged, and more than 1 s (timed out,
+	// the target's series stale until the next) on a starved one.
+	cfg.WriteString("global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\nscrape_configs:\n")
 	for _, job := range slices.Sorted(maps.Keys(targets)) {
 		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%q]\n", job, targets[job])
 	}
@@ -861,6 +865,9 @@ func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]
 		p := &promServer{base: "http://" + addr}
 		if p.ready(exited) {
 			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("prometheus's scrapes: %s", p.targets())
+				}
 				stop()
 				if t.Failed() {
 					t.Logf("prometheus log:\n%s", logs)
@@ -873,6 +880,34 @@ func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]
 			t.Fatalf("prometheus did not start (attempt %d):\n%s", attempt, logs)
 		}
 	}
+}
+
+// targets says how the scrapes of each target went: the last one's
+// duration and error (a scrape that timed out marks the target's series
+// stale), for the log of a failed test.
+func (p *promServer) targets() string {
+	var data struct {
+		ActiveTargets []struct {
+			ScrapePool         string  `json:"scrapePool"`
+			Health             string  `json:"health"`
+			LastError          string  `json:"lastError"`
+			LastScrapeDuration float64 `json:"lastScrapeDuration"`
+		} `json:"activeTargets"`
+	}
+	if err := p.get("/api/v1/targets", nil, &data); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, tg := range data.ActiveTargets {
+		out = append(out, fmt.Sprintf("%s: %s, last scrape %.3fs %s", tg.ScrapePool, tg.Health, tg.LastScrapeDuration, tg.LastError))
+	}
+	up, err := p.query(`count_over_time(up[5m]) - sum_over_time(up[5m])`)
+	if err == nil {
+		for _, s := range up {
+			out = append(out, fmt.Sprintf("%s: failed scrapes in the last 5 minutes: %v", s.Metric["job"], s.Value))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // ready polls /-/ready until it answers 200, or the process exits.
@@ -945,7 +980,10 @@ func (p *promServer) query(q string) ([]promSeries, error) {
 	return data.Result, nil
 }
 
-// waitSeries waits until q returns at least n series.
+// waitSeries waits until q returns at least n series. Its selectors are
+// ranges (last_over_time(x[5m]), not x): a scrape that timed out, on a busy
+// machine, marks the target's series stale, and an instant selector finds
+// none until the next scrape succeeds.
 func (p *promServer) waitSeries(t *testing.T, q string, n int) {
 	t.Helper()
 	testenv.Eventually(t, waitFor, fmt.Sprintf("Prometheus to return %d series for %s", n, q), func() bool {
@@ -965,7 +1003,7 @@ func (p *promServer) waitSeries(t *testing.T, q string, n int) {
 func (p *promServer) repeated(t *testing.T, sel string, n int, do func()) {
 	t.Helper()
 	do()
-	p.waitSeries(t, sel, 1)
+	p.waitSeries(t, "last_over_time("+sel+"[5m])", 1)
 	for range n {
 		do()
 	}
