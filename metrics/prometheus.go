@@ -25,7 +25,8 @@
 //     busy key (reason "busy") or on a failing store ("store_backoff").
 //
 // The first time a handler reports, every outcome and wait reason of its
-// bus, group and handler_name is exported at zero, so that the next one
+// bus, group and handler_name is exported at zero, and so are both results
+// of a store call (op) the first time it is made, so that the next one
 // counted is an increase Prometheus sees (increase() and rate() cannot
 // tell a series that first appears at 1 from one that was always 1) and
 // alert rules fire on it. Alert rules and a Grafana dashboard over these
@@ -97,6 +98,7 @@ type Prometheus struct {
 	waits    *prometheus.CounterVec
 	scoped   bool      // the vectors are curried with bus and group
 	handlers *sync.Map // handler names whose series are exported (at zero, at least)
+	ops      *sync.Map // store calls (op) whose ok and error series are exported
 }
 
 // outcomes and waitReasons are what a handler's series are exported for
@@ -138,7 +140,7 @@ func NewPrometheus(cfg PrometheusConfig) (*Prometheus, error) {
 			Namespace: cfg.Namespace, Subsystem: "inbox", Name: "wait_seconds_total",
 			Help: "Time messages waited in-process before their claim was settled: on a busy key, or backing off a failing store.",
 		}, []string{"bus", "group", "handler_name", "reason"}),
-		handlers: new(sync.Map),
+		handlers: new(sync.Map), ops: new(sync.Map),
 	}
 	if err := register(cfg.Registerer, cfg.Namespace, p.outcomes, p.calls, p.waits); err != nil {
 		return nil, err
@@ -165,7 +167,7 @@ func (p *Prometheus) Scope(bus, group string) inboxmw.Metrics {
 	l := prometheus.Labels{"bus": bus, "group": group}
 	return &Prometheus{
 		outcomes: p.outcomes.MustCurryWith(l), calls: p.calls.MustCurryWith(l).(*prometheus.HistogramVec),
-		waits: p.waits.MustCurryWith(l), scoped: true, handlers: new(sync.Map),
+		waits: p.waits.MustCurryWith(l), scoped: true, handlers: new(sync.Map), ops: new(sync.Map),
 	}
 }
 
@@ -199,6 +201,11 @@ func (p *Prometheus) Outcome(handler string, o inboxmw.Outcome) {
 
 // StoreCall implements [inboxmw.Metrics].
 func (p *Prometheus) StoreCall(op string, d time.Duration, err error) {
+	if _, loaded := p.ops.LoadOrStore(op, struct{}{}); !loaded {
+		for _, r := range []string{"ok", "error"} {
+			p.calls.With(p.scope(prometheus.Labels{"op": op, "result": r}))
+		}
+	}
 	result := "ok"
 	if err != nil {
 		result = "error"

@@ -2,6 +2,7 @@ package inboxmetrics_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,7 +56,7 @@ const (
 // started on a spare port): an application (the middleware with its
 // Prometheus metrics over a Watermill router) and inboxd's server make every
 // outcome the alert rules watch happen, Prometheus scrapes both every
-// second, and every query of the dashboard and every alert expression must
+// 2 seconds, and every query of the dashboard and every alert expression must
 // return series that carry the labels they name (by clauses, legends,
 // matchers, annotations), and every alert must fire. A subtest then renames
 // each metric and label name of each query in a copy, and each renamed
@@ -125,8 +126,8 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 		t.Fatal(err)
 	}
 	newInbox := func(cfg inboxmw.Config) *inboxmw.Inbox {
-		cfg.Store, cfg.Bus, cfg.Group, cfg.Metrics = st, tBus, tGroup, m
-		cfg.Lease, cfg.MaxBusyWait = 2*time.Second, time.Second
+		cfg.Store, cfg.Bus, cfg.Group, cfg.Metrics = st, tBus, cmp.Or(cfg.Group, tGroup), m
+		cfg.Lease, cfg.MaxBusyWait = 2*time.Second, cmp.Or(cfg.MaxBusyWait, time.Second)
 		ib, err := inboxmw.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -138,8 +139,8 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 		})
 		return ib
 	}
-	// charge and reserve: dead at the first failure, payloads
-	// fingerprinted, stale messages by their sent_at metadata.
+	// charge: dead at the first failure, payloads fingerprinted, stale
+	// messages by their sent_at metadata.
 	charge := newInbox(inboxmw.Config{
 		MaxAttempts: 1, PayloadHash: inboxmw.PayloadHashWarn, Backoff: inboxmw.ExponentialBackoff(0, 0),
 		Timestamp: func(msg *message.Message) (time.Time, bool) {
@@ -147,8 +148,16 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 			return ts, err == nil
 		},
 	})
-	// notify: fails open.
-	open := newInbox(inboxmw.Config{FailOpen: true})
+	// reserve: waits on a busy key for 3 s before it nacks. The busy
+	// waits counted are the pauses between polls of the key, which a
+	// starved CPU stretches (a late wake-up is not counted): a wait much
+	// longer than the polls' pauses (up to 1 s) keeps the counted share of
+	// it far above InboxBusyWaits' threshold on a busy machine too.
+	reserve := newInbox(inboxmw.Config{MaxBusyWait: 3 * time.Second})
+	// notify: fails open, in a group of its own, whose store calls during
+	// the cut are mostly failures (InboxStoreFailing watches the share of
+	// failed store calls of each bus and group).
+	open := newInbox(inboxmw.Config{FailOpen: true, Group: "notices"})
 	// ship: failed attempts are handed to the broker, which holds the
 	// backoff; copies of messages whose id starts with handoff-fails are
 	// refused.
@@ -185,7 +194,7 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	for _, h := range []struct {
 		name string
 		ib   *inboxmw.Inbox
-	}{{"charge", charge}, {"reserve", charge}, {"notify", open}, {"ship", ship}} {
+	}{{"charge", charge}, {"reserve", reserve}, {"notify", open}, {"ship", ship}} {
 		hd := router.AddConsumerHandler(h.name, h.name, ps, handle)
 		if h.ib == charge {
 			hd.AddMiddleware(poison)
@@ -223,6 +232,9 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	key := func(handler, id string) string {
 		return keying.Key{Bus: tBus, Group: tGroup, Alias: handler, ID: id}.String()
 	}
+	storeCalls := func(group, result string) float64 {
+		return gathered(t, reg, "watermill_inbox_store_call_duration_seconds", map[string]string{"group": group, "result": result})
+	}
 
 	// Each handler's first message exports its series at zero; Prometheus
 	// scrapes them before anything else happens, so that what follows is an
@@ -239,10 +251,10 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	} else if err := rc.Complete(ctx, key("inboxd", "warm"), c.LeaseID); err != nil {
 		t.Fatal(err)
 	}
-	p.waitSeries(t, `count by (handler_name) (watermill_inbox_messages_total{outcome="dead"})`, 4)
-	p.waitSeries(t, `watermill_inbox_memory_evictions_total == 0`, 1)
-	p.waitSeries(t, `watermill_inbox_store_evicted_keys_total == 0`, 1)
-	p.waitSeries(t, `inbox_server_requests_total{endpoint="try-begin", status="Acquired"}`, 1)
+	p.waitSeries(t, `count by (handler_name) (last_over_time(watermill_inbox_messages_total{outcome="dead"}[5m]))`, 4)
+	p.waitSeries(t, `last_over_time(watermill_inbox_memory_evictions_total[5m]) == 0`, 1)
+	p.waitSeries(t, `last_over_time(watermill_inbox_store_evicted_keys_total[5m]) == 0`, 1)
+	p.waitSeries(t, `last_over_time(inbox_server_requests_total{endpoint="try-begin", status="Acquired"}[5m])`, 1)
 
 	// A dead key, a lost lease, a mark that fails, a stale message, a
 	// duplicate with another payload, a key busy for the whole wait, hand-offs
@@ -277,7 +289,7 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	publish("charge", "pm-1", "second payload")
 	waitOutcome("charge", inboxmw.OutcomePayloadMismatch, 1)
 	waitOutcome("charge", inboxmw.OutcomeDuplicate, 1)
-	waitOutcome("reserve", inboxmw.OutcomeBusy, 3) // each a second's wait, then nacked and delivered again
+	waitOutcome("reserve", inboxmw.OutcomeBusy, 1) // 3 s of waits, then nacked and delivered again
 	if err := mem.Release(ctx, key("reserve", "busy-1"), held.LeaseID); err != nil {
 		t.Fatal(err)
 	}
@@ -288,13 +300,19 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 	waitRan("handoff-fails-1")
 
 	// The store cut: the fail-closed inbox retries and nacks, the fail-open
-	// one runs its handler without deduplication, inboxd answers 503.
+	// one runs its handler without deduplication (one message after
+	// another until three of its claims have reached the store and failed:
+	// claims are paced during an outage, and one that finds no slot is not
+	// sent), inboxd answers 503 (three times after Prometheus has seen the
+	// first: the alert wants three failures it sees).
 	st.cut.Store(true)
-	publish("notify", "open-1", "x")
 	publish("charge", "cut-1", "x")
-	waitOutcome("notify", inboxmw.OutcomeFailOpen, 1)
+	for i := 1; storeCalls("notices", "error") < 3; i++ {
+		publish("notify", fmt.Sprintf("open-%d", i), "x")
+		waitOutcome("notify", inboxmw.OutcomeFailOpen, float64(i))
+	}
 	waitOutcome("charge", inboxmw.OutcomeStoreError, 1)
-	p.twice(t, `inbox_server_requests_total{status="store_unavailable"}`, func() {
+	p.repeated(t, `inbox_server_requests_total{status="store_unavailable"}`, 3, func() {
 		if _, err := rc.TryBegin(ctx, key("inboxd", "cut"), inbox.BeginOptions{}); !errors.Is(err, inbox.ErrStoreUnavailable) {
 			t.Fatalf("TryBegin through inboxd during the cut: %v, want ErrStoreUnavailable", err)
 		}
@@ -309,7 +327,7 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 		}
 	}
 	srvMem.evicted.Store(3)
-	p.twice(t, `inbox_server_requests_total{status="unauthorized"}`, func() {
+	p.repeated(t, `inbox_server_requests_total{status="unauthorized"}`, 1, func() {
 		resp, err := http.Get(inboxd.URL + "/v1/inbox/" + url.PathEscape(key("inboxd", "x")))
 		if err != nil {
 			t.Fatal(err)
@@ -522,7 +540,7 @@ func (b *testBroker) Redeliver(_ context.Context, topic string, msg *message.Mes
 }
 
 // gathered returns the sum of the series of the counter name in reg whose
-// labels include labels.
+// labels include labels (of a histogram, the sum of their counts).
 func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -545,7 +563,11 @@ func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[str
 					continue series
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			if h := m.GetHistogram(); h != nil {
+				sum += float64(h.GetSampleCount())
+			} else {
+				sum += m.GetCounter().GetValue()
+			}
 		}
 	}
 	return sum
@@ -727,11 +749,14 @@ func (p *promServer) check(expr, legend string) error {
 			return fmt.Errorf("no series has label %s of its legend %q: %s", l, legend, expr)
 		}
 	}
+	// Over the last 5 minutes, not at the last scrape: a scrape that timed
+	// out (a busy machine) marks the target's series stale, and an instant
+	// selector then finds none.
 	for _, s := range sels {
 		for _, l := range append([]string{""}, s.labels...) {
-			q := fmt.Sprintf(`count(%s)`, s.metric) // the metric has series
+			q := fmt.Sprintf(`count(last_over_time(%s[5m]))`, s.metric) // the metric has series
 			if l != "" {
-				q = fmt.Sprintf(`count(%s{%s=~".+"})`, s.metric, l)
+				q = fmt.Sprintf(`count(last_over_time(%s{%s=~".+"}[5m]))`, s.metric, l)
 			}
 			if res, err := p.query(q); err != nil {
 				return err
@@ -788,6 +813,7 @@ type promServer struct {
 
 type promSeries struct {
 	Metric map[string]string `json:"metric"`
+	Value  []any             `json:"value"` // [time, "value"]
 }
 
 type promRule struct {
@@ -803,13 +829,16 @@ type promAlert struct {
 }
 
 // startPrometheus runs bin with rules, scraping each target (job name ->
-// host:port) and evaluating the rules every second, on a spare port, until
-// the test ends.
+// host:port) every 2 seconds and evaluating the rules every second, on a
+// spare port, until the test ends.
 func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
 	var cfg strings.Builder
-	cfg.WriteString("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\nscrape_configs:\n")
+	// A scrape may take 2 s: under -race on a busy machine, one took a
+	// third of a second with a core hogged, and more than 1 s (timed out,
+	// the target's series stale until the next) on a starved one.
+	cfg.WriteString("global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\nscrape_configs:\n")
 	for _, job := range slices.Sorted(maps.Keys(targets)) {
 		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%q]\n", job, targets[job])
 	}
@@ -845,6 +874,9 @@ func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]
 		p := &promServer{base: "http://" + addr}
 		if p.ready(exited) {
 			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("prometheus's scrapes: %s", p.targets())
+				}
 				stop()
 				if t.Failed() {
 					t.Logf("prometheus log:\n%s", logs)
@@ -857,6 +889,34 @@ func startPrometheus(t *testing.T, bin string, rules []byte, targets map[string]
 			t.Fatalf("prometheus did not start (attempt %d):\n%s", attempt, logs)
 		}
 	}
+}
+
+// targets says how the scrapes of each target went: the last one's
+// duration and error (a scrape that timed out marks the target's series
+// stale), for the log of a failed test.
+func (p *promServer) targets() string {
+	var data struct {
+		ActiveTargets []struct {
+			ScrapePool         string  `json:"scrapePool"`
+			Health             string  `json:"health"`
+			LastError          string  `json:"lastError"`
+			LastScrapeDuration float64 `json:"lastScrapeDuration"`
+		} `json:"activeTargets"`
+	}
+	if err := p.get("/api/v1/targets", nil, &data); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, tg := range data.ActiveTargets {
+		out = append(out, fmt.Sprintf("%s: %s, last scrape %.3fs %s", tg.ScrapePool, tg.Health, tg.LastScrapeDuration, tg.LastError))
+	}
+	up, err := p.query(`count_over_time(up[5m]) - sum_over_time(up[5m])`)
+	if err == nil {
+		for _, s := range up {
+			out = append(out, fmt.Sprintf("%s: failed scrapes in the last 5 minutes: %v", s.Metric["job"], s.Value))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // ready polls /-/ready until it answers 200, or the process exits.
@@ -929,7 +989,10 @@ func (p *promServer) query(q string) ([]promSeries, error) {
 	return data.Result, nil
 }
 
-// waitSeries waits until q returns at least n series.
+// waitSeries waits until q returns at least n series. Its selectors are
+// ranges (last_over_time(x[5m]), not x): a scrape that timed out, on a busy
+// machine, marks the target's series stale, and an instant selector finds
+// none until the next scrape succeeds.
 func (p *promServer) waitSeries(t *testing.T, q string, n int) {
 	t.Helper()
 	testenv.Eventually(t, waitFor, fmt.Sprintf("Prometheus to return %d series for %s", n, q), func() bool {
@@ -941,15 +1004,19 @@ func (p *promServer) waitSeries(t *testing.T, q string, n int) {
 	})
 }
 
-// twice does something that adds to the counter selected by sel, waits
-// until Prometheus has scraped the new series, and does it again: so that
-// the series's first sample is followed by one that shows an increase.
-func (p *promServer) twice(t *testing.T, sel string, do func()) {
+// repeated does something that adds to the counter selected by sel, waits
+// until Prometheus has scraped the new series, then does it n times more
+// and waits until Prometheus sees them: the series's first sample, which
+// rate() and increase() cannot count, is followed by ones that show an
+// increase of n.
+func (p *promServer) repeated(t *testing.T, sel string, n int, do func()) {
 	t.Helper()
 	do()
-	p.waitSeries(t, sel, 1)
-	do()
-	p.waitSeries(t, "increase("+sel+"[5m]) > 0", 1)
+	p.waitSeries(t, "last_over_time("+sel+"[5m])", 1)
+	for range n {
+		do()
+	}
+	p.waitSeries(t, fmt.Sprintf("increase(%s[5m]) >= %d", sel, n), 1)
 }
 
 func (p *promServer) alertRules(t *testing.T) []promRule {

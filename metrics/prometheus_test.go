@@ -88,9 +88,48 @@ func TestPrometheus_through_the_middleware(t *testing.T) {
 			t.Errorf("no watermill_inbox_wait_seconds_total series of reason %q (inboxmw.%s); got %v", r, name, reasons)
 		}
 	}
-	// try_begin twice and complete once, all ok.
-	if n := testutil.CollectAndCount(reg, "watermill_inbox_store_call_duration_seconds"); n != 2 {
-		t.Fatalf("%d store call series, want 2 (try_begin and complete)", n)
+	// try_begin twice and complete once, all ok: each call's ok series,
+	// and its error series at zero.
+	if n := testutil.CollectAndCount(reg, "watermill_inbox_store_call_duration_seconds"); n != 4 {
+		t.Fatalf("%d store call series, want 4 (try_begin and complete, ok and error)", n)
+	}
+}
+
+// A store call's error series is exported at zero from the call's first
+// report on, so that the first failure is an increase that rate() sees
+// (InboxStoreFailing watches the share of failed calls).
+func TestPrometheus_store_call_errors_exported_at_zero(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := inboxmetrics.NewPrometheus(inboxmetrics.PrometheusConfig{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := m.Scope("rabbit", "billing")
+	s.StoreCall(inboxmw.OpTryBegin, time.Millisecond, nil)
+	s.StoreCall(inboxmw.OpExtend, time.Millisecond, errors.New("down"))
+	got, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range got {
+		for _, m := range mf.GetMetric() {
+			var op, result string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "op":
+					op = l.GetValue()
+				case "result":
+					result = l.GetValue()
+				}
+			}
+			counts[op+" "+result] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	wantCounts := map[string]uint64{"extend error": 1, "extend ok": 0, "try_begin error": 0, "try_begin ok": 1}
+	if fmt.Sprint(counts) != fmt.Sprint(wantCounts) {
+		t.Fatalf("store call series (op result: count) %v, want %v", counts, wantCounts)
 	}
 }
 

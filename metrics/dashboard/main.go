@@ -57,6 +57,11 @@ const (
 	group = `bus=~"$bus", group=~"$group"`
 )
 
+// alertedOutcomes are the outcomes that alert rules of metrics/alerts.yml
+// watch, as a regular expression (TestDashboard_panel_of_alerted_outcomes,
+// package inboxmetrics, holds it to the file).
+const alertedOutcomes = "dead|lease_lost|complete_failed|fail_open|redelivery_failed|stale"
+
 // dashboardJSON returns the dashboard as the file holds it: indented JSON
 // ending in a newline.
 func dashboardJSON() ([]byte, error) {
@@ -101,8 +106,8 @@ func build() *dashboard.DashboardBuilder {
 			"Duplicates: deliveries of a processed key, acked without running the handler. Dead: deliveries refused because their key is dead (MaxAttempts); inboxctl ls -state dead lists those keys.",
 			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"duplicate|dead"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
 		WithPanel(panel("Outcomes that need a look", "ops",
-			"The outcomes the alert rules watch: leases lost, marks that failed, store errors, claims that failed open, hand-offs to the broker that failed, stale messages, keys busy for the whole wait, payloads that changed under a known key.",
-			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"lease_lost|complete_failed|store_error|fail_open|redelivery_failed|stale|busy|payload_mismatch"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
+			"The outcomes the alert rules (metrics/alerts.yml) watch: deliveries refused for a dead key, leases lost, marks that failed, claims that failed open, hand-offs to the broker that failed, stale messages.",
+			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"`+alertedOutcomes+`"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
 		WithPanel(panel("Marks retried", "ops",
 			"Marks (Complete) that failed and are retried in the background (complete_retry), and those that failed until the lease ended (complete_failed): their next delivery runs the handler again.",
 			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"complete_retry|complete_failed"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
