@@ -250,12 +250,15 @@ func (m *msgCall) busy(retryAfter time.Duration, backingOff bool) error {
 }
 
 // dead reports a dead key: err is the handler's error when this attempt
-// made it dead, nil for a later delivery.
+// made it dead, nil for a later delivery, whose error then wraps the
+// reason the store kept.
 func (m *msgCall) dead(reason string, err error) error {
 	m.settle(OutcomeDead)
 	msg := "Inbox key is dead: message refused without running the handler (inboxctl forget replays it)"
 	if err != nil {
 		msg = "Handler failed on the last attempt allowed (MaxAttempts): inbox key marked dead"
+	} else if reason != "" {
+		err = errors.New(reason)
 	}
 	m.ib.log.Error(msg, err, m.fields().Add(watermill.LogFields{"attempts": m.attempts, "reason": reason}))
 	return &inbox.DeadError{Key: m.key, Attempts: m.attempts, Reason: reason, Err: err}
