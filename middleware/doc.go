@@ -25,8 +25,8 @@
 // and the marks go to the store's batching without waiting (keeper.go,
 // through the store's Go method). A store of your own, or a wrapper that
 // hides Go (a struct embedding inbox.LeaseStore around one of ours), has
-// each mark made in a goroutine of its own; embed the store's own type to
-// keep Go. With Config.Redelivery, a failed attempt's message waits out
+// its marks and heartbeats made by a fixed set of the Inbox's own workers,
+// one call each at a time; embed the store's own type to keep Go. With Config.Redelivery, a failed attempt's message waits out
 // its backoff in the broker (a RabbitMQ delay queue, a Kafka retry topic)
 // instead of in the consumer: the middleware hands a copy to the broker and
 // acks the original (redeliver.go). Config documents every choice;
