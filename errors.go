@@ -132,8 +132,9 @@ func (e *AttemptError) Unwrap() error { return e.Err }
 
 // DeadError is returned by the middleware for a dead key: by the attempt
 // that reached MaxAttempts and marked it dead (Err is then the handler's
-// error), and by every later delivery of the key (Err is nil). It matches
-// [ErrDead], and Err, with errors.Is.
+// error), and by every later delivery of the key (Err is then an error
+// whose text is Reason, the reason the store kept; nil when the store kept
+// none). It matches [ErrDead], and Err, with errors.Is.
 type DeadError struct {
 	// Key is the inbox key.
 	Key string
@@ -142,7 +143,8 @@ type DeadError struct {
 	// Reason is the reason recorded with the key (the failing handler's
 	// error text).
 	Reason string
-	// Err is the handler's error when this delivery made the key dead.
+	// Err is the handler's error when this delivery made the key dead,
+	// else an error whose text is Reason.
 	Err error
 }
 
@@ -153,7 +155,7 @@ func (e *DeadError) Error() string {
 // Is makes errors.Is(err, ErrDead) true.
 func (e *DeadError) Is(target error) bool { return target == ErrDead }
 
-// Unwrap returns the handler's error, if any.
+// Unwrap returns Err: the handler's error, or the kept reason.
 func (e *DeadError) Unwrap() error { return e.Err }
 
 // BusyError is returned by the middleware when a key stayed busy for the

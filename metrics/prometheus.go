@@ -17,9 +17,10 @@
 //     stale; acquired goes to a Tracer only and is never counted).
 //   - <namespace>_inbox_store_call_duration_seconds{bus, group, op, result}:
 //     each store call, op one of try_begin, complete, release, fail,
-//     extend, is_processed, mark_processed, and the hand-off of a failed
-//     attempt to the broker (inboxmw.Config.Redelivery), op redeliver;
-//     result "ok" or "error".
+//     extend (a plain inbox.Store's IsProcessed is a try_begin, its
+//     MarkProcessed a complete), and the hand-off of a failed attempt to
+//     the broker (inboxmw.Config.Redelivery), op redeliver; result "ok" or
+//     "error".
 //   - <namespace>_inbox_wait_seconds_total{bus, group, handler_name, reason}:
 //     time messages waited in-process before their claim was settled, on a
 //     busy key (reason "busy") or on a failing store ("store_backoff").

@@ -63,8 +63,8 @@ func TestInbox_max_attempts_marks_the_key_dead(t *testing.T) {
 		t.Fatalf("record %+v, want Dead after 3 attempts with the reason", r)
 	}
 	_, err = call(ib, h, msgFor("d-1"))
-	if !errors.As(err, &de) || de.Err != nil || de.Reason != r.Reason || inboxmw.IsTransient(err) {
-		t.Fatalf("delivery of a dead key: %v, want the DeadError without a handler error", err)
+	if !errors.As(err, &de) || de.Err == nil || de.Err.Error() != r.Reason || de.Reason != r.Reason || inboxmw.IsTransient(err) {
+		t.Fatalf("delivery of a dead key: %v (%+v), want the DeadError wrapping the reason the store kept", err, de)
 	}
 	if runs.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", runs.Load())
@@ -376,5 +376,27 @@ func TestInbox_max_attempts_counts_lease_acquisitions(t *testing.T) {
 	}
 	if r := flowRecord(t, store, "count-1"); r.State != inbox.StateDead || r.Attempts != 4 {
 		t.Fatalf("record %+v, want Dead with 4 attempts", r)
+	}
+}
+
+// A later delivery of a dead key returns a DeadError that wraps the reason
+// the store kept (the handler's error text), as the delivery that made it
+// dead wraps the handler's error: a poison queue or a log sees why.
+func TestInbox_later_delivery_of_a_dead_key_wraps_the_reason(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib := newInbox(t, inboxmw.Config{Store: store, Alias: staticAlias(), MaxAttempts: 3, Backoff: noBackoff})
+	h := func(*message.Message) ([]*message.Message, error) { return nil, fmt.Errorf("order 8: %w", errBoom) }
+	for range 3 {
+		_, _ = call(ib, h, msgFor("d-later"))
+	}
+	_, err := call(ib, h, msgFor("d-later"))
+	var de *inbox.DeadError
+	if !errors.As(err, &de) || !errors.Is(err, inbox.ErrDead) {
+		t.Fatalf("fourth delivery: %v, want a DeadError", err)
+	}
+	want := "order 8: " + errBoom.Error()
+	if inner := errors.Unwrap(err); inner == nil || inner.Error() != want {
+		t.Fatalf("fourth delivery's DeadError wraps %v, want an error whose text is the kept reason %q", inner, want)
 	}
 }

@@ -54,9 +54,11 @@ const (
 // which wait, docs/retries.md how failed attempts are retried.
 type Config struct {
 	// Store is the inbox store. An [inbox.LeaseStore] (every store of this
-	// project) gets the leased flow, a [TxStore] the transactional one; a
-	// plain [inbox.Store] gets the ADR's check-then-mark flow, under which
-	// two concurrent deliveries of one message can both run the handler.
+	// project) gets the lease flow, a [TxStore] the transactional one. A
+	// plain [inbox.Store] gets the ADR's check-then-mark: the lease flow
+	// with IsProcessed as its claim and MarkProcessed as its mark, and no
+	// lease behind them, so two concurrent deliveries of one message can
+	// both run the handler.
 	Store inbox.Store
 
 	// Bus names the message bus in keys, e.g. "rabbit" or "kafka-prod".

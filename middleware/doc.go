@@ -19,18 +19,22 @@
 // holds. A successful one keeps the key until the router acks (the mark)
 // or nacks (a release: its messages failed to publish, or a middleware
 // outside the inbox turned the success into an error, and it must run
-// again). With the stores of this project, the inbox
-// starts no goroutine and no timer per message: one keeper per Inbox renews
-// the leases of the handlers running and watches the router's verdicts,
-// and the marks go to the store's batching without waiting (keeper.go,
-// through the store's Go method). A store of your own, or a wrapper that
-// hides Go (a struct embedding inbox.LeaseStore around one of ours), has
-// each mark made in a goroutine of its own; embed the store's own type to
-// keep Go. With Config.Redelivery, a failed attempt's message waits out
-// its backoff in the broker (a RabbitMQ delay queue, a Kafka retry topic)
-// instead of in the consumer: the middleware hands a copy to the broker and
-// acks the original (redeliver.go). Config documents every choice;
-// middleware.go reads top to bottom as the path of a message.
+// again). The inbox starts no goroutine per message: one keeper per Inbox
+// renews the leases of the handlers running and watches the router's
+// verdicts, and the marks go to the store's batching or its fixed set of
+// workers without waiting (keeper.go, through the store's Go method). The
+// layers below may start their own per call: database/sql a goroutine per
+// transaction and query, the remote store's HTTP client a timer per
+// attempt, the MongoDB store a timer per claim (docs/middleware.md has the
+// figures). A store of your own, or a wrapper that hides Go (a struct
+// embedding inbox.LeaseStore around one of ours), has its marks and
+// heartbeats made by a fixed set of the Inbox's own workers, one call each
+// at a time; embed the store's own type to keep Go. With
+// Config.Redelivery, a failed attempt's message waits out its backoff in
+// the broker (a RabbitMQ delay queue, a Kafka retry topic) instead of in
+// the consumer: the middleware hands a copy to the broker and acks the
+// original (redeliver.go). Config documents every choice; middleware.go
+// reads top to bottom as the path of a message.
 //
 // The guarantee: at most one consumer runs a key's handler at a time, and a
 // key marked processed is never run again within the store's retention. A

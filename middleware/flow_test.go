@@ -849,7 +849,7 @@ func TestInbox_TxStore_MaxBusyWait_paces_a_failing_BeginTx_StoreTimeout_does_not
 // itself is not.
 func TestNew_logs_a_store_without_Go(t *testing.T) {
 	t.Parallel()
-	const msg = "Inbox store has no Go method (a store of your own, or a wrapper that hides it): each mark runs in a goroutine of its own"
+	const msg = "Inbox store has no Go method (a store of your own, or a wrapper that hides it): its marks and heartbeats run on the inbox's own workers"
 	for _, tc := range []struct {
 		name  string
 		store inbox.Store
@@ -863,5 +863,36 @@ func TestNew_logs_a_store_without_Go(t *testing.T) {
 		if got := logged(logs, watermill.InfoLogLevel, msg); got != tc.want {
 			t.Errorf("%s: logged %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A plain Store holds no lease, so none is lost: a handler that runs past
+// Config.Lease is not canceled; and as it keeps no attempts, a permanent
+// error is returned as it is, the key neither dead nor marked.
+func TestInbox_plain_store_has_no_lease_to_lose_and_no_dead_key(t *testing.T) {
+	t.Parallel()
+	mem := newMemory(t)
+	const lease = 150 * time.Millisecond
+	ib := newInbox(t, inboxmw.Config{Store: plainStore{mem}, Alias: staticAlias(), Lease: lease})
+	long := func(m *message.Message) ([]*message.Message, error) {
+		select {
+		case <-m.Context().Done():
+			return nil, fmt.Errorf("handler canceled: %w", context.Cause(m.Context()))
+		case <-time.After(4 * lease):
+			return nil, nil
+		}
+	}
+	m := msgFor("plain-long")
+	if _, err := call(ib, long, m); err != nil {
+		t.Fatalf("a handler running past the lease on a plain store: %v", err)
+	}
+	m.Ack()
+	permanent := errors.New("bad order")
+	_, err := call(ib, func(*message.Message) ([]*message.Message, error) { return nil, inbox.Permanent(permanent) }, msgFor("plain-perm"))
+	if !errors.Is(err, permanent) || errors.Is(err, inbox.ErrDead) {
+		t.Fatalf("a permanent error on a plain store: %v, want it as it is, not a dead key", err)
+	}
+	if ok, err := mem.IsProcessed(context.Background(), testKeyPrefix+"plain-perm"); ok || err != nil {
+		t.Fatalf("key of a failed handler processed: %v, %v", ok, err)
 	}
 }

@@ -31,14 +31,12 @@ const (
 
 // Store operations as reported to [Metrics.StoreCall].
 const (
-	OpTryBegin      = "try_begin"
-	OpComplete      = "complete"
-	OpRelease       = "release"
-	OpFail          = "fail"
-	OpExtend        = "extend"
-	OpIsProcessed   = "is_processed"
-	OpMarkProcessed = "mark_processed"
-	OpRedeliver     = "redeliver" // not a store call: the hand-off to Config.Redelivery
+	OpTryBegin  = "try_begin"
+	OpComplete  = "complete"
+	OpRelease   = "release"
+	OpFail      = "fail"
+	OpExtend    = "extend"
+	OpRedeliver = "redeliver" // not a store call: the hand-off to Config.Redelivery
 )
 
 // Reasons of [Metrics.Waited].
@@ -88,8 +86,9 @@ func (NopMetrics) Waited(string, string, time.Duration) {}
 type Tracer interface {
 	// Step reports a step that ran from start until now: "claim", with the
 	// outcome that settled it, or one store call, named by its Op ("try_begin",
-	// "extend", "complete", "release", "fail", "is_processed",
-	// "mark_processed"), or the hand-off to Config.Redelivery ("redeliver"),
+	// "extend", "complete", "release", "fail"; with a plain inbox.Store,
+	// its IsProcessed is a "try_begin" and its MarkProcessed a "complete"),
+	// or the hand-off to Config.Redelivery ("redeliver"),
 	// with its error. Every call is a step: each retry of
 	// a failing claim or mark, each heartbeat's Extend, and with a TxStore
 	// its BeginTx ("try_begin") and its commit ("complete"). ctx is the

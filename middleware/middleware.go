@@ -16,34 +16,36 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/outage"
-	"github.com/watermill-inbox/inbox/internal/sched"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/stores/driver"
 )
 
 // This file is the path of one message, top to bottom: its key, the claim,
 // the handler, and the mark (a success) or the Fail (a failed attempt).
-// handle picks the flow by the kind of store: handleLeased (an
-// inbox.LeaseStore), handleTx (a TxStore) or handlePlain. No goroutine and
-// no timer is started for a message: while the handler runs, the Inbox's
-// keeper (keeper.go) renews its lease; once the router acked the message,
-// the keeper hands the mark to the store without waiting (send), and its
-// answer comes back to settled.
+// handle picks one of two flows by the kind of store: the lease flow
+// (handleLeased, for an inbox.LeaseStore, and for a plain inbox.Store
+// through plainLeases, plain.go) or the transactional one (handleTx, a
+// TxStore, txstore.go). No goroutine and no timer is started for a
+// message: while the handler runs, the Inbox's keeper (keeper.go) renews
+// its lease (lease.go); once the router acked the message, the keeper
+// hands the mark to the store without waiting (lease.sendEnd), and its
+// answer comes back to lease.endAnswered.
 
 // Inbox is the inbox middleware. Build it with [New], add
 // [Inbox.Middleware] to a router, and [Inbox.Close] it after the router has
 // stopped. It is safe for concurrent use by any number of handlers and
 // routers.
 type Inbox struct {
-	cfg    Config
-	leases inbox.LeaseStore // the store, when it is a LeaseStore
-	txs    TxStore          // the store, when it is a TxStore
-	async  goer             // makes the calls after a handler without waiting
-	bound  time.Duration    // StoreTimeout, for a store that does not bound its calls
-	keys   *keying.Prepared // bus and group checked and escaped once, by New
-	keep   *keeper          // the live leases (nil for a TxStore)
-	log    watermill.LoggerAdapter
-	m      Metrics
+	cfg       Config
+	leases    inbox.LeaseStore // the store, a plain one through plainLeases; nil for a TxStore
+	txs       TxStore          // the store, when it is a TxStore
+	async     goer             // makes the calls after a handler without waiting
+	stopAsync func()           // stops async's workers, when it has its own (plain.go)
+	bound     time.Duration    // StoreTimeout, for a store that does not bound its calls
+	keys      *keying.Prepared // bus and group checked and escaped once, by New
+	keep      *keeper          // the live leases (nil for a TxStore)
+	log       watermill.LoggerAdapter
+	m         Metrics
 
 	mu          sync.RWMutex
 	closed      bool
@@ -58,12 +60,6 @@ type Inbox struct {
 	pace      outage.Pacer // spaces the claims of a failing store
 
 	retention inbox.RetentionReporter // the store, when it reports its retention
-}
-
-// goer makes a store call without the caller waiting for its answer, which
-// goes to then: [driver.Store.Go], which every store of this project has.
-type goer interface {
-	Go(ctx context.Context, op driver.Op, then func(inbox.Claim, error))
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -93,15 +89,17 @@ func New(cfg Config) (*Inbox, error) {
 	case inbox.LeaseStore:
 		ib.leases = s
 	default:
+		ib.leases = plainLeases{s}
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
 	if ib.txs == nil {
 		if g, ok := cfg.Store.(goer); ok {
 			ib.async = g
 		} else {
-			ib.async, ib.bound = goroutineGoer{ib}, cfg.StoreTimeout
-			if ib.leases != nil {
-				ib.log.Info("Inbox store has no Go method (a store of your own, or a wrapper that hides it): each mark runs in a goroutine of its own", nil)
+			w := newWorkers(ib.leases, cfg.StoreTimeout)
+			ib.async, ib.stopAsync, ib.bound = w, w.Close, cfg.StoreTimeout
+			if _, plain := ib.leases.(plainLeases); !plain {
+				ib.log.Info("Inbox store has no Go method (a store of your own, or a wrapper that hides it): its marks and heartbeats run on the inbox's own workers", nil)
 			}
 		}
 		ib.keep = newKeeper(ib)
@@ -118,8 +116,9 @@ func (ib *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return ib.handle(h, msg) }
 }
 
-// msgCall is one message going through the middleware; from its claim to
-// its mark, also its lease.
+// msgCall is one message going through the middleware, owned by the
+// message's goroutine. The lease its claim acquired is a value of its own
+// (lease.go), which the keeper shares once the handler runs.
 type msgCall struct {
 	ib       *Inbox
 	h        message.HandlerFunc
@@ -128,29 +127,7 @@ type msgCall struct {
 	key      string
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
-
-	// The lease (id "" in the plain flow, which has none):
-	id       string
-	hash     string                  // the claim's payload hash
-	expires  time.Time               // the claim's ExpiresAt (store clock)
-	length   time.Duration           // granted
-	interval time.Duration           // heartbeat period; 0: no heartbeat
-	base     context.Context         // the message's values, without its cancellation
-	cancel   context.CancelCauseFunc // the handler's context
-
-	// The keeper's, under its lock:
-	sched.Entry
-	deadline time.Time // when the lease ends unless renewed (monotonic)
-	renewing bool      // an Extend is in flight
-	lost     bool      // the lease is no longer ours
-	settling bool      // the handler is done: no more heartbeats
-
-	// The call that ends the lease (settle), and its retries:
-	op     driver.Kind // Complete (Mark in the plain flow) or Release
-	why    string      // why a Release
-	giveUp time.Time
-	sent   time.Time
-	retry  int
+	lease    *lease    // the lease acquired; nil before, and without one
 }
 
 // handle builds the message's key and hands the message to the flow of the
@@ -163,26 +140,26 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	}
 	m.key = key
 	if !ib.track() {
-		m.traced("closed")
+		m.trace("closed")
 		return nil, errClosed
 	}
 	defer ib.pending.Done()
 	if err := m.checkStale(); err != nil {
 		return nil, err
 	}
-	switch {
-	case ib.leases != nil:
-		return m.handleLeased()
-	case ib.txs != nil:
+	if ib.txs != nil {
 		return m.handleTx()
 	}
-	return m.handlePlain()
+	return m.handleLeased()
 }
 
-func (m *msgCall) fields() watermill.LogFields {
-	f := watermill.LogFields{"message_uuid": m.msg.UUID, "handler_name": m.handler}
-	if m.key != "" {
-		f["inbox_key"] = m.key
+func (m *msgCall) fields() watermill.LogFields { return logFields(m.msg, m.handler, m.key) }
+
+// logFields are the fields of the logs about msg.
+func logFields(msg *message.Message, handler, key string) watermill.LogFields {
+	f := watermill.LogFields{"message_uuid": msg.UUID, "handler_name": handler}
+	if key != "" {
+		f["inbox_key"] = key
 	}
 	return f
 }
@@ -193,11 +170,11 @@ func (m *msgCall) keyError(err error) ([]*message.Message, error) {
 	if !errors.Is(err, inbox.ErrNoKey) {
 		// A configuration problem (no alias, oversized segments): refusing
 		// keeps the message for a fixed deployment.
-		m.traced("key_error")
+		m.trace("key_error")
 		ib.log.Error("Cannot build the inbox key; message nacked", err, m.fields())
 		return nil, err
 	}
-	m.settle(OutcomeNoKey)
+	m.report(OutcomeNoKey)
 	if ib.cfg.MissingKey == MissingKeyReject {
 		ib.log.Error("Message has no idempotency key; rejected (MissingKeyReject)", err, m.fields())
 		return nil, err
@@ -209,12 +186,12 @@ func (m *msgCall) keyError(err error) ([]*message.Message, error) {
 	return m.h(m.msg)
 }
 
-// storeFailed counts and logs a claim that failed for good. It returns the
+// claimFailed counts and logs a claim that failed for good. It returns the
 // error to return, or nil under FailOpen: the caller then runs the handler
 // without deduplication.
-func (m *msgCall) storeFailed(op string, err error) error {
+func (m *msgCall) claimFailed(op string, err error) error {
 	if ctx := m.msg.Context(); ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		m.traced("canceled")
+		m.trace("canceled")
 		return err // shutting down: the router does not log cancellations
 	}
 	m.ib.m.Outcome(m.handler, OutcomeStoreError)
@@ -224,18 +201,18 @@ func (m *msgCall) storeFailed(op string, err error) error {
 		err = fmt.Errorf("inbox %s %q: %w", op, m.key, err)
 	}
 	if m.ib.cfg.FailOpen {
-		m.settle(OutcomeFailOpen)
+		m.report(OutcomeFailOpen)
 		m.ib.health.Fail("Inbox store failed; processing WITHOUT deduplication (FailOpen)", err, m.fields())
 		return nil
 	}
-	m.traced(OutcomeStoreError)
+	m.trace(OutcomeStoreError)
 	m.ib.health.Fail("Inbox store failed; message nacked for redelivery", err, m.fields())
 	return err
 }
 
 // duplicate acks a message whose key is processed, without the handler.
 func (m *msgCall) duplicate() ([]*message.Message, error) {
-	m.settle(OutcomeDuplicate)
+	m.report(OutcomeDuplicate)
 	m.ib.log.Debug("Duplicate message skipped: key already processed", m.fields())
 	return nil, nil
 }
@@ -243,40 +220,44 @@ func (m *msgCall) duplicate() ([]*message.Message, error) {
 // busy reports a key that stayed busy for the whole wait: held by a lease,
 // or waiting out a failed attempt's backoff.
 func (m *msgCall) busy(retryAfter time.Duration, backingOff bool) error {
-	m.settle(OutcomeBusy)
+	m.report(OutcomeBusy)
 	m.ib.log.Info("Inbox key busy (another consumer's lease, or a failed attempt's backoff); message nacked for redelivery",
 		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String(), "backing_off": backingOff}))
 	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter, BackingOff: backingOff}
 }
 
 // dead reports a dead key: err is the handler's error when this attempt
-// made it dead, nil for a later delivery.
+// made it dead, nil for a later delivery, whose error then wraps the
+// reason the store kept.
 func (m *msgCall) dead(reason string, err error) error {
-	m.settle(OutcomeDead)
+	m.report(OutcomeDead)
 	msg := "Inbox key is dead: message refused without running the handler (inboxctl forget replays it)"
 	if err != nil {
 		msg = "Handler failed on the last attempt allowed (MaxAttempts): inbox key marked dead"
+	} else if reason != "" {
+		err = errors.New(reason)
 	}
 	m.ib.log.Error(msg, err, m.fields().Add(watermill.LogFields{"attempts": m.attempts, "reason": reason}))
 	return &inbox.DeadError{Key: m.key, Attempts: m.attempts, Reason: reason, Err: err}
 }
 
-// settle counts how the claim was settled, and traces it.
-func (m *msgCall) settle(o Outcome) {
+// report counts how the claim was settled, and traces it.
+func (m *msgCall) report(o Outcome) {
 	m.ib.m.Outcome(m.handler, o)
-	m.traced(o)
+	m.trace(o)
 }
 
-// traced reports how the claim was settled to Config.Tracer.
-func (m *msgCall) traced(o Outcome) {
+// trace reports how the claim was settled to Config.Tracer.
+func (m *msgCall) trace(o Outcome) {
 	if t := m.ib.cfg.Tracer; t != nil {
 		t.Step(m.msg.Context(), "claim", m.key, m.start, o, m.attempts, nil)
 	}
 }
 
-// call makes one store call and waits for it (bounded by StoreTimeout for
-// a store that does not bound its calls itself), times it and traces it.
-func (m *msgCall) call(ctx context.Context, op string, f func(context.Context) error) error {
+// storeCall makes one store call and waits for it (bounded by StoreTimeout
+// for a store that does not bound its calls itself), times it and traces
+// it.
+func (m *msgCall) storeCall(ctx context.Context, op string, f func(context.Context) error) error {
 	start, cctx := time.Now(), ctx
 	if m.ib.bound > 0 {
 		var cancel context.CancelFunc
@@ -284,15 +265,16 @@ func (m *msgCall) call(ctx context.Context, op string, f func(context.Context) e
 		defer cancel()
 	}
 	err := f(cctx)
-	m.called(ctx, op, start, err)
+	m.ib.reportCall(ctx, op, m.key, m.attempts, start, err)
 	return err
 }
 
-// called reports a store call that ran from start, with its error.
-func (m *msgCall) called(ctx context.Context, op string, start time.Time, err error) {
-	m.ib.m.StoreCall(op, time.Since(start), err)
-	if t := m.ib.cfg.Tracer; t != nil {
-		t.Step(ctx, op, m.key, start, "", m.attempts, err)
+// reportCall reports a store call of key's that ran from start, with its
+// error, to Metrics and Config.Tracer.
+func (ib *Inbox) reportCall(ctx context.Context, op, key string, attempts int, start time.Time, err error) {
+	ib.m.StoreCall(op, time.Since(start), err)
+	if t := ib.cfg.Tracer; t != nil {
+		t.Step(ctx, op, key, start, "", attempts, err)
 	}
 }
 
@@ -337,9 +319,12 @@ func (m *msgCall) runHandler(ctx context.Context, abort func(why string)) (out [
 	return out, err
 }
 
-// ---- The leased flow -------------------------------------------------------
+// ---- The lease flow --------------------------------------------------------
 
 // handleLeased claims the key with a lease and runs the handler under it.
+// A plain Store comes here too, through plainLeases: its claim is
+// IsProcessed, its mark MarkProcessed, and nothing stops two concurrent
+// deliveries of one message from both running the handler.
 func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	ib := m.ib
 	ctx := m.msg.Context()
@@ -362,21 +347,22 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	case errors.Is(err, inbox.ErrBusy):
 		return nil, err
 	case err != nil:
-		if err := m.storeFailed(OpTryBegin, err); err != nil {
+		if err := m.claimFailed(OpTryBegin, err); err != nil {
 			return nil, err
 		}
 		return m.runHandler(m.msg.Context(), func(string) {})
 	}
 	if claim.Status == inbox.Acquired {
-		m.hold(claim, opts, sent)
+		m.lease = newLease(m, claim, opts, sent)
 	}
 	if claim.PayloadMismatch {
 		ib.m.Outcome(m.handler, OutcomePayloadMismatch)
 		ib.log.Error("Known inbox key arrived with a different payload", inbox.ErrPayloadMismatch, m.fields())
 		if ib.cfg.PayloadHash == PayloadHashReject {
-			m.traced(OutcomePayloadMismatch)
+			m.trace(OutcomePayloadMismatch)
 			if claim.Status == inbox.Acquired {
-				m.giveBack(OpRelease, "payload mismatch", func(ctx context.Context) error { return ib.leases.Release(ctx, m.key, m.id) })
+				l := m.lease // not yet held by the keeper
+				m.giveBack(OpRelease, "payload mismatch", l.deadline, func(ctx context.Context) error { return ib.leases.Release(ctx, m.key, l.id) })
 			}
 			return nil, fmt.Errorf("%w: key %q", inbox.ErrPayloadMismatch, m.key)
 		}
@@ -387,10 +373,10 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	case inbox.Dead:
 		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
-		m.traced(OutcomeAcquired)
+		m.trace(OutcomeAcquired)
 		return m.run()
 	}
-	return nil, m.storeFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
+	return nil, m.claimFailed(OpTryBegin, fmt.Errorf("store answered status %v", claim.Status))
 }
 
 // acked reports whether the router (or InstantAck) acked msg already.
@@ -487,7 +473,7 @@ func (m *msgCall) paced(ctx context.Context, limit time.Time, op string, f func(
 		if err := sleep(ctx, d, &waited); err != nil {
 			return err
 		}
-		if err = m.call(ctx, op, f); err == nil {
+		if err = m.storeCall(ctx, op, f); err == nil {
 			ib.pace.OK()
 			ib.health.OK()
 			return nil
@@ -517,19 +503,6 @@ func retryable(ctx context.Context, err error) bool {
 		!errors.Is(err, inbox.ErrNotSupported) && !errors.Is(err, inbox.ErrBusy) && ctx.Err() == nil
 }
 
-// hold records the lease that claim acquired (asked with opts, sent at
-// sent on the local clock).
-func (m *msgCall) hold(claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) {
-	m.id, m.hash, m.expires = claim.LeaseID, opts.PayloadHash, claim.ExpiresAt
-	m.length = cmp.Or(max(claim.Lease, 0), opts.Lease)
-	m.interval = m.ib.cfg.HeartbeatInterval
-	if m.interval >= m.length {
-		m.interval = m.length / 3
-	}
-	m.deadline = sent.Add(m.length)
-	m.base = context.WithoutCancel(m.msg.Context())
-}
-
 // errHandlerReturned cancels the handler's context once the lease is over.
 var errHandlerReturned = errors.New("inbox: handler returned")
 
@@ -541,115 +514,35 @@ var errHandlerReturned = errors.New("inbox: handler returned")
 // again), or at once when the message was acked already (InstantAck). A
 // handler that failed ends its attempt before run returns.
 func (m *msgCall) run() ([]*message.Message, error) {
+	l := m.lease
 	var hctx context.Context
-	hctx, m.cancel = context.WithCancelCause(m.msg.Context())
+	hctx, l.cancel = context.WithCancelCause(m.msg.Context())
 	m.ib.pending.Add(1) // the lease's, until its mark or release is done
-	m.ib.keep.hold(m)
-	out, err := m.runHandler(hctx, m.aborted)
+	m.ib.keep.hold(l)   // from here on, the keeper shares l (lease.go)
+	out, err := m.runHandler(hctx, m.handlerAborted)
 	switch {
 	case err != nil:
-		return m.failed(out, err)
+		return m.handlerFailed(out, err)
 	case !acked(m.msg):
 		// The handler's context stays live until the router acks or
 		// nacks: the messages it returned may be published with it.
-		m.ib.keep.await(m)
+		m.ib.keep.awaitVerdict(l)
 	default:
-		m.settleLease(driver.Complete, "")
+		l.endLease(driver.Complete, "")
 	}
 	return out, nil
 }
 
-// settleLease ends the lease after the handler: the mark (Complete), or a
-// Release (why) when the router nacked the message or Close gave up
-// waiting. It stops the heartbeat and sends the call without waiting.
-func (m *msgCall) settleLease(op driver.Kind, why string) {
-	lost := m.ib.keep.drop(m)
-	m.cancel(errHandlerReturned)
-	switch {
-	case m.id == "" && op == driver.Release: // plain flow: nothing to give back
-		m.ib.m.Outcome(m.handler, OutcomeReleased)
-		m.ib.pending.Done()
-		return
-	case lost && op == driver.Release:
-		m.ib.pending.Done()
-		return
-	case m.id == "":
-		op = driver.Mark
-	}
-	m.op, m.why, m.giveUp = op, why, m.deadline
-	m.send()
-}
-
-// send hands the lease's mark or release to the store; its answer goes to
-// settled.
-func (m *msgCall) send() {
-	op := driver.Op{Kind: m.op, Key: m.key, LeaseID: m.id}
-	if m.op == driver.Complete {
-		// What the claim wrote: a store may mark without reading it.
-		op.Owner, op.PayloadHash, op.Lease, op.ExpiresAt = m.ib.cfg.Owner, m.hash, m.length, m.expires
-	}
-	m.sent = time.Now()
-	m.ib.async.Go(m.base, op, m.settled)
-}
-
-// settled gets the answer to send. A failed mark never nacks the message
-// (that would run the handler again): a failure that may pass is sent again
-// by the keeper after a jittered pause (50 ms growing to 2 s) until the
-// lease ends, and it is logged and counted if it still fails.
-func (m *msgCall) settled(_ inbox.Claim, err error) {
-	ib, name := m.ib, opName[m.op]
-	m.called(m.base, name, m.sent, err)
-	if err == nil {
-		ib.health.OK()
-		if m.op == driver.Release {
-			ib.m.Outcome(m.handler, OutcomeReleased)
-			ib.log.Debug("Inbox lease given back", m.fields().Add(watermill.LogFields{"reason": m.why}))
-		} else {
-			ib.m.Outcome(m.handler, OutcomeProcessed)
-		}
-		ib.pending.Done()
-		return
-	}
-	if wait := storeBackoff.Pause(m.retry); !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err) && time.Until(m.giveUp) >= wait {
-		m.retry++ // before later: the keeper may send it again at once
-		ib.m.Outcome(m.handler, OutcomeStoreError)
-		if m.op != driver.Release {
-			ib.m.Outcome(m.handler, OutcomeCompleteRetry)
-		}
-		ib.health.Fail("Inbox store call after the handler failed; retrying in the background", err, m.fields().Add(watermill.LogFields{"op": name}))
-		if ib.keep.later(m, time.Now().Add(wait)) {
-			return
-		}
-	}
-	switch {
-	case m.op == driver.Release:
-		if !errors.Is(err, inbox.ErrLeaseLost) {
-			ib.health.Fail("Inbox release failed; the key stays claimed until its lease ends", err, m.fields())
-		}
-	case errors.Is(err, inbox.ErrLeaseLost):
-		if !m.lost {
-			ib.m.Outcome(m.handler, OutcomeLeaseLost)
-		}
-		ib.log.Error("Handler succeeded but its inbox lease was lost before the mark: a redelivery may run it again", err, m.fields())
-	default:
-		ib.m.Outcome(m.handler, OutcomeCompleteFailed)
-		ib.health.Fail("Inbox mark failed until the lease ended: a redelivery will run the handler again", err, m.fields())
-	}
-	ib.pending.Done()
-}
-
-var opName = [...]string{driver.Complete: OpComplete, driver.Release: OpRelease, driver.Mark: OpMarkProcessed, driver.Extend: OpExtend}
-
 // ---- A failed attempt -------------------------------------------------------
 
-// failed ends an attempt whose handler returned err, in the handler's
-// goroutine: the store keeps the key for its backoff or marks it dead
-// (fail), then the message is handed to the broker's delay
+// handlerFailed ends an attempt whose handler returned err, in the
+// handler's goroutine: the store keeps the key for its backoff or marks it
+// dead (failAttempt), then the message is handed to the broker's delay
 // (Config.Redelivery), or its error returned for the broker to redeliver.
 // The Fail is synchronous: Kafka's subscriber redelivers in-process at once,
 // so the key must be given back before the middleware returns.
-func (m *msgCall) failed(out []*message.Message, err error) ([]*message.Message, error) {
-	dead, backoff := m.fail(err.Error(), errors.Is(err, inbox.ErrPermanent))
+func (m *msgCall) handlerFailed(out []*message.Message, err error) ([]*message.Message, error) {
+	dead, backoff := m.failAttempt(err.Error(), errors.Is(err, inbox.ErrPermanent))
 	n := m.ib.cfg.MaxAttempts
 	switch {
 	case dead:
@@ -663,31 +556,37 @@ func (m *msgCall) failed(out []*message.Message, err error) ([]*message.Message,
 	return out, err
 }
 
-// aborted ends an attempt whose handler panicked or exited its goroutine.
-func (m *msgCall) aborted(why string) { m.fail(why, false) }
+// handlerAborted ends an attempt whose handler panicked or exited its
+// goroutine.
+func (m *msgCall) handlerAborted(why string) { m.failAttempt(why, false) }
 
-// fail gives the lease back after a failed handler (why), unless it was
-// lost: the store keeps the key from the next attempt for Config.Backoff,
-// or marks it dead when this attempt was the last one allowed
-// (Config.MaxAttempts) or the error is permanent. It reports whether the
-// key is dead and the backoff the store holds. A store without Fail (an
-// older remote service) releases instead.
-func (m *msgCall) fail(why string, permanent bool) (dead bool, backoff time.Duration) {
-	lost := m.ib.keep.drop(m)
-	m.cancel(errHandlerReturned)
+// failAttempt takes the lease back from the keeper after a failed handler
+// (why) and, unless it was lost, gives it back with the store's Fail: the
+// store keeps the key from the next attempt for Config.Backoff, or marks
+// it dead when this attempt was the last one allowed (Config.MaxAttempts)
+// or the error is permanent. It reports whether the key is dead and the
+// backoff the store holds. A store that counts no attempts (a plain
+// Store: the claim's Attempts is 0) holds neither. A store without Fail
+// (an older remote service) releases instead.
+func (m *msgCall) failAttempt(why string, permanent bool) (dead bool, backoff time.Duration) {
+	l := m.lease
+	lost, deadline := m.ib.keep.drop(l)
+	l.cancel(errHandlerReturned)
 	defer m.ib.pending.Done()
 	if lost {
 		return false, 0
 	}
 	cfg := m.ib.cfg
 	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
-	if opts.Dead = permanent || cfg.MaxAttempts > 0 && m.attempts >= cfg.MaxAttempts; !opts.Dead {
-		opts.RetryAfter = cfg.Backoff(m.attempts)
+	if m.attempts > 0 {
+		if opts.Dead = permanent || cfg.MaxAttempts > 0 && m.attempts >= cfg.MaxAttempts; !opts.Dead {
+			opts.RetryAfter = cfg.Backoff(m.attempts)
+		}
 	}
-	err := m.giveBack(OpFail, why, func(ctx context.Context) error { return m.ib.leases.Fail(ctx, m.key, m.id, opts) })
+	err := m.giveBack(OpFail, why, deadline, func(ctx context.Context) error { return m.ib.leases.Fail(ctx, m.key, l.id, opts) })
 	if errors.Is(err, inbox.ErrNotSupported) {
 		opts = inbox.FailOptions{}
-		err = m.giveBack(OpRelease, why, func(ctx context.Context) error { return m.ib.leases.Release(ctx, m.key, m.id) })
+		err = m.giveBack(OpRelease, why, deadline, func(ctx context.Context) error { return m.ib.leases.Release(ctx, m.key, l.id) })
 	}
 	if err != nil {
 		return false, 0
@@ -695,16 +594,16 @@ func (m *msgCall) fail(why string, permanent bool) (dead bool, backoff time.Dura
 	return opts.Dead, opts.RetryAfter
 }
 
-// giveBack makes a Release or a Fail and waits for it, retrying a failure
-// with jittered backoff (storeBackoff) for at most MaxBusyWait and until
-// the lease ends or Close gives up waiting: a key left claimed waits for
-// its lease to end before the next delivery can run it. It logs the end
-// and returns the last error.
-func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error {
-	ib := m.ib
-	giveUp := earlier(m.deadline, time.Now().Add(ib.cfg.MaxBusyWait))
-	err := m.call(m.base, op, f)
-	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(m.base, err); retry++ {
+// giveBack makes a Release or a Fail of m's lease and waits for it,
+// retrying a failure with jittered backoff (storeBackoff) for at most
+// MaxBusyWait and until the lease's deadline or Close gives up waiting: a
+// key left claimed waits for its lease to end before the next delivery can
+// run it. It logs the end and returns the last error.
+func (m *msgCall) giveBack(op, why string, deadline time.Time, f func(context.Context) error) error {
+	ib, base := m.ib, m.lease.base
+	giveUp := earlier(deadline, time.Now().Add(ib.cfg.MaxBusyWait))
+	err := m.storeCall(base, op, f)
+	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(base, err); retry++ {
 		ib.m.Outcome(m.handler, OutcomeStoreError)
 		wait := storeBackoff.Pause(retry)
 		if time.Until(giveUp) < wait {
@@ -718,7 +617,7 @@ func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error 
 			t.Stop()
 			return err
 		}
-		err = m.call(m.base, op, f)
+		err = m.storeCall(base, op, f)
 	}
 	fields := m.fields().Add(watermill.LogFields{"reason": why})
 	switch {
@@ -732,135 +631,6 @@ func (m *msgCall) giveBack(op, why string, f func(context.Context) error) error 
 		ib.health.Fail("Inbox "+op+" failed; the key stays claimed until its lease ends", err, fields)
 	}
 	return err
-}
-
-// ---- The plain flow (an inbox.Store without leases) -----------------------
-
-// handlePlain is the ADR's flow: IsProcessed, run, MarkProcessed as the
-// leased flow marks (once the router acked the message). Two concurrent
-// deliveries of one message can both pass IsProcessed and both run the
-// handler.
-func (m *msgCall) handlePlain() ([]*message.Message, error) {
-	ib := m.ib
-	var done bool
-	err := m.paced(m.msg.Context(), time.Now().Add(ib.cfg.MaxBusyWait), OpIsProcessed, func(ctx context.Context) (err error) {
-		done, err = ib.cfg.Store.IsProcessed(ctx, m.key)
-		return err
-	})
-	if err != nil {
-		if err := m.storeFailed(OpIsProcessed, err); err != nil {
-			return nil, err
-		}
-	}
-	if done {
-		return m.duplicate()
-	}
-	m.traced(OutcomeAcquired)
-	out, err := m.runHandler(m.msg.Context(), func(string) {})
-	if err != nil {
-		return out, err
-	}
-	m.base, m.cancel, m.deadline = context.WithoutCancel(m.msg.Context()), func(error) {}, time.Now().Add(ib.cfg.Lease)
-	ib.pending.Add(1) // until the mark is done
-	if !acked(m.msg) {
-		ib.keep.await(m)
-	} else {
-		m.settleLease(driver.Mark, "")
-	}
-	return out, nil
-}
-
-// goroutineGoer is the goer of a store that has none: each call in a
-// goroutine of its own, bounded by Config.StoreTimeout.
-type goroutineGoer struct{ ib *Inbox }
-
-func (g goroutineGoer) Go(ctx context.Context, op driver.Op, then func(inbox.Claim, error)) {
-	go func() {
-		ctx, cancel := context.WithTimeout(ctx, g.ib.cfg.StoreTimeout)
-		defer cancel()
-		var c inbox.Claim
-		var err error
-		switch s := g.ib.leases; op.Kind {
-		case driver.Complete:
-			err = s.Complete(ctx, op.Key, op.LeaseID)
-		case driver.Release:
-			err = s.Release(ctx, op.Key, op.LeaseID)
-		case driver.Extend:
-			c.ExpiresAt, err = s.Extend(ctx, op.Key, op.LeaseID, op.Lease)
-		default:
-			err = g.ib.cfg.Store.MarkProcessed(ctx, op.Key)
-		}
-		then(c, err)
-	}()
-}
-
-// ---- The transactional flow (a TxStore) -----------------------------------
-
-// handleTx claims the key in a transaction of the store's, which the
-// handler runs in, and commits the mark with the handler's writes. Without
-// a key, the transaction holds no claim.
-func (m *msgCall) handleTx() ([]*message.Message, error) {
-	// The store bounds the wait on a concurrent claim by its lock timeout,
-	// and the transaction lives on in the handler: it is begun with the
-	// message context.
-	var claim TxClaim
-	err := m.paced(m.msg.Context(), time.Now().Add(m.ib.cfg.MaxBusyWait), OpTryBegin, func(context.Context) (err error) {
-		claim, err = m.ib.txs.BeginTx(m.msg.Context(), m.key)
-		return err
-	})
-	var be *inbox.BusyError
-	switch {
-	case errors.As(err, &be):
-		return nil, m.busy(be.RetryAfter, be.BackingOff)
-	case errors.Is(err, inbox.ErrBusy):
-		return nil, m.busy(0, false)
-	case err != nil:
-		return nil, m.storeFailed(OpTryBegin, err)
-	case claim.Status == inbox.Processed:
-		return m.duplicate()
-	}
-	return m.runTx(claim)
-}
-
-// runTx runs the handler in the claim's transaction and ends it. Processed
-// and released are counted only for a claimed key (a message without a key
-// was counted as no_key).
-func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
-	claimed := m.key != ""
-	if claimed {
-		m.traced(OutcomeAcquired)
-	}
-	count := func(o Outcome) {
-		if claimed || o == OutcomeStoreError {
-			m.ib.m.Outcome(m.handler, o)
-		}
-	}
-	out, err := m.runHandler(claim.Context, func(why string) {
-		_ = claim.Finish(nil, errors.New("inbox: "+why))
-		count(OutcomeReleased)
-	})
-	if err != nil {
-		count(OutcomeReleased)
-		err = claim.Finish(nil, err)
-		// The store counts no attempts: the copies do (MetadataAttempts).
-		if n := attemptsOf(m.msg) + 1; claimed && !errors.Is(err, inbox.ErrPermanent) && m.ib.cfg.Redelivery != nil {
-			if d := m.ib.cfg.Backoff(n); m.redeliverable(d) && m.redeliver(d, n, err) == nil {
-				return nil, nil // rolled back; the broker holds a copy until the backoff ends
-			}
-		}
-		return nil, err
-	}
-	// The commit, timed and traced as a store call; Finish takes no context.
-	err = m.call(m.msg.Context(), OpComplete, func(context.Context) error { return claim.Finish(out, nil) })
-	switch {
-	case err == nil:
-		count(OutcomeProcessed)
-	case errors.Is(err, inbox.ErrStoreUnavailable):
-		count(OutcomeStoreError)
-	default:
-		count(OutcomeReleased)
-	}
-	return nil, err
 }
 
 // ---- Close and the count of pending marks ---------------------------------
@@ -881,6 +651,9 @@ func (ib *Inbox) Close(ctx context.Context) error {
 	select {
 	case <-drained:
 		ib.keep.close(false)
+		if ib.stopAsync != nil {
+			ib.stopAsync()
+		}
 		return nil
 	case <-ctx.Done():
 	}

@@ -105,7 +105,7 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	start := time.Now()
 	err := ib.cfg.Redelivery.Redeliver(ctx, topic, cp, delay)
 	cancel()
-	m.called(base, OpRedeliver, start, err)
+	ib.reportCall(base, OpRedeliver, m.key, m.attempts, start, err)
 	fields := m.fields().Add(watermill.LogFields{"topic": topic, "retry_after": delay.String(), "attempts": attempts})
 	if err != nil {
 		ib.m.Outcome(m.handler, OutcomeRedeliveryFailed)
@@ -118,7 +118,7 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 		ib.m.Outcome(m.handler, OutcomeRedelivered)
 		ib.log.Error("Handler failed; the message is handed to the broker, which delivers it again after the backoff", cause, fields)
 	} else {
-		m.settle(OutcomeRedelivered)
+		m.report(OutcomeRedelivered)
 		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff; the message is handed to the broker for the rest", fields)
 	}
 	return nil

@@ -77,7 +77,7 @@ func (m *msgCall) checkStale() error {
 		"retention": retention.String(), "stale_margin": margin.String(),
 	})
 	if ib.cfg.Stale == StaleReject {
-		m.settle(OutcomeStale)
+		m.report(OutcomeStale)
 		ib.staleLog.Fail("Message older than the store's retention: refused without the handler (StaleReject)", err, fields)
 		return err
 	}

@@ -2,6 +2,8 @@ package inboxmw
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -47,4 +49,73 @@ type TxClaim struct {
 	// with the mark: nil means the key is processed. Otherwise it rolls back
 	// and returns handlerErr.
 	Finish func(out []*message.Message, handlerErr error) error
+}
+
+// ---- The transactional flow (a TxStore) -----------------------------------
+
+// handleTx claims the key in a transaction of the store's, which the
+// handler runs in, and commits the mark with the handler's writes. Without
+// a key, the transaction holds no claim.
+func (m *msgCall) handleTx() ([]*message.Message, error) {
+	// The store bounds the wait on a concurrent claim by its lock timeout,
+	// and the transaction lives on in the handler: it is begun with the
+	// message context.
+	var claim TxClaim
+	err := m.paced(m.msg.Context(), time.Now().Add(m.ib.cfg.MaxBusyWait), OpTryBegin, func(context.Context) (err error) {
+		claim, err = m.ib.txs.BeginTx(m.msg.Context(), m.key)
+		return err
+	})
+	var be *inbox.BusyError
+	switch {
+	case errors.As(err, &be):
+		return nil, m.busy(be.RetryAfter, be.BackingOff)
+	case errors.Is(err, inbox.ErrBusy):
+		return nil, m.busy(0, false)
+	case err != nil:
+		return nil, m.claimFailed(OpTryBegin, err)
+	case claim.Status == inbox.Processed:
+		return m.duplicate()
+	}
+	return m.runTx(claim)
+}
+
+// runTx runs the handler in the claim's transaction and ends it. Processed
+// and released are counted only for a claimed key (a message without a key
+// was counted as no_key).
+func (m *msgCall) runTx(claim TxClaim) ([]*message.Message, error) {
+	claimed := m.key != ""
+	if claimed {
+		m.trace(OutcomeAcquired)
+	}
+	count := func(o Outcome) {
+		if claimed || o == OutcomeStoreError {
+			m.ib.m.Outcome(m.handler, o)
+		}
+	}
+	out, err := m.runHandler(claim.Context, func(why string) {
+		_ = claim.Finish(nil, errors.New("inbox: "+why))
+		count(OutcomeReleased)
+	})
+	if err != nil {
+		count(OutcomeReleased)
+		err = claim.Finish(nil, err)
+		// The store counts no attempts: the copies do (MetadataAttempts).
+		if n := attemptsOf(m.msg) + 1; claimed && !errors.Is(err, inbox.ErrPermanent) && m.ib.cfg.Redelivery != nil {
+			if d := m.ib.cfg.Backoff(n); m.redeliverable(d) && m.redeliver(d, n, err) == nil {
+				return nil, nil // rolled back; the broker holds a copy until the backoff ends
+			}
+		}
+		return nil, err
+	}
+	// The commit, timed and traced as a store call; Finish takes no context.
+	err = m.storeCall(m.msg.Context(), OpComplete, func(context.Context) error { return claim.Finish(out, nil) })
+	switch {
+	case err == nil:
+		count(OutcomeProcessed)
+	case errors.Is(err, inbox.ErrStoreUnavailable):
+		count(OutcomeStoreError)
+	default:
+		count(OutcomeReleased)
+	}
+	return nil, err
 }

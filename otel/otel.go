@@ -7,9 +7,10 @@
 // Each message gets a span inbox.claim, from the start of the middleware to
 // the claim's outcome, and a span per store call, named by its op:
 // inbox.try_begin (each retry of a failing claim its own; a TxStore's
-// BeginTx), inbox.is_processed, inbox.extend (each heartbeat),
-// inbox.complete (a TxStore's commit too), inbox.release, inbox.fail and
-// inbox.mark_processed; and a span inbox.redeliver for each hand-off of the
+// BeginTx, a plain inbox.Store's IsProcessed), inbox.extend (each
+// heartbeat), inbox.complete (a TxStore's commit and a plain Store's
+// MarkProcessed too), inbox.release and inbox.fail; and a span
+// inbox.redeliver for each hand-off of the
 // message to inboxmw.Config.Redelivery. All are children of the span in the
 // message's context (the handler's, when a tracing middleware of
 // Watermill's runs outside the inbox). Each carries inbox.key, the key's

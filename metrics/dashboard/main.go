@@ -113,7 +113,7 @@ func build() *dashboard.DashboardBuilder {
 			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"complete_retry|complete_failed"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
 		WithRow(row("Store calls")).
 		WithPanel(panel("Store call latency by store call", "s",
-			"Quantiles of the store calls' durations by call (op): try_begin, complete, release, fail, extend, is_processed, mark_processed, and redeliver (the hand-off of a failed attempt to the broker).",
+			"Quantiles of the store calls' durations by call (op): try_begin, complete, release, fail, extend, and redeliver (the hand-off of a failed attempt to the broker).",
 			query(`histogram_quantile(0.5, sum by (le, op) (rate(watermill_inbox_store_call_duration_seconds_bucket{`+group+`}[$__rate_interval])))`, "{{op}} p50"),
 			query(`histogram_quantile(0.99, sum by (le, op) (rate(watermill_inbox_store_call_duration_seconds_bucket{`+group+`}[$__rate_interval])))`, "{{op}} p99"))).
 		WithPanel(panel("Store calls by result", "ops",

@@ -40,6 +40,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -196,7 +197,18 @@ type Config struct {
 	// that its calls never wait on I/O (the memory store): [Store.Go] then
 	// applies an op in the calling goroutine.
 	InProcess bool
+
+	// Workers is how many goroutines of the store's own make the calls of
+	// [Store.Go] when it neither batches ([Batch.MaxBatch] of zero or one)
+	// nor runs in process: a fixed set, started on first use and stopped
+	// by Close, each making one call at a time; calls beyond them wait in
+	// a queue of [Batch.MaxQueue] calls. Optional; default
+	// [DefaultWorkers].
+	Workers int
 }
+
+// DefaultWorkers is the default of [Config.Workers].
+const DefaultWorkers = 16
 
 // Batch configures the group commit of [Driver.Apply]; see "Batching" in
 // the package documentation.
@@ -222,6 +234,7 @@ type Store struct {
 	d      Driver
 	cfg    Config
 	b      *batch.Batcher[Op, inbox.Claim] // nil without batching
+	pool   *batch.Batcher[Op, inbox.Claim] // Go's workers (batches of one); nil with b or InProcess
 	closed atomic.Bool
 	stats  BatchCounter
 }
@@ -247,8 +260,15 @@ func New(d Driver, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
 	}
 	s := &Store{d: d, cfg: cfg}
-	if cfg.Batch.MaxBatch > 1 {
+	switch {
+	case cfg.Workers < 0:
+		return nil, fmt.Errorf("%w: %s: %d workers", inbox.ErrInvalidArgument, cfg.Name, cfg.Workers)
+	case cfg.Batch.MaxBatch > 1:
 		s.b = batch.New(s.apply, batch.Options{MaxBatch: cfg.Batch.MaxBatch, MaxQueue: cfg.Batch.MaxQueue, MaxInFlight: cfg.Batch.MaxInFlight, Timeout: cfg.Timeout})
+	case !cfg.InProcess:
+		// A batcher whose batches hold one call each is a fixed set of
+		// workers with a bounded queue, and one timer for Timeout.
+		s.pool = batch.New(s.apply, batch.Options{MaxBatch: 1, MaxQueue: cfg.Batch.MaxQueue, MaxInFlight: cmp.Or(cfg.Workers, DefaultWorkers), Timeout: cfg.Timeout})
 	}
 	return s, nil
 }
@@ -266,6 +286,9 @@ func (s *Store) Close() error {
 	}
 	if s.b != nil {
 		s.b.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
 	}
 	return s.d.Close()
 }
@@ -314,7 +337,8 @@ func (s *Store) Extend(ctx context.Context, key, leaseID string, lease time.Dura
 // of its batcher, so that the caller never waits for a round trip; then
 // runs in the goroutine that ends the round trip. An in-process store
 // ([Config.InProcess]) applies op at once, in the calling goroutine; any
-// other store that does not batch applies it in a goroutine of its own.
+// other store hands op to one of its workers ([Config.Workers]), waiting
+// only while their queue is full. No store starts a goroutine per call.
 // then must be quick and must not block: other calls' results wait for
 // it. The middleware marks keys this way, without a goroutine per message.
 func (s *Store) Go(ctx context.Context, op Op, then func(inbox.Claim, error)) {
@@ -323,12 +347,11 @@ func (s *Store) Go(ctx context.Context, op Op, then func(inbox.Claim, error)) {
 		return
 	}
 	switch {
-	case s.b != nil:
-		s.b.Go(ctx, op, func(c inbox.Claim, err error) { then(s.answer(ctx, op, c, err)) })
-	case s.cfg.InProcess:
+	case s.cfg.InProcess && s.b == nil:
 		then(s.one(ctx, op))
 	default:
-		go func() { then(s.one(ctx, op)) }()
+		b := cmp.Or(s.b, s.pool)
+		b.Go(ctx, op, func(c inbox.Claim, err error) { then(s.answer(ctx, op, c, err)) })
 	}
 }
 

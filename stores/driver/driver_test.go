@@ -477,3 +477,45 @@ func TestApplyEach_in_order_with_results(t *testing.T) {
 		t.Fatalf("results %+v, errors %v", res, errs)
 	}
 }
+
+// A store that neither batches nor runs in process makes the calls of Go
+// on a fixed set of workers (Config.Workers), one call each at a time, the
+// others queued: never a goroutine per call. Every call gets its answer.
+func TestStore_Go_without_batching_runs_on_a_fixed_set_of_workers(t *testing.T) {
+	t.Parallel()
+	f := &fake{gate: make(chan struct{}), entered: make(chan struct{}, 64)}
+	s := newStore(t, f, driver.Config{Workers: 3})
+	t.Cleanup(func() { _ = s.Close() })
+	const n = 20
+	answers := make(chan error, n)
+	for i := range n {
+		s.Go(context.Background(), driver.Op{Kind: driver.Mark, Key: fmt.Sprintf("k%d", i)}, func(_ inbox.Claim, err error) { answers <- err })
+	}
+	for range 3 {
+		<-f.entered
+	}
+	waitBatched(t, s, n-3) // three in flight, the rest queued
+	select {
+	case <-f.entered:
+		t.Fatal("a fourth call entered the driver while three workers were busy")
+	default:
+	}
+	close(f.gate)
+	for range n {
+		if err := <-answers; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range f.got() {
+		if len(b) != 1 {
+			t.Fatalf("a worker sent %d calls in one Apply, want one", len(b))
+		}
+	}
+}
+
+func TestNew_refuses_negative_workers(t *testing.T) {
+	t.Parallel()
+	if _, err := driver.New(&fake{}, driver.Config{Name: "x", Workers: -1}); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Fatalf("Workers -1: %v, want ErrInvalidArgument", err)
+	}
+}

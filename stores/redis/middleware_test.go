@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +14,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/faultproxy"
-	"github.com/watermill-inbox/inbox/internal/testenv"
-	"github.com/watermill-inbox/inbox/keying"
+	"github.com/watermill-inbox/inbox/internal/startstest"
 	"github.com/watermill-inbox/inbox/middleware"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 )
@@ -109,33 +107,13 @@ func TestMiddleware_redis_down_nacks_then_processes_once(t *testing.T) {
 // The inbox middleware's success path on Redis starts no goroutine and no
 // timer per message: over 10,000 messages, one after the other, each
 // claimed and marked through the store's batching (the marks on its
-// runners), the counts stay under a constant.
+// runners), the counts stay under a constant (internal/startstest, as for
+// the other stores).
 func TestMiddleware_success_path_starts_no_goroutine_or_timer_per_message(t *testing.T) {
 	// Not parallel: the counts are the whole process's.
 	c := sharedClient(t)
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st := newStore(t, c, redisstore.Options{})
-	ib, err := inboxmw.New(inboxmw.Config{Store: st, Bus: "b", Group: "starts", Alias: keying.StaticAlias("h")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 10000
-	handler := ib.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
-	g, tm := testenv.Starts(t, func() {
-		testenv.Deliver(t, handler, "starts-", n)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := ib.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Logf("%d messages started %d goroutines and %d timers", n, g, tm)
-	if g > 20 || tm > 20 {
-		t.Fatalf("%d messages started %d goroutines and %d timers, want at most 20 each", n, g, tm)
-	}
-	if r, err := st.Get(context.Background(), "b:starts:h:starts-"+strconv.Itoa(n-1)); err != nil || r.State != inbox.StateProcessed {
-		t.Fatalf("last key after Close: %+v, %v; want Processed", r, err)
-	}
+	startstest.Constant(t, newStore(t, c, redisstore.Options{}), "starts", nil, startstest.Messages)
 }
