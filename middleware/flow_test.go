@@ -896,3 +896,52 @@ func TestInbox_plain_store_has_no_lease_to_lose_and_no_dead_key(t *testing.T) {
 		t.Fatalf("key of a failed handler processed: %v, %v", ok, err)
 	}
 }
+
+// slowBusy answers Busy late, as a loaded store does: the message waits on
+// the busy key through those answers as much as through its pauses.
+type slowBusy struct {
+	inbox.LeaseStore
+	late      time.Duration
+	firstBusy atomic.Pointer[time.Time]
+}
+
+func (s *slowBusy) TryBegin(ctx context.Context, key string, o inbox.BeginOptions) (inbox.Claim, error) {
+	c, err := s.LeaseStore.TryBegin(ctx, key, o)
+	if err == nil && c.Status == inbox.Busy {
+		if t := time.Now(); s.firstBusy.CompareAndSwap(nil, &t) {
+			return c, nil // the first answer on time: the wait starts here
+		}
+		time.Sleep(s.late)
+	}
+	return c, err
+}
+
+// The busy wait reported is the time the message waited on the key, polls
+// included, not only the pauses between them (which under load fell short
+// of the wait, and under the InboxBusyWaits alert's threshold).
+func TestInbox_busy_wait_reports_the_time_waited(t *testing.T) {
+	t.Parallel()
+	store := &slowBusy{LeaseStore: newMemory(t), late: 100 * time.Millisecond}
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, Metrics: rec, Alias: staticAlias(), MaxBusyWait: 600 * time.Millisecond})
+	if _, err := store.LeaseStore.TryBegin(context.Background(), testKeyPrefix+"b-slow-polls", inbox.BeginOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := call(ib, func(m *message.Message) ([]*message.Message, error) { return nil, nil }, msgFor("b-slow-polls"))
+	end := time.Now()
+	if !errors.Is(err, inbox.ErrBusy) {
+		t.Fatalf("error %v, want ErrBusy", err)
+	}
+	first := store.firstBusy.Load()
+	if first == nil {
+		t.Fatal("the store never answered Busy")
+	}
+	rec.mu.Lock()
+	waited := rec.waited[inboxmw.WaitBusy]
+	rec.mu.Unlock()
+	// The polls took 100 ms each, the pauses 20 ms growing: counting the
+	// pauses alone reports about half of the wait.
+	if span := end.Sub(*first); waited < span*9/10 || waited > span {
+		t.Fatalf("busy wait reported %s, want the %s from the first Busy answer to the end (at least 90 %%)", waited, span)
+	}
+}

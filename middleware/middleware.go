@@ -406,8 +406,15 @@ var errRedelivered = errors.New("inbox: handed to the broker's redelivery")
 // was sent: the lease's deadline is reckoned from it.
 func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.Claim, sent time.Time, err error) {
 	limit := time.Now().Add(m.ib.cfg.MaxBusyWait)
-	var waited time.Duration
-	defer m.reportWait(WaitBusy, &waited)
+	// The busy wait runs from the first pause to the claim's end: the polls
+	// between pauses are waiting too (a slow store's count as much as the
+	// pauses), so it is the elapsed time, not the sum of the pauses.
+	var waitedFrom time.Time
+	defer func() {
+		if !waitedFrom.IsZero() {
+			m.ib.m.Waited(m.handler, WaitBusy, time.Since(waitedFrom))
+		}
+	}()
 	handOff := true
 	for retry := 0; ; retry++ {
 		err = m.paced(ctx, limit, OpTryBegin, func(ctx context.Context) (err error) {
@@ -433,7 +440,10 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 		if d <= 0 {
 			return c, sent, m.busy(c.RetryAfter, c.BackingOff)
 		}
-		if err := sleep(ctx, d, &waited); err != nil {
+		if waitedFrom.IsZero() {
+			waitedFrom = time.Now()
+		}
+		if err := sleep(ctx, d, nil); err != nil {
 			return c, sent, fmt.Errorf("waiting on busy inbox key %q: %w", m.key, err)
 		}
 	}
@@ -677,7 +687,8 @@ func (ib *Inbox) track() bool {
 
 var errClosed = fmt.Errorf("inbox middleware: %w", inbox.ErrClosed)
 
-// sleep waits for d, adding it to total, or until ctx ends.
+// sleep waits for d, adding it to total unless total is nil, or until ctx
+// ends.
 func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {
 	if d <= 0 {
 		return nil
@@ -688,7 +699,9 @@ func sleep(ctx context.Context, d time.Duration, total *time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
-		*total += d
+		if total != nil {
+			*total += d
+		}
 		return nil
 	}
 }
