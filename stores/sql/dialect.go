@@ -436,10 +436,16 @@ const (
 	pgFP = `substr(sha256(t.lease), 1, 8)`
 
 	// The SET clauses of Complete and Release; $1 is the retention.
-	// Complete keeps of the lease only its fingerprint, and no owner.
+	// Complete keeps of the lease only its fingerprint, and no owner. It
+	// leaves expires_at as the claim set it (the end of the lease plus the
+	// retention) when that keeps the key for the retention and at most a
+	// 64th of it more: then it changes no indexed column, and PostgreSQL
+	// updates the row in place (a HOT update: no new index entries, and the
+	// old version's space is reused on its page).
 	pgCompleteSet = `
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint` + pgUS + ` AND n.now + ($1::bigint + $1::bigint / 64)` + pgUS + `)
+		THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN ` + pgFP + ` ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,

@@ -44,6 +44,11 @@ func OnCleanupBatch(s *Store, f func(n int64)) { s.d.onCleanupBatch = f }
 func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID string) []any, complete string, completeArgs func(key, leaseID string) []any) {
 	d := s.d
 	lease, ret := us(d.opts.Lease), us(d.opts.Retention)
-	return d.q.claimOne, func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
-		d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
+	return d.q.claimOne, func(key, id string) []any { return []any{key, leaseBytes(id), "", lease, []byte(nil), lease + ret} },
+		d.q.complete, func(key, id string) []any {
+			if d.opts.Dialect == Postgres {
+				return []any{ret, key, leaseBytes(id)}
+			}
+			return []any{ret, key, leaseBytes(id), leaseFP(id)}
+		}
 }

@@ -79,10 +79,10 @@ func goldenPostgres() GoldenFile {
 		SQL:    pgAdvisoryLock})
 	add(GoldenStatement{Name: "claim",
 		About:  `TryBegin alone in its batch (a batch of one call). An upsert whose CASE arms decide on the row, under its lock: expired (start afresh), free (acquire, attempts + 1), held by the caller's lease id (renew), else unchanged.`,
-		Params: `$1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash, $6 lease + retention (µs). Returns one row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+		Params: `$1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash, $6 lease + retention (µs). Returns one row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 		SQL:    q.claimOne})
 	add(GoldenStatement{Name: "complete",
-		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner. Affects the key's row when the lease holds it (a repeated Complete of the same lease too, by the fingerprint); no row is ErrLeaseLost.`,
+		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner, and leaves expires_at as the claim set it when that is within a 64th of the retention past now + retention (then no indexed column changes: a HOT update). Affects the key's row when the lease holds it (a repeated Complete of the same lease too, by the fingerprint); no row is ErrLeaseLost.`,
 		Params: `$1 retention (µs), $2 key, $3 lease id (bytes).`,
 		SQL:    q.complete})
 	add(GoldenStatement{Name: "release",
@@ -136,7 +136,7 @@ func goldenMySQL() GoldenFile {
 			about = `TryBegin: the upsert of the n claims of a wave (rows in key order), on MariaDB.`
 		}
 		add(GoldenStatement{Name: "claims-" + strconv.Itoa(n), About: about,
-			Params: `6 ` + rowParams + `. Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `6 ` + rowParams + `. Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q.claimsQuery(n)})
 	}
 	for _, n := range goldenSizes {
@@ -146,7 +146,7 @@ func goldenMySQL() GoldenFile {
 			SQL:    q8.claimsQuery(n)})
 		add(GoldenStatement{Name: "claims-read-" + strconv.Itoa(n) + "-mysql8",
 			About:  `TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in the same transaction: the claims' answers.`,
-			Params: `n keys. Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `n keys. Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q8.myClaimsRead(n)})
 	}
 	add(GoldenStatement{Name: "complete",
@@ -178,7 +178,7 @@ func goldenMySQL() GoldenFile {
 		ns := strconv.Itoa(n)
 		add(GoldenStatement{Name: "settle-read-" + ns,
 			About:  `Complete, Release and Fail in a batch of several calls: the locking read of the rows of a wave's n completes, releases and fails (in that order, each kind's keys in byte order), in the batch's transaction; the store decides which leases hold their keys, with the conditions of complete, release and fail.`,
-			Params: `n keys. Returns per row: msg_key, state, lease_id, expires_at, now.`,
+			Params: `n keys. Returns per row: msg_key, state, lease, expires_at, now.`,
 			SQL:    q.mySettleRead(n)})
 		add(GoldenStatement{Name: "completes-" + ns,
 			About:  `Complete in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them.`,
@@ -223,7 +223,7 @@ func goldenSQLite() GoldenFile {
 			about = `TryBegin: the upsert of n claims; with one row it is also a TryBegin alone in its batch. Its CASE arms decide on the row: expired (start afresh), free (acquire, attempts + 1), held by the caller's lease id (renew), else unchanged.`
 		}
 		add(GoldenStatement{Name: "claims-" + strconv.Itoa(n), About: about,
-			Params: `per row: key, lease id, owner, lease (µs), payload hash, lease + retention (µs). Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `per row: key, lease id, owner, lease (µs), payload hash, lease + retention (µs). Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q.claimsQuery(n)})
 	}
 	add(GoldenStatement{Name: "complete",
@@ -343,13 +343,13 @@ func addCommon(f *GoldenFile, d *sqlDriver) {
 	add := func(s GoldenStatement) { f.Statements = append(f.Statements, s) }
 	add(GoldenStatement{Name: "get",
 		About:  `Get, IsProcessed, and the check of stores.Open (which reads one key): the key's row; an expired row reads as none.`,
-		Params: p(1) + ` key. Returns state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, now.`,
+		Params: p(1) + ` key. Returns state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, now.`,
 		SQL:    q.get})
 	const (
 		prefix = "bus:group:"
 		limit  = inbox.DefaultListLimit
 	)
-	returns := ` Returns per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, now.`
+	returns := ` Returns per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, now.`
 	lists := []struct {
 		name, about, params string
 		opts                inbox.ListOptions
@@ -446,7 +446,7 @@ var goldenKinds = []struct {
 	params string
 	rows   string
 }{
-	{driver.Claim, "claim", "claims' keys, lease ids, owners, leases (µs) and payload hashes", "per claim: 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now"},
+	{driver.Claim, "claim", "claims' keys, lease ids, owners, leases (µs) and payload hashes", "per claim: 1, msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now"},
 	{driver.Complete, "complete", "completes' keys and lease ids, and their number", "per complete whose lease held its key: 2, msg_key, then NULLs"},
 	{driver.Release, "release", "releases' keys and lease ids, and their number", "per release whose lease held its key: 3, msg_key, then NULLs"},
 	{driver.Mark, "mark", "marks' keys", "per mark: 4, msg_key, then NULLs"},

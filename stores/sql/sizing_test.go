@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -26,10 +27,11 @@ const sizingKeys = 20000
 // and measured the same way (PostgreSQL: pg_total_relation_size after
 // VACUUM; MariaDB: data and index length after ANALYZE TABLE; SQLite: the
 // file's pages after VACUUM). Keys of the shape rabbit:billing:orders:<uuid>,
-// the payload hash on, claimed and completed through stores.Open by 16
-// goroutines. The compact layout holds PostgreSQL and MariaDB to 1.35 times
-// the floor. It takes a few seconds per database, so it runs only with
-// INBOX_TEST_SIZING=1.
+// the payload hash on, claimed and completed through stores.Open, one key
+// after the other (INBOX_TEST_SIZING_WORKERS=n: by n goroutines; the floor
+// is filled the same way). The compact layout holds PostgreSQL and MariaDB
+// to 1.35 times the floor. It takes seconds per database, so it runs only
+// with INBOX_TEST_SIZING=1.
 func TestSizing_processed_key_against_the_floor(t *testing.T) {
 	if os.Getenv("INBOX_TEST_SIZING") == "" {
 		t.Skip("set INBOX_TEST_SIZING=1 to measure the bytes per processed key")
@@ -116,16 +118,25 @@ func TestSizing_processed_key_against_the_floor(t *testing.T) {
 	}
 }
 
-// parallel runs f on every key from 16 goroutines.
+// parallel runs f on every key from INBOX_TEST_SIZING_WORKERS goroutines
+// (default 1).
 func parallel(t *testing.T, keys []string, f func(k string) error) {
 	t.Helper()
+	workers := 1
+	if w := os.Getenv("INBOX_TEST_SIZING_WORKERS"); w != "" {
+		n, err := strconv.Atoi(w)
+		if err != nil || n < 1 {
+			t.Fatalf("INBOX_TEST_SIZING_WORKERS=%q is not a positive number", w)
+		}
+		workers = n
+	}
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
 	)
 	next := make(chan string)
-	for range 16 {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -178,4 +189,3 @@ func tableBytes(t *testing.T, db *sql.DB, d sqlstore.Dialect, table string) int6
 	}
 	return n
 }
-

@@ -183,13 +183,16 @@ SELECT r.msg_key, r.state, r.lease, r.lease_until, r.payload_hash, r.last_seen, 
 -- name: complete
 -- Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of
 -- the lease only its fingerprint (the first 8 bytes of its SHA-256) and no
--- owner. Affects the key's row when the lease holds it (a repeated Complete of
--- the same lease too, by the fingerprint); no row is ErrLeaseLost.
+-- owner, and leaves expires_at as the claim set it when that is within a 64th
+-- of the retention past now + retention (then no indexed column changes: a HOT
+-- update). Affects the key's row when the lease holds it (a repeated Complete
+-- of the same lease too, by the fingerprint); no row is ErrLeaseLost.
 -- Parameters: $1 retention (µs), $2 key, $3 lease id (bytes).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -272,7 +275,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -311,7 +315,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -383,7 +388,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -430,7 +436,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -528,7 +535,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -585,7 +593,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -711,7 +720,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -775,7 +785,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -876,7 +887,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -925,7 +937,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1027,7 +1040,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1084,7 +1098,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1212,7 +1227,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1279,7 +1295,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1435,7 +1452,8 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -1509,7 +1527,8 @@ RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_see
 d AS (
 UPDATE "inbox" AS t SET
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
 	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
 	owner        = NULL,
 	lease_until  = NULL,
