@@ -173,7 +173,7 @@ func failState(op driver.Op) int {
 func (d *sqlDriver) failArgs(op driver.Op) []any {
 	ret, retry := us(d.opts.Retention), backoffUS(op)
 	if d.opts.Dialect == MySQL {
-		return []any{retry, op.Failure.Reason, failState(op), failState(op), retry + ret, op.Key, leaseBytes(op.LeaseID)}
+		return []any{retry, op.Failure.Reason, failState(op), retry + ret, op.Key, leaseBytes(op.LeaseID)}
 	}
 	return []any{ret, op.Key, leaseBytes(op.LeaseID), op.Failure.Reason, failState(op), retry}
 }

@@ -239,7 +239,7 @@ func addColumn(d Dialect, table string, i int) string {
 // SHA-256, or an opaque hash as given), lease (the lease id while the lease
 // is in flight; once processed, the first 8 bytes of the SHA-256 of the id
 // of the lease that completed it, so that its repeated Complete still
-// succeeds and any other's fails), owner (while the key is open) and reason
+// succeeds and any other's fails), owner (but once processed) and reason
 // (of the latest failed attempt, [inbox.FailOptions.Reason]), NULL when
 // empty, with an index on expires_at for [Store.Cleanup].
 //
@@ -526,10 +526,9 @@ func pgCols(alias, list string) string {
 // for dead) and backoff (microseconds, 0 for none) are the expressions
 // given; $1 is the retention. The backoff is a lease nobody holds: lease
 // NULL, lease_until its end (NULL without one). The row lives for the
-// backoff plus the retention; a dead row keeps no owner.
+// backoff plus the retention. A dead row keeps its owner (who failed it).
 func pgFailSet(reason, state, retryUS string) string {
 	return ` lease = NULL, lease_until = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), last_seen = n.now,
-	owner = CASE WHEN ` + state + ` = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(` + reason + `, ''), state = ` + state + `, expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
 }
 
@@ -692,8 +691,7 @@ WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND lease_until > `
 	}
 	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now,
 		`(state = 0 AND lease = ? OR state = 1 AND lease = ?)`)
-	// No assignment reads a column but owner, its own. Parameters: see
-	// failArgs (the new state twice).
+	// No assignment reads a column. Parameters: see failArgs.
 	q.failOne = `UPDATE ` + t + ` SET` + myFailSet("?", "?", "?", "?") + `
 WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now
 	return q
@@ -717,7 +715,7 @@ WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now
 func myFailSet(reason, state, retryUS, expiresUS string) string {
 	const now = `UTC_TIMESTAMP(6)`
 	return ` lease = NULL, lease_until = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), last_seen = ` + now + `,
-	reason = NULLIF(` + reason + `, ''), owner = CASE WHEN ` + state + ` = 2 THEN NULL ELSE owner END, state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
+	reason = NULLIF(` + reason + `, ''), state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
 }
 
 // liteNow is SQLite's clock in integer microseconds since the Unix epoch.
@@ -763,7 +761,7 @@ FROM ` + t + ` WHERE msg_key = ?1`,
 WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 
 		failOne: `UPDATE ` + t + ` SET lease = NULL, lease_until = NULLIF(` + now + ` + ?6, ` + now + `), last_seen = ` + now + `,
-	owner = CASE WHEN ?5 = 2 THEN NULL ELSE owner END, reason = NULLIF(?4, ''), state = ?5, expires_at = ` + now + ` + ?6 + ?1
+	reason = NULLIF(?4, ''), state = ?5, expires_at = ` + now + ` + ?6 + ?1
 WHERE msg_key = ?2 AND lease = ?3 AND state = 0 AND expires_at > ` + now,
 	}
 	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `

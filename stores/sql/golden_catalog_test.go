@@ -163,7 +163,7 @@ func goldenMySQL() GoldenFile {
 		SQL:    q.release})
 	add(GoldenStatement{Name: "fail",
 		About:  `Fail alone in its batch: an UPDATE fenced by the lease id of an open row, which empties the lease and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
-		Params: `1 backoff (µs; 0 for none and for Dead), 2 reason, 3 and 4 new state (0, or 2 for Dead, which keeps no owner), 5 backoff + retention (µs), 6 key, 7 lease id.`,
+		Params: `1 backoff (µs; 0 for none and for Dead), 2 reason, 3 new state (0, or 2 for Dead), 4 backoff + retention (µs), 5 key, 6 lease id.`,
 		SQL:    q.failOne})
 	for _, n := range goldenSizes {
 		about := `MarkProcessed: the upsert of a wave's n marks (rows in key order).`

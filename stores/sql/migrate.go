@@ -67,7 +67,7 @@ func upgradeSelect(d Dialect, t string) string {
 	}
 	return `SELECT msg_key, state,
 	` + lease + `,
-	CASE WHEN state = 0 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
 	` + hash + `,
 	expires_at, NULLIF(reason, '')
 FROM ` + t

@@ -148,7 +148,7 @@ func TestUpgrade_earlier_layout_is_read_after_migrate(t *testing.T) {
 				case r.State == 1:
 					want.State = inbox.StateProcessed
 				case r.State == 2:
-					want.State = inbox.StateDead
+					want.State, want.Owner = inbox.StateDead, r.Owner
 				case r.LeaseID != "" && r.LeaseUntil != nil && *r.LeaseUntil > 0:
 					want.State, want.Owner = inbox.StateInProgress, r.Owner
 				default:

@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS `inbox_upgrade` (
 INSERT INTO `inbox_upgrade` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
 SELECT msg_key, state,
 	CASE WHEN lease_id = '' OR state = 2 THEN NULL WHEN state = 1 THEN UNHEX(LEFT(SHA2(lease_id, 256), 16)) ELSE lease_id END,
-	CASE WHEN state = 0 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
 	CASE WHEN payload_hash = '' THEN NULL WHEN LENGTH(payload_hash) = 64 AND CONVERT(payload_hash USING latin1) COLLATE latin1_bin REGEXP '^[0-9a-f]{64}$' THEN UNHEX(LEFT(payload_hash, 32))
 	WHEN LENGTH(payload_hash) = 16 THEN CONCAT(payload_hash, X'00') ELSE payload_hash END,
 	expires_at, NULLIF(reason, '')
@@ -140,7 +140,7 @@ DROP TABLE `inbox_earlier`;
 -- TryBegin: the upsert of n claims (rows in key order), on MariaDB. With one
 -- row it is also a TryBegin alone in its batch.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
--- + retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- + retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
@@ -160,7 +160,7 @@ RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- TryBegin: the upsert of the n claims of a wave (rows in key order), on
 -- MariaDB.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
--- + retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- + retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
@@ -197,7 +197,7 @@ ON DUPLICATE KEY UPDATE
 -- name: claims-read-1-mysql8
 -- TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in
 -- the same transaction: the claims' answers.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, lease_until,
+-- Parameters: n keys. Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 SELECT msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) FOR UPDATE;
 
@@ -222,7 +222,7 @@ ON DUPLICATE KEY UPDATE
 -- name: claims-read-3-mysql8
 -- TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in
 -- the same transaction: the claims' answers.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, lease_until,
+-- Parameters: n keys. Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 SELECT msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) FOR UPDATE;
 
@@ -260,11 +260,10 @@ WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
 -- Fail alone in its batch: an UPDATE fenced by the lease id of an open row,
 -- which empties the lease and sets the backoff (a lease nobody holds) or the
 -- dead state; no row is ErrLeaseLost.
--- Parameters: 1 backoff (µs; 0 for none and for Dead), 2 reason, 3 and 4 new
--- state (0, or 2 for Dead, which keeps no owner), 5 backoff + retention (µs),
--- 6 key, 7 lease id.
+-- Parameters: 1 backoff (µs; 0 for none and for Dead), 2 reason, 3 new state
+-- (0, or 2 for Dead), 4 backoff + retention (µs), 5 key, 6 lease id.
 UPDATE `inbox` SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = NULLIF(?, ''), owner = CASE WHEN ? = 2 THEN NULL ELSE owner END, state = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+	reason = NULLIF(?, ''), state = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
 
 -- name: marks-1
@@ -306,8 +305,7 @@ ON DUPLICATE KEY UPDATE
 -- kind's keys in byte order), in the batch's transaction; the store decides
 -- which leases hold their keys, with the conditions of complete, release and
 -- fail.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, expires_at,
--- now.
+-- Parameters: n keys. Returns per row: msg_key, state, lease, expires_at, now.
 SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) ORDER BY msg_key FOR UPDATE;
 
 -- name: completes-1
@@ -337,7 +335,7 @@ WHERE msg_key IN (?);
 -- Parameters: per row: key, reason, new state (0, or 2 for Dead), backoff
 -- (µs), backoff + retention (µs).
 UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex) AS u ON t.msg_key = u.k SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = NULLIF(u.r, ''), owner = CASE WHEN u.s = 2 THEN NULL ELSE owner END, state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
 
 -- name: settle-read-3
 -- Complete, Release and Fail in a batch of several calls: the locking read of
@@ -345,8 +343,7 @@ UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex) AS u 
 -- kind's keys in byte order), in the batch's transaction; the store decides
 -- which leases hold their keys, with the conditions of complete, release and
 -- fail.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, expires_at,
--- now.
+-- Parameters: n keys. Returns per row: msg_key, state, lease, expires_at, now.
 SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) ORDER BY msg_key FOR UPDATE;
 
 -- name: completes-3
@@ -376,7 +373,7 @@ WHERE msg_key IN (?, ?, ?);
 -- Parameters: per row: key, reason, new state (0, or 2 for Dead), backoff
 -- (µs), backoff + retention (µs).
 UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex UNION ALL SELECT ?, ?, ?, ?, ? UNION ALL SELECT ?, ?, ?, ?, ?) AS u ON t.msg_key = u.k SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = NULLIF(u.r, ''), owner = CASE WHEN u.s = 2 THEN NULL ELSE owner END, state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
 
 -- name: extend
 -- Extend: an UPDATE fenced by the lease id of an open, unexpired row, in a
@@ -395,7 +392,7 @@ SELECT lease_until FROM `inbox` WHERE msg_key = ?;
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: 1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
 SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6)
 FROM `inbox` WHERE msg_key = ?;
 
@@ -404,7 +401,7 @@ FROM `inbox` WHERE msg_key = ?;
 -- one row more than the page to tell whether another follows.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6)
 ORDER BY msg_key LIMIT ?;
@@ -415,7 +412,7 @@ ORDER BY msg_key LIMIT ?;
 -- point incremented.
 -- Parameters: 1 prefix, 2 end of its range, 3 page size + 1. Returns per row:
 -- msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND msg_key >= ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
@@ -425,7 +422,7 @@ ORDER BY msg_key LIMIT ?;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: 1 cursor, 2 end of the prefix's range, 3 page size + 1. Returns
 -- per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND msg_key > ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
@@ -434,7 +431,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of processed keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 1
 ORDER BY msg_key LIMIT ?;
@@ -443,7 +440,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of dead keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 2
 ORDER BY msg_key LIMIT ?;
@@ -452,7 +449,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys held by a live lease.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND lease_until > UTC_TIMESTAMP(6) AND lease IS NOT NULL
 ORDER BY msg_key LIMIT ?;
@@ -462,7 +459,7 @@ ORDER BY msg_key LIMIT ?;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6) OR lease IS NULL)
 ORDER BY msg_key LIMIT ?;
@@ -471,7 +468,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: 1 OlderThan (µs), 2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
+-- expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND last_seen <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 ORDER BY msg_key LIMIT ?;

@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS "inbox_upgrade" (
 INSERT INTO "inbox_upgrade" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
 SELECT msg_key, state,
 	CASE WHEN lease_id = '' OR state = 2 THEN NULL WHEN state = 1 THEN substr(sha256(convert_to(lease_id, 'UTF8')), 1, 8) ELSE convert_to(lease_id, 'UTF8') END,
-	CASE WHEN state = 0 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
 	CASE WHEN payload_hash = '' THEN NULL WHEN payload_hash ~ '^[0-9a-f]{64}$' THEN decode(substr(payload_hash, 1, 32), 'hex')
 	WHEN octet_length(payload_hash) = 16 THEN convert_to(payload_hash, 'UTF8') || '\x00'::bytea ELSE convert_to(payload_hash, 'UTF8') END,
 	expires_at, NULLIF(reason, '')
@@ -161,7 +161,7 @@ SELECT pg_advisory_xact_lock($1);
 -- decide on the row, under its lock: expired (start afresh), free (acquire,
 -- attempts + 1), held by the caller's lease id (renew), else unchanged.
 -- Parameters: $1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash,
--- $6 lease + retention (µs). Returns one row: msg_key, state, lease_id,
+-- $6 lease + retention (µs). Returns one row: msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
 INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
@@ -215,7 +215,6 @@ FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expire
 -- (0, or 2 for Dead), $6 backoff (µs; 0 for none and for Dead).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + $6::bigint * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN $5::smallint = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF($4::text, ''), state = $5::smallint, expires_at = n.now + ($6::bigint + $1::bigint) * interval '1 microsecond'
 FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expires_at > n.now;
 
@@ -243,7 +242,7 @@ ON CONFLICT (msg_key) DO UPDATE SET
 -- byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes. Returns per claim:
--- 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- 1, msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
@@ -292,9 +291,9 @@ SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NUL
 -- rows (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
--- and lease ids, and their number. Returns per claim: 1, msg_key, state,
--- lease_id, lease_until, payload_hash, last_seen, attempts, reason, now; per
--- complete whose lease held its key: 2, msg_key, then NULLs.
+-- and lease ids, and their number. Returns per claim: 1, msg_key, state, lease,
+-- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
+-- whose lease held its key: 2, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
 INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
@@ -348,9 +347,9 @@ SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NUL
 -- rows (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
--- and lease ids, and their number. Returns per claim: 1, msg_key, state,
--- lease_id, lease_until, payload_hash, last_seen, attempts, reason, now; per
--- release whose lease held its key: 3, msg_key, then NULLs.
+-- and lease ids, and their number. Returns per claim: 1, msg_key, state, lease,
+-- lease_until, payload_hash, last_seen, attempts, reason, now; per release
+-- whose lease held its key: 3, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
 INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
@@ -412,7 +411,7 @@ UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
--- number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per complete whose lease held
 -- its key: 2, msg_key, then NULLs; per release whose lease held its key: 3,
 -- msg_key, then NULLs.
@@ -485,7 +484,7 @@ SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NUL
 -- (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the marks' keys.
--- Returns per claim: 1, msg_key, state, lease_id, lease_until, payload_hash,
+-- Returns per claim: 1, msg_key, state, lease, lease_until, payload_hash,
 -- last_seen, attempts, reason, now; per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
@@ -570,7 +569,7 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the marks' keys. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per complete whose lease held its key: 2, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -662,7 +661,7 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the marks' keys. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per release whose lease held its key: 3, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -761,7 +760,7 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
--- number; the marks' keys. Returns per claim: 1, msg_key, state, lease_id,
+-- number; the marks' keys. Returns per claim: 1, msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
 -- whose lease held its key: 2, msg_key, then NULLs; per release whose lease
 -- held its key: 3, msg_key, then NULLs; per mark: 4, msg_key, then NULLs.
@@ -830,7 +829,6 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::smallint[]) LIMIT $7::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -844,7 +842,7 @@ SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NUL
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the fails' keys,
 -- lease ids, reasons, backoffs (µs), new states, and their number. Returns per
--- claim: 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen,
+-- claim: 1, msg_key, state, lease, lease_until, payload_hash, last_seen,
 -- attempts, reason, now; per fail whose lease held its key: 5, msg_key, then
 -- NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -866,7 +864,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[], $9::text::text[], $10::text::bigint[], $11::text::smallint[]) LIMIT $12::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -898,7 +895,6 @@ WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[], $7::text::text[], $8::text::bigint[], $9::text::smallint[]) LIMIT $10::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -914,7 +910,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the fails' keys, lease ids, reasons,
 -- backoffs (µs), new states, and their number. Returns per claim: 1, msg_key,
--- state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now;
+-- state, lease, lease_until, payload_hash, last_seen, attempts, reason, now;
 -- per complete whose lease held its key: 2, msg_key, then NULLs; per fail whose
 -- lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -948,7 +944,6 @@ WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[], $12::text::text[], $13::text::bigint[], $14::text::smallint[]) LIMIT $15::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -974,7 +969,6 @@ WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[], $7::text::text[], $8::text::bigint[], $9::text::smallint[]) LIMIT $10::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -990,7 +984,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the fails' keys, lease ids, reasons,
 -- backoffs (µs), new states, and their number. Returns per claim: 1, msg_key,
--- state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now;
+-- state, lease, lease_until, payload_hash, last_seen, attempts, reason, now;
 -- per release whose lease held its key: 3, msg_key, then NULLs; per fail whose
 -- lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -1017,7 +1011,6 @@ WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[], $12::text::text[], $13::text::bigint[], $14::text::smallint[]) LIMIT $15::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1056,7 +1049,6 @@ WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($8::text::text[], $9::text::text[], $10::text::text[], $11::text::bigint[], $12::text::smallint[]) LIMIT $13::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1073,7 +1065,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
 -- number; the fails' keys, lease ids, reasons, backoffs (µs), new states, and
--- their number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- their number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per complete whose lease held
 -- its key: 2, msg_key, then NULLs; per release whose lease held its key: 3,
 -- msg_key, then NULLs; per fail whose lease held its key: 5, msg_key, then
@@ -1114,7 +1106,6 @@ WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND 
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($13::text::text[], $14::text::text[], $15::text::text[], $16::text::bigint[], $17::text::smallint[]) LIMIT $18::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1151,7 +1142,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($3::text::text[], $4::text::text[], $5::text::text[], $6::text::bigint[], $7::text::smallint[]) LIMIT $8::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1166,7 +1156,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the marks' keys;
 -- the fails' keys, lease ids, reasons, backoffs (µs), new states, and their
--- number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per mark: 4, msg_key, then
 -- NULLs; per fail whose lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -1204,7 +1194,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($8::text::text[], $9::text::text[], $10::text::text[], $11::text::bigint[], $12::text::smallint[]) LIMIT $13::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1254,7 +1243,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($6::text::text[], $7::text::text[], $8::text::text[], $9::text::bigint[], $10::text::smallint[]) LIMIT $11::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1271,7 +1259,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the marks' keys; the fails' keys, lease ids,
 -- reasons, backoffs (µs), new states, and their number. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per complete whose lease held its key: 2, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs; per fail whose lease held its key: 5,
 -- msg_key, then NULLs.
@@ -1322,7 +1310,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($11::text::text[], $12::text::text[], $13::text::text[], $14::text::bigint[], $15::text::smallint[]) LIMIT $16::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1366,7 +1353,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($6::text::text[], $7::text::text[], $8::text::text[], $9::text::bigint[], $10::text::smallint[]) LIMIT $11::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1383,7 +1369,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the marks' keys; the fails' keys, lease ids,
 -- reasons, backoffs (µs), new states, and their number. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per release whose lease held its key: 3, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs; per fail whose lease held its key: 5,
 -- msg_key, then NULLs.
@@ -1427,7 +1413,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($11::text::text[], $12::text::text[], $13::text::text[], $14::text::bigint[], $15::text::smallint[]) LIMIT $16::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1484,7 +1469,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($9::text::text[], $10::text::text[], $11::text::text[], $12::text::bigint[], $13::text::smallint[]) LIMIT $14::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1502,7 +1486,7 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
 -- number; the marks' keys; the fails' keys, lease ids, reasons, backoffs (µs),
--- new states, and their number. Returns per claim: 1, msg_key, state, lease_id,
+-- new states, and their number. Returns per claim: 1, msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
 -- whose lease held its key: 2, msg_key, then NULLs; per release whose lease
 -- held its key: 3, msg_key, then NULLs; per mark: 4, msg_key, then NULLs; per
@@ -1559,7 +1543,6 @@ ON CONFLICT (msg_key) DO UPDATE SET
 RETURNING t.msg_key),
 f AS (
 UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	owner = CASE WHEN u.s = 2 THEN NULL ELSE t.owner END,
 	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($14::text::text[], $15::text::text[], $16::text::text[], $17::text::bigint[], $18::text::smallint[]) LIMIT $19::int) AS u(k, l, r, ra, s)
 WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
@@ -1584,7 +1567,7 @@ RETURNING t.lease_until;
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: $1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
 SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, clock_timestamp()
 FROM "inbox" WHERE msg_key = $1;
 
@@ -1593,7 +1576,7 @@ FROM "inbox" WHERE msg_key = $1;
 -- one row more than the page to tell whether another follows.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now
@@ -1605,7 +1588,7 @@ ORDER BY t.msg_key LIMIT $1;
 -- point incremented.
 -- Parameters: $1 prefix, $2 end of its range, $3 page size + 1. Returns per
 -- row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.msg_key >= $1 AND t.msg_key < $2
@@ -1616,7 +1599,7 @@ ORDER BY t.msg_key LIMIT $3;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: $1 cursor, $2 end of the prefix's range, $3 page size + 1.
 -- Returns per row: msg_key, state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.msg_key > $1 AND t.msg_key < $2
@@ -1626,7 +1609,7 @@ ORDER BY t.msg_key LIMIT $3;
 -- List of processed keys.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 1
@@ -1636,7 +1619,7 @@ ORDER BY t.msg_key LIMIT $1;
 -- List of dead keys.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 2
@@ -1646,7 +1629,7 @@ ORDER BY t.msg_key LIMIT $1;
 -- List of keys held by a live lease.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 0 AND t.lease_until > n.now AND t.lease IS NOT NULL
@@ -1657,7 +1640,7 @@ ORDER BY t.msg_key LIMIT $1;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= n.now OR t.lease IS NULL)
@@ -1667,7 +1650,7 @@ ORDER BY t.msg_key LIMIT $1;
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: $1 OlderThan (µs), $2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
+-- expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.last_seen <= n.now - $1::bigint * interval '1 microsecond'

@@ -108,7 +108,7 @@ CREATE TABLE IF NOT EXISTS "inbox_upgrade" (
 INSERT INTO "inbox_upgrade" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
 SELECT msg_key, state,
 	CASE WHEN lease_id = '' OR state = 2 THEN NULL ELSE CAST(lease_id AS BLOB) END,
-	CASE WHEN state = 0 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
 	CASE WHEN payload_hash = '' THEN NULL WHEN length(CAST(payload_hash AS BLOB)) = 64 AND payload_hash NOT GLOB '*[^0-9a-f]*' THEN unhex(substr(payload_hash, 1, 32))
 	WHEN length(CAST(payload_hash AS BLOB)) = 16 THEN unhex(hex(payload_hash) || '00') ELSE CAST(payload_hash AS BLOB) END,
 	expires_at, NULLIF(reason, '')
@@ -156,7 +156,7 @@ UPDATE "inbox_upgrade" SET lease = ?1 WHERE msg_key = ?2;
 -- (acquire, attempts + 1), held by the caller's lease id (renew), else
 -- unchanged.
 -- Parameters: per row: key, lease id, owner, lease (µs), payload hash, lease +
--- retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
@@ -175,7 +175,7 @@ RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- name: claims-3
 -- TryBegin: the upsert of a wave's n claims (rows in key order).
 -- Parameters: per row: key, lease id, owner, lease (µs), payload hash, lease +
--- retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
 INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
@@ -222,7 +222,7 @@ WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > (CAST(ROUND((juli
 -- Parameters: ?1 retention (µs), ?2 key, ?3 lease id, ?4 reason, ?5 new state
 -- (0, or 2 for Dead), ?6 backoff (µs; 0 for none and for Dead).
 UPDATE "inbox" SET lease = NULL, lease_until = NULLIF((CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)), last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000),
-	owner = CASE WHEN ?5 = 2 THEN NULL ELSE owner END, reason = NULLIF(?4, ''), state = ?5, expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6 + ?1
+	reason = NULLIF(?4, ''), state = ?5, expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6 + ?1
 WHERE msg_key = ?2 AND lease = ?3 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: marks-1
@@ -289,7 +289,7 @@ RETURNING lease_until;
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: ?1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
 SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 FROM "inbox" WHERE msg_key = ?1;
 
@@ -298,7 +298,7 @@ FROM "inbox" WHERE msg_key = ?1;
 -- one row more than the page to tell whether another follows.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 ORDER BY msg_key LIMIT ?;
@@ -309,7 +309,7 @@ ORDER BY msg_key LIMIT ?;
 -- point incremented.
 -- Parameters: 1 prefix, 2 end of its range, 3 page size + 1. Returns per row:
 -- msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND msg_key >= ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
@@ -319,7 +319,7 @@ ORDER BY msg_key LIMIT ?;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: 1 cursor, 2 end of the prefix's range, 3 page size + 1. Returns
 -- per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND msg_key > ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
@@ -328,7 +328,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of processed keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 1
 ORDER BY msg_key LIMIT ?;
@@ -337,7 +337,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of dead keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 2
 ORDER BY msg_key LIMIT ?;
@@ -346,7 +346,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys held by a live lease.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND lease_until > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND lease IS NOT NULL
 ORDER BY msg_key LIMIT ?;
@@ -356,7 +356,7 @@ ORDER BY msg_key LIMIT ?;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND (lease_until IS NULL OR lease_until <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) OR lease IS NULL)
 ORDER BY msg_key LIMIT ?;
@@ -365,7 +365,7 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: 1 OlderThan (µs), 2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
+-- expires_at, reason, lease, now.
 SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND last_seen <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) - ?
 ORDER BY msg_key LIMIT ?;
