@@ -435,7 +435,10 @@ func (d *sqlDriver) settleOne(ctx context.Context, exec func(ctx context.Context
 	switch op.Kind {
 	case driver.Complete:
 		query = d.q.complete
-		if d.opts.Dialect != Postgres {
+		switch d.opts.Dialect {
+		case MySQL:
+			args = append(myCompleteArgs(d.opts.Retention), op.Key, leaseBytes(op.LeaseID), leaseFP(op.LeaseID))
+		case SQLite:
 			args = append(args, leaseFP(op.LeaseID))
 		}
 	case driver.Fail:
@@ -519,6 +522,10 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 	}
 	for _, k := range []driver.Kind{driver.Complete, driver.Release} {
 		args := []any{us(d.opts.Retention)}
+		if k == driver.Complete {
+			args = myCompleteArgs(d.opts.Retention)
+		}
+		n := len(args)
 		for _, i := range w.kinds[k] {
 			res[i], errs[i] = inbox.Claim{}, nil
 			if held[i] {
@@ -527,10 +534,10 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 				errs[i] = lost(ops[i])
 			}
 		}
-		if len(args) == 1 {
+		if len(args) == n {
 			continue
 		}
-		if _, err := q.ExecContext(ctx, d.q.mySettleUpdate(k, len(args)-1), args...); err != nil {
+		if _, err := q.ExecContext(ctx, d.q.mySettleUpdate(k, len(args)-n), args...); err != nil {
 			return err
 		}
 	}
@@ -780,9 +787,16 @@ func (q *queries) mySettleRead(n int) string {
 	return "SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM " + q.t + " WHERE msg_key IN (" + placeholders(n) + ") ORDER BY msg_key FOR UPDATE"
 }
 
+// myCompleteArgs are the parameters of MySQL's completeSet for the
+// retention ret: ret, ret and a 64th of it, ret (microseconds).
+func myCompleteArgs(ret time.Duration) []any {
+	return []any{us(ret), us(ret + ret/64), us(ret)}
+}
+
 // mySettleUpdate is the UPDATE of the rows of n completes or releases (k)
-// whose leases held them, on MySQL (mySettle). Its parameters are the
-// retention, then the n keys.
+// whose leases held them, on MySQL (mySettle). Its parameters are those of
+// the SET clause (the retention; for completes myCompleteArgs), then the n
+// keys.
 func (q *queries) mySettleUpdate(k driver.Kind, n int) string {
 	set := q.releaseSet
 	if k == driver.Complete {

@@ -655,10 +655,15 @@ ON DUPLICATE KEY UPDATE
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(expires_at) ELSE expires_at END`,
 
 		// state is assigned last: the conditions before it read the old
-		// one. The lease keeps only its fingerprint (leaseFP).
+		// one. The lease keeps only its fingerprint (leaseFP). expires_at
+		// stays as the claim set it when within a 64th of the retention
+		// past now + retention (see pgCompleteSet): then the index on it
+		// is not written. Parameters: the retention, the retention and a
+		// 64th, the retention (myCompleteArgs).
 		completeSet: `
 	last_seen    = CASE WHEN state = 0 THEN ` + now + ` ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN ` + now + ` + INTERVAL ? MICROSECOND AND ` + now + ` + INTERVAL ? MICROSECOND)
+		THEN ` + now + ` + INTERVAL ? MICROSECOND ELSE expires_at END,
 	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
 	owner        = NULL,
 	lease_until  = NULL,

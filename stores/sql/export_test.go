@@ -46,8 +46,11 @@ func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID strin
 	lease, ret := us(d.opts.Lease), us(d.opts.Retention)
 	return d.q.claimOne, func(key, id string) []any { return []any{key, leaseBytes(id), "", lease, []byte(nil), lease + ret} },
 		d.q.complete, func(key, id string) []any {
-			if d.opts.Dialect == Postgres {
+			switch d.opts.Dialect {
+			case Postgres:
 				return []any{ret, key, leaseBytes(id)}
+			case MySQL:
+				return append(myCompleteArgs(d.opts.Retention), key, leaseBytes(id), leaseFP(id))
 			}
 			return []any{ret, key, leaseBytes(id), leaseFP(id)}
 		}

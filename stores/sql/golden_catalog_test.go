@@ -150,8 +150,8 @@ func goldenMySQL() GoldenFile {
 			SQL:    q8.myClaimsRead(n)})
 	}
 	add(GoldenStatement{Name: "complete",
-		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner. Affects the key's row when the lease holds it (with clientFoundRows, a repeated Complete of the same lease too, by the fingerprint); else complete-holder follows.`,
-		Params: `1 retention (µs), 2 key, 3 lease id, 4 its fingerprint.`,
+		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner, and leaves expires_at as the claim set it when that is within a 64th of the retention past now + retention (then the index on it is not written). Affects the key's row when the lease holds it (with clientFoundRows, a repeated Complete of the same lease too, by the fingerprint); else complete-holder follows.`,
+		Params: `1 retention (µs), 2 retention + a 64th (µs), 3 retention (µs), 4 key, 5 lease id, 6 its fingerprint.`,
 		SQL:    q.complete})
 	add(GoldenStatement{Name: "complete-holder",
 		About:  `After a Complete alone in its batch that affected no row: whether this lease completed the key already (a repeated Complete, without clientFoundRows); otherwise it is ErrLeaseLost.`,
@@ -181,8 +181,8 @@ func goldenMySQL() GoldenFile {
 			Params: `n keys. Returns per row: msg_key, state, lease, expires_at, now.`,
 			SQL:    q.mySettleRead(n)})
 		add(GoldenStatement{Name: "completes-" + ns,
-			About:  `Complete in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them.`,
-			Params: `retention (µs), then n keys.`,
+			About:  `Complete in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them (expires_at as in complete).`,
+			Params: `retention, retention + a 64th, retention (µs), then n keys.`,
 			SQL:    q.mySettleUpdate(driver.Complete, n)})
 		add(GoldenStatement{Name: "releases-" + ns,
 			About:  `Release in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them.`,

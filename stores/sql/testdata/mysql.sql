@@ -229,13 +229,17 @@ SELECT msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, re
 -- name: complete
 -- Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of
 -- the lease only its fingerprint (the first 8 bytes of its SHA-256) and no
--- owner. Affects the key's row when the lease holds it (with clientFoundRows, a
+-- owner, and leaves expires_at as the claim set it when that is within a 64th
+-- of the retention past now + retention (then the index on it is not written).
+-- Affects the key's row when the lease holds it (with clientFoundRows, a
 -- repeated Complete of the same lease too, by the fingerprint); else
 -- complete-holder follows.
--- Parameters: 1 retention (µs), 2 key, 3 lease id, 4 its fingerprint.
+-- Parameters: 1 retention (µs), 2 retention + a 64th (µs), 3 retention (µs),
+-- 4 key, 5 lease id, 6 its fingerprint.
 UPDATE `inbox` SET
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
 	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -310,11 +314,12 @@ SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE ms
 
 -- name: completes-1
 -- Complete in a batch of several calls: after settle-read, the UPDATE of the n
--- rows whose lease held them.
--- Parameters: retention (µs), then n keys.
+-- rows whose lease held them (expires_at as in complete).
+-- Parameters: retention, retention + a 64th, retention (µs), then n keys.
 UPDATE `inbox` SET
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
 	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
 	owner        = NULL,
 	lease_until  = NULL,
@@ -348,11 +353,12 @@ SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE ms
 
 -- name: completes-3
 -- Complete in a batch of several calls: after settle-read, the UPDATE of the n
--- rows whose lease held them.
--- Parameters: retention (µs), then n keys.
+-- rows whose lease held them (expires_at as in complete).
+-- Parameters: retention, retention + a 64th, retention (µs), then n keys.
 UPDATE `inbox` SET
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
 	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
 	owner        = NULL,
 	lease_until  = NULL,
