@@ -300,8 +300,11 @@ type queries struct {
 	// The statements of a batch of one op (applyOne): claimOne(key,
 	// leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns what a
 	// claim statement returns (below; not on MySQL 8); complete(retentionUS,
-	// key, leaseID) and release(retentionUS, key, leaseID) affect one row on
-	// success; failOne likewise, with the parameters of failArgs;
+	// key, leaseID; on SQLite and its fingerprint, on MySQL myCompleteArgs
+	// in place of retentionUS and the fingerprint) and release(retentionUS,
+	// key, leaseID) affect one row on success; failOne likewise, with the
+	// parameters of failArgs; lease ids and payload hashes are passed as
+	// bytes (leaseBytes, encodeHash);
 	// markOne(key, retentionUS). MySQL: holder(key) returns state,
 	// lease, expires_at and now, to tell a repeated Complete without
 	// clientFoundRows.
@@ -318,7 +321,8 @@ type queries struct {
 	// return nothing.
 	markRow, markTail string
 	// completeSet and releaseSet are the SET clauses of complete and
-	// release, whose one parameter is retentionUS.
+	// release, whose parameter is retentionUS (on SQLite, complete's are
+	// ?1 and ?4; on MySQL, complete's are myCompleteArgs).
 	completeSet, releaseSet string
 }
 

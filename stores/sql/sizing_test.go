@@ -99,13 +99,13 @@ func TestSizing_processed_key_against_the_floor(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			expiry := time.Now().Add(7 * 24 * time.Hour).UnixMicro()
 			parallel(t, keys, func(k string) error {
 				var err error
 				if b.dialect == sqlstore.Postgres {
 					_, err = db.ExecContext(ctx, insert, k)
 				} else {
-					_, err = db.ExecContext(ctx, insert, k, expiry)
+					// Rising, as the store's expiries are.
+					_, err = db.ExecContext(ctx, insert, k, time.Now().Add(7*24*time.Hour).UnixMicro())
 				}
 				return err
 			})
