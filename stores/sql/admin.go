@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +14,8 @@ import (
 // recordRow is a row of recordCols and the clock, as Get and List read it.
 type recordRow struct {
 	state, attempts                            int
-	owner, hash, reason, leaseID               string
+	owner, reason                              sql.NullString
+	hash, lease                                []byte
 	first, last, until, expires, now           time.Time
 	firstOK, lastOK, untilOK, expiresOK, nowOK bool
 }
@@ -22,7 +24,7 @@ type recordRow struct {
 func (d *sqlDriver) recordDests(r *recordRow) []any {
 	return []any{&r.state, &r.attempts, d.timeDest(&r.first, &r.firstOK), d.timeDest(&r.last, &r.lastOK),
 		d.timeDest(&r.until, &r.untilOK), &r.owner, &r.hash, d.timeDest(&r.expires, &r.expiresOK), &r.reason,
-		&r.leaseID, d.timeDest(&r.now, &r.nowOK)}
+		&r.lease, d.timeDest(&r.now, &r.nowOK)}
 }
 
 // record returns what Get says of the row, or false when it has expired
@@ -31,13 +33,13 @@ func (r *recordRow) record() (inbox.Record, bool) {
 	if !r.expires.After(r.now) {
 		return inbox.Record{}, false
 	}
-	rec := inbox.Record{Attempts: r.attempts, FirstSeen: r.first, LastSeen: r.last, Owner: r.owner, PayloadHash: r.hash, Reason: r.reason}
+	rec := inbox.Record{Attempts: r.attempts, FirstSeen: r.first, LastSeen: r.last, Owner: r.owner.String, PayloadHash: decodeHash(r.hash), Reason: r.reason.String}
 	switch {
 	case r.state == stateProcessed:
 		rec.State = inbox.StateProcessed
 	case r.state == stateDead:
 		rec.State = inbox.StateDead
-	case r.untilOK && r.until.After(r.now) && r.leaseID != "":
+	case r.untilOK && r.until.After(r.now) && r.lease != nil:
 		rec.State = inbox.StateInProgress
 		rec.LeaseUntil = r.until
 	default:
@@ -134,9 +136,9 @@ func (d *sqlDriver) listQuery(opts inbox.ListOptions) (string, []any) {
 	case inbox.StateDead:
 		conds = append(conds, col("state")+" = 2")
 	case inbox.StateInProgress:
-		conds = append(conds, col("state")+" = 0 AND "+col("lease_until")+" > "+now+" AND "+col("lease_id")+" <> ''")
+		conds = append(conds, col("state")+" = 0 AND "+col("lease_until")+" > "+now+" AND "+col("lease")+" IS NOT NULL")
 	case inbox.StateAvailable: // a backoff is a lease nobody holds
-		conds = append(conds, col("state")+" = 0 AND ("+col("lease_until")+" IS NULL OR "+col("lease_until")+" <= "+now+" OR "+col("lease_id")+" = '')")
+		conds = append(conds, col("state")+" = 0 AND ("+col("lease_until")+" IS NULL OR "+col("lease_until")+" <= "+now+" OR "+col("lease")+" IS NULL)")
 	}
 	if opts.OlderThan > 0 {
 		var age string

@@ -1,18 +1,11 @@
 package sqlstore_test
 
 import (
-	"database/sql"
-	"errors"
 	"slices"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/testenv"
-	"github.com/watermill-inbox/inbox/stores"
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
-	"github.com/watermill-inbox/inbox/stores/sql/internal/sqltest"
 )
 
 // List takes the prefix as a range of keys, byte for byte: % and _ are
@@ -101,68 +94,6 @@ func TestList_full_last_page_has_no_cursor(t *testing.T) {
 			p, err = s.List(ctxT(t), inbox.ListOptions{Limit: 2, Cursor: p.Next})
 			if err != nil || len(p.Items) != 2 || p.Items[1].Key != "d" || p.Next != "" {
 				t.Fatalf("last page %+v, %v; want c, d and no cursor", p, err)
-			}
-		})
-	}
-}
-
-// A table of the earlier layout (without reason, as the
-// previous version of the store made it) is reported at Open, with the
-// fix; Migrate (migrate=true) adds the column, keeps the rows, and runs
-// again as a no-op.
-func TestOpen_earlier_layout_is_migrated(t *testing.T) {
-	for _, b := range []backend{backends[0], backends[1], backends[3]} {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			var (
-				raw string
-				db  *sql.DB
-			)
-			switch b.dialect {
-			case sqlstore.Postgres:
-				raw, db = testenv.Postgres.URL(t), openPostgres(t)
-			case sqlstore.MySQL:
-				raw, db = testenv.MySQL.URL(t), openMySQL(t)
-			default:
-				path := sqltest.SQLiteFile(t)
-				raw, db = "sqlite://"+path, sqltest.OpenSQLiteFile(t, path)
-			}
-			table := newTable(t, db, b.dialect)
-			if _, err := db.ExecContext(ctxT(t), "ALTER TABLE "+table+" DROP COLUMN reason"); err != nil {
-				t.Fatalf("dropping reason from %s: %v", table, err)
-			}
-			insertProcessed(t, db, b.dialect, table, []string{"earlier:processed"}, time.Now().Add(time.Hour))
-			raw = withParams(raw, "table="+table)
-
-			_, err := stores.Open(ctxT(t), raw)
-			if !errors.Is(err, stores.ErrMisconfigured) || !strings.Contains(err.Error(), "layout of an earlier version") || !strings.Contains(err.Error(), "migrate=true") {
-				t.Fatalf("Open of a table of the earlier layout: %v; want ErrMisconfigured naming the earlier layout and the fix", err)
-			}
-			t.Logf("Open: %v", err)
-			for range 2 { // the second is a no-op
-				st, err := stores.Open(ctxT(t), withParams(raw, "migrate=true"))
-				if err != nil {
-					t.Fatalf("Open with migrate=true: %v", err)
-				}
-				if ok, err := st.IsProcessed(ctxT(t), "earlier:processed"); err != nil || !ok {
-					t.Fatalf("a processed key of the earlier table after Migrate: %v, %v", ok, err)
-				}
-				_ = st.Close()
-			}
-			st, err := stores.Open(ctxT(t), raw)
-			if err != nil {
-				t.Fatalf("Open after Migrate: %v", err)
-			}
-			defer st.Close()
-			c, err := st.TryBegin(ctxT(t), "earlier:new", inbox.BeginOptions{})
-			if err != nil || c.Status != inbox.Acquired {
-				t.Fatalf("TryBegin: %+v, %v", c, err)
-			}
-			if err := st.Fail(ctxT(t), "earlier:new", c.LeaseID, inbox.FailOptions{Dead: true, Reason: "r"}); err != nil {
-				t.Fatal(err)
-			}
-			if r, err := st.Get(ctxT(t), "earlier:new"); err != nil || r.State != inbox.StateDead || r.Reason != "r" {
-				t.Fatalf("Get: %+v, %v", r, err)
 			}
 		})
 	}

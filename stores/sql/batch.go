@@ -1,8 +1,10 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -91,7 +93,8 @@ func (w *wave) op(key string, k driver.Kind) (int, error) {
 // (the key aside) and the clock.
 type claimRow struct {
 	state, attempts        int
-	leaseID, hash, reason  string
+	lease, hash            []byte
+	reason                 sql.NullString
 	until, last, now       time.Time
 	untilOK, lastOK, nowOK bool
 }
@@ -99,19 +102,19 @@ type claimRow struct {
 // claimDests returns the scan destinations of a claim statement's row:
 // key, then r's columns.
 func (d *sqlDriver) claimDests(key *string, r *claimRow) []any {
-	return []any{key, &r.state, &r.leaseID, d.timeDest(&r.until, &r.untilOK), &r.hash, d.timeDest(&r.last, &r.lastOK),
+	return []any{key, &r.state, &r.lease, d.timeDest(&r.until, &r.untilOK), &r.hash, d.timeDest(&r.last, &r.lastOK),
 		&r.attempts, &r.reason, d.timeDest(&r.now, &r.nowOK)}
 }
 
 // claim is op's outcome, given its row.
 func (r *claimRow) claim(op driver.Op) inbox.Claim {
-	c := inbox.Claim{Attempts: r.attempts, PayloadMismatch: op.PayloadHash != "" && r.hash != "" && r.hash != op.PayloadHash}
+	c := inbox.Claim{Attempts: r.attempts, PayloadMismatch: hashMismatch(op.PayloadHash, r.hash)}
 	switch {
 	case r.state == stateProcessed:
 		c.Status = inbox.Processed
 	case r.state == stateDead:
-		c.Status, c.Reason = inbox.Dead, r.reason
-	case r.leaseID == op.LeaseID:
+		c.Status, c.Reason = inbox.Dead, r.reason.String
+	case r.lease != nil && string(r.lease) == op.LeaseID:
 		// The statement acquired or renewed: a row held by the caller's
 		// lease id is always written from now.
 		c.Status, c.LeaseID, c.ExpiresAt, c.Lease = inbox.Acquired, op.LeaseID, r.until, op.Lease
@@ -131,7 +134,7 @@ func (r *claimRow) claim(op driver.Op) inbox.Claim {
 			now = r.last
 		}
 		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, r.until, max(r.until.Sub(now), time.Microsecond)
-		c.BackingOff = r.leaseID == ""
+		c.BackingOff = r.lease == nil
 	}
 	return c
 }
@@ -170,9 +173,9 @@ func failState(op driver.Op) int {
 func (d *sqlDriver) failArgs(op driver.Op) []any {
 	ret, retry := us(d.opts.Retention), backoffUS(op)
 	if d.opts.Dialect == MySQL {
-		return []any{retry, op.Failure.Reason, failState(op), retry + ret, op.Key, op.LeaseID}
+		return []any{retry, op.Failure.Reason, failState(op), retry + ret, op.Key, leaseBytes(op.LeaseID)}
 	}
-	return []any{ret, op.Key, op.LeaseID, op.Failure.Reason, failState(op), retry}
+	return []any{ret, op.Key, leaseBytes(op.LeaseID), op.Failure.Reason, failState(op), retry}
 }
 
 // unanswered settles the ops of kind k of w that the database answered no
@@ -224,7 +227,7 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 			pgArray(g, func(i int) string { return pgQuote(ops[i].LeaseID) }),
 			pgArray(g, func(i int) string { return pgQuote(ops[i].Owner) }),
 			pgArray(g, func(i int) string { return strconv.FormatInt(us(ops[i].Lease), 10) }),
-			pgArray(g, func(i int) string { return pgQuote(ops[i].PayloadHash) }))
+			pgArray(g, func(i int) string { return pgHex(encodeHash(ops[i].PayloadHash)) }))
 	}
 	// Completes, then releases: the order of their parameters.
 	for _, k := range []driver.Kind{driver.Complete, driver.Release} {
@@ -258,14 +261,13 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 	answered := make([]bool, len(ops))
 	for rows.Next() {
 		var (
-			kind                  int
-			key                   string
-			state, attempts       sql.NullInt64
-			leaseID, hash, reason sql.NullString
-			r                     claimRow
+			kind            int
+			key             string
+			state, attempts sql.NullInt64
+			r               claimRow
 		)
-		if err := rows.Scan(&kind, &key, &state, &leaseID, d.timeDest(&r.until, &r.untilOK), &hash,
-			d.timeDest(&r.last, &r.lastOK), &attempts, &reason, d.timeDest(&r.now, &r.nowOK)); err != nil {
+		if err := rows.Scan(&kind, &key, &state, &r.lease, d.timeDest(&r.until, &r.untilOK), &r.hash,
+			d.timeDest(&r.last, &r.lastOK), &attempts, &r.reason, d.timeDest(&r.now, &r.nowOK)); err != nil {
 			return err
 		}
 		i, err := w.op(key, driver.Kind(kind))
@@ -275,8 +277,7 @@ func (d *sqlDriver) pgWave(ctx context.Context, w *wave, res []inbox.Claim, errs
 		answered[i] = true
 		res[i], errs[i] = inbox.Claim{}, nil
 		if kind == int(driver.Claim) {
-			r.state, r.leaseID, r.hash = int(state.Int64), leaseID.String, hash.String
-			r.attempts, r.reason = int(attempts.Int64), reason.String
+			r.state, r.attempts = int(state.Int64), int(attempts.Int64)
 			res[i] = r.claim(ops[i])
 		}
 	}
@@ -302,6 +303,15 @@ func pgArray(g []int, elem func(i int) string) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// pgHex is the element of an array literal that decode(e, 'hex') reads as
+// b: its hex digits, or NULL for nil.
+func pgHex(b []byte) string {
+	if b == nil {
+		return "NULL"
+	}
+	return hex.EncodeToString(b)
 }
 
 // pgQuote quotes s as an element of an array literal: in double quotes, with
@@ -350,7 +360,7 @@ func (d *sqlDriver) myWave(ctx context.Context, q querier, w *wave, res []inbox.
 	if g := w.kinds[driver.Claim]; len(g) > 0 {
 		args := make([]any, 0, 6*len(g))
 		for _, i := range g {
-			args = append(args, ops[i].Key, ops[i].LeaseID, ops[i].Owner, us(ops[i].Lease), ops[i].PayloadHash, us(ops[i].Lease)+ret)
+			args = append(args, ops[i].Key, leaseBytes(ops[i].LeaseID), ops[i].Owner, us(ops[i].Lease), encodeHash(ops[i].PayloadHash), us(ops[i].Lease)+ret)
 		}
 		query := d.q.claimsQuery(len(g))
 		if !d.returning {
@@ -397,7 +407,7 @@ func (d *sqlDriver) applyOne(ctx context.Context, ops []driver.Op, res []inbox.C
 		// The batch's one wave, built directly: its one op, a claim.
 		w := &wave{ops: ops, at: map[string]int{op.Key: 0}}
 		w.kinds[driver.Claim] = []int{0}
-		args := []any{op.Key, op.LeaseID, op.Owner, us(op.Lease), op.PayloadHash, us(op.Lease) + ret}
+		args := []any{op.Key, leaseBytes(op.LeaseID), op.Owner, us(op.Lease), encodeHash(op.PayloadHash), us(op.Lease) + ret}
 		return retryDeadlocks(ctx, func() error {
 			return d.claimRows(ctx, d.db, d.stmt(ctx, d.q.claimOne), d.q.claimOne, args, w, res, errs)
 		})
@@ -421,10 +431,16 @@ func (d *sqlDriver) applyOne(ctx context.Context, ops []driver.Op, res []inbox.C
 // row when op's lease holds it.
 func (d *sqlDriver) settleOne(ctx context.Context, exec func(ctx context.Context, query string, args ...any) (sql.Result, error),
 	op driver.Op, res *inbox.Claim, errp *error) error {
-	query, args := d.q.release, []any{us(d.opts.Retention), op.Key, op.LeaseID}
+	query, args := d.q.release, []any{us(d.opts.Retention), op.Key, leaseBytes(op.LeaseID)}
 	switch op.Kind {
 	case driver.Complete:
 		query = d.q.complete
+		switch d.opts.Dialect {
+		case MySQL:
+			args = append(myCompleteArgs(d.opts.Retention), op.Key, leaseBytes(op.LeaseID), leaseFP(op.LeaseID))
+		case SQLite:
+			args = append(args, leaseFP(op.LeaseID))
+		}
 	case driver.Fail:
 		query, args = d.q.failOne, d.failArgs(op)
 	}
@@ -445,16 +461,16 @@ func (d *sqlDriver) settleOne(ctx context.Context, exec func(ctx context.Context
 		// reports no row: ask whether this lease completed the key.
 		var (
 			state        int
-			gotID        string
+			got          []byte
 			expires, now time.Time
 			expOK, nowOK bool
 		)
-		err := d.db.QueryRowContext(ctx, d.q.holder, op.Key).Scan(&state, &gotID, d.timeDest(&expires, &expOK), d.timeDest(&now, &nowOK))
+		err := d.db.QueryRowContext(ctx, d.q.holder, op.Key).Scan(&state, &got, d.timeDest(&expires, &expOK), d.timeDest(&now, &nowOK))
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return err
-		case state == stateProcessed && gotID == op.LeaseID && expires.After(now):
+		case state == stateProcessed && bytes.Equal(got, leaseFP(op.LeaseID)) && expires.After(now):
 			return nil
 		}
 	}
@@ -485,25 +501,31 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 	held := make([]bool, len(ops))
 	for rows.Next() {
 		var (
-			key, gotID   string
+			key          string
+			got          []byte
 			state        int
 			expires, now time.Time
 			expOK, nowOK bool
 		)
-		if err := rows.Scan(&key, &state, &gotID, d.timeDest(&expires, &expOK), d.timeDest(&now, &nowOK)); err != nil {
+		if err := rows.Scan(&key, &state, &got, d.timeDest(&expires, &expOK), d.timeDest(&now, &nowOK)); err != nil {
 			return err
 		}
 		i, ok := w.at[key]
 		if !ok {
 			return fmt.Errorf("the read of the rows to complete, release or fail answered a row for key %q, which it was not given", key)
 		}
-		held[i] = gotID == ops[i].LeaseID && expires.After(now) && (ops[i].Kind == driver.Complete || state == stateOpen)
+		held[i] = expires.After(now) && (state == stateOpen && got != nil && string(got) == ops[i].LeaseID ||
+			ops[i].Kind == driver.Complete && state == stateProcessed && bytes.Equal(got, leaseFP(ops[i].LeaseID)))
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	for _, k := range []driver.Kind{driver.Complete, driver.Release} {
 		args := []any{us(d.opts.Retention)}
+		if k == driver.Complete {
+			args = myCompleteArgs(d.opts.Retention)
+		}
+		n := len(args)
 		for _, i := range w.kinds[k] {
 			res[i], errs[i] = inbox.Claim{}, nil
 			if held[i] {
@@ -512,10 +534,10 @@ func (d *sqlDriver) mySettle(ctx context.Context, q querier, w *wave, res []inbo
 				errs[i] = lost(ops[i])
 			}
 		}
-		if len(args) == 1 {
+		if len(args) == n {
 			continue
 		}
-		if _, err := q.ExecContext(ctx, d.q.mySettleUpdate(k, len(args)-1), args...); err != nil {
+		if _, err := q.ExecContext(ctx, d.q.mySettleUpdate(k, len(args)-n), args...); err != nil {
 			return err
 		}
 	}
@@ -551,7 +573,7 @@ func (d *sqlDriver) myFail(ctx context.Context, q querier, w *wave, held []bool,
 type liteStep struct {
 	w     *wave
 	kind  driver.Kind
-	op    int // a Fail's index in w.ops: fails are a statement each
+	op    int // a Complete's or Fail's index in w.ops: a statement each
 	query string
 	args  []any
 	st    *sql.Stmt // prepared, or nil
@@ -567,24 +589,25 @@ func (d *sqlDriver) applyLite(ctx context.Context, ops []driver.Op, res []inbox.
 		if g := w.kinds[driver.Claim]; len(g) > 0 {
 			args := make([]any, 0, 6*len(g))
 			for _, i := range g {
-				args = append(args, ops[i].Key, ops[i].LeaseID, ops[i].Owner, us(ops[i].Lease), ops[i].PayloadHash, us(ops[i].Lease)+ret)
+				args = append(args, ops[i].Key, leaseBytes(ops[i].LeaseID), ops[i].Owner, us(ops[i].Lease), encodeHash(ops[i].PayloadHash), us(ops[i].Lease)+ret)
 			}
 			steps = append(steps, liteStep{w: w, kind: driver.Claim, args: args, query: d.q.claimsQuery(len(g))})
 		}
-		for _, k := range []driver.Kind{driver.Complete, driver.Release} {
-			g := w.kinds[k]
-			if len(g) == 0 {
-				continue
-			}
+		if g := w.kinds[driver.Release]; len(g) > 0 {
 			args := make([]any, 0, 1+3*len(g))
 			args = append(args, ret)
 			for _, i := range g {
 				args = append(args, ops[i].Key)
 			}
 			for _, i := range g {
-				args = append(args, ops[i].Key, ops[i].LeaseID)
+				args = append(args, ops[i].Key, leaseBytes(ops[i].LeaseID))
 			}
-			steps = append(steps, liteStep{w: w, kind: k, args: args, query: d.q.liteSettleQuery(k, len(g))})
+			steps = append(steps, liteStep{w: w, kind: driver.Release, args: args, query: d.q.liteReleasesQuery(len(g))})
+		}
+		// The complete statement per Complete, as for Fails: each sets a
+		// fingerprint of its own.
+		for _, i := range w.kinds[driver.Complete] {
+			steps = append(steps, liteStep{w: w, kind: driver.Complete, op: i, query: d.q.complete})
 		}
 		if g := w.kinds[driver.Mark]; len(g) > 0 {
 			args := make([]any, 0, 2*len(g))
@@ -630,7 +653,7 @@ func (d *sqlDriver) liteStep(ctx context.Context, tx *sql.Tx, s liteStep, res []
 	if s.kind == driver.Claim {
 		return d.claimRows(ctx, q, st, s.query, s.args, s.w, res, errs)
 	}
-	if s.kind == driver.Fail {
+	if s.kind == driver.Fail || s.kind == driver.Complete {
 		exec := q.ExecContext
 		if st != nil {
 			exec = func(ctx context.Context, _ string, args ...any) (sql.Result, error) {
@@ -732,26 +755,22 @@ func (d *sqlDriver) claimRows(ctx context.Context, q querier, st *sql.Stmt, quer
 // claimsQuery is the claim statement of n rows (MySQL and SQLite), whose
 // parameters are those of claimRow per row.
 func (q *queries) claimsQuery(n int) string {
-	return rowsQuery("INSERT INTO "+q.t+" ("+cols+") VALUES ", q.claimRow, n, q.claimTail)
+	return rowsQuery("INSERT INTO "+q.t+" ("+insertCols+") VALUES ", q.claimRow, n, q.claimTail)
 }
 
 // marksQuery is the mark statement of n rows (MySQL and SQLite), whose
 // parameters are those of markRow per row.
 func (q *queries) marksQuery(n int) string {
-	return rowsQuery("INSERT INTO "+q.t+" ("+cols+") VALUES ", q.markRow, n, q.markTail)
+	return rowsQuery("INSERT INTO "+q.t+" ("+insertCols+") VALUES ", q.markRow, n, q.markTail)
 }
 
-// liteSettleQuery is SQLite's statement for n completes or releases (k):
-// a fenced UPDATE that returns the key of each row whose lease held it. Its
-// parameters are the retention, the n keys, then each key and its lease id.
-func (q *queries) liteSettleQuery(k driver.Kind, n int) string {
-	set, cond := q.completeSet, ""
-	if k == driver.Release {
-		set, cond = q.releaseSet, " AND state = 0"
-	}
-	return "UPDATE " + q.t + " SET" + set + "\nWHERE msg_key IN (" + placeholders(n) + ")" +
-		" AND (msg_key, lease_id) IN (VALUES " + rowsQuery("", "(?, ?)", n, "") + ")" +
-		cond + " AND expires_at > " + liteNow + "\nRETURNING msg_key"
+// liteReleasesQuery is SQLite's statement for n releases: a fenced UPDATE
+// that returns the key of each row whose lease held it. Its parameters are
+// the retention, the n keys, then each key and its lease id.
+func (q *queries) liteReleasesQuery(n int) string {
+	return "UPDATE " + q.t + " SET" + q.releaseSet + "\nWHERE msg_key IN (" + placeholders(n) + ")" +
+		" AND (msg_key, lease) IN (VALUES " + rowsQuery("", "(?, ?)", n, "") + ")" +
+		" AND state = 0 AND expires_at > " + liteNow + "\nRETURNING msg_key"
 }
 
 // myClaimsRead is MySQL 8's locking read of the rows of n claims, after
@@ -762,15 +781,22 @@ func (q *queries) myClaimsRead(n int) string {
 }
 
 // mySettleRead is the locking read of the rows of n completes, releases
-// and fails on MySQL (mySettle): msg_key, state, lease_id, expires_at and
+// and fails on MySQL (mySettle): msg_key, state, lease, expires_at and
 // now per row. Its parameters are the n keys.
 func (q *queries) mySettleRead(n int) string {
-	return "SELECT msg_key, state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM " + q.t + " WHERE msg_key IN (" + placeholders(n) + ") ORDER BY msg_key FOR UPDATE"
+	return "SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM " + q.t + " WHERE msg_key IN (" + placeholders(n) + ") ORDER BY msg_key FOR UPDATE"
+}
+
+// myCompleteArgs are the parameters of MySQL's completeSet for the
+// retention ret: ret, ret and a 64th of it, ret (microseconds).
+func myCompleteArgs(ret time.Duration) []any {
+	return []any{us(ret), us(ret + ret/64), us(ret)}
 }
 
 // mySettleUpdate is the UPDATE of the rows of n completes or releases (k)
-// whose leases held them, on MySQL (mySettle). Its parameters are the
-// retention, then the n keys.
+// whose leases held them, on MySQL (mySettle). Its parameters are those of
+// the SET clause (the retention; for completes myCompleteArgs), then the n
+// keys.
 func (q *queries) mySettleUpdate(k driver.Kind, n int) string {
 	set := q.releaseSet
 	if k == driver.Complete {

@@ -119,18 +119,18 @@ var benchSeq atomic.Int64
 // floorStatements are a plain INSERT of a leased row and an UPDATE marking
 // it processed, with the database clock, on the store's table.
 func floorStatements(d sqlstore.Dialect, table string) (ins, upd string) {
-	const cols = "(msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)"
+	const cols = "(msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)"
 	switch d {
 	case sqlstore.Postgres:
-		return "INSERT INTO " + table + " " + cols + " VALUES ($1, 0, $2, '', clock_timestamp() + interval '30 seconds', 1, clock_timestamp(), clock_timestamp(), NULL, '', clock_timestamp() + interval '7 days')",
-			"UPDATE " + table + " SET state = 1, processed_at = clock_timestamp(), last_seen = clock_timestamp(), lease_until = NULL, expires_at = clock_timestamp() + interval '7 days' WHERE msg_key = $1 AND lease_id = $2"
+		return "INSERT INTO " + table + " " + cols + " VALUES ($1, 0, convert_to($2::text, 'UTF8'), NULL, clock_timestamp() + interval '30 seconds', 1, clock_timestamp(), clock_timestamp(), NULL, clock_timestamp() + interval '7 days')",
+			"UPDATE " + table + " SET state = 1, last_seen = clock_timestamp(), lease_until = NULL, expires_at = clock_timestamp() + interval '7 days' WHERE msg_key = $1 AND lease = convert_to($2::text, 'UTF8')"
 	case sqlstore.MySQL:
-		return "INSERT INTO " + table + " " + cols + " VALUES (?, 0, ?, '', UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, '', UTC_TIMESTAMP(6) + INTERVAL 7 DAY)",
-			"UPDATE " + table + " SET state = 1, processed_at = UTC_TIMESTAMP(6), last_seen = UTC_TIMESTAMP(6), lease_until = NULL, expires_at = UTC_TIMESTAMP(6) + INTERVAL 7 DAY WHERE msg_key = ? AND lease_id = ?"
+		return "INSERT INTO " + table + " " + cols + " VALUES (?, 0, ?, NULL, UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL 7 DAY)",
+			"UPDATE " + table + " SET state = 1, last_seen = UTC_TIMESTAMP(6), lease_until = NULL, expires_at = UTC_TIMESTAMP(6) + INTERVAL 7 DAY WHERE msg_key = ? AND lease = ?"
 	default:
 		const now = "(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)"
-		return "INSERT INTO " + table + " " + cols + " VALUES (?1, 0, ?2, '', " + now + " + 30000000, 1, " + now + ", " + now + ", NULL, '', " + now + " + 604800000000)",
-			"UPDATE " + table + " SET state = 1, processed_at = " + now + ", last_seen = " + now + ", lease_until = NULL, expires_at = " + now + " + 604800000000 WHERE msg_key = ?1 AND lease_id = ?2"
+		return "INSERT INTO " + table + " " + cols + " VALUES (?1, 0, CAST(?2 AS BLOB), NULL, " + now + " + 30000000, 1, " + now + ", " + now + ", NULL, " + now + " + 604800000000)",
+			"UPDATE " + table + " SET state = 1, last_seen = " + now + ", lease_until = NULL, expires_at = " + now + " + 604800000000 WHERE msg_key = ?1 AND lease = CAST(?2 AS BLOB)"
 	}
 }
 

@@ -20,9 +20,10 @@ const checkKey = "stores.Open check"
 func checkTable(ctx context.Context, s *Store, t dialect.Target) error {
 	if _, err := s.Get(ctx, checkKey); err != nil {
 		if classify(err) == dialect.NoColumn {
-			if missing, lerr := s.d.earlierLayout(ctx); lerr == nil && len(missing) > 0 {
-				return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (without the column reason): "+
-					"migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate add the column; so does the ALTER TABLE statement at the end of sqlstore.DDL)",
+			if earlier, lerr := s.d.earlierTable(ctx); lerr == nil && earlier {
+				return stores.Misconfigured(fmt.Sprintf("sql store (%s): table %s in %s has the layout of an earlier version of the store (with the column lease_id), "+
+					"which this version does not read: migrate it (migrate=true in the URL, inboxctl migrate, or Store.Migrate copy its rows to the compact layout, "+
+					"in place; on MySQL and MariaDB stop the consumers of the earlier version first)",
 					t.Dialect, s.Table(), t), rootCause(err))
 			}
 		}

@@ -14,9 +14,11 @@ import (
 )
 
 // Migrate creates the store's table and index when they do not exist, and
-// upgrades a table of the earlier layout (made before Fail and dead keys):
-// it adds the column reason, whose default describes every row of such a
-// table. It never alters a table otherwise
+// upgrades a table of an earlier layout: it adds the column reason to one
+// made before Fail and dead keys (its default describes every row of such a
+// table), then copies the rows of one made before the compact layout to a
+// table of that layout, which takes its place (see upgradeLayout). It
+// never alters a table otherwise
 // (one that is not an inbox table is left as it is, and the store's
 // statements fail on it). It is idempotent and safe to run from several
 // processes at once (on PostgreSQL it holds a transaction-scoped advisory
@@ -32,6 +34,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if missing, err = d.earlierLayout(ctx); err == nil && len(missing) > 0 {
 			err = d.addColumns(ctx, missing)
 		}
+	}
+	if err == nil {
+		err = d.upgradeLayout(ctx)
 	}
 	return d.wrap(ctx, "Migrate", err)
 }

@@ -30,7 +30,7 @@ func insertProcessed(t testing.TB, db *sql.DB, d sqlstore.Dialect, table string,
 		chunk := keys[:min(500, len(keys))]
 		keys = keys[len(chunk):]
 		var sb strings.Builder
-		sb.WriteString("INSERT INTO " + table + " (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES ")
+		sb.WriteString("INSERT INTO " + table + " (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES ")
 		args := make([]any, 0, 5*len(chunk))
 		for i, k := range chunk {
 			if i > 0 {
@@ -43,9 +43,9 @@ func insertProcessed(t testing.TB, db *sql.DB, d sqlstore.Dialect, table string,
 				}
 				return "?"
 			}
-			p1, p2, p3, p4, p5 := ph(), ph(), ph(), ph(), ph()
-			args[len(args)-5], args[len(args)-4], args[len(args)-3], args[len(args)-2], args[len(args)-1] = k, val(seen), val(seen), val(seen), val(expiresAt)
-			fmt.Fprintf(&sb, "(%s, 1, '', '', NULL, 1, %s, %s, %s, '', %s)", p1, p2, p3, p4, p5)
+			p1, p2, p3, p4 := ph(), ph(), ph(), ph()
+			args[len(args)-4], args[len(args)-3], args[len(args)-2], args[len(args)-1] = k, val(seen), val(seen), val(expiresAt)
+			fmt.Fprintf(&sb, "(%s, 1, NULL, NULL, NULL, 1, %s, %s, NULL, %s)", p1, p2, p3, p4)
 		}
 		if _, err := db.ExecContext(ctxT(t), sb.String(), args...); err != nil {
 			t.Fatalf("bulk insert: %v", err)

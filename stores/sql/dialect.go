@@ -129,25 +129,26 @@ func quoteIdent(d Dialect, table string) names {
 }
 
 // ddl returns the statements that create the table and its index, each
-// idempotent (IF NOT EXISTS).
+// idempotent (IF NOT EXISTS). The columns are those of the compact layout
+// (see [DDL]); on PostgreSQL they are ordered by alignment, the widest
+// first, so that a row has no padding between them.
 func ddl(d Dialect, table string) []string {
 	n := quoteIdent(d, table)
 	switch d {
 	case Postgres:
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
-	msg_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
-	state        SMALLINT NOT NULL,
-	lease_id     TEXT NOT NULL,
-	owner        TEXT NOT NULL,
-	lease_until  TIMESTAMPTZ NULL,
-	attempts     INTEGER NOT NULL,
+	expires_at   TIMESTAMPTZ NOT NULL,
 	first_seen   TIMESTAMPTZ NOT NULL,
 	last_seen    TIMESTAMPTZ NOT NULL,
-	processed_at TIMESTAMPTZ NULL,
-	payload_hash TEXT NOT NULL,
-	expires_at   TIMESTAMPTZ NOT NULL,
-	reason       TEXT NOT NULL DEFAULT ''
+	lease_until  TIMESTAMPTZ NULL,
+	attempts     INTEGER NOT NULL,
+	state        SMALLINT NOT NULL,
+	msg_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	payload_hash BYTEA NULL,
+	lease        BYTEA NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.table + ` (expires_at)`,
 		}
@@ -158,48 +159,48 @@ func ddl(d Dialect, table string) []string {
 			`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
 	msg_key      VARBINARY(1024) NOT NULL,
 	state        TINYINT NOT NULL,
-	lease_id     VARBINARY(128) NOT NULL,
-	owner        VARBINARY(255) NOT NULL,
-	lease_until  DATETIME(6) NULL,
 	attempts     INT NOT NULL,
 	first_seen   DATETIME(6) NOT NULL,
 	last_seen    DATETIME(6) NOT NULL,
-	processed_at DATETIME(6) NULL,
-	payload_hash VARBINARY(128) NOT NULL,
+	lease_until  DATETIME(6) NULL,
 	expires_at   DATETIME(6) NOT NULL,
-	reason       VARBINARY(1024) NOT NULL DEFAULT '',
+	payload_hash VARBINARY(128) NULL,
+	lease        VARBINARY(128) NULL,
+	owner        VARBINARY(255) NULL,
+	reason       VARBINARY(1024) NULL,
 	PRIMARY KEY (msg_key),
 	INDEX ` + n.index + ` (expires_at)
 ) ENGINE=InnoDB`,
 		}
 	case SQLite:
 		// Times are integer microseconds since the Unix epoch; SQLite's clock
-		// has millisecond resolution.
+		// has millisecond resolution. WITHOUT ROWID: the rows are kept in
+		// the primary key's b-tree, not in a second copy of the keys.
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
 	msg_key      TEXT NOT NULL PRIMARY KEY,
 	state        INTEGER NOT NULL,
-	lease_id     TEXT NOT NULL,
-	owner        TEXT NOT NULL,
-	lease_until  INTEGER NULL,
 	attempts     INTEGER NOT NULL,
 	first_seen   INTEGER NOT NULL,
 	last_seen    INTEGER NOT NULL,
-	processed_at INTEGER NULL,
-	payload_hash TEXT NOT NULL,
+	lease_until  INTEGER NULL,
 	expires_at   INTEGER NOT NULL,
-	reason       TEXT NOT NULL DEFAULT ''
-)`,
+	payload_hash BLOB NULL,
+	lease        BLOB NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
+) WITHOUT ROWID`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.bare + ` (expires_at)`,
 		}
 	}
 	return nil
 }
 
-// addedColumns are the columns a table of the earlier layout (made before
-// Fail and dead keys) lacks, with their definitions per dialect. Their
-// defaults describe every row of such a table (no failed attempt) and every
-// row the store inserts: its INSERTs do not name them.
+// addedColumns are the columns a table of the earliest layout (made before
+// Fail and dead keys) lacks, with their definitions in that layout per
+// dialect; their defaults describe every row of such a table (no failed
+// attempt). Migrate adds them before it upgrades the table to the compact
+// layout (see upgradeLayout).
 var addedColumns = []struct {
 	name string
 	def  map[Dialect]string
@@ -208,7 +209,7 @@ var addedColumns = []struct {
 }
 
 // addColumn is the statement that adds column c (one of addedColumns) to a
-// table of the earlier layout. On PostgreSQL it is idempotent (IF NOT
+// table of the earliest layout. On PostgreSQL it is idempotent (IF NOT
 // EXISTS); MySQL 8 and SQLite have no such clause, so Migrate adds only the
 // columns it found missing, and takes a duplicate column for success.
 func addColumn(d Dialect, table string, i int) string {
@@ -222,24 +223,29 @@ func addColumn(d Dialect, table string, i int) string {
 
 // DDL returns the SQL that creates the store's table and index for dialect d,
 // as statements ending with a semicolon, for users who run their own
-// migrations. It is what [Store.Migrate] runs (on PostgreSQL inside a
-// transaction holding an advisory lock). Every statement is idempotent (IF
-// NOT EXISTS). The table name is checked with [ValidateTable]; an empty name
-// means [DefaultTable].
+// migrations. It is what [Store.Migrate] runs on a new table (on PostgreSQL
+// inside a transaction holding an advisory lock). Every statement is
+// idempotent (IF NOT EXISTS). The table name is checked with
+// [ValidateTable]; an empty name means [DefaultTable].
 //
-// The table has one row per key: msg_key (primary key, compared byte for
-// byte), state (0 open, 1 processed, 2 dead), lease_id, owner, lease_until
-// (the end of the lease; with an empty lease_id, the end of a failed
-// attempt's backoff), attempts, first_seen, last_seen, processed_at,
-// payload_hash, expires_at (when the row may be deleted: the end of the
-// lease, the processing or the failure, or of a failed attempt's backoff,
-// plus the retention) and reason (of the latest failed attempt,
-// [inbox.FailOptions.Reason]), with an index on expires_at for
-// [Store.Cleanup].
+// The table has one row per key, in a compact layout: a processed or dead
+// key keeps only what is read later. Its columns: msg_key (primary key,
+// compared byte for byte), state (0 open, 1 processed, 2 dead), attempts,
+// first_seen, last_seen (once processed, when it was processed),
+// lease_until (the end of the lease; without a lease, the end of a failed
+// attempt's backoff), expires_at (when the row may be deleted: the end of
+// the lease, the processing or the failure, or of a failed attempt's
+// backoff, plus the retention), payload_hash (bytes: the first 16 of a hex
+// SHA-256, or an opaque hash as given), lease (the lease id while the lease
+// is in flight; once processed, the first 8 bytes of the SHA-256 of the id
+// of the lease that completed it, so that its repeated Complete still
+// succeeds and any other's fails), owner (but once processed) and reason
+// (of the latest failed attempt, [inbox.FailOptions.Reason]), NULL when
+// empty, with an index on expires_at for [Store.Cleanup].
 //
-// A table of the earlier layout (without reason) is upgraded by
-// [Store.Migrate], which adds the column; the DDL ends with the statement
-// that does so, as a comment, for users who migrate by hand.
+// A table of an earlier layout (with the column lease_id) is upgraded by
+// [Store.Migrate], which copies its rows to a table of this layout that
+// takes its place; the DDL says so in a comment at its end.
 func DDL(d Dialect, table string) (string, error) {
 	if err := d.known(); err != nil {
 		return "", err
@@ -252,10 +258,9 @@ func DDL(d Dialect, table string) (string, error) {
 	}
 	var b strings.Builder
 	b.WriteString(strings.Join(ddl(d, table), ";\n\n") + ";\n\n")
-	b.WriteString("-- A table made by an earlier version of the store, without the column\n-- reason, also needs:\n")
-	for i := range addedColumns {
-		b.WriteString("-- " + addColumn(d, table, i) + ";\n")
-	}
+	b.WriteString("-- A table made by an earlier version of the store (with the column lease_id)\n" +
+		"-- is upgraded by Store.Migrate (migrate=true in the URL, inboxctl migrate),\n" +
+		"-- which copies its rows to a table of this layout that takes its place.\n")
 	return b.String(), nil
 }
 
@@ -295,10 +300,13 @@ type queries struct {
 	// The statements of a batch of one op (applyOne): claimOne(key,
 	// leaseID, owner, leaseUS, hash, leaseUS+retentionUS) returns what a
 	// claim statement returns (below; not on MySQL 8); complete(retentionUS,
-	// key, leaseID) and release(retentionUS, key, leaseID) affect one row on
-	// success; failOne likewise, with the parameters of failArgs;
+	// key, leaseID; on SQLite and its fingerprint, on MySQL myCompleteArgs
+	// in place of retentionUS and the fingerprint) and release(retentionUS,
+	// key, leaseID) affect one row on success; failOne likewise, with the
+	// parameters of failArgs; lease ids and payload hashes are passed as
+	// bytes (leaseBytes, encodeHash);
 	// markOne(key, retentionUS). MySQL: holder(key) returns state,
-	// lease_id, expires_at and now, to tell a repeated Complete without
+	// lease, expires_at and now, to tell a repeated Complete without
 	// clientFoundRows.
 	claimOne, complete, release, failOne, markOne, holder string
 
@@ -313,7 +321,8 @@ type queries struct {
 	// return nothing.
 	markRow, markTail string
 	// completeSet and releaseSet are the SET clauses of complete and
-	// release, whose one parameter is retentionUS.
+	// release, whose parameter is retentionUS (on SQLite, complete's are
+	// ?1 and ?4; on MySQL, complete's are myCompleteArgs).
 	completeSet, releaseSet string
 }
 
@@ -336,17 +345,21 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 }
 
 const (
-	// cols are the columns the store's INSERTs name: those of the earlier
-	// layout (reason takes its default).
+	// cols are the columns of the earlier layouts that the compact one
+	// replaced (the earliest lacked reason): Migrate tells such a table by
+	// them, and copies its rows to the compact layout.
 	cols = `msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at`
+
+	// insertCols are the columns the store's INSERTs name (reason is NULL).
+	insertCols = `msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at`
 
 	// claimCols are the columns a claim statement answers per row, before
 	// the clock reading (see claimRow in batch.go).
-	claimCols = `msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason`
+	claimCols = `msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason`
 
 	// recordCols are the columns Get and List read (see recordRow in
 	// admin.go).
-	recordCols = `state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id`
+	recordCols = `state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease`
 )
 
 // The states of a row.
@@ -371,48 +384,47 @@ func liteNew(col string) string { return "excluded." + col }
 //	free: t is open, and its lease or its failed attempt's backoff ended
 //	      or was released: acquire, Attempts+1;
 //	mine: t is open and held by the caller's own lease id: renew from now
-//	      (a failed, released or forcibly released lease has lease_id '',
+//	      (a failed, released or forcibly released lease has lease NULL,
 //	      which no caller's lease id is);
 //	else: processed, dead, held by another live lease, or in a backoff:
 //	      unchanged.
 //
 // A failed attempt's backoff is a lease that nobody holds: Fail sets
-// lease_until to its end and empties lease_id (no caller's lease id is
-// empty), so a claim answers Busy until then as it does for a live lease,
+// lease_until to its end and empties lease (NULL, which no caller's lease
+// id is), so a claim answers Busy until then as it does for a live lease,
 // and the conditions are those of leases alone. Get tells the two apart by
-// the lease id.
+// the lease.
 func claimSet(t string, x func(col string) string) string {
 	gone := t + `expires_at <= ` + x("last_seen")
 	free := t + `state = 0 AND (` + t + `lease_until IS NULL OR ` + t + `lease_until <= ` + x("last_seen") + `)`
-	mine := t + `state = 0 AND ` + t + `lease_id = ` + x("lease_id")
+	mine := t + `state = 0 AND ` + t + `lease = ` + x("lease")
 	return `
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE ` + t + `state END,
-	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN ` + x("lease_id") + ` ELSE ` + t + `lease_id END,
+	lease        = CASE WHEN ` + gone + ` OR (` + free + `) THEN ` + x("lease") + ` ELSE ` + t + `lease END,
 	owner        = CASE WHEN ` + gone + ` OR (` + free + `) THEN ` + x("owner") + ` ELSE ` + t + `owner END,
 	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("lease_until") + ` ELSE ` + t + `lease_until END,
 	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN ` + t + `attempts + 1 ELSE ` + t + `attempts END,
 	first_seen   = CASE WHEN ` + gone + ` THEN ` + x("first_seen") + ` ELSE ` + t + `first_seen END,
 	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("last_seen") + ` ELSE ` + t + `last_seen END,
-	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE ` + t + `processed_at END,
-	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND ` + t + `payload_hash = '') THEN ` + x("payload_hash") + ` ELSE ` + t + `payload_hash END,
-	reason       = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `reason END,
+	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND ` + t + `payload_hash IS NULL) THEN ` + x("payload_hash") + ` ELSE ` + t + `payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN NULL ELSE ` + t + `reason END,
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + x("expires_at") + ` ELSE ` + t + `expires_at END`
 }
 
 // markSet is the SET clause of a mark's conflict, t and x as in claimSet.
 // expires_at is assigned last: on MySQL, which runs the assignments left
-// to right, the conditions before it read the old one.
+// to right, the conditions before it read the old one. A processed row
+// keeps no owner and no lease.
 func markSet(t string, x func(col string) string) string {
 	gone := t + `expires_at <= ` + x("last_seen")
 	return `
 	attempts     = CASE WHEN ` + gone + ` THEN 0 ELSE ` + t + `attempts END,
 	first_seen   = CASE WHEN ` + gone + ` THEN ` + x("first_seen") + ` ELSE ` + t + `first_seen END,
-	owner        = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `owner END,
-	payload_hash = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `payload_hash END,
-	reason       = CASE WHEN ` + gone + ` THEN '' ELSE ` + t + `reason END,
-	processed_at = CASE WHEN ` + t + `expires_at > ` + x("last_seen") + ` AND ` + t + `state = 1 THEN ` + t + `processed_at ELSE ` + x("processed_at") + ` END,
+	payload_hash = CASE WHEN ` + gone + ` THEN NULL ELSE ` + t + `payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN NULL ELSE ` + t + `reason END,
 	last_seen    = ` + x("last_seen") + `,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = ` + x("expires_at")
@@ -424,15 +436,33 @@ var pgClaimSet, pgMarkSet = claimSet("t.", pgNew), markSet("t.", pgNew)
 const (
 	pgUS = ` * interval '1 microsecond'`
 
+	// pgFP is the fingerprint (leaseFP) of the lease column of the row.
+	pgFP = `substr(sha256(t.lease), 1, 8)`
+
 	// The SET clauses of Complete and Release; $1 is the retention.
+	// Complete keeps of the lease only its fingerprint, and no owner. It
+	// leaves expires_at as the claim set it (the end of the lease plus the
+	// retention) when that keeps the key for the retention and at most a
+	// 64th of it more: then it changes no indexed column, and PostgreSQL
+	// updates the row in place (a HOT update: no new index entries, and the
+	// old version's space is reused on its page).
 	pgCompleteSet = `
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint` + pgUS + ` AND n.now + ($1::bigint + $1::bigint / 64)` + pgUS + `)
+		THEN n.now + $1::bigint` + pgUS + ` ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN ` + pgFP + ` ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1`
-	pgReleaseSet = ` lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS
+	pgReleaseSet = ` lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS
 )
+
+// pgHolds is the fence of a Complete on PostgreSQL whose lease id (bytea)
+// is l: the row is open under that lease, or processed by it (its
+// fingerprint).
+func pgHolds(l string) string {
+	return `(t.state = 0 AND t.lease = ` + l + ` OR t.state = 1 AND t.lease = substr(sha256(` + l + `), 1, 8))`
+}
 
 // bit is the bit of kind k in the mask of the kinds of operations a
 // PostgreSQL wave statement carries (see pgWaveQuery).
@@ -442,7 +472,7 @@ func pgQueries(t string) queries {
 	q := queries{
 		extend: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + t + ` AS t SET lease_until = n.now + $3::bigint` + pgUS + `, expires_at = n.now + $4::bigint` + pgUS + `
-FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
+FROM n WHERE t.msg_key = $1 AND t.lease = $2::bytea AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.lease_until`,
 
 		get: `SELECT ` + recordCols + `, clock_timestamp()
@@ -457,7 +487,7 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = $1`,
 
 		forceRelease: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS + `
+UPDATE ` + t + ` AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint` + pgUS + `
 FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease_until > n.now`,
 	}
 	for mask := 1; mask < len(q.pg); mask++ {
@@ -466,23 +496,23 @@ FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease
 	// A batch of one op: the statements with scalar parameters are cheaper
 	// than those over arrays.
 	q.claimOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
-INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 0, $2, $3, n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, NULL, $5, n.now + $6::bigint` + pgUS + ` FROM n
+INSERT INTO ` + t + ` AS t (` + insertCols + `)
+SELECT $1, 0, $2::bytea, NULLIF($3::text, ''), n.now + $4::bigint` + pgUS + `, 1, n.now, n.now, $5::bytea, n.now + $6::bigint` + pgUS + ` FROM n
 ON CONFLICT (msg_key) DO UPDATE SET` + pgClaimSet + `
 RETURNING ` + pgCols("t", claimCols) + `)
 SELECT ` + pgCols("r", claimCols) + `, n.now FROM r, n`
 	q.complete = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + t + ` AS t SET` + pgCompleteSet + `
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.expires_at > n.now`
+FROM n WHERE t.msg_key = $2 AND ` + pgHolds("$3::bytea") + ` AND t.expires_at > n.now`
 	q.release = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + t + ` AS t SET` + pgReleaseSet + `
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
+FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expires_at > n.now`
 	q.failOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE ` + t + ` AS t SET` + pgFailSet("$4", "$5::smallint", "$6::bigint") + `
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now`
+UPDATE ` + t + ` AS t SET` + pgFailSet("$4::text", "$5::smallint", "$6::bigint") + `
+FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expires_at > n.now`
 	q.markOne = `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-INSERT INTO ` + t + ` AS t (` + cols + `)
-SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint` + pgUS + ` FROM n
+INSERT INTO ` + t + ` AS t (` + insertCols + `)
+SELECT $1, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $2::bigint` + pgUS + ` FROM n
 ON CONFLICT (msg_key) DO UPDATE SET` + pgMarkSet
 	return q
 }
@@ -498,12 +528,12 @@ func pgCols(alias, list string) string {
 
 // pgFailSet is the SET clause of a Fail whose reason, new state (0, or 2
 // for dead) and backoff (microseconds, 0 for none) are the expressions
-// given; $1 is the retention. The backoff is a lease nobody holds: lease_id
-// empty, lease_until its end (NULL without one). The row lives for the
-// backoff plus the retention.
+// given; $1 is the retention. The backoff is a lease nobody holds: lease
+// NULL, lease_until its end (NULL without one). The row lives for the
+// backoff plus the retention. A dead row keeps its owner (who failed it).
 func pgFailSet(reason, state, retryUS string) string {
-	return ` lease_id = '', lease_until = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), last_seen = n.now,
-	reason = ` + reason + `, state = ` + state + `, expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
+	return ` lease = NULL, lease_until = NULLIF(n.now + ` + retryUS + pgUS + `, n.now), last_seen = n.now,
+	reason = NULLIF(` + reason + `, ''), state = ` + state + `, expires_at = n.now + (` + retryUS + ` + $1::bigint)` + pgUS
 }
 
 // pgWaveQuery is the one statement of a PostgreSQL wave whose operations
@@ -536,24 +566,24 @@ func pgWaveQuery(t string, mask int) string {
 	ctes := []string{`n AS MATERIALIZED (SELECT clock_timestamp() AS now)`}
 	var sels []string
 	other := func(kind int, cte string) string {
-		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM ` + cte
+		return `SELECT ` + strconv.Itoa(kind) + `, ` + cte + `.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM ` + cte
 	}
 	if mask&bit(driver.Claim) != 0 {
 		k, l, o, lu, h := arr("text"), arr("text"), arr("text"), arr("bigint"), arr("text")
 		ctes = append(ctes, `c AS (
-INSERT INTO `+t+` AS t (`+cols+`)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu`+pgUS+`, 1, n.now, n.now, NULL, u.h, n.now + (u.lu + `+ret+`)`+pgUS+`
+INSERT INTO `+t+` AS t (`+insertCols+`)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu`+pgUS+`, 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + `+ret+`)`+pgUS+`
 FROM n, unnest(`+k+`, `+l+`, `+o+`, `+lu+`, `+h+`) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET`+pgClaimSet+`
 RETURNING `+pgCols("t", claimCols)+`)`)
-		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n`)
+		sels = append(sels, `SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n`)
 	}
 	if mask&bit(driver.Complete) != 0 {
 		k, l, lim := arr("text"), arr("text"), param("::int")
 		ctes = append(ctes, `d AS (
 UPDATE `+t+` AS t SET`+pgCompleteSet+`
 FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND `+pgHolds("convert_to(u.l, 'UTF8')")+` AND t.expires_at > n.now
 RETURNING t.msg_key)`)
 		sels = append(sels, other(2, "d"))
 	}
@@ -562,15 +592,15 @@ RETURNING t.msg_key)`)
 		ctes = append(ctes, `r AS (
 UPDATE `+t+` AS t SET`+pgReleaseSet+`
 FROM n, (SELECT * FROM unnest(`+k+`, `+l+`) LIMIT `+lim+`) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)`)
 		sels = append(sels, other(3, "r"))
 	}
 	if mask&bit(driver.Mark) != 0 {
 		k := arr("text")
 		ctes = append(ctes, `m AS (
-INSERT INTO `+t+` AS t (`+cols+`)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + `+ret+pgUS+`
+INSERT INTO `+t+` AS t (`+insertCols+`)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + `+ret+pgUS+`
 FROM n, unnest(`+k+`) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET`+pgMarkSet+`
 RETURNING t.msg_key)`)
@@ -581,7 +611,7 @@ RETURNING t.msg_key)`)
 		ctes = append(ctes, `f AS (
 UPDATE `+t+` AS t SET`+pgFailSet("u.r", "u.s", "u.ra")+`
 FROM n, (SELECT * FROM unnest(`+k+`, `+l+`, `+r+`, `+ra+`, `+s+`) LIMIT `+lim+`) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)`)
 		sels = append(sels, other(5, "f"))
 	}
@@ -591,7 +621,7 @@ RETURNING t.msg_key)`)
 // MySQL and MariaDB run the assignments of ON DUPLICATE KEY UPDATE (and of
 // a single-table UPDATE) left to right, each seeing the columns assigned
 // before it. The conditions read expires_at, state, lease_until and
-// lease_id, so those are assigned last, in an order where every
+// lease, so those are assigned last, in an order where every
 // condition still decides as it would on the old row (see the comment in
 // myQueries).
 func myQueries(t string, returning bool) queries {
@@ -600,83 +630,91 @@ func myQueries(t string, returning bool) queries {
 		xnow = `VALUES(last_seen)`
 		gone = `expires_at <= ` + xnow
 		free = `state = 0 AND (lease_until IS NULL OR lease_until <= ` + xnow + `)`
-		mine = `state = 0 AND lease_id = VALUES(lease_id)`
+		mine = `state = 0 AND lease = VALUES(lease)`
 	)
-	// The columns assigned before lease_id (attempts, ..., last_seen) are
+	// The columns assigned before lease (attempts, ..., last_seen) are
 	// read by no condition. Order of the last four assignments:
-	//   lease_id    := new when gone or free. Rows that were neither keep the
+	//   lease       := new when gone or free. Rows that were neither keep the
 	//                  old id, so "mine" still reads the old value for them;
 	//                  rows that were gone or free are still seen as such by
 	//                  the later conditions, which test gone/free first.
 	//   lease_until := new when gone, free or mine (state, expires_at intact).
 	//   state       := 0 when gone (expires_at intact).
 	//   expires_at  := new when gone (old expires_at), free (lease_until was
-	//                  just renewed, but lease_id = new and state = 0 make
+	//                  just renewed, but lease = new and state = 0 make
 	//                  "mine" true for those rows) or mine.
 	q := queries{
-		claimRow: `(?, 0, ?, ?, ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + INTERVAL ? MICROSECOND)`,
+		claimRow: `(?, 0, ?, NULLIF(?, ''), ` + now + ` + INTERVAL ? MICROSECOND, 1, ` + now + `, ` + now + `, ?, ` + now + ` + INTERVAL ? MICROSECOND)`,
 		claimTail: `
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN ` + gone + ` THEN 1 WHEN ` + free + ` THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN ` + gone + ` THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(owner) ELSE owner END,
-	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
-	processed_at = CASE WHEN ` + gone + ` THEN NULL ELSE processed_at END,
-	reason       = CASE WHEN ` + gone + ` THEN '' ELSE reason END,
+	payload_hash = CASE WHEN ` + gone + ` OR ((` + free + `) AND payload_hash IS NULL) THEN VALUES(payload_hash) ELSE payload_hash END,
+	reason       = CASE WHEN ` + gone + ` THEN NULL ELSE reason END,
 	last_seen    = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN ` + xnow + ` ELSE last_seen END,
-	lease_id     = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(lease_id) ELSE lease_id END,
+	lease        = CASE WHEN ` + gone + ` OR (` + free + `) THEN VALUES(lease) ELSE lease END,
 	lease_until  = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN ` + gone + ` THEN 0 ELSE state END,
 	expires_at   = CASE WHEN ` + gone + ` OR (` + free + `) OR (` + mine + `) THEN VALUES(expires_at) ELSE expires_at END`,
 
-		// state is assigned last: the conditions before it read the old one.
+		// state is assigned last: the conditions before it read the old
+		// one. The lease keeps only its fingerprint (leaseFP). expires_at
+		// stays as the claim set it when within a 64th of the retention
+		// past now + retention (see pgCompleteSet): then the index on it
+		// is not written. Parameters: the retention, the retention and a
+		// 64th, the retention (myCompleteArgs).
 		completeSet: `
-	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN ` + now + ` ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN ` + now + ` + INTERVAL ? MICROSECOND AND ` + now + ` + INTERVAL ? MICROSECOND)
+		THEN ` + now + ` + INTERVAL ? MICROSECOND ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1`,
 
-		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND`,
+		releaseSet: ` lease = NULL, lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND`,
 
-		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
+		markRow:  `(?, 1, NULL, NULL, NULL, 0, ` + now + `, ` + now + `, NULL, ` + now + ` + INTERVAL ? MICROSECOND)`,
 		markTail: "\nON DUPLICATE KEY UPDATE" + markSet("", myNew),
 
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + INTERVAL ? MICROSECOND, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now,
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now,
 		selectLeaseUntil: `SELECT lease_until FROM ` + t + ` WHERE msg_key = ?`,
 
 		get: `SELECT ` + recordCols + `, ` + now + `
 FROM ` + t + ` WHERE msg_key = ?`,
 
-		holder: `SELECT state, lease_id, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ?`,
+		holder: `SELECT state, lease, expires_at, ` + now + ` FROM ` + t + ` WHERE msg_key = ?`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?`,
 
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?`,
 
 		// The WHERE clause reads the old row; no assignment reads a column.
-		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
+		forceRelease: `UPDATE ` + t + ` SET lease = NULL, lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
 WHERE msg_key = ? AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 	}
 	if returning {
 		q.claimTail += "\nRETURNING " + claimCols + ", " + now
 	}
-	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now)
+	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now,
+		`(state = 0 AND lease = ? OR state = 1 AND lease = ?)`)
 	// No assignment reads a column. Parameters: see failArgs.
 	q.failOne = `UPDATE ` + t + ` SET` + myFailSet("?", "?", "?", "?") + `
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now
 	return q
 }
 
 // settleQueries are the complete and release statements of one op on MySQL
 // and SQLite (see queries), of the SET clauses given, now being the
-// dialect's clock.
-func settleQueries(t, completeSet, releaseSet, now string) (complete, release string) {
+// dialect's clock and holds the fence of a Complete (whose parameters are
+// the lease id and its fingerprint).
+func settleQueries(t, completeSet, releaseSet, now, holds string) (complete, release string) {
 	complete = `UPDATE ` + t + ` SET` + completeSet + `
-WHERE msg_key = ? AND lease_id = ? AND expires_at > ` + now
+WHERE msg_key = ? AND ` + holds + ` AND expires_at > ` + now
 	release = `UPDATE ` + t + ` SET` + releaseSet + `
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now
 	return complete, release
 }
 
@@ -685,8 +723,8 @@ WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > ` + now
 // given (see pgFailSet).
 func myFailSet(reason, state, retryUS, expiresUS string) string {
 	const now = `UTC_TIMESTAMP(6)`
-	return ` lease_id = '', lease_until = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), last_seen = ` + now + `,
-	reason = ` + reason + `, state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
+	return ` lease = NULL, lease_until = NULLIF(` + now + ` + INTERVAL ` + retryUS + ` MICROSECOND, ` + now + `), last_seen = ` + now + `,
+	reason = NULLIF(` + reason + `, ''), state = ` + state + `, expires_at = ` + now + ` + INTERVAL ` + expiresUS + ` MICROSECOND`
 }
 
 // liteNow is SQLite's clock in integer microseconds since the Unix epoch.
@@ -694,27 +732,30 @@ func myFailSet(reason, state, retryUS, expiresUS string) string {
 // milliseconds removes the floating-point noise of the conversion.
 const liteNow = `(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)`
 
+// liteQueries are SQLite's statements. SQLite has no SHA-256: a Complete is
+// given its lease's fingerprint (leaseFP) as a parameter.
 func liteQueries(t string) queries {
 	const now = liteNow
 	// SQLite, like PostgreSQL, evaluates every assignment on the old row.
 	q := queries{
-		claimRow:  `(?, 0, ?, ?, ` + now + ` + ?, 1, ` + now + `, ` + now + `, NULL, ?, ` + now + ` + ?)`,
+		claimRow:  `(?, 0, ?, NULLIF(?, ''), ` + now + ` + ?, 1, ` + now + `, ` + now + `, ?, ` + now + ` + ?)`,
 		claimTail: "\nON CONFLICT (msg_key) DO UPDATE SET" + claimSet("", liteNew) + "\nRETURNING " + claimCols + ", " + now,
 
 		completeSet: `
-	processed_at = CASE WHEN state = 0 THEN ` + now + ` ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN ` + now + ` ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + ? ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 THEN ` + now + ` + ?1 ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN ?4 ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1`,
 
-		releaseSet: ` lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?`,
+		releaseSet: ` lease = NULL, lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?`,
 
-		markRow:  `(?, 1, '', '', NULL, 0, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + ?)`,
+		markRow:  `(?, 1, NULL, NULL, NULL, 0, ` + now + `, ` + now + `, NULL, ` + now + ` + ?)`,
 		markTail: "\nON CONFLICT (msg_key) DO UPDATE SET" + markSet("", liteNew),
 
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?3, expires_at = ` + now + ` + ?4
-WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > ` + now + `
+WHERE msg_key = ?1 AND lease = ?2 AND state = 0 AND expires_at > ` + now + `
 RETURNING lease_until`,
 
 		get: `SELECT ` + recordCols + `, ` + now + `
@@ -725,13 +766,16 @@ FROM ` + t + ` WHERE msg_key = ?1`,
 
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
 
-		forceRelease: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?1
+		forceRelease: `UPDATE ` + t + ` SET lease = NULL, lease_until = NULL, last_seen = ` + now + `, expires_at = ` + now + ` + ?1
 WHERE msg_key = ?2 AND state = 0 AND expires_at > ` + now + ` AND lease_until > ` + now,
 
-		failOne: `UPDATE ` + t + ` SET lease_id = '', lease_until = NULLIF(` + now + ` + ?6, ` + now + `), last_seen = ` + now + `,
-	reason = ?4, state = ?5, expires_at = ` + now + ` + ?6 + ?1
-WHERE msg_key = ?2 AND lease_id = ?3 AND state = 0 AND expires_at > ` + now,
+		failOne: `UPDATE ` + t + ` SET lease = NULL, lease_until = NULLIF(` + now + ` + ?6, ` + now + `), last_seen = ` + now + `,
+	reason = NULLIF(?4, ''), state = ?5, expires_at = ` + now + ` + ?6 + ?1
+WHERE msg_key = ?2 AND lease = ?3 AND state = 0 AND expires_at > ` + now,
 	}
-	q.complete, q.release = settleQueries(t, q.completeSet, q.releaseSet, now)
+	q.complete = `UPDATE ` + t + ` SET` + q.completeSet + `
+WHERE msg_key = ?2 AND (state = 0 AND lease = ?3 OR state = 1 AND lease = ?4) AND expires_at > ` + now
+	q.release = `UPDATE ` + t + ` SET` + q.releaseSet + `
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > ` + now
 	return q
 }

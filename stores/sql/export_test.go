@@ -44,6 +44,14 @@ func OnCleanupBatch(s *Store, f func(n int64)) { s.d.onCleanupBatch = f }
 func Statements(s *Store) (tryBegin string, tryBeginArgs func(key, leaseID string) []any, complete string, completeArgs func(key, leaseID string) []any) {
 	d := s.d
 	lease, ret := us(d.opts.Lease), us(d.opts.Retention)
-	return d.q.claimOne, func(key, id string) []any { return []any{key, id, "", lease, "", lease + ret} },
-		d.q.complete, func(key, id string) []any { return []any{ret, key, id} }
+	return d.q.claimOne, func(key, id string) []any { return []any{key, leaseBytes(id), "", lease, []byte(nil), lease + ret} },
+		d.q.complete, func(key, id string) []any {
+			switch d.opts.Dialect {
+			case Postgres:
+				return []any{ret, key, leaseBytes(id)}
+			case MySQL:
+				return append(myCompleteArgs(d.opts.Retention), key, leaseBytes(id), leaseFP(id))
+			}
+			return []any{ret, key, leaseBytes(id), leaseFP(id)}
+		}
 }

@@ -79,18 +79,18 @@ func goldenPostgres() GoldenFile {
 		SQL:    pgAdvisoryLock})
 	add(GoldenStatement{Name: "claim",
 		About:  `TryBegin alone in its batch (a batch of one call). An upsert whose CASE arms decide on the row, under its lock: expired (start afresh), free (acquire, attempts + 1), held by the caller's lease id (renew), else unchanged.`,
-		Params: `$1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash, $6 lease + retention (µs). Returns one row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+		Params: `$1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash, $6 lease + retention (µs). Returns one row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 		SQL:    q.claimOne})
 	add(GoldenStatement{Name: "complete",
-		About:  `Complete alone in its batch: an UPDATE fenced by the lease id. Affects the key's row when the lease holds it (a repeated Complete of the same lease too); no row is ErrLeaseLost.`,
-		Params: `$1 retention (µs), $2 key, $3 lease id.`,
+		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner, and leaves expires_at as the claim set it when that is within a 64th of the retention past now + retention (then no indexed column changes: a HOT update). Affects the key's row when the lease holds it (a repeated Complete of the same lease too, by the fingerprint); no row is ErrLeaseLost.`,
+		Params: `$1 retention (µs), $2 key, $3 lease id (bytes).`,
 		SQL:    q.complete})
 	add(GoldenStatement{Name: "release",
 		About:  `Release alone in its batch: an UPDATE fenced by the lease id of an open row; no row is ErrLeaseLost.`,
 		Params: `$1 retention (µs), $2 key, $3 lease id.`,
 		SQL:    q.release})
 	add(GoldenStatement{Name: "fail",
-		About:  `Fail alone in its batch: an UPDATE fenced by the lease id of an open row, which empties the lease id and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
+		About:  `Fail alone in its batch: an UPDATE fenced by the lease id of an open row, which empties the lease and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
 		Params: `$1 retention (µs), $2 key, $3 lease id, $4 reason, $5 new state (0, or 2 for Dead), $6 backoff (µs; 0 for none and for Dead).`,
 		SQL:    q.failOne})
 	add(GoldenStatement{Name: "mark",
@@ -136,7 +136,7 @@ func goldenMySQL() GoldenFile {
 			about = `TryBegin: the upsert of the n claims of a wave (rows in key order), on MariaDB.`
 		}
 		add(GoldenStatement{Name: "claims-" + strconv.Itoa(n), About: about,
-			Params: `6 ` + rowParams + `. Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `6 ` + rowParams + `. Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q.claimsQuery(n)})
 	}
 	for _, n := range goldenSizes {
@@ -146,23 +146,23 @@ func goldenMySQL() GoldenFile {
 			SQL:    q8.claimsQuery(n)})
 		add(GoldenStatement{Name: "claims-read-" + strconv.Itoa(n) + "-mysql8",
 			About:  `TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in the same transaction: the claims' answers.`,
-			Params: `n keys. Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `n keys. Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q8.myClaimsRead(n)})
 	}
 	add(GoldenStatement{Name: "complete",
-		About:  `Complete alone in its batch: an UPDATE fenced by the lease id. Affects the key's row when the lease holds it (with clientFoundRows, a repeated Complete of the same lease too); else complete-holder follows.`,
-		Params: `1 retention (µs), 2 key, 3 lease id.`,
+		About:  `Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256) and no owner, and leaves expires_at as the claim set it when that is within a 64th of the retention past now + retention (then the index on it is not written). Affects the key's row when the lease holds it (with clientFoundRows, a repeated Complete of the same lease too, by the fingerprint); else complete-holder follows.`,
+		Params: `1 retention (µs), 2 retention + a 64th (µs), 3 retention (µs), 4 key, 5 lease id, 6 its fingerprint.`,
 		SQL:    q.complete})
 	add(GoldenStatement{Name: "complete-holder",
 		About:  `After a Complete alone in its batch that affected no row: whether this lease completed the key already (a repeated Complete, without clientFoundRows); otherwise it is ErrLeaseLost.`,
-		Params: `1 key. Returns state, lease_id, expires_at, now.`,
+		Params: `1 key. Returns state, lease, expires_at, now.`,
 		SQL:    q.holder})
 	add(GoldenStatement{Name: "release",
 		About:  `Release alone in its batch: an UPDATE fenced by the lease id of an open row; no row is ErrLeaseLost.`,
 		Params: `1 retention (µs), 2 key, 3 lease id.`,
 		SQL:    q.release})
 	add(GoldenStatement{Name: "fail",
-		About:  `Fail alone in its batch: an UPDATE fenced by the lease id of an open row, which empties the lease id and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
+		About:  `Fail alone in its batch: an UPDATE fenced by the lease id of an open row, which empties the lease and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
 		Params: `1 backoff (µs; 0 for none and for Dead), 2 reason, 3 new state (0, or 2 for Dead), 4 backoff + retention (µs), 5 key, 6 lease id.`,
 		SQL:    q.failOne})
 	for _, n := range goldenSizes {
@@ -178,11 +178,11 @@ func goldenMySQL() GoldenFile {
 		ns := strconv.Itoa(n)
 		add(GoldenStatement{Name: "settle-read-" + ns,
 			About:  `Complete, Release and Fail in a batch of several calls: the locking read of the rows of a wave's n completes, releases and fails (in that order, each kind's keys in byte order), in the batch's transaction; the store decides which leases hold their keys, with the conditions of complete, release and fail.`,
-			Params: `n keys. Returns per row: msg_key, state, lease_id, expires_at, now.`,
+			Params: `n keys. Returns per row: msg_key, state, lease, expires_at, now.`,
 			SQL:    q.mySettleRead(n)})
 		add(GoldenStatement{Name: "completes-" + ns,
-			About:  `Complete in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them.`,
-			Params: `retention (µs), then n keys.`,
+			About:  `Complete in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them (expires_at as in complete).`,
+			Params: `retention, retention + a 64th, retention (µs), then n keys.`,
 			SQL:    q.mySettleUpdate(driver.Complete, n)})
 		add(GoldenStatement{Name: "releases-" + ns,
 			About:  `Release in a batch of several calls: after settle-read, the UPDATE of the n rows whose lease held them.`,
@@ -223,19 +223,19 @@ func goldenSQLite() GoldenFile {
 			about = `TryBegin: the upsert of n claims; with one row it is also a TryBegin alone in its batch. Its CASE arms decide on the row: expired (start afresh), free (acquire, attempts + 1), held by the caller's lease id (renew), else unchanged.`
 		}
 		add(GoldenStatement{Name: "claims-" + strconv.Itoa(n), About: about,
-			Params: `per row: key, lease id, owner, lease (µs), payload hash, lease + retention (µs). Returns per row: msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now.`,
+			Params: `per row: key, lease id, owner, lease (µs), payload hash, lease + retention (µs). Returns per row: msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now.`,
 			SQL:    q.claimsQuery(n)})
 	}
 	add(GoldenStatement{Name: "complete",
-		About:  `Complete alone in its batch: an UPDATE fenced by the lease id. Affects the key's row when the lease holds it (a repeated Complete of the same lease too); no row is ErrLeaseLost.`,
-		Params: `1 retention (µs), 2 key, 3 lease id.`,
+		About:  `Complete alone in its batch, and each Complete of a batch of several calls: an UPDATE fenced by the lease id, which keeps of the lease only its fingerprint (the first 8 bytes of its SHA-256, given: SQLite has no SHA-256) and no owner. Affects the key's row when the lease holds it (a repeated Complete of the same lease too, by the fingerprint); no row is ErrLeaseLost.`,
+		Params: `?1 retention (µs), ?2 key, ?3 lease id, ?4 its fingerprint.`,
 		SQL:    q.complete})
 	add(GoldenStatement{Name: "release",
 		About:  `Release alone in its batch: an UPDATE fenced by the lease id of an open row; no row is ErrLeaseLost.`,
 		Params: `1 retention (µs), 2 key, 3 lease id.`,
 		SQL:    q.release})
 	add(GoldenStatement{Name: "fail",
-		About:  `Fail, alone in its batch and once per Fail of a batch of several calls: an UPDATE fenced by the lease id of an open row, which empties the lease id and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
+		About:  `Fail, alone in its batch and once per Fail of a batch of several calls: an UPDATE fenced by the lease id of an open row, which empties the lease and sets the backoff (a lease nobody holds) or the dead state; no row is ErrLeaseLost.`,
 		Params: `?1 retention (µs), ?2 key, ?3 lease id, ?4 reason, ?5 new state (0, or 2 for Dead), ?6 backoff (µs; 0 for none and for Dead).`,
 		SQL:    q.failOne})
 	for _, n := range goldenSizes {
@@ -248,15 +248,10 @@ func goldenSQLite() GoldenFile {
 			SQL:    q.marksQuery(n)})
 	}
 	for _, n := range goldenSizes {
-		ns := strconv.Itoa(n)
-		add(GoldenStatement{Name: "completes-" + ns,
-			About:  `Complete in a batch of several calls: the fenced UPDATE of a wave's n completes.`,
-			Params: `retention (µs), the n keys, then each key and its lease id. Returns msg_key per row whose lease held it (the others are ErrLeaseLost).`,
-			SQL:    q.liteSettleQuery(driver.Complete, n)})
-		add(GoldenStatement{Name: "releases-" + ns,
+		add(GoldenStatement{Name: "releases-" + strconv.Itoa(n),
 			About:  `Release in a batch of several calls: the fenced UPDATE of a wave's n releases.`,
 			Params: `retention (µs), the n keys, then each key and its lease id. Returns msg_key per row whose lease held it (the others are ErrLeaseLost).`,
-			SQL:    q.liteSettleQuery(driver.Release, n)})
+			SQL:    q.liteReleasesQuery(n)})
 	}
 	add(GoldenStatement{Name: "extend",
 		About:  `Extend: an UPDATE fenced by the lease id of an open, unexpired row; no row is ErrLeaseLost.`,
@@ -290,14 +285,46 @@ func addSchema(f *GoldenFile, d *sqlDriver) {
 			Params: `None.`,
 			SQL:    probeQuery(t, addedColumns[0].name)},
 		GoldenStatement{Name: "migrate-probe-layout",
-			About:  `Migrate and the check of stores.Open, when migrate-probe-reason failed: reads no row, and fails unless the table has the columns of the earlier layout (then add-column-reason upgrades it).`,
+			About:  `Migrate and the check of stores.Open, when migrate-probe-reason or migrate-probe-lease failed: reads no row, and fails unless the table has the columns of an earlier layout (then add-column-reason and the upgrade-... statements upgrade it).`,
 			Params: `None.`,
 			SQL:    probeQuery(t, cols)},
 		GoldenStatement{Name: "add-column-reason",
-			About:  `Migrate, on a table of the earlier layout (made before Fail and dead keys); DDL ends with it as a comment.`,
+			About:  `Migrate, on a table of the earliest layout (made before Fail and dead keys), before the upgrade to the compact layout.`,
 			Params: `None.`,
 			SQL:    addColumn(dl, d.opts.Table, 0)},
+		GoldenStatement{Name: "migrate-probe-lease",
+			About:  `Migrate, after add-column-reason's step, and the check of stores.Open when reading the table fails for a missing column: reads no row, and fails when the column lease does not exist (a table of an earlier layout, which the upgrade-... statements copy to the compact layout).`,
+			Params: `None.`,
+			SQL:    probeQuery(t, compactProbe)},
 	)
+	about := map[Dialect]string{
+		Postgres: `in the transaction of migrate-lock and upgrade-check, in this order`,
+		MySQL:    `each a statement of its own, in this order`,
+		SQLite:   `in one transaction, in this order (upgrade-fingerprint-read and -write after the third)`,
+	}[dl]
+	for i, s := range upgradeStmts(dl, d.opts.Table) {
+		f.Statements = append(f.Statements, GoldenStatement{Name: "upgrade-" + strconv.Itoa(i+1),
+			About:  `Migrate, on a table of an earlier layout: the upgrade to the compact one (create the table inbox_upgrade, copy the rows in their compact form, put it in the old one's place), ` + about + `.`,
+			Params: `None.`,
+			SQL:    s})
+	}
+	switch dl {
+	case Postgres:
+		f.Statements = append(f.Statements, GoldenStatement{Name: "upgrade-check",
+			About:  `Migrate, after migrate-lock in the transaction of the upgrade: whether the table still has the earlier layout (a concurrent Migrate may have upgraded it).`,
+			Params: `$1 the quoted table name.`,
+			SQL:    pgHasLeaseID})
+	case SQLite:
+		f.Statements = append(f.Statements,
+			GoldenStatement{Name: "upgrade-fingerprint-read",
+				About:  `Migrate, in the upgrade's transaction after upgrade-3: the lease ids of the processed rows copied (SQLite has no SHA-256).`,
+				Params: `None. Returns msg_key, lease.`,
+				SQL:    liteFPRead(d.opts.Table)},
+			GoldenStatement{Name: "upgrade-fingerprint-write",
+				About:  `Migrate, after upgrade-fingerprint-read: a processed row keeps the fingerprint of its lease id.`,
+				Params: `?1 the fingerprint, ?2 key.`,
+				SQL:    liteFPWrite(d.opts.Table)})
+	}
 }
 
 // addCommon adds the statements whose role is the same on every dialect:
@@ -316,13 +343,13 @@ func addCommon(f *GoldenFile, d *sqlDriver) {
 	add := func(s GoldenStatement) { f.Statements = append(f.Statements, s) }
 	add(GoldenStatement{Name: "get",
 		About:  `Get, IsProcessed, and the check of stores.Open (which reads one key): the key's row; an expired row reads as none.`,
-		Params: p(1) + ` key. Returns state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, now.`,
+		Params: p(1) + ` key. Returns state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, now.`,
 		SQL:    q.get})
 	const (
 		prefix = "bus:group:"
 		limit  = inbox.DefaultListLimit
 	)
-	returns := ` Returns per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, now.`
+	returns := ` Returns per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, now.`
 	lists := []struct {
 		name, about, params string
 		opts                inbox.ListOptions
@@ -419,7 +446,7 @@ var goldenKinds = []struct {
 	params string
 	rows   string
 }{
-	{driver.Claim, "claim", "claims' keys, lease ids, owners, leases (µs) and payload hashes", "per claim: 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now"},
+	{driver.Claim, "claim", "claims' keys, lease ids, owners, leases (µs) and payload hashes", "per claim: 1, msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, now"},
 	{driver.Complete, "complete", "completes' keys and lease ids, and their number", "per complete whose lease held its key: 2, msg_key, then NULLs"},
 	{driver.Release, "release", "releases' keys and lease ids, and their number", "per release whose lease held its key: 3, msg_key, then NULLs"},
 	{driver.Mark, "mark", "marks' keys", "per mark: 4, msg_key, then NULLs"},

@@ -90,6 +90,7 @@ func sendEverything(t *testing.T, b backend, rec *recorder) {
 		plain, name, dsn = sqltest.OpenSQLiteFile(t, path), "sqlite", sqlitedialect.DSN(path, 10*time.Second)
 	}
 	table, earlier := newTable(t, plain, b.dialect), newTable(t, plain, b.dialect)
+	loadEarlier(t, plain, b.dialect, earlier, time.Now())
 	if _, err := plain.ExecContext(ctx, "ALTER TABLE "+earlier+" DROP COLUMN reason"); err != nil {
 		t.Fatalf("dropping reason from %s: %v", earlier, err)
 	}
@@ -108,7 +109,7 @@ func sendEverything(t *testing.T, b backend, rec *recorder) {
 		}
 		return s
 	}
-	_ = open(earlier) // Migrate of the earlier layout
+	_ = open(earlier) // Migrate of the earliest layout, and its upgrade
 	s := open(table)
 	check := func(what string, err error) {
 		t.Helper()

@@ -392,7 +392,7 @@ func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.
 		err = retryDeadlocks(ctx, func() error {
 			found = true
 			return d.inTx(ctx, func(tx *sql.Tx) error {
-				res, err := tx.ExecContext(ctx, d.q.extend, us(lease), us(lease+d.opts.Retention), key, leaseID)
+				res, err := tx.ExecContext(ctx, d.q.extend, us(lease), us(lease+d.opts.Retention), key, leaseBytes(leaseID))
 				if err != nil {
 					return err
 				}
@@ -406,7 +406,7 @@ func (d *sqlDriver) Extend(ctx context.Context, key, leaseID string, lease time.
 	} else {
 		err = retryDeadlocks(ctx, func() error {
 			found = true
-			err := d.queryRow(ctx, d.q.extend, key, leaseID, us(lease), us(lease+d.opts.Retention)).Scan(d.timeDest(&until, &untilOK))
+			err := d.queryRow(ctx, d.q.extend, key, leaseBytes(leaseID), us(lease), us(lease+d.opts.Retention)).Scan(d.timeDest(&until, &untilOK))
 			if errors.Is(err, sql.ErrNoRows) {
 				found = false
 				return nil

@@ -43,8 +43,8 @@ func buildTxQueries(d Dialect, table string) txQueries {
 	case Postgres:
 		return txQueries{
 			claim: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-INSERT INTO ` + t + ` (` + cols + `)
-SELECT $1, 1, '', $2, NULL, 1, n.now, n.now, n.now, '', n.now + $3::bigint * interval '1 microsecond' FROM n
+INSERT INTO ` + t + ` (` + insertCols + `)
+SELECT $1, 1, NULL, NULLIF($2::text, ''), NULL, 1, n.now, n.now, NULL, n.now + $3::bigint * interval '1 microsecond' FROM n
 ON CONFLICT (msg_key) DO NOTHING`,
 			inspect: `SELECT state, lease_until, expires_at, clock_timestamp() FROM ` + t + ` WHERE msg_key = $1 FOR UPDATE`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = $1`,
@@ -52,8 +52,8 @@ ON CONFLICT (msg_key) DO NOTHING`,
 	case MySQL:
 		const now = `UTC_TIMESTAMP(6)`
 		return txQueries{
-			claim: `INSERT IGNORE INTO ` + t + ` (` + cols + `)
-VALUES (?, 1, '', ?, NULL, 1, ` + now + `, ` + now + `, ` + now + `, '', ` + now + ` + INTERVAL ? MICROSECOND)`,
+			claim: `INSERT IGNORE INTO ` + t + ` (` + insertCols + `)
+VALUES (?, 1, NULL, NULLIF(?, ''), NULL, 1, ` + now + `, ` + now + `, NULL, ` + now + ` + INTERVAL ? MICROSECOND)`,
 			// A shared lock: INSERT IGNORE took one on the duplicate row, and
 			// asking for an exclusive one from every waiting duplicate would
 			// deadlock them.
@@ -62,8 +62,8 @@ VALUES (?, 1, '', ?, NULL, 1, ` + now + `, ` + now + `, ` + now + `, '', ` + now
 		}
 	default:
 		return txQueries{
-			claim: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES (?1, 1, '', ?2, NULL, 1, ` + liteNow + `, ` + liteNow + `, ` + liteNow + `, '', ` + liteNow + ` + ?3)
+			claim: `INSERT INTO ` + t + ` (` + insertCols + `)
+VALUES (?1, 1, NULL, NULLIF(?2, ''), NULL, 1, ` + liteNow + `, ` + liteNow + `, NULL, ` + liteNow + ` + ?3)
 ON CONFLICT (msg_key) DO NOTHING`,
 			inspect: `SELECT state, lease_until, expires_at, ` + liteNow + ` FROM ` + t + ` WHERE msg_key = ?1`,
 			remove:  `DELETE FROM ` + t + ` WHERE msg_key = ?1`,

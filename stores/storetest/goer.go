@@ -58,7 +58,8 @@ func (s *suite) testGo(t *testing.T) {
 		}
 	}
 	processed := func(r inbox.Record, _ inbox.Claim) error {
-		// A store may drop the owner of a processed key (Redis does).
+		// A processed record may keep no owner: the owner lives while a
+		// lease is in flight.
 		if r.State != inbox.StateProcessed || r.Attempts != 1 || (r.Owner != owner && r.Owner != "") || r.PayloadHash != hash {
 			return fmt.Errorf("record %+v, want processed, 1 attempt, owner %q or none, payload hash %q", r, owner, hash)
 		}

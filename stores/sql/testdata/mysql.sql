@@ -38,16 +38,15 @@ SELECT VERSION();
 CREATE TABLE IF NOT EXISTS `inbox` (
 	msg_key      VARBINARY(1024) NOT NULL,
 	state        TINYINT NOT NULL,
-	lease_id     VARBINARY(128) NOT NULL,
-	owner        VARBINARY(255) NOT NULL,
-	lease_until  DATETIME(6) NULL,
 	attempts     INT NOT NULL,
 	first_seen   DATETIME(6) NOT NULL,
 	last_seen    DATETIME(6) NOT NULL,
-	processed_at DATETIME(6) NULL,
-	payload_hash VARBINARY(128) NOT NULL,
+	lease_until  DATETIME(6) NULL,
 	expires_at   DATETIME(6) NOT NULL,
-	reason       VARBINARY(1024) NOT NULL DEFAULT '',
+	payload_hash VARBINARY(128) NULL,
+	lease        VARBINARY(128) NULL,
+	owner        VARBINARY(255) NULL,
+	reason       VARBINARY(1024) NULL,
 	PRIMARY KEY (msg_key),
 	INDEX `inbox_expires_at` (expires_at)
 ) ENGINE=InnoDB;
@@ -60,163 +59,230 @@ CREATE TABLE IF NOT EXISTS `inbox` (
 SELECT reason FROM `inbox` WHERE 1 = 0;
 
 -- name: migrate-probe-layout
--- Migrate and the check of stores.Open, when migrate-probe-reason failed: reads
--- no row, and fails unless the table has the columns of the earlier layout
--- (then add-column-reason upgrades it).
+-- Migrate and the check of stores.Open, when migrate-probe-reason or
+-- migrate-probe-lease failed: reads no row, and fails unless the table has the
+-- columns of an earlier layout (then add-column-reason and the upgrade-...
+-- statements upgrade it).
 -- Parameters: None.
 SELECT msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at FROM `inbox` WHERE 1 = 0;
 
 -- name: add-column-reason
--- Migrate, on a table of the earlier layout (made before Fail and dead keys);
--- DDL ends with it as a comment.
+-- Migrate, on a table of the earliest layout (made before Fail and dead keys),
+-- before the upgrade to the compact layout.
 -- Parameters: None.
 ALTER TABLE `inbox` ADD COLUMN reason VARBINARY(1024) NOT NULL DEFAULT '';
+
+-- name: migrate-probe-lease
+-- Migrate, after add-column-reason's step, and the check of stores.Open when
+-- reading the table fails for a missing column: reads no row, and fails when
+-- the column lease does not exist (a table of an earlier layout, which the
+-- upgrade-... statements copy to the compact layout).
+-- Parameters: None.
+SELECT lease FROM `inbox` WHERE 1 = 0;
+
+-- name: upgrade-1
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), each a statement of its own, in this order.
+-- Parameters: None.
+DROP TABLE IF EXISTS `inbox_upgrade`;
+
+-- name: upgrade-2
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), each a statement of its own, in this order.
+-- Parameters: None.
+CREATE TABLE IF NOT EXISTS `inbox_upgrade` (
+	msg_key      VARBINARY(1024) NOT NULL,
+	state        TINYINT NOT NULL,
+	attempts     INT NOT NULL,
+	first_seen   DATETIME(6) NOT NULL,
+	last_seen    DATETIME(6) NOT NULL,
+	lease_until  DATETIME(6) NULL,
+	expires_at   DATETIME(6) NOT NULL,
+	payload_hash VARBINARY(128) NULL,
+	lease        VARBINARY(128) NULL,
+	owner        VARBINARY(255) NULL,
+	reason       VARBINARY(1024) NULL,
+	PRIMARY KEY (msg_key),
+	INDEX `inbox_expires_at` (expires_at)
+) ENGINE=InnoDB;
+
+-- name: upgrade-3
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), each a statement of its own, in this order.
+-- Parameters: None.
+INSERT INTO `inbox_upgrade` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
+SELECT msg_key, state,
+	CASE WHEN lease_id = '' OR state = 2 THEN NULL WHEN state = 1 THEN UNHEX(LEFT(SHA2(lease_id, 256), 16)) ELSE lease_id END,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN payload_hash = '' THEN NULL WHEN LENGTH(payload_hash) = 64 AND CONVERT(payload_hash USING latin1) COLLATE latin1_bin REGEXP '^[0-9a-f]{64}$' THEN UNHEX(LEFT(payload_hash, 32))
+	WHEN LENGTH(payload_hash) = 16 THEN CONCAT(payload_hash, X'00') ELSE payload_hash END,
+	expires_at, NULLIF(reason, '')
+FROM `inbox`;
+
+-- name: upgrade-4
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), each a statement of its own, in this order.
+-- Parameters: None.
+RENAME TABLE `inbox` TO `inbox_earlier`, `inbox_upgrade` TO `inbox`;
+
+-- name: upgrade-5
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), each a statement of its own, in this order.
+-- Parameters: None.
+DROP TABLE `inbox_earlier`;
 
 -- name: claims-1
 -- TryBegin: the upsert of n claims (rows in key order), on MariaDB. With one
 -- row it is also a TryBegin alone in its batch.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
--- + retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- + retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen)) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(owner) ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
-	processed_at = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE processed_at END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(last_seen) ELSE last_seen END,
-	lease_id     = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease_id) ELSE lease_id END,
-	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(lease_until) ELSE lease_until END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash IS NULL) THEN VALUES(payload_hash) ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
+	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(last_seen) ELSE last_seen END,
+	lease        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease) ELSE lease END,
+	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE state END,
-	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(expires_at) ELSE expires_at END
-RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6);
+	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(expires_at) ELSE expires_at END
+RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6);
 
 -- name: claims-3
 -- TryBegin: the upsert of the n claims of a wave (rows in key order), on
 -- MariaDB.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
--- + retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- + retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen)) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(owner) ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
-	processed_at = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE processed_at END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(last_seen) ELSE last_seen END,
-	lease_id     = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease_id) ELSE lease_id END,
-	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(lease_until) ELSE lease_until END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash IS NULL) THEN VALUES(payload_hash) ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
+	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(last_seen) ELSE last_seen END,
+	lease        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease) ELSE lease END,
+	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE state END,
-	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(expires_at) ELSE expires_at END
-RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6);
+	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(expires_at) ELSE expires_at END
+RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6);
 
 -- name: claims-1-mysql8
 -- TryBegin on MySQL 8: the upsert of a wave's n claims (one alone is a batch of
 -- its own), in the batch's transaction, followed by claims-read-n-mysql8.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
 -- + retention (µs).
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen)) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(owner) ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
-	processed_at = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE processed_at END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(last_seen) ELSE last_seen END,
-	lease_id     = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease_id) ELSE lease_id END,
-	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(lease_until) ELSE lease_until END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash IS NULL) THEN VALUES(payload_hash) ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
+	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(last_seen) ELSE last_seen END,
+	lease        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease) ELSE lease END,
+	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE state END,
-	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(expires_at) ELSE expires_at END;
+	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(expires_at) ELSE expires_at END;
 
 -- name: claims-read-1-mysql8
 -- TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in
 -- the same transaction: the claims' answers.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, lease_until,
+-- Parameters: n keys. Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-SELECT msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) FOR UPDATE;
+SELECT msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) FOR UPDATE;
 
 -- name: claims-3-mysql8
 -- TryBegin on MySQL 8: the upsert of a wave's n claims (one alone is a batch of
 -- its own), in the batch's transaction, followed by claims-read-n-mysql8.
 -- Parameters: 6 per row: key, lease id, owner, lease (µs), payload hash, lease
 -- + retention (µs).
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 0, ?, NULLIF(?, ''), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen)) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
 	owner        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(owner) ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash = '') THEN VALUES(payload_hash) ELSE payload_hash END,
-	processed_at = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE processed_at END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(last_seen) ELSE last_seen END,
-	lease_id     = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease_id) ELSE lease_id END,
-	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(lease_until) ELSE lease_until END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) OR ((state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) AND payload_hash IS NULL) THEN VALUES(payload_hash) ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
+	last_seen    = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(last_seen) ELSE last_seen END,
+	lease        = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) THEN VALUES(lease) ELSE lease END,
+	lease_until  = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(lease_until) ELSE lease_until END,
 	state        = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE state END,
-	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease_id = VALUES(lease_id)) THEN VALUES(expires_at) ELSE expires_at END;
+	expires_at   = CASE WHEN expires_at <= VALUES(last_seen) OR (state = 0 AND (lease_until IS NULL OR lease_until <= VALUES(last_seen))) OR (state = 0 AND lease = VALUES(lease)) THEN VALUES(expires_at) ELSE expires_at END;
 
 -- name: claims-read-3-mysql8
 -- TryBegin on MySQL 8: the locking read of the rows claims-n-mysql8 wrote, in
 -- the same transaction: the claims' answers.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, lease_until,
+-- Parameters: n keys. Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-SELECT msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) FOR UPDATE;
+SELECT msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) FOR UPDATE;
 
 -- name: complete
--- Complete alone in its batch: an UPDATE fenced by the lease id. Affects the
--- key's row when the lease holds it (with clientFoundRows, a repeated Complete
--- of the same lease too); else complete-holder follows.
--- Parameters: 1 retention (µs), 2 key, 3 lease id.
+-- Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of
+-- the lease only its fingerprint (the first 8 bytes of its SHA-256) and no
+-- owner, and leaves expires_at as the claim set it when that is within a 64th
+-- of the retention past now + retention (then the index on it is not written).
+-- Affects the key's row when the lease holds it (with clientFoundRows, a
+-- repeated Complete of the same lease too, by the fingerprint); else
+-- complete-holder follows.
+-- Parameters: 1 retention (µs), 2 retention + a 64th (µs), 3 retention (µs),
+-- 4 key, 5 lease id, 6 its fingerprint.
 UPDATE `inbox` SET
-	processed_at = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
-WHERE msg_key = ? AND lease_id = ? AND expires_at > UTC_TIMESTAMP(6);
+WHERE msg_key = ? AND (state = 0 AND lease = ? OR state = 1 AND lease = ?) AND expires_at > UTC_TIMESTAMP(6);
 
 -- name: complete-holder
 -- After a Complete alone in its batch that affected no row: whether this lease
 -- completed the key already (a repeated Complete, without clientFoundRows);
 -- otherwise it is ErrLeaseLost.
--- Parameters: 1 key. Returns state, lease_id, expires_at, now.
-SELECT state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key = ?;
+-- Parameters: 1 key. Returns state, lease, expires_at, now.
+SELECT state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key = ?;
 
 -- name: release
 -- Release alone in its batch: an UPDATE fenced by the lease id of an open row;
 -- no row is ErrLeaseLost.
 -- Parameters: 1 retention (µs), 2 key, 3 lease id.
-UPDATE `inbox` SET lease_id = '', lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
+UPDATE `inbox` SET lease = NULL, lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
 
 -- name: fail
 -- Fail alone in its batch: an UPDATE fenced by the lease id of an open row,
--- which empties the lease id and sets the backoff (a lease nobody holds) or the
+-- which empties the lease and sets the backoff (a lease nobody holds) or the
 -- dead state; no row is ErrLeaseLost.
 -- Parameters: 1 backoff (µs; 0 for none and for Dead), 2 reason, 3 new state
 -- (0, or 2 for Dead), 4 backoff + retention (µs), 5 key, 6 lease id.
-UPDATE `inbox` SET lease_id = '', lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = ?, state = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
+UPDATE `inbox` SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
+	reason = NULLIF(?, ''), state = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
 
 -- name: marks-1
 -- MarkProcessed: the upsert of n marks; with one row it is also a MarkProcessed
 -- alone in its batch.
 -- Parameters: per row: key, retention (µs).
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 1, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 1, NULL, NULL, NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > VALUES(last_seen) AND state = 1 THEN processed_at ELSE VALUES(processed_at) END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
 	last_seen    = VALUES(last_seen),
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = VALUES(expires_at);
@@ -224,16 +290,15 @@ ON DUPLICATE KEY UPDATE
 -- name: marks-3
 -- MarkProcessed: the upsert of a wave's n marks (rows in key order).
 -- Parameters: per row: key, retention (µs).
-INSERT INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 1, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 1, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 1, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+INSERT INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 1, NULL, NULL, NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 1, NULL, NULL, NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), (?, 1, NULL, NULL, NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
 	attempts     = CASE WHEN expires_at <= VALUES(last_seen) THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= VALUES(last_seen) THEN VALUES(first_seen) ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > VALUES(last_seen) AND state = 1 THEN processed_at ELSE VALUES(processed_at) END,
+	payload_hash = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= VALUES(last_seen) THEN NULL ELSE reason END,
 	last_seen    = VALUES(last_seen),
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = VALUES(expires_at);
@@ -244,18 +309,19 @@ ON DUPLICATE KEY UPDATE
 -- kind's keys in byte order), in the batch's transaction; the store decides
 -- which leases hold their keys, with the conditions of complete, release and
 -- fail.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, expires_at,
--- now.
-SELECT msg_key, state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) ORDER BY msg_key FOR UPDATE;
+-- Parameters: n keys. Returns per row: msg_key, state, lease, expires_at, now.
+SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?) ORDER BY msg_key FOR UPDATE;
 
 -- name: completes-1
 -- Complete in a batch of several calls: after settle-read, the UPDATE of the n
--- rows whose lease held them.
--- Parameters: retention (µs), then n keys.
+-- rows whose lease held them (expires_at as in complete).
+-- Parameters: retention, retention + a 64th, retention (µs), then n keys.
 UPDATE `inbox` SET
-	processed_at = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 WHERE msg_key IN (?);
@@ -264,7 +330,7 @@ WHERE msg_key IN (?);
 -- Release in a batch of several calls: after settle-read, the UPDATE of the n
 -- rows whose lease held them.
 -- Parameters: retention (µs), then n keys.
-UPDATE `inbox` SET lease_id = '', lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+UPDATE `inbox` SET lease = NULL, lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE msg_key IN (?);
 
 -- name: fails-1
@@ -273,8 +339,8 @@ WHERE msg_key IN (?);
 -- multiple-table UPDATE: no assignment reads a column).
 -- Parameters: per row: key, reason, new state (0, or 2 for Dead), backoff
 -- (µs), backoff + retention (µs).
-UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex) AS u ON t.msg_key = u.k SET lease_id = '', lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = u.r, state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
+UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex) AS u ON t.msg_key = u.k SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
 
 -- name: settle-read-3
 -- Complete, Release and Fail in a batch of several calls: the locking read of
@@ -282,18 +348,19 @@ UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex) AS u 
 -- kind's keys in byte order), in the batch's transaction; the store decides
 -- which leases hold their keys, with the conditions of complete, release and
 -- fail.
--- Parameters: n keys. Returns per row: msg_key, state, lease_id, expires_at,
--- now.
-SELECT msg_key, state, lease_id, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) ORDER BY msg_key FOR UPDATE;
+-- Parameters: n keys. Returns per row: msg_key, state, lease, expires_at, now.
+SELECT msg_key, state, lease, expires_at, UTC_TIMESTAMP(6) FROM `inbox` WHERE msg_key IN (?, ?, ?) ORDER BY msg_key FOR UPDATE;
 
 -- name: completes-3
 -- Complete in a batch of several calls: after settle-read, the UPDATE of the n
--- rows whose lease held them.
--- Parameters: retention (µs), then n keys.
+-- rows whose lease held them (expires_at as in complete).
+-- Parameters: retention, retention + a 64th, retention (µs), then n keys.
 UPDATE `inbox` SET
-	processed_at = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 AND NOT (expires_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AND UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+		THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN UNHEX(LEFT(SHA2(lease, 256), 16)) ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 WHERE msg_key IN (?, ?, ?);
@@ -302,7 +369,7 @@ WHERE msg_key IN (?, ?, ?);
 -- Release in a batch of several calls: after settle-read, the UPDATE of the n
 -- rows whose lease held them.
 -- Parameters: retention (µs), then n keys.
-UPDATE `inbox` SET lease_id = '', lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+UPDATE `inbox` SET lease = NULL, lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE msg_key IN (?, ?, ?);
 
 -- name: fails-3
@@ -311,15 +378,15 @@ WHERE msg_key IN (?, ?, ?);
 -- multiple-table UPDATE: no assignment reads a column).
 -- Parameters: per row: key, reason, new state (0, or 2 for Dead), backoff
 -- (µs), backoff + retention (µs).
-UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex UNION ALL SELECT ?, ?, ?, ?, ? UNION ALL SELECT ?, ?, ?, ?, ?) AS u ON t.msg_key = u.k SET lease_id = '', lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
-	reason = u.r, state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
+UPDATE `inbox` AS t JOIN (SELECT ? AS k, ? AS r, ? AS s, ? AS ra, ? AS ex UNION ALL SELECT ?, ?, ?, ?, ? UNION ALL SELECT ?, ?, ?, ?, ?) AS u ON t.msg_key = u.k SET lease = NULL, lease_until = NULLIF(UTC_TIMESTAMP(6) + INTERVAL u.ra MICROSECOND, UTC_TIMESTAMP(6)), last_seen = UTC_TIMESTAMP(6),
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = UTC_TIMESTAMP(6) + INTERVAL u.ex MICROSECOND;
 
 -- name: extend
 -- Extend: an UPDATE fenced by the lease id of an open, unexpired row, in a
 -- transaction with extend-read; no row is ErrLeaseLost.
 -- Parameters: 1 lease (µs), 2 lease + retention (µs), 3 key, 4 lease id.
 UPDATE `inbox` SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6);
 
 -- name: extend-read
 -- Extend: after extend affected the row, in the same transaction: the new end
@@ -331,8 +398,8 @@ SELECT lease_until FROM `inbox` WHERE msg_key = ?;
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: 1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
-SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6)
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
+SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6)
 FROM `inbox` WHERE msg_key = ?;
 
 -- name: list
@@ -340,8 +407,8 @@ FROM `inbox` WHERE msg_key = ?;
 -- one row more than the page to tell whether another follows.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6)
 ORDER BY msg_key LIMIT ?;
 
@@ -351,8 +418,8 @@ ORDER BY msg_key LIMIT ?;
 -- point incremented.
 -- Parameters: 1 prefix, 2 end of its range, 3 page size + 1. Returns per row:
 -- msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- payload_hash, expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND msg_key >= ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
 
@@ -361,8 +428,8 @@ ORDER BY msg_key LIMIT ?;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: 1 cursor, 2 end of the prefix's range, 3 page size + 1. Returns
 -- per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- payload_hash, expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND msg_key > ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
 
@@ -370,8 +437,8 @@ ORDER BY msg_key LIMIT ?;
 -- List of processed keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 1
 ORDER BY msg_key LIMIT ?;
 
@@ -379,8 +446,8 @@ ORDER BY msg_key LIMIT ?;
 -- List of dead keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND state = 2
 ORDER BY msg_key LIMIT ?;
 
@@ -388,9 +455,9 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys held by a live lease.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
-WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND lease_until > UTC_TIMESTAMP(6) AND lease_id <> ''
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
+WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND lease_until > UTC_TIMESTAMP(6) AND lease IS NOT NULL
 ORDER BY msg_key LIMIT ?;
 
 -- name: list-available
@@ -398,17 +465,17 @@ ORDER BY msg_key LIMIT ?;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
-WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6) OR lease_id = '')
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
+WHERE expires_at > UTC_TIMESTAMP(6) AND state = 0 AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6) OR lease IS NULL)
 ORDER BY msg_key LIMIT ?;
 
 -- name: list-older-than
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: 1 OlderThan (µs), 2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, UTC_TIMESTAMP(6) FROM `inbox`
+-- expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, UTC_TIMESTAMP(6) FROM `inbox`
 WHERE expires_at > UTC_TIMESTAMP(6) AND last_seen <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 ORDER BY msg_key LIMIT ?;
 
@@ -421,7 +488,7 @@ DELETE FROM `inbox` WHERE msg_key = ?;
 -- ForceRelease (inboxctl release): ends the live lease or running backoff of an
 -- open row, fenced by no lease id; attempts kept.
 -- Parameters: 1 retention (µs), 2 key.
-UPDATE `inbox` SET lease_id = '', lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+UPDATE `inbox` SET lease = NULL, lease_until = NULL, last_seen = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE msg_key = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6) AND lease_until > UTC_TIMESTAMP(6);
 
 -- name: cleanup
@@ -449,8 +516,8 @@ SET SESSION innodb_lock_wait_timeout = DEFAULT;
 -- concurrent claim's uncommitted row is waited for). No row inserted:
 -- tx-inspect follows.
 -- Parameters: 1 key, 2 owner, 3 retention (µs).
-INSERT IGNORE INTO `inbox` (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-VALUES (?, 1, '', ?, NULL, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND);
+INSERT IGNORE INTO `inbox` (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+VALUES (?, 1, NULL, NULLIF(?, ''), NULL, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND);
 
 -- name: tx-inspect
 -- Transactional mode: after tx-claim inserted nothing, the key's committed row,

@@ -19,18 +19,17 @@
 -- table when it does not exist.
 -- Parameters: None.
 CREATE TABLE IF NOT EXISTS "inbox" (
-	msg_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
-	state        SMALLINT NOT NULL,
-	lease_id     TEXT NOT NULL,
-	owner        TEXT NOT NULL,
-	lease_until  TIMESTAMPTZ NULL,
-	attempts     INTEGER NOT NULL,
+	expires_at   TIMESTAMPTZ NOT NULL,
 	first_seen   TIMESTAMPTZ NOT NULL,
 	last_seen    TIMESTAMPTZ NOT NULL,
-	processed_at TIMESTAMPTZ NULL,
-	payload_hash TEXT NOT NULL,
-	expires_at   TIMESTAMPTZ NOT NULL,
-	reason       TEXT NOT NULL DEFAULT ''
+	lease_until  TIMESTAMPTZ NULL,
+	attempts     INTEGER NOT NULL,
+	state        SMALLINT NOT NULL,
+	msg_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	payload_hash BYTEA NULL,
+	lease        BYTEA NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
 );
 
 -- name: create-index
@@ -46,17 +45,108 @@ CREATE INDEX IF NOT EXISTS "inbox_expires_at" ON "inbox" (expires_at);
 SELECT reason FROM "inbox" WHERE 1 = 0;
 
 -- name: migrate-probe-layout
--- Migrate and the check of stores.Open, when migrate-probe-reason failed: reads
--- no row, and fails unless the table has the columns of the earlier layout
--- (then add-column-reason upgrades it).
+-- Migrate and the check of stores.Open, when migrate-probe-reason or
+-- migrate-probe-lease failed: reads no row, and fails unless the table has the
+-- columns of an earlier layout (then add-column-reason and the upgrade-...
+-- statements upgrade it).
 -- Parameters: None.
 SELECT msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at FROM "inbox" WHERE 1 = 0;
 
 -- name: add-column-reason
--- Migrate, on a table of the earlier layout (made before Fail and dead keys);
--- DDL ends with it as a comment.
+-- Migrate, on a table of the earliest layout (made before Fail and dead keys),
+-- before the upgrade to the compact layout.
 -- Parameters: None.
 ALTER TABLE "inbox" ADD COLUMN IF NOT EXISTS reason TEXT NOT NULL DEFAULT '';
+
+-- name: migrate-probe-lease
+-- Migrate, after add-column-reason's step, and the check of stores.Open when
+-- reading the table fails for a missing column: reads no row, and fails when
+-- the column lease does not exist (a table of an earlier layout, which the
+-- upgrade-... statements copy to the compact layout).
+-- Parameters: None.
+SELECT lease FROM "inbox" WHERE 1 = 0;
+
+-- name: upgrade-1
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+LOCK TABLE "inbox" IN ACCESS EXCLUSIVE MODE;
+
+-- name: upgrade-2
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+CREATE TABLE IF NOT EXISTS "inbox_upgrade" (
+	expires_at   TIMESTAMPTZ NOT NULL,
+	first_seen   TIMESTAMPTZ NOT NULL,
+	last_seen    TIMESTAMPTZ NOT NULL,
+	lease_until  TIMESTAMPTZ NULL,
+	attempts     INTEGER NOT NULL,
+	state        SMALLINT NOT NULL,
+	msg_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	payload_hash BYTEA NULL,
+	lease        BYTEA NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
+);
+
+-- name: upgrade-3
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+INSERT INTO "inbox_upgrade" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
+SELECT msg_key, state,
+	CASE WHEN lease_id = '' OR state = 2 THEN NULL WHEN state = 1 THEN substr(sha256(convert_to(lease_id, 'UTF8')), 1, 8) ELSE convert_to(lease_id, 'UTF8') END,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN payload_hash = '' THEN NULL WHEN payload_hash ~ '^[0-9a-f]{64}$' THEN decode(substr(payload_hash, 1, 32), 'hex')
+	WHEN octet_length(payload_hash) = 16 THEN convert_to(payload_hash, 'UTF8') || '\x00'::bytea ELSE convert_to(payload_hash, 'UTF8') END,
+	expires_at, NULLIF(reason, '')
+FROM "inbox";
+
+-- name: upgrade-4
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+DROP TABLE "inbox";
+
+-- name: upgrade-5
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+ALTER TABLE "inbox_upgrade" RENAME TO "inbox";
+
+-- name: upgrade-6
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+ALTER TABLE "inbox" RENAME CONSTRAINT "inbox_upgrade_pkey" TO "inbox_pkey";
+
+-- name: upgrade-7
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in the transaction of migrate-lock and
+-- upgrade-check, in this order.
+-- Parameters: None.
+CREATE INDEX IF NOT EXISTS "inbox_expires_at" ON "inbox" (expires_at);
+
+-- name: upgrade-check
+-- Migrate, after migrate-lock in the transaction of the upgrade: whether the
+-- table still has the earlier layout (a concurrent Migrate may have upgraded
+-- it).
+-- Parameters: $1 the quoted table name.
+SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'lease_id' AND NOT attisdropped);
 
 -- name: migrate-lock
 -- Migrate: the first statement of its transaction, which then runs create-table
@@ -71,74 +161,77 @@ SELECT pg_advisory_xact_lock($1);
 -- decide on the row, under its lock: expired (start afresh), free (acquire,
 -- attempts + 1), held by the caller's lease id (renew), else unchanged.
 -- Parameters: $1 key, $2 lease id, $3 owner, $4 lease (µs), $5 payload hash,
--- $6 lease + retention (µs). Returns one row: msg_key, state, lease_id,
+-- $6 lease + retention (µs). Returns one row: msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now), r AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT $1, 0, $2, $3, n.now + $4::bigint * interval '1 microsecond', 1, n.now, n.now, NULL, $5, n.now + $6::bigint * interval '1 microsecond' FROM n
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT $1, 0, $2::bytea, NULLIF($3::text, ''), n.now + $4::bigint * interval '1 microsecond', 1, n.now, n.now, $5::bytea, n.now + $6::bigint * interval '1 microsecond' FROM n
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason)
-SELECT r.msg_key, r.state, r.lease_id, r.lease_until, r.payload_hash, r.last_seen, r.attempts, r.reason, n.now FROM r, n;
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason)
+SELECT r.msg_key, r.state, r.lease, r.lease_until, r.payload_hash, r.last_seen, r.attempts, r.reason, n.now FROM r, n;
 
 -- name: complete
--- Complete alone in its batch: an UPDATE fenced by the lease id. Affects the
--- key's row when the lease holds it (a repeated Complete of the same lease
--- too); no row is ErrLeaseLost.
--- Parameters: $1 retention (µs), $2 key, $3 lease id.
+-- Complete alone in its batch: an UPDATE fenced by the lease id, which keeps of
+-- the lease only its fingerprint (the first 8 bytes of its SHA-256) and no
+-- owner, and leaves expires_at as the claim set it when that is within a 64th
+-- of the retention past now + retention (then no indexed column changes: a HOT
+-- update). Affects the key's row when the lease holds it (a repeated Complete
+-- of the same lease too, by the fingerprint); no row is ErrLeaseLost.
+-- Parameters: $1 retention (µs), $2 key, $3 lease id (bytes).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.expires_at > n.now;
+FROM n WHERE t.msg_key = $2 AND (t.state = 0 AND t.lease = $3::bytea OR t.state = 1 AND t.lease = substr(sha256($3::bytea), 1, 8)) AND t.expires_at > n.now;
 
 -- name: release
 -- Release alone in its batch: an UPDATE fenced by the lease id of an open row;
 -- no row is ErrLeaseLost.
 -- Parameters: $1 retention (µs), $2 key, $3 lease id.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now;
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expires_at > n.now;
 
 -- name: fail
 -- Fail alone in its batch: an UPDATE fenced by the lease id of an open row,
--- which empties the lease id and sets the backoff (a lease nobody holds) or the
+-- which empties the lease and sets the backoff (a lease nobody holds) or the
 -- dead state; no row is ErrLeaseLost.
 -- Parameters: $1 retention (µs), $2 key, $3 lease id, $4 reason, $5 new state
 -- (0, or 2 for Dead), $6 backoff (µs; 0 for none and for Dead).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + $6::bigint * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = $4, state = $5::smallint, expires_at = n.now + ($6::bigint + $1::bigint) * interval '1 microsecond'
-FROM n WHERE t.msg_key = $2 AND t.lease_id = $3 AND t.state = 0 AND t.expires_at > n.now;
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + $6::bigint * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF($4::text, ''), state = $5::smallint, expires_at = n.now + ($6::bigint + $1::bigint) * interval '1 microsecond'
+FROM n WHERE t.msg_key = $2 AND t.lease = $3::bytea AND t.state = 0 AND t.expires_at > n.now;
 
 -- name: mark
 -- MarkProcessed alone in its batch: an upsert of the processed row.
 -- Parameters: $1 key, $2 retention (µs).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT $1, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $2::bigint * interval '1 microsecond' FROM n
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT $1, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $2::bigint * interval '1 microsecond' FROM n
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at;
@@ -149,27 +242,26 @@ ON CONFLICT (msg_key) DO UPDATE SET
 -- byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes. Returns per claim:
--- 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- 1, msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n;
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason)
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n;
 
 -- name: wave-complete
 -- A wave of a batch of several calls holding complete (and no other kind): one
@@ -181,15 +273,17 @@ SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d;
 
 -- name: wave-claim-complete
 -- A wave of a batch of several calls holding claim, complete (and no other
@@ -197,39 +291,40 @@ SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL:
 -- rows (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
--- and lease ids, and their number. Returns per claim: 1, msg_key, state,
--- lease_id, lease_until, payload_hash, last_seen, attempts, reason, now; per
--- complete whose lease held its key: 2, msg_key, then NULLs.
+-- and lease ids, and their number. Returns per claim: 1, msg_key, state, lease,
+-- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
+-- whose lease held its key: 2, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d;
 
 -- name: wave-release
 -- A wave of a batch of several calls holding release (and no other kind): one
@@ -240,11 +335,11 @@ UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- its key: 3, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
+SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
 
 -- name: wave-claim-release
 -- A wave of a batch of several calls holding claim, release (and no other
@@ -252,34 +347,33 @@ SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL:
 -- rows (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
--- and lease ids, and their number. Returns per claim: 1, msg_key, state,
--- lease_id, lease_until, payload_hash, last_seen, attempts, reason, now; per
--- release whose lease held its key: 3, msg_key, then NULLs.
+-- and lease ids, and their number. Returns per claim: 1, msg_key, state, lease,
+-- lease_until, payload_hash, last_seen, attempts, reason, now; per release
+-- whose lease held its key: 3, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
 
 -- name: wave-complete-release
 -- A wave of a batch of several calls holding complete, release (and no other
@@ -292,21 +386,23 @@ UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[]) LIMIT $7::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
 
 -- name: wave-claim-complete-release
 -- A wave of a batch of several calls holding claim, complete, release (and no
@@ -315,46 +411,47 @@ UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
--- number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per complete whose lease held
 -- its key: 2, msg_key, then NULLs; per release whose lease held its key: 3,
 -- msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[]) LIMIT $12::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r;
 
 -- name: wave-mark
 -- A wave of a batch of several calls holding mark (and no other kind): one
@@ -364,23 +461,22 @@ UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys. Returns per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($2::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-claim-mark
 -- A wave of a batch of several calls holding claim, mark (and no other kind):
@@ -388,45 +484,43 @@ SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL:
 -- (keys in byte order).
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the marks' keys.
--- Returns per claim: 1, msg_key, state, lease_id, lease_until, payload_hash,
+-- Returns per claim: 1, msg_key, state, lease, lease_until, payload_hash,
 -- last_seen, attempts, reason, now; per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($7::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-complete-mark
 -- A wave of a batch of several calls holding complete, mark (and no other
@@ -439,33 +533,34 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($5::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-claim-complete-mark
 -- A wave of a batch of several calls holding claim, complete, mark (and no
@@ -474,57 +569,57 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the marks' keys. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per complete whose lease held its key: 2, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($10::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-release-mark
 -- A wave of a batch of several calls holding release, mark (and no other kind):
@@ -536,29 +631,28 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($5::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-claim-release-mark
 -- A wave of a batch of several calls holding claim, release, mark (and no other
@@ -567,52 +661,50 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the marks' keys. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per release whose lease held its key: 3, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($10::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-complete-release-mark
 -- A wave of a batch of several calls holding complete, release, mark (and no
@@ -626,39 +718,40 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[]) LIMIT $7::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($8::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-claim-complete-release-mark
 -- A wave of a batch of several calls holding claim, complete, release, mark
@@ -667,64 +760,64 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
--- number; the marks' keys. Returns per claim: 1, msg_key, state, lease_id,
+-- number; the marks' keys. Returns per claim: 1, msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
 -- whose lease held its key: 2, msg_key, then NULLs; per release whose lease
 -- held its key: 3, msg_key, then NULLs; per mark: 4, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[]) LIMIT $12::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($13::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m;
 
 -- name: wave-fail
 -- A wave of a batch of several calls holding fail (and no other kind): one
@@ -735,12 +828,12 @@ UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Returns per fail whose lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::smallint[]) LIMIT $7::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-fail
 -- A wave of a batch of several calls holding claim, fail (and no other kind):
@@ -749,35 +842,34 @@ SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL:
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the fails' keys,
 -- lease ids, reasons, backoffs (µs), new states, and their number. Returns per
--- claim: 1, msg_key, state, lease_id, lease_until, payload_hash, last_seen,
+-- claim: 1, msg_key, state, lease, lease_until, payload_hash, last_seen,
 -- attempts, reason, now; per fail whose lease held its key: 5, msg_key, then
 -- NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[], $9::text::text[], $10::text::bigint[], $11::text::smallint[]) LIMIT $12::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-complete-fail
 -- A wave of a batch of several calls holding complete, fail (and no other
@@ -791,22 +883,24 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[], $7::text::text[], $8::text::bigint[], $9::text::smallint[]) LIMIT $10::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-complete-fail
 -- A wave of a batch of several calls holding claim, complete, fail (and no
@@ -816,46 +910,47 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the fails' keys, lease ids, reasons,
 -- backoffs (µs), new states, and their number. Returns per claim: 1, msg_key,
--- state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now;
+-- state, lease, lease_until, payload_hash, last_seen, attempts, reason, now;
 -- per complete whose lease held its key: 2, msg_key, then NULLs; per fail whose
 -- lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[], $12::text::text[], $13::text::bigint[], $14::text::smallint[]) LIMIT $15::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-release-fail
 -- A wave of a batch of several calls holding release, fail (and no other kind):
@@ -868,18 +963,18 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[], $7::text::text[], $8::text::bigint[], $9::text::smallint[]) LIMIT $10::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-release-fail
 -- A wave of a batch of several calls holding claim, release, fail (and no other
@@ -889,41 +984,40 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the fails' keys, lease ids, reasons,
 -- backoffs (µs), new states, and their number. Returns per claim: 1, msg_key,
--- state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, now;
+-- state, lease, lease_until, payload_hash, last_seen, attempts, reason, now;
 -- per release whose lease held its key: 3, msg_key, then NULLs; per fail whose
 -- lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[], $12::text::text[], $13::text::bigint[], $14::text::smallint[]) LIMIT $15::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-complete-release-fail
 -- A wave of a batch of several calls holding complete, release, fail (and no
@@ -938,28 +1032,30 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[]) LIMIT $7::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($8::text::text[], $9::text::text[], $10::text::text[], $11::text::bigint[], $12::text::smallint[]) LIMIT $13::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-complete-release-fail
 -- A wave of a batch of several calls holding claim, complete, release, fail
@@ -969,54 +1065,55 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
 -- number; the fails' keys, lease ids, reasons, backoffs (µs), new states, and
--- their number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- their number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per complete whose lease held
 -- its key: 2, msg_key, then NULLs; per release whose lease held its key: 3,
 -- msg_key, then NULLs; per fail whose lease held its key: 5, msg_key, then
 -- NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[]) LIMIT $12::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($13::text::text[], $14::text::text[], $15::text::text[], $16::text::bigint[], $17::text::smallint[]) LIMIT $18::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-mark-fail
 -- A wave of a batch of several calls holding mark, fail (and no other kind):
@@ -1028,30 +1125,29 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($2::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($3::text::text[], $4::text::text[], $5::text::text[], $6::text::bigint[], $7::text::smallint[]) LIMIT $8::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-mark-fail
 -- A wave of a batch of several calls holding claim, mark, fail (and no other
@@ -1060,53 +1156,51 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Parameters: $1 retention (µs), then as array literals (text), the claims'
 -- keys, lease ids, owners, leases (µs) and payload hashes; the marks' keys;
 -- the fails' keys, lease ids, reasons, backoffs (µs), new states, and their
--- number. Returns per claim: 1, msg_key, state, lease_id, lease_until,
+-- number. Returns per claim: 1, msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now; per mark: 4, msg_key, then
 -- NULLs; per fail whose lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($7::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($8::text::text[], $9::text::text[], $10::text::text[], $11::text::bigint[], $12::text::smallint[]) LIMIT $13::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-complete-mark-fail
 -- A wave of a batch of several calls holding complete, mark, fail (and no other
@@ -1121,40 +1215,41 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($5::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($6::text::text[], $7::text::text[], $8::text::text[], $9::text::bigint[], $10::text::smallint[]) LIMIT $11::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-complete-mark-fail
 -- A wave of a batch of several calls holding claim, complete, mark, fail (and
@@ -1164,65 +1259,65 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the marks' keys; the fails' keys, lease ids,
 -- reasons, backoffs (µs), new states, and their number. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per complete whose lease held its key: 2, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs; per fail whose lease held its key: 5,
 -- msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($10::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($11::text::text[], $12::text::text[], $13::text::text[], $14::text::bigint[], $15::text::smallint[]) LIMIT $16::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-release-mark-fail
 -- A wave of a batch of several calls holding release, mark, fail (and no other
@@ -1236,36 +1331,35 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($5::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($6::text::text[], $7::text::text[], $8::text::text[], $9::text::bigint[], $10::text::smallint[]) LIMIT $11::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-release-mark-fail
 -- A wave of a batch of several calls holding claim, release, mark, fail (and no
@@ -1275,60 +1369,58 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the releases' keys
 -- and lease ids, and their number; the marks' keys; the fails' keys, lease ids,
 -- reasons, backoffs (µs), new states, and their number. Returns per claim: 1,
--- msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts,
+-- msg_key, state, lease, lease_until, payload_hash, last_seen, attempts,
 -- reason, now; per release whose lease held its key: 3, msg_key, then NULLs;
 -- per mark: 4, msg_key, then NULLs; per fail whose lease held its key: 5,
 -- msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($10::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($11::text::text[], $12::text::text[], $13::text::text[], $14::text::bigint[], $15::text::smallint[]) LIMIT $16::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-complete-release-mark-fail
 -- A wave of a batch of several calls holding complete, release, mark, fail (and
@@ -1344,46 +1436,47 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($2::text::text[], $3::text::text[]) LIMIT $4::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($5::text::text[], $6::text::text[]) LIMIT $7::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($8::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($9::text::text[], $10::text::text[], $11::text::text[], $12::text::bigint[], $13::text::smallint[]) LIMIT $14::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: wave-claim-complete-release-mark-fail
 -- A wave of a batch of several calls holding claim, complete, release, mark,
@@ -1393,72 +1486,72 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- keys, lease ids, owners, leases (µs) and payload hashes; the completes' keys
 -- and lease ids, and their number; the releases' keys and lease ids, and their
 -- number; the marks' keys; the fails' keys, lease ids, reasons, backoffs (µs),
--- new states, and their number. Returns per claim: 1, msg_key, state, lease_id,
+-- new states, and their number. Returns per claim: 1, msg_key, state, lease,
 -- lease_until, payload_hash, last_seen, attempts, reason, now; per complete
 -- whose lease held its key: 2, msg_key, then NULLs; per release whose lease
 -- held its key: 3, msg_key, then NULLs; per mark: 4, msg_key, then NULLs; per
 -- fail whose lease held its key: 5, msg_key, then NULLs.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now),
 c AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 0, u.l, u.o, n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, NULL, u.h, n.now + (u.lu + $1::bigint) * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 0, convert_to(u.l, 'UTF8'), NULLIF(u.o, ''), n.now + u.lu * interval '1 microsecond', 1, n.now, n.now, decode(u.h, 'hex'), n.now + (u.lu + $1::bigint) * interval '1 microsecond'
 FROM n, unnest($2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::text[]) AS u(k, l, o, lu, h)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.state END,
-	lease_id     = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease_id ELSE t.lease_id END,
+	lease        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.lease ELSE t.lease END,
 	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) THEN EXCLUDED.owner ELSE t.owner END,
-	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.lease_until ELSE t.lease_until END,
+	lease_until  = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.lease_until ELSE t.lease_until END,
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 1 WHEN t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen) THEN t.attempts + 1 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.last_seen ELSE t.last_seen END,
-	processed_at = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.processed_at END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash = '') THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease_id = EXCLUDED.lease_id) THEN EXCLUDED.expires_at ELSE t.expires_at END
-RETURNING t.msg_key, t.state, t.lease_id, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
+	last_seen    = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.last_seen ELSE t.last_seen END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR ((t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) AND t.payload_hash IS NULL) THEN EXCLUDED.payload_hash ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
+	expires_at   = CASE WHEN t.expires_at <= EXCLUDED.last_seen OR (t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= EXCLUDED.last_seen)) OR (t.state = 0 AND t.lease = EXCLUDED.lease) THEN EXCLUDED.expires_at ELSE t.expires_at END
+RETURNING t.msg_key, t.state, t.lease, t.lease_until, t.payload_hash, t.last_seen, t.attempts, t.reason),
 d AS (
 UPDATE "inbox" AS t SET
-	processed_at = CASE WHEN t.state = 0 THEN n.now ELSE t.processed_at END,
 	last_seen    = CASE WHEN t.state = 0 THEN n.now ELSE t.last_seen END,
-	expires_at   = CASE WHEN t.state = 0 THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	expires_at   = CASE WHEN t.state = 0 AND NOT (t.expires_at BETWEEN n.now + $1::bigint * interval '1 microsecond' AND n.now + ($1::bigint + $1::bigint / 64) * interval '1 microsecond')
+		THEN n.now + $1::bigint * interval '1 microsecond' ELSE t.expires_at END,
+	lease        = CASE WHEN t.state = 0 THEN substr(sha256(t.lease), 1, 8) ELSE t.lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
 FROM n, (SELECT * FROM unnest($7::text::text[], $8::text::text[]) LIMIT $9::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND (t.state = 0 AND t.lease = convert_to(u.l, 'UTF8') OR t.state = 1 AND t.lease = substr(sha256(convert_to(u.l, 'UTF8')), 1, 8)) AND t.expires_at > n.now
 RETURNING t.msg_key),
 r AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($10::text::text[], $11::text::text[]) LIMIT $12::int) AS u(k, l)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key),
 m AS (
-INSERT INTO "inbox" AS t (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT u.k, 1, '', '', NULL, 0, n.now, n.now, n.now, '', n.now + $1::bigint * interval '1 microsecond'
+INSERT INTO "inbox" AS t (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT u.k, 1, NULL, NULL, NULL, 0, n.now, n.now, NULL, n.now + $1::bigint * interval '1 microsecond'
 FROM n, unnest($13::text::text[]) AS u(k)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN 0 ELSE t.attempts END,
 	first_seen   = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN EXCLUDED.first_seen ELSE t.first_seen END,
-	owner        = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.owner END,
-	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.payload_hash END,
-	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN '' ELSE t.reason END,
-	processed_at = CASE WHEN t.expires_at > EXCLUDED.last_seen AND t.state = 1 THEN t.processed_at ELSE EXCLUDED.processed_at END,
+	payload_hash = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.payload_hash END,
+	reason       = CASE WHEN t.expires_at <= EXCLUDED.last_seen THEN NULL ELSE t.reason END,
 	last_seen    = EXCLUDED.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = EXCLUDED.expires_at
 RETURNING t.msg_key),
 f AS (
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
-	reason = u.r, state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULLIF(n.now + u.ra * interval '1 microsecond', n.now), last_seen = n.now,
+	reason = NULLIF(u.r, ''), state = u.s, expires_at = n.now + (u.ra + $1::bigint) * interval '1 microsecond'
 FROM n, (SELECT * FROM unnest($14::text::text[], $15::text::text[], $16::text::text[], $17::text::bigint[], $18::text::smallint[]) LIMIT $19::int) AS u(k, l, r, ra, s)
-WHERE t.msg_key = u.k AND t.lease_id = u.l AND t.state = 0 AND t.expires_at > n.now
+WHERE t.msg_key = u.k AND t.lease = convert_to(u.l, 'UTF8') AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.msg_key)
-SELECT 1, c.msg_key, c.state::int, c.lease_id, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
-UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
-UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
-UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
-UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::text, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
+SELECT 1, c.msg_key, c.state::int, c.lease, c.lease_until, c.payload_hash, c.last_seen, c.attempts, c.reason, n.now FROM c, n
+UNION ALL SELECT 2, d.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM d
+UNION ALL SELECT 3, r.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM r
+UNION ALL SELECT 4, m.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM m
+UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::bytea, NULL::timestamptz, NULL::bytea, NULL::timestamptz, NULL::int, NULL::text, NULL::timestamptz FROM f;
 
 -- name: extend
 -- Extend: an UPDATE fenced by the lease id of an open, unexpired row; no row is
@@ -1467,15 +1560,15 @@ UNION ALL SELECT 5, f.msg_key, NULL::int, NULL::text, NULL::timestamptz, NULL::t
 -- Returns lease_until.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE "inbox" AS t SET lease_until = n.now + $3::bigint * interval '1 microsecond', expires_at = n.now + $4::bigint * interval '1 microsecond'
-FROM n WHERE t.msg_key = $1 AND t.lease_id = $2 AND t.state = 0 AND t.expires_at > n.now
+FROM n WHERE t.msg_key = $1 AND t.lease = $2::bytea AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.lease_until;
 
 -- name: get
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: $1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
-SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, clock_timestamp()
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
+SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, clock_timestamp()
 FROM "inbox" WHERE msg_key = $1;
 
 -- name: list
@@ -1483,9 +1576,9 @@ FROM "inbox" WHERE msg_key = $1;
 -- one row more than the page to tell whether another follows.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now
 ORDER BY t.msg_key LIMIT $1;
 
@@ -1495,9 +1588,9 @@ ORDER BY t.msg_key LIMIT $1;
 -- point incremented.
 -- Parameters: $1 prefix, $2 end of its range, $3 page size + 1. Returns per
 -- row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
+-- payload_hash, expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.msg_key >= $1 AND t.msg_key < $2
 ORDER BY t.msg_key LIMIT $3;
 
@@ -1506,9 +1599,9 @@ ORDER BY t.msg_key LIMIT $3;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: $1 cursor, $2 end of the prefix's range, $3 page size + 1.
 -- Returns per row: msg_key, state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.msg_key > $1 AND t.msg_key < $2
 ORDER BY t.msg_key LIMIT $3;
 
@@ -1516,9 +1609,9 @@ ORDER BY t.msg_key LIMIT $3;
 -- List of processed keys.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 1
 ORDER BY t.msg_key LIMIT $1;
 
@@ -1526,9 +1619,9 @@ ORDER BY t.msg_key LIMIT $1;
 -- List of dead keys.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.state = 2
 ORDER BY t.msg_key LIMIT $1;
 
@@ -1536,10 +1629,10 @@ ORDER BY t.msg_key LIMIT $1;
 -- List of keys held by a live lease.
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
-WHERE t.expires_at > n.now AND t.state = 0 AND t.lease_until > n.now AND t.lease_id <> ''
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
+WHERE t.expires_at > n.now AND t.state = 0 AND t.lease_until > n.now AND t.lease IS NOT NULL
 ORDER BY t.msg_key LIMIT $1;
 
 -- name: list-available
@@ -1547,19 +1640,19 @@ ORDER BY t.msg_key LIMIT $1;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: $1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
+-- lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
-WHERE t.expires_at > n.now AND t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= n.now OR t.lease_id = '')
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
+WHERE t.expires_at > n.now AND t.state = 0 AND (t.lease_until IS NULL OR t.lease_until <= n.now OR t.lease IS NULL)
 ORDER BY t.msg_key LIMIT $1;
 
 -- name: list-older-than
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: $1 OlderThan (µs), $2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
+-- expires_at, reason, lease, now.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease_id, n.now FROM "inbox" AS t, n
+SELECT t.msg_key, t.state, t.attempts, t.first_seen, t.last_seen, t.lease_until, t.owner, t.payload_hash, t.expires_at, t.reason, t.lease, n.now FROM "inbox" AS t, n
 WHERE t.expires_at > n.now AND t.last_seen <= n.now - $1::bigint * interval '1 microsecond'
 ORDER BY t.msg_key LIMIT $2;
 
@@ -1573,7 +1666,7 @@ DELETE FROM "inbox" WHERE msg_key = $1;
 -- open row, fenced by no lease id; attempts kept.
 -- Parameters: $1 retention (µs), $2 key.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE "inbox" AS t SET lease_id = '', lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
+UPDATE "inbox" AS t SET lease = NULL, lease_until = NULL, last_seen = n.now, expires_at = n.now + $1::bigint * interval '1 microsecond'
 FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease_until > n.now;
 
 -- name: cleanup
@@ -1600,8 +1693,8 @@ SELECT set_config('lock_timeout', $1, true);
 -- tx-inspect follows.
 -- Parameters: $1 key, $2 owner, $3 retention (µs).
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-SELECT $1, 1, '', $2, NULL, 1, n.now, n.now, n.now, '', n.now + $3::bigint * interval '1 microsecond' FROM n
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+SELECT $1, 1, NULL, NULLIF($2::text, ''), NULL, 1, n.now, n.now, NULL, n.now + $3::bigint * interval '1 microsecond' FROM n
 ON CONFLICT (msg_key) DO NOTHING;
 
 -- name: tx-inspect

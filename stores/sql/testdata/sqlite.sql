@@ -26,17 +26,16 @@
 CREATE TABLE IF NOT EXISTS "inbox" (
 	msg_key      TEXT NOT NULL PRIMARY KEY,
 	state        INTEGER NOT NULL,
-	lease_id     TEXT NOT NULL,
-	owner        TEXT NOT NULL,
-	lease_until  INTEGER NULL,
 	attempts     INTEGER NOT NULL,
 	first_seen   INTEGER NOT NULL,
 	last_seen    INTEGER NOT NULL,
-	processed_at INTEGER NULL,
-	payload_hash TEXT NOT NULL,
+	lease_until  INTEGER NULL,
 	expires_at   INTEGER NOT NULL,
-	reason       TEXT NOT NULL DEFAULT ''
-);
+	payload_hash BLOB NULL,
+	lease        BLOB NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
+) WITHOUT ROWID;
 
 -- name: create-index
 -- Migrate and DDL, after create-table: the index of Cleanup.
@@ -51,17 +50,105 @@ CREATE INDEX IF NOT EXISTS "inbox_expires_at" ON "inbox" (expires_at);
 SELECT reason FROM "inbox" WHERE 1 = 0;
 
 -- name: migrate-probe-layout
--- Migrate and the check of stores.Open, when migrate-probe-reason failed: reads
--- no row, and fails unless the table has the columns of the earlier layout
--- (then add-column-reason upgrades it).
+-- Migrate and the check of stores.Open, when migrate-probe-reason or
+-- migrate-probe-lease failed: reads no row, and fails unless the table has the
+-- columns of an earlier layout (then add-column-reason and the upgrade-...
+-- statements upgrade it).
 -- Parameters: None.
 SELECT msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at FROM "inbox" WHERE 1 = 0;
 
 -- name: add-column-reason
--- Migrate, on a table of the earlier layout (made before Fail and dead keys);
--- DDL ends with it as a comment.
+-- Migrate, on a table of the earliest layout (made before Fail and dead keys),
+-- before the upgrade to the compact layout.
 -- Parameters: None.
 ALTER TABLE "inbox" ADD COLUMN reason TEXT NOT NULL DEFAULT '';
+
+-- name: migrate-probe-lease
+-- Migrate, after add-column-reason's step, and the check of stores.Open when
+-- reading the table fails for a missing column: reads no row, and fails when
+-- the column lease does not exist (a table of an earlier layout, which the
+-- upgrade-... statements copy to the compact layout).
+-- Parameters: None.
+SELECT lease FROM "inbox" WHERE 1 = 0;
+
+-- name: upgrade-1
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+DROP TABLE IF EXISTS "inbox_upgrade";
+
+-- name: upgrade-2
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+CREATE TABLE IF NOT EXISTS "inbox_upgrade" (
+	msg_key      TEXT NOT NULL PRIMARY KEY,
+	state        INTEGER NOT NULL,
+	attempts     INTEGER NOT NULL,
+	first_seen   INTEGER NOT NULL,
+	last_seen    INTEGER NOT NULL,
+	lease_until  INTEGER NULL,
+	expires_at   INTEGER NOT NULL,
+	payload_hash BLOB NULL,
+	lease        BLOB NULL,
+	owner        TEXT NULL,
+	reason       TEXT NULL
+) WITHOUT ROWID;
+
+-- name: upgrade-3
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+INSERT INTO "inbox_upgrade" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at, reason)
+SELECT msg_key, state,
+	CASE WHEN lease_id = '' OR state = 2 THEN NULL ELSE CAST(lease_id AS BLOB) END,
+	CASE WHEN state <> 1 THEN NULLIF(owner, '') END, lease_until, attempts, first_seen, last_seen,
+	CASE WHEN payload_hash = '' THEN NULL WHEN length(CAST(payload_hash AS BLOB)) = 64 AND payload_hash NOT GLOB '*[^0-9a-f]*' THEN unhex(substr(payload_hash, 1, 32))
+	WHEN length(CAST(payload_hash AS BLOB)) = 16 THEN unhex(hex(payload_hash) || '00') ELSE CAST(payload_hash AS BLOB) END,
+	expires_at, NULLIF(reason, '')
+FROM "inbox";
+
+-- name: upgrade-4
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+DROP TABLE "inbox";
+
+-- name: upgrade-5
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+ALTER TABLE "inbox_upgrade" RENAME TO "inbox";
+
+-- name: upgrade-6
+-- Migrate, on a table of an earlier layout: the upgrade to the compact one
+-- (create the table inbox_upgrade, copy the rows in their compact form, put it
+-- in the old one's place), in one transaction, in this order
+-- (upgrade-fingerprint-read and -write after the third).
+-- Parameters: None.
+CREATE INDEX IF NOT EXISTS "inbox_expires_at" ON "inbox" (expires_at);
+
+-- name: upgrade-fingerprint-read
+-- Migrate, in the upgrade's transaction after upgrade-3: the lease ids of the
+-- processed rows copied (SQLite has no SHA-256).
+-- Parameters: None. Returns msg_key, lease.
+SELECT msg_key, lease FROM "inbox_upgrade" WHERE state = 1 AND lease IS NOT NULL;
+
+-- name: upgrade-fingerprint-write
+-- Migrate, after upgrade-fingerprint-read: a processed row keeps the
+-- fingerprint of its lease id.
+-- Parameters: ?1 the fingerprint, ?2 key.
+UPDATE "inbox_upgrade" SET lease = ?1 WHERE msg_key = ?2;
 
 -- name: claims-1
 -- TryBegin: the upsert of n claims; with one row it is also a TryBegin alone in
@@ -69,88 +156,88 @@ ALTER TABLE "inbox" ADD COLUMN reason TEXT NOT NULL DEFAULT '';
 -- (acquire, attempts + 1), held by the caller's lease id (renew), else
 -- unchanged.
 -- Parameters: per row: key, lease id, owner, lease (µs), payload hash, lease +
--- retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE state END,
-	lease_id     = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.lease_id ELSE lease_id END,
+	lease        = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.lease ELSE lease END,
 	owner        = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.owner ELSE owner END,
-	lease_until  = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.lease_until ELSE lease_until END,
+	lease_until  = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.lease_until ELSE lease_until END,
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
-	last_seen    = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.last_seen ELSE last_seen END,
-	processed_at = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE processed_at END,
-	payload_hash = CASE WHEN expires_at <= excluded.last_seen OR ((state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
-	expires_at   = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.expires_at ELSE expires_at END
-RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
+	last_seen    = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.last_seen ELSE last_seen END,
+	payload_hash = CASE WHEN expires_at <= excluded.last_seen OR ((state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) AND payload_hash IS NULL) THEN excluded.payload_hash ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE reason END,
+	expires_at   = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.expires_at ELSE expires_at END
+RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: claims-3
 -- TryBegin: the upsert of a wave's n claims (rows in key order).
 -- Parameters: per row: key, lease id, owner, lease (µs), payload hash, lease +
--- retention (µs). Returns per row: msg_key, state, lease_id, lease_until,
+-- retention (µs). Returns per row: msg_key, state, lease, lease_until,
 -- payload_hash, last_seen, attempts, reason, now.
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 0, ?, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 0, ?, NULLIF(?, ''), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), ?, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
 	state        = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE state END,
-	lease_id     = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.lease_id ELSE lease_id END,
+	lease        = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.lease ELSE lease END,
 	owner        = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) THEN excluded.owner ELSE owner END,
-	lease_until  = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.lease_until ELSE lease_until END,
+	lease_until  = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.lease_until ELSE lease_until END,
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 1 WHEN state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen) THEN attempts + 1 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
-	last_seen    = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.last_seen ELSE last_seen END,
-	processed_at = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE processed_at END,
-	payload_hash = CASE WHEN expires_at <= excluded.last_seen OR ((state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) AND payload_hash = '') THEN excluded.payload_hash ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
-	expires_at   = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease_id = excluded.lease_id) THEN excluded.expires_at ELSE expires_at END
-RETURNING msg_key, state, lease_id, lease_until, payload_hash, last_seen, attempts, reason, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
+	last_seen    = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.last_seen ELSE last_seen END,
+	payload_hash = CASE WHEN expires_at <= excluded.last_seen OR ((state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) AND payload_hash IS NULL) THEN excluded.payload_hash ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE reason END,
+	expires_at   = CASE WHEN expires_at <= excluded.last_seen OR (state = 0 AND (lease_until IS NULL OR lease_until <= excluded.last_seen)) OR (state = 0 AND lease = excluded.lease) THEN excluded.expires_at ELSE expires_at END
+RETURNING msg_key, state, lease, lease_until, payload_hash, last_seen, attempts, reason, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: complete
--- Complete alone in its batch: an UPDATE fenced by the lease id. Affects the
--- key's row when the lease holds it (a repeated Complete of the same lease
--- too); no row is ErrLeaseLost.
--- Parameters: 1 retention (µs), 2 key, 3 lease id.
+-- Complete alone in its batch, and each Complete of a batch of several calls:
+-- an UPDATE fenced by the lease id, which keeps of the lease only its
+-- fingerprint (the first 8 bytes of its SHA-256, given: SQLite has no SHA-256)
+-- and no owner. Affects the key's row when the lease holds it (a repeated
+-- Complete of the same lease too, by the fingerprint); no row is ErrLeaseLost.
+-- Parameters: ?1 retention (µs), ?2 key, ?3 lease id, ?4 its fingerprint.
 UPDATE "inbox" SET
-	processed_at = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE processed_at END,
 	last_seen    = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ? ELSE expires_at END,
+	expires_at   = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?1 ELSE expires_at END,
+	lease        = CASE WHEN state = 0 THEN ?4 ELSE lease END,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1
-WHERE msg_key = ? AND lease_id = ? AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
+WHERE msg_key = ?2 AND (state = 0 AND lease = ?3 OR state = 1 AND lease = ?4) AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: release
 -- Release alone in its batch: an UPDATE fenced by the lease id of an open row;
 -- no row is ErrLeaseLost.
 -- Parameters: 1 retention (µs), 2 key, 3 lease id.
-UPDATE "inbox" SET lease_id = '', lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
-WHERE msg_key = ? AND lease_id = ? AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
+UPDATE "inbox" SET lease = NULL, lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
+WHERE msg_key = ? AND lease = ? AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: fail
 -- Fail, alone in its batch and once per Fail of a batch of several calls: an
--- UPDATE fenced by the lease id of an open row, which empties the lease id and
+-- UPDATE fenced by the lease id of an open row, which empties the lease and
 -- sets the backoff (a lease nobody holds) or the dead state; no row is
 -- ErrLeaseLost.
 -- Parameters: ?1 retention (µs), ?2 key, ?3 lease id, ?4 reason, ?5 new state
 -- (0, or 2 for Dead), ?6 backoff (µs; 0 for none and for Dead).
-UPDATE "inbox" SET lease_id = '', lease_until = NULLIF((CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)), last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000),
-	reason = ?4, state = ?5, expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6 + ?1
-WHERE msg_key = ?2 AND lease_id = ?3 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
+UPDATE "inbox" SET lease = NULL, lease_until = NULLIF((CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)), last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000),
+	reason = NULLIF(?4, ''), state = ?5, expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?6 + ?1
+WHERE msg_key = ?2 AND lease = ?3 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: marks-1
 -- MarkProcessed: the upsert of n marks; with one row it is also a MarkProcessed
 -- alone in its batch.
 -- Parameters: per row: key, retention (µs).
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 1, '', '', NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), '', (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 1, NULL, NULL, NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > excluded.last_seen AND state = 1 THEN processed_at ELSE excluded.processed_at END,
+	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE reason END,
 	last_seen    = excluded.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = excluded.expires_at;
@@ -158,55 +245,26 @@ ON CONFLICT (msg_key) DO UPDATE SET
 -- name: marks-3
 -- MarkProcessed: the upsert of a wave's n marks (rows in key order).
 -- Parameters: per row: key, retention (µs).
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at) VALUES (?, 1, '', '', NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), '', (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 1, '', '', NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), '', (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 1, '', '', NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), '', (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at) VALUES (?, 1, NULL, NULL, NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 1, NULL, NULL, NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?), (?, 1, NULL, NULL, NULL, 0, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?)
 ON CONFLICT (msg_key) DO UPDATE SET
 	attempts     = CASE WHEN expires_at <= excluded.last_seen THEN 0 ELSE attempts END,
 	first_seen   = CASE WHEN expires_at <= excluded.last_seen THEN excluded.first_seen ELSE first_seen END,
-	owner        = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE owner END,
-	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE payload_hash END,
-	reason       = CASE WHEN expires_at <= excluded.last_seen THEN '' ELSE reason END,
-	processed_at = CASE WHEN expires_at > excluded.last_seen AND state = 1 THEN processed_at ELSE excluded.processed_at END,
+	payload_hash = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE payload_hash END,
+	reason       = CASE WHEN expires_at <= excluded.last_seen THEN NULL ELSE reason END,
 	last_seen    = excluded.last_seen,
-	lease_id     = '',
+	lease        = NULL,
+	owner        = NULL,
 	lease_until  = NULL,
 	state        = 1,
 	expires_at   = excluded.expires_at;
-
--- name: completes-1
--- Complete in a batch of several calls: the fenced UPDATE of a wave's n
--- completes.
--- Parameters: retention (µs), the n keys, then each key and its lease id.
--- Returns msg_key per row whose lease held it (the others are ErrLeaseLost).
-UPDATE "inbox" SET
-	processed_at = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE processed_at END,
-	last_seen    = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ? ELSE expires_at END,
-	lease_until  = NULL,
-	state        = 1
-WHERE msg_key IN (?) AND (msg_key, lease_id) IN (VALUES (?, ?)) AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
-RETURNING msg_key;
 
 -- name: releases-1
 -- Release in a batch of several calls: the fenced UPDATE of a wave's n
 -- releases.
 -- Parameters: retention (µs), the n keys, then each key and its lease id.
 -- Returns msg_key per row whose lease held it (the others are ErrLeaseLost).
-UPDATE "inbox" SET lease_id = '', lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
-WHERE msg_key IN (?) AND (msg_key, lease_id) IN (VALUES (?, ?)) AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
-RETURNING msg_key;
-
--- name: completes-3
--- Complete in a batch of several calls: the fenced UPDATE of a wave's n
--- completes.
--- Parameters: retention (µs), the n keys, then each key and its lease id.
--- Returns msg_key per row whose lease held it (the others are ErrLeaseLost).
-UPDATE "inbox" SET
-	processed_at = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE processed_at END,
-	last_seen    = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ELSE last_seen END,
-	expires_at   = CASE WHEN state = 0 THEN (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ? ELSE expires_at END,
-	lease_until  = NULL,
-	state        = 1
-WHERE msg_key IN (?, ?, ?) AND (msg_key, lease_id) IN (VALUES (?, ?), (?, ?), (?, ?)) AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE "inbox" SET lease = NULL, lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
+WHERE msg_key IN (?) AND (msg_key, lease) IN (VALUES (?, ?)) AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 RETURNING msg_key;
 
 -- name: releases-3
@@ -214,8 +272,8 @@ RETURNING msg_key;
 -- releases.
 -- Parameters: retention (µs), the n keys, then each key and its lease id.
 -- Returns msg_key per row whose lease held it (the others are ErrLeaseLost).
-UPDATE "inbox" SET lease_id = '', lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
-WHERE msg_key IN (?, ?, ?) AND (msg_key, lease_id) IN (VALUES (?, ?), (?, ?), (?, ?)) AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE "inbox" SET lease = NULL, lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?
+WHERE msg_key IN (?, ?, ?) AND (msg_key, lease) IN (VALUES (?, ?), (?, ?), (?, ?)) AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 RETURNING msg_key;
 
 -- name: extend
@@ -224,15 +282,15 @@ RETURNING msg_key;
 -- Parameters: ?1 key, ?2 lease id, ?3 lease (µs), ?4 lease + retention (µs).
 -- Returns lease_until.
 UPDATE "inbox" SET lease_until = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?3, expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?4
-WHERE msg_key = ?1 AND lease_id = ?2 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+WHERE msg_key = ?1 AND lease = ?2 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 RETURNING lease_until;
 
 -- name: get
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
 -- Parameters: ?1 key. Returns state, attempts, first_seen, last_seen,
--- lease_until, owner, payload_hash, expires_at, reason, lease_id, now.
-SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+-- lease_until, owner, payload_hash, expires_at, reason, lease, now.
+SELECT state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 FROM "inbox" WHERE msg_key = ?1;
 
 -- name: list
@@ -240,8 +298,8 @@ FROM "inbox" WHERE msg_key = ?1;
 -- one row more than the page to tell whether another follows.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 ORDER BY msg_key LIMIT ?;
 
@@ -251,8 +309,8 @@ ORDER BY msg_key LIMIT ?;
 -- point incremented.
 -- Parameters: 1 prefix, 2 end of its range, 3 page size + 1. Returns per row:
 -- msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- payload_hash, expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND msg_key >= ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
 
@@ -261,8 +319,8 @@ ORDER BY msg_key LIMIT ?;
 -- page's last key; without a prefix the same, without the end).
 -- Parameters: 1 cursor, 2 end of the prefix's range, 3 page size + 1. Returns
 -- per row: msg_key, state, attempts, first_seen, last_seen, lease_until, owner,
--- payload_hash, expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- payload_hash, expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND msg_key > ? AND msg_key < ?
 ORDER BY msg_key LIMIT ?;
 
@@ -270,8 +328,8 @@ ORDER BY msg_key LIMIT ?;
 -- List of processed keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 1
 ORDER BY msg_key LIMIT ?;
 
@@ -279,8 +337,8 @@ ORDER BY msg_key LIMIT ?;
 -- List of dead keys.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 2
 ORDER BY msg_key LIMIT ?;
 
@@ -288,9 +346,9 @@ ORDER BY msg_key LIMIT ?;
 -- List of keys held by a live lease.
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
-WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND lease_until > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND lease_id <> ''
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND lease_until > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND lease IS NOT NULL
 ORDER BY msg_key LIMIT ?;
 
 -- name: list-available
@@ -298,17 +356,17 @@ ORDER BY msg_key LIMIT ?;
 -- attempt's backoff: a lease nobody holds).
 -- Parameters: 1 page size + 1. Returns per row: msg_key, state, attempts,
 -- first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason,
--- lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
-WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND (lease_until IS NULL OR lease_until <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) OR lease_id = '')
+-- lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND state = 0 AND (lease_until IS NULL OR lease_until <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) OR lease IS NULL)
 ORDER BY msg_key LIMIT ?;
 
 -- name: list-older-than
 -- List of keys last seen longer ago than OlderThan.
 -- Parameters: 1 OlderThan (µs), 2 page size + 1. Returns per row: msg_key,
 -- state, attempts, first_seen, last_seen, lease_until, owner, payload_hash,
--- expires_at, reason, lease_id, now.
-SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease_id, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
+-- expires_at, reason, lease, now.
+SELECT msg_key, state, attempts, first_seen, last_seen, lease_until, owner, payload_hash, expires_at, reason, lease, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) FROM "inbox"
 WHERE expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND last_seen <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) - ?
 ORDER BY msg_key LIMIT ?;
 
@@ -321,7 +379,7 @@ DELETE FROM "inbox" WHERE msg_key = ?1;
 -- ForceRelease (inboxctl release): ends the live lease or running backoff of an
 -- open row, fenced by no lease id; attempts kept.
 -- Parameters: ?1 retention (µs), ?2 key.
-UPDATE "inbox" SET lease_id = '', lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?1
+UPDATE "inbox" SET lease = NULL, lease_until = NULL, last_seen = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), expires_at = (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?1
 WHERE msg_key = ?2 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND lease_until > (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000);
 
 -- name: cleanup
@@ -337,8 +395,8 @@ DELETE FROM "inbox" WHERE expires_at <= (CAST(ROUND((julianday('now') - 2440587.
 -- concurrent claim's uncommitted row is waited for). No row inserted:
 -- tx-inspect follows.
 -- Parameters: ?1 key, ?2 owner, ?3 retention (µs).
-INSERT INTO "inbox" (msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)
-VALUES (?1, 1, '', ?2, NULL, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), '', (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?3)
+INSERT INTO "inbox" (msg_key, state, lease, owner, lease_until, attempts, first_seen, last_seen, payload_hash, expires_at)
+VALUES (?1, 1, NULL, NULLIF(?2, ''), NULL, 1, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000), NULL, (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) + ?3)
 ON CONFLICT (msg_key) DO NOTHING;
 
 -- name: tx-inspect
