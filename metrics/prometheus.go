@@ -62,6 +62,19 @@
 //
 // [RegisterMemoryStore] exports the memory store's record count and
 // evictions.
+//
+// [RegisterCleanup] exports what the janitor of a SQL store (or of a
+// transactional one, package stores/sql/txinbox) deleted and what it left:
+//
+//   - <namespace>_inbox_store_cleanup_deleted_total: expired rows deleted.
+//
+//   - <namespace>_inbox_store_cleanup_backlog: expired rows not deleted
+//     yet, counted at the end of the janitor's latest pass (up to
+//     sqlstore.MaxBacklog). A janitor that keeps up leaves a few; one that
+//     falls behind or fails leaves more at each pass, which the alert
+//     InboxCleanupBehind of alerts.yml watches.
+//
+//     err := inboxmetrics.RegisterCleanup(prometheus.DefaultRegisterer, "", store, prometheus.Labels{"store": "orders"})
 package inboxmetrics
 
 import (
@@ -76,6 +89,7 @@ import (
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/memory"
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
 
 // PrometheusConfig configures [NewPrometheus].
@@ -304,4 +318,56 @@ func (c *batchCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstHistogram(c.size, count, float64(st.Calls), buckets)
 	ch <- prometheus.MustNewConstMetric(c.trips, prometheus.CounterValue, float64(count))
+}
+
+// CleanupStore is a store whose janitor deletes expired records: the SQL
+// store (*sqlstore.Store) and the transactional one (*txinbox.Store).
+type CleanupStore interface {
+	CleanupStats() sqlstore.CleanupStats
+}
+
+// RegisterCleanup exports the cleanup of s on reg:
+// <namespace>_inbox_store_cleanup_deleted_total (a counter) and
+// <namespace>_inbox_store_cleanup_backlog (a gauge, exported once the
+// janitor has counted it, after its first pass); see the package
+// documentation. labels are constant labels telling stores apart (nil for
+// none); two stores on one registry need different ones. namespace
+// defaults to "watermill". The figures are read from s.CleanupStats at
+// each scrape, which sends nothing to the database.
+func RegisterCleanup(reg prometheus.Registerer, namespace string, s CleanupStore, labels prometheus.Labels) error {
+	switch {
+	case reg == nil:
+		return fmt.Errorf("%w: metrics: RegisterCleanup: Registerer is nil", inbox.ErrInvalidArgument)
+	case s == nil:
+		return fmt.Errorf("%w: metrics: RegisterCleanup: store is nil", inbox.ErrInvalidArgument)
+	}
+	if namespace == "" {
+		namespace = "watermill"
+	}
+	return register(reg, namespace, &cleanupCollector{
+		s: s,
+		deleted: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_cleanup_deleted_total"),
+			"Expired rows the store's cleanup deleted.", nil, labels),
+		backlog: prometheus.NewDesc(prometheus.BuildFQName(namespace, "inbox", "store_cleanup_backlog"),
+			"Expired rows not deleted yet, counted at the end of the janitor's latest pass.", nil, labels),
+	})
+}
+
+// cleanupCollector turns a store's CleanupStats into metrics at scrape time.
+type cleanupCollector struct {
+	s                CleanupStore
+	deleted, backlog *prometheus.Desc
+}
+
+func (c *cleanupCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.deleted
+	ch <- c.backlog
+}
+
+func (c *cleanupCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.CleanupStats()
+	ch <- prometheus.MustNewConstMetric(c.deleted, prometheus.CounterValue, float64(st.Deleted))
+	if !st.Counted.IsZero() {
+		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(st.Backlog))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ import (
 	"github.com/watermill-inbox/inbox/stores/memory"
 	"github.com/watermill-inbox/inbox/stores/remote"
 	"github.com/watermill-inbox/inbox/stores/remote/server"
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 const (
@@ -338,6 +341,14 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 		}
 	})
 
+	// A SQL store whose janitor cannot delete: it counts the expired rows
+	// it leaves at the end of each failed pass.
+	behind := cleanupBehindStore(t, 12_000)
+	if err := inboxmetrics.RegisterCleanup(reg, "", behind, prometheus.Labels{"store": "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitSeries(t, `watermill_inbox_store_cleanup_backlog == 12000`, 1)
+
 	// Every query of the dashboard, and every variable.
 	queries, variables := dashboardQueries(t)
 	if len(queries) < 10 || len(variables) < 3 {
@@ -445,6 +456,48 @@ func TestPrometheus_dashboard_and_alerts(t *testing.T) {
 			t.Errorf("only %d names renamed: is the parser still finding them?", mutations)
 		}
 	})
+}
+
+// cleanupBehindStore returns a SQL store (SQLite, in a temporary file)
+// holding n expired rows, whose janitor runs every 100 ms and fails: a
+// trigger refuses every DELETE.
+func cleanupBehindStore(t *testing.T, n int) *sqlstore.Store {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(t.TempDir(), "inbox.db"), 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlstore.New(ctx, db, sqlstore.Options{Dialect: sqlstore.SQLite, AutoMigrate: true, Retention: time.Millisecond, CleanupInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := db.ExecContext(ctx, `CREATE TRIGGER inbox_no_delete BEFORE DELETE ON `+sqlstore.DefaultTable+` BEGIN SELECT RAISE(ABORT, 'the test forbids deletes'); END`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 16 {
+				if err := s.MarkProcessed(ctx, fmt.Sprintf("shop:orders:expired:%06d", i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // faultyStore is a LeaseStore whose calls all fail while cut, and whose

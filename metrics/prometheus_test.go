@@ -2,6 +2,7 @@ package inboxmetrics_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -15,11 +16,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/metrics"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/driver"
 	"github.com/watermill-inbox/inbox/stores/memory"
+	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
+	sqlitedialect "github.com/watermill-inbox/inbox/stores/sql/sqlite"
 )
 
 // TestPrometheus_through_the_middleware: the middleware scopes the metrics
@@ -380,5 +384,68 @@ func TestRegisterStore_rejects_bad_arguments(t *testing.T) {
 	}
 	if err := inboxmetrics.RegisterStore(reg, "", store, prometheus.Labels{"store": "a"}); err == nil {
 		t.Error("the same labels twice on one registry succeeded")
+	}
+}
+
+// TestRegisterCleanup_exports_deleted_and_backlog: a SQL store's deleted
+// rows are counted; its backlog is exported once its janitor has counted
+// it, and not for a store whose janitor is off.
+func TestRegisterCleanup_exports_deleted_and_backlog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if err := inboxmetrics.RegisterCleanup(prometheus.NewRegistry(), "", nil, nil); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Fatalf("RegisterCleanup of a nil store: %v, want ErrInvalidArgument", err)
+	}
+	open := func(opts sqlstore.Options) *sqlstore.Store {
+		db, err := sql.Open("sqlite", sqlitedialect.DSN(filepath.Join(t.TempDir(), "inbox.db"), 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { _ = db.Close() })
+		opts.Dialect, opts.AutoMigrate, opts.Retention = sqlstore.SQLite, true, time.Millisecond
+		s, err := sqlstore.New(ctx, db, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		for _, k := range []string{"a", "b", "c"} {
+			if err := s.MarkProcessed(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s
+	}
+	reg := prometheus.NewRegistry()
+	off := open(sqlstore.Options{DisableCleanup: true})
+	on := open(sqlstore.Options{CleanupInterval: 10 * time.Millisecond})
+	if err := inboxmetrics.RegisterCleanup(reg, "", off, prometheus.Labels{"store": "off"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := inboxmetrics.RegisterCleanup(reg, "", on, prometheus.Labels{"store": "on"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the janitor deleting the three expired rows", func() bool {
+		st := on.CleanupStats()
+		return st.Deleted == 3 && !st.Counted.IsZero()
+	})
+	testenv.Eventually(t, 30*time.Second, "the three rows to expire", func() bool {
+		n, err := off.Backlog(ctx)
+		return err == nil && n == 3
+	})
+	if n, err := off.Cleanup(ctx); err != nil || n != 3 {
+		t.Fatalf("Cleanup = %d, %v; want 3", n, err)
+	}
+	want := `
+# HELP watermill_inbox_store_cleanup_backlog Expired rows not deleted yet, counted at the end of the janitor's latest pass.
+# TYPE watermill_inbox_store_cleanup_backlog gauge
+watermill_inbox_store_cleanup_backlog{store="on"} 0
+# HELP watermill_inbox_store_cleanup_deleted_total Expired rows the store's cleanup deleted.
+# TYPE watermill_inbox_store_cleanup_deleted_total counter
+watermill_inbox_store_cleanup_deleted_total{store="off"} 3
+watermill_inbox_store_cleanup_deleted_total{store="on"} 3
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 }

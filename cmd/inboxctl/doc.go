@@ -28,6 +28,8 @@
 //	forget KEY    delete the key's record (with -force if its lease is live): its next
 //	              delivery runs the handler
 //	              release and forget take -dry-run: print what would change, change nothing
+//	cleanup       delete a SQL store's expired records now and count those left;
+//	              -dry-run only counts them
 //	migrate       create a SQL store's table and index; -print shows the DDL, connecting to nothing
 //	help [CMD]    every command, or one command's flags, with examples
 //
@@ -68,6 +70,15 @@
 //	inboxctl migrate -store 'postgres://admin@db:5432/app?table=inbox'
 //	inboxctl migrate -print -store 'postgres://db/app?table=inbox'
 //
+// A SQL store's janitor deletes expired records in the application (unless
+// its URL says cleanup=off). When it falls behind (the alert
+// InboxCleanupBehind), count the expired records, then delete them now, in
+// the store's bounded batches; other stores delete theirs themselves, and
+// cleanup says so:
+//
+//	inboxctl cleanup -dry-run -store 'postgres://admin@db:5432/app?table=inbox'
+//	inboxctl cleanup -store 'postgres://admin@db:5432/app?table=inbox'
+//
 // # Output
 //
 // Text is for people: get prints one field a line, ls a table (keys and
@@ -88,7 +99,10 @@
 // leaseUntil, and this project's additions in the same camelCase: retryAt,
 // owner, payloadHash, reason. Times are RFC 3339 in UTC. A field without a
 // value is left out, as in the protocol; status and attempts are always
-// there. migrate -print -json prints {"dialect", "table", "ddl"}.
+// there. migrate -print -json prints {"dialect", "table", "ddl"}; cleanup
+// prints {"store", "supported", "deleted", "backlog"} ("dryRun": true and no
+// deleted with -dry-run; "backlogAtLeast": true when the count stopped at
+// its bound; "supported": false alone for a store that cleans up itself).
 //
 // # Exit status
 //

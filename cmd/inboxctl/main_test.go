@@ -404,7 +404,97 @@ type sqlCase struct {
 
 func TestLive_sql_migrate(t *testing.T) {
 	t.Parallel()
-	cases := map[string]func(t *testing.T) sqlCase{
+	for name, mk := range sqlCases() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := mk(t)
+			table := "inboxctl_" + randomName(t)
+			storeURL := withParams(t, c.url, "table", table)
+			t.Cleanup(func() { c.drop(t, table) })
+
+			ddl := ctlOK(t, "migrate", "-print", "-store", storeURL).stdout
+			if !strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS") || !strings.Contains(ddl, table) {
+				t.Fatalf("migrate -print printed:\n%s", ddl)
+			}
+			if st, err := stores.Open(ctxT(t, time.Minute), storeURL); err == nil {
+				_ = st.Close()
+				t.Fatal("the store opened before migrate: is the table really new?")
+			} else if !errors.Is(err, stores.ErrMisconfigured) {
+				t.Fatalf("open before migrate: %v, want a missing table (ErrMisconfigured)", err)
+			}
+			out := ctlOK(t, "migrate", "-store", storeURL).stdout
+			if !strings.HasPrefix(out, "migrated ") || !strings.Contains(out, "table "+table+" and its index exist") {
+				t.Fatalf("migrate printed %q", out)
+			}
+			ctlOK(t, "-store", storeURL, "migrate") // again: nothing to do
+			exercise(t, storeURL, true)
+		})
+	}
+}
+
+// cleanup counts a SQL store's expired records (-dry-run) and deletes them;
+// on a store that deletes them itself it says so. The URL given to inboxctl
+// says cleanup=off so that the store's own janitor leaves the rows to the
+// command.
+func TestLive_sql_cleanup(t *testing.T) {
+	t.Parallel()
+	for name, mk := range sqlCases() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := mk(t)
+			table := "inboxctl_" + randomName(t)
+			storeURL := withParams(t, c.url, "table", table, "cleanup", "off")
+			t.Cleanup(func() { c.drop(t, table) })
+			st, err := stores.Open(ctxT(t, time.Minute), withParams(t, storeURL, "migrate", "true", "retention", "1ms"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 5 {
+				if err := st.MarkProcessed(ctxT(t, time.Minute), fmt.Sprintf("rabbit:billing:charge:%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.Eventually(t, 30*time.Second, "the five records to expire", func() bool {
+				return !slices.ContainsFunc([]int{0, 4}, func(i int) bool {
+					ok, err := st.IsProcessed(ctxT(t, time.Minute), fmt.Sprintf("rabbit:billing:charge:%d", i))
+					return err != nil || ok
+				})
+			})
+			_ = st.Close()
+
+			out := ctlOK(t, "cleanup", "-dry-run", "-store", storeURL).stdout
+			if !strings.HasSuffix(out, ": 5 expired records to delete (dry run: nothing deleted)\n") {
+				t.Fatalf("cleanup -dry-run printed %q", out)
+			}
+			var got struct {
+				Supported bool   `json:"supported"`
+				Deleted   *int64 `json:"deleted"`
+				Backlog   *int64 `json:"backlog"`
+			}
+			if err := json.Unmarshal([]byte(ctlOK(t, "-json", "cleanup", "-store", storeURL).stdout), &got); err != nil {
+				t.Fatal(err)
+			}
+			if !got.Supported || got.Deleted == nil || *got.Deleted != 5 || got.Backlog == nil || *got.Backlog != 0 {
+				t.Fatalf("cleanup -json: %+v, want supported, 5 deleted, a backlog of 0", got)
+			}
+			out = ctlOK(t, "cleanup", "-store", storeURL).stdout
+			if !strings.HasSuffix(out, ": 0 expired records deleted; 0 expired records left (those that expired meanwhile)\n") {
+				t.Fatalf("cleanup of a clean table printed %q", out)
+			}
+		})
+	}
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		out := ctlOK(t, "cleanup", "-store", "memory://").stdout
+		if !strings.Contains(out, "memory:// deletes expired records itself") {
+			t.Fatalf("cleanup of a memory store printed %q", out)
+		}
+	})
+}
+
+// sqlCases are the SQL servers the tests run inboxctl against.
+func sqlCases() map[string]func(t *testing.T) sqlCase {
+	return map[string]func(t *testing.T) sqlCase{
 		"postgres": func(t *testing.T) sqlCase {
 			base := testenv.Postgres.URL(t)
 			return sqlCase{base, func(t *testing.T, table string) {
@@ -439,32 +529,6 @@ func TestLive_sql_migrate(t *testing.T) {
 		"sqlite": func(t *testing.T) sqlCase {
 			return sqlCase{"sqlite://" + filepath.ToSlash(filepath.Join(t.TempDir(), "inbox.db")), func(*testing.T, string) {}}
 		},
-	}
-	for name, mk := range cases {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			c := mk(t)
-			table := "inboxctl_" + randomName(t)
-			storeURL := withParams(t, c.url, "table", table)
-			t.Cleanup(func() { c.drop(t, table) })
-
-			ddl := ctlOK(t, "migrate", "-print", "-store", storeURL).stdout
-			if !strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS") || !strings.Contains(ddl, table) {
-				t.Fatalf("migrate -print printed:\n%s", ddl)
-			}
-			if st, err := stores.Open(ctxT(t, time.Minute), storeURL); err == nil {
-				_ = st.Close()
-				t.Fatal("the store opened before migrate: is the table really new?")
-			} else if !errors.Is(err, stores.ErrMisconfigured) {
-				t.Fatalf("open before migrate: %v, want a missing table (ErrMisconfigured)", err)
-			}
-			out := ctlOK(t, "migrate", "-store", storeURL).stdout
-			if !strings.HasPrefix(out, "migrated ") || !strings.Contains(out, "table "+table+" and its index exist") {
-				t.Fatalf("migrate printed %q", out)
-			}
-			ctlOK(t, "-store", storeURL, "migrate") // again: nothing to do
-			exercise(t, storeURL, true)
-		})
 	}
 }
 

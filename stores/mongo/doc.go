@@ -3,9 +3,7 @@
 //
 //	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://db1:27017"))
 //	...
-//	store, err := mongostore.New(ctx, client, mongostore.Options{Database: "app"})
-//	...
-//	err = store.EnsureIndexes(ctx) // optional: let the server delete expired records
+//	store, err := mongostore.New(ctx, client, mongostore.Options{Database: "app"}) // creates the TTL index
 //
 // # Documents
 //
@@ -36,10 +34,16 @@
 //
 // Expiry is logical: every query compares expiresAt (and leaseUntil) with the
 // current time itself, so a record past its retention is NotFound at once,
-// whether or not the server has deleted it. [Store.EnsureIndexes] adds a TTL
-// index on expiresAt so that mongod deletes such records (its TTL monitor runs
-// about once a minute); without it, or on a server that refuses TTL indexes,
-// they only take space until a job of yours deletes them.
+// whether or not the server has deleted it. The store deletes them by
+// default: [New], and a store opened by URL, create a TTL index on
+// expiresAt with the collection ([Store.EnsureIndexes]), so that mongod
+// deletes such records (its TTL monitor runs about once a minute).
+// Options.NoTTLIndex, or ensure_indexes=false in the URL, says you do not
+// want it. A server that refuses TTL indexes, FerretDB 1.x (it answers
+// NotImplemented), or a user that may not create indexes, is logged at
+// error level through Options.Logger, naming the index, and the store
+// works on: expired records then only take space until a job of yours
+// deletes them.
 //
 // What each method does and guarantees is [inbox.LeaseStore]'s contract;
 // this page has what is MongoDB's own. How each operation runs (the claim's
@@ -81,8 +85,8 @@
 //	  (fresh key, expired lease, released key)    updates are not atomic      (expected: atomic
 //	                                              under concurrency; the      single-document
 //	                                              suite skips these cases     writes)
-//	TTL index (EnsureIndexes)                   refused: warning logged,    not verified here
-//	                                              nil returned
+//	TTL index (created by New and Open,         refused: error logged,      not verified here
+//	  EnsureIndexes)                              the store works on
 //	server clock via hello localTime            verified                    not verified here
 //
 // No mongod was available where this package was written. The suite runs
@@ -103,14 +107,14 @@
 // open a store that owns its client (Close disconnects it):
 //
 //	mongodb://user:pass@db1:27017,db2:27017/app?replicaSet=rs0&authSource=admin&collection=inbox&retention=168h
-//	mongodb+srv://user:pass@cluster.example.net/app?collection=inbox&ensure_indexes=true
+//	mongodb+srv://user:pass@cluster.example.net/app?collection=inbox&ensure_indexes=false
 //
 // The path names the database (required); as in any MongoDB connection
 // string it is also the authentication database unless authSource says
 // otherwise. The store reads collection, timeout (a Go duration: the store's
-// per-call Options.Timeout, not the driver's timeoutMS), ensure_indexes (true
-// runs [Store.EnsureIndexes] at open) and the shared retention, lease and
-// check. Durations may start with days: retention=7d, retention=1d12h.
+// per-call Options.Timeout, not the driver's timeoutMS), ensure_indexes
+// (default true: the TTL index is created at Open; false is
+// Options.NoTTLIndex) and the shared retention, lease and check. Durations may start with days: retention=7d, retention=1d12h.
 // Every other parameter is passed to the driver when the driver knows its
 // name (authSource, replicaSet, tls, maxPoolSize, ...); a name neither knows
 // is refused, naming it. Errors never quote the password.
@@ -131,10 +135,10 @@
 // ("mongo store: Open: cannot reach 127.0.0.1:27017 (reading the server's
 // clock (hello)): inbox: store unavailable: server selection error: ...").
 // check=false sends nothing at Open: the store reads the server's clock at
-// its first call, and the same mistakes fail the calls with
-// [inbox.ErrStoreUnavailable]; it excludes ensure_indexes=true, which needs
-// the server. [New], which takes the caller's client, reads the clock (so
-// checks that the client connects and authenticates) and nothing else.
+// its first call, which also creates the TTL index, and the same mistakes
+// fail the calls with [inbox.ErrStoreUnavailable]. [New], which takes the
+// caller's client, reads the clock (so checks that the client connects and
+// authenticates) and creates the TTL index, and nothing else.
 //
 // The driver's own log, which MongoDB's MONGODB_LOG_* environment variables
 // turn on and which goes to standard error by default, goes to

@@ -26,11 +26,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
-	// Once, at deployment or startup: let the server delete expired records.
-	if err := store.EnsureIndexes(ctx); err != nil {
-		log.Fatal(err)
-	}
+	defer store.Close() // New created the TTL index: the server deletes expired records
 
 	claim, err := store.TryBegin(ctx, "orders:billing:OrderPlaced:42", inbox.BeginOptions{Owner: "billing-1"})
 	if err != nil {
@@ -49,7 +45,7 @@ func ExampleNew() {
 // query as the store's.
 func Example_url() {
 	ctx := context.Background()
-	store, err := stores.Open(ctx, "mongodb://inbox:secret@db1:27017,db2:27017/app?replicaSet=rs0&authSource=admin&collection=inbox&retention=168h&ensure_indexes=true")
+	store, err := stores.Open(ctx, "mongodb://inbox:secret@db1:27017,db2:27017/app?replicaSet=rs0&authSource=admin&collection=inbox&retention=168h")
 	if err != nil {
 		log.Fatal(err) // never quotes the password
 	}

@@ -58,6 +58,15 @@ type Options struct {
 	// logs to slog.Default().
 	Logger watermill.LoggerAdapter
 
+	// NoTTLIndex keeps [New] (and a store opened by URL, unless
+	// ensure_indexes=false says the same) from creating the TTL index on
+	// expiresAt ([Store.EnsureIndexes]) that lets the server delete expired
+	// records. Optional; default false: the index is created with the
+	// collection, so that expired records are deleted by default. Set it
+	// when the application's user may not create indexes and an operator
+	// creates the index once.
+	NoTTLIndex bool
+
 	// LocalClock is the local clock the store measures elapsed time with
 	// between samples of the server's clock (see the package
 	// documentation). Optional; default time.Now. Tests set it to simulate a
@@ -151,13 +160,19 @@ type backend struct {
 	clock  *serverClock
 	owned  bool        // Close disconnects the client (opened from a URL)
 	closed atomic.Bool // for the calls the layer does not make: EnsureIndexes, the check at Open
+	// lazyTTL: opened with check=false and without ensure_indexes=false:
+	// the first call creates the TTL index (ttlPending until it did).
+	lazyTTL    bool
+	ttlPending atomic.Bool
 }
 
 // New returns a store over client, which the caller keeps owning: Close does
 // not disconnect it. New reads the server's clock (see the package
 // documentation), so the server must answer within Options.Timeout: that
 // checks the client connects and authenticates, not that the user may use
-// the database. It creates no index (see [Store.EnsureIndexes]). The
+// the database. It creates the TTL index on expiresAt, unless
+// Options.NoTTLIndex (see [Store.EnsureIndexes]; a server or a user that
+// may not create it is logged, not an error). The
 // client's logger is the caller's to configure (options.Client().
 // SetLoggerOptions); stores opened by URL route theirs to Options.Logger.
 func New(ctx context.Context, client *mongo.Client, opts Options) (*Store, error) {
@@ -177,6 +192,11 @@ func New(ctx context.Context, client *mongo.Client, opts Options) (*Store, error
 		return nil, s.b.fail(ctx, "reading the server's clock", err)
 	}
 	s.b.logClock()
+	if !opts.NoTTLIndex {
+		if err := s.b.ensureTTL(ctx, false); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -299,6 +319,14 @@ func (b *backend) ready(ctx context.Context) error {
 		return nil
 	}
 	err := b.clock.sync(ctx, clockSamples)
+	if err == nil && b.lazyTTL && b.ttlPending.CompareAndSwap(true, false) {
+		// Opened with check=false: the TTL index is created at the first
+		// call, as the clock is read.
+		if err := b.ensureTTL(ctx, false); err != nil {
+			b.ttlPending.Store(true)
+			return err
+		}
+	}
 	switch {
 	case err == nil:
 		return nil

@@ -68,17 +68,16 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 	if opts.Timeout, err = stores.PopDuration(q, "timeout"); err != nil {
 		return nil, err
 	}
-	ensure := false
+	ensure, explicit := true, false
 	if v, ok, err := stores.PopString(q, "ensure_indexes"); err != nil {
 		return nil, err
 	} else if ok {
 		if ensure, err = strconv.ParseBool(v); err != nil {
 			return nil, fmt.Errorf("%w: parameter ensure_indexes=%q is not true or false", stores.ErrInvalidURL, v)
 		}
-		if ensure && p.Lazy {
-			return nil, fmt.Errorf("%w: parameters ensure_indexes=true and check=false exclude each other: creating the index needs the server at Open; create it once (ensure_indexes=true or Store.EnsureIndexes), then open with check=false", stores.ErrInvalidURL)
-		}
+		explicit = true
 	}
+	opts.NoTTLIndex = !ensure
 	if err := checkDriverOptions(scheme, q); err != nil {
 		return nil, err
 	}
@@ -110,6 +109,9 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 	}
 	s.b.owned = true
 	if p.Lazy {
+		// The TTL index is created at the first call, with the clock.
+		s.b.lazyTTL = ensure
+		s.b.ttlPending.Store(ensure)
 		return s, nil
 	}
 	if err := s.b.check(ctx, u); err != nil {
@@ -117,7 +119,12 @@ func openURL(ctx context.Context, u *url.URL, p stores.Params) (stores.Store, er
 		return nil, err
 	}
 	if ensure {
-		if err := s.EnsureIndexes(ctx); err != nil {
+		bctx, cancel, err := s.b.bound(ctx)
+		if err == nil {
+			err = s.b.ensureTTL(bctx, explicit)
+			cancel()
+		}
+		if err != nil {
 			_ = s.Close()
 			return nil, err
 		}

@@ -85,11 +85,14 @@ func TestCleanup_expired_records_in_batches_while_claiming(t *testing.T) {
 			insertProcessed(t, db, b.dialect, table, keysWithPrefix("expired:", expired), time.Now().Add(-time.Hour))
 			insertProcessed(t, db, b.dialect, table, keysWithPrefix("live:", live), time.Now().Add(time.Hour))
 
-			s := newStore(t, b, db, table, sqlstore.Options{CleanupBatch: batch})
+			s := newStore(t, b, db, table, sqlstore.Options{CleanupBatch: batch, DisableCleanup: true})
 			var (
 				mu      sync.Mutex
 				batches []int64
 			)
+			if n, err := s.Backlog(ctxT(t)); err != nil || n != expired {
+				t.Fatalf("Backlog before Cleanup = %d, %v; want the %d expired rows", n, err, expired)
+			}
 			sqlstore.OnCleanupBatch(s, func(n int64) {
 				mu.Lock()
 				batches = append(batches, n)
@@ -147,6 +150,12 @@ func TestCleanup_expired_records_in_batches_while_claiming(t *testing.T) {
 				if got > batch {
 					t.Fatalf("cleanup statement %d deleted %d rows, above the batch size %d", i, got, batch)
 				}
+			}
+			if n, err := s.Backlog(ctxT(t)); err != nil || n != 0 {
+				t.Fatalf("Backlog after Cleanup = %d, %v; want 0", n, err)
+			}
+			if st := s.CleanupStats(); st.Deleted != expired {
+				t.Fatalf("CleanupStats().Deleted = %d, want %d", st.Deleted, expired)
 			}
 			if c := countRows(t, db, table, "msg_key LIKE 'expired:%'"); c != 0 {
 				t.Fatalf("%d expired rows left after Cleanup", c)

@@ -293,6 +293,9 @@ type queries struct {
 	get string
 	// cleanup(batch): deletes at most batch expired rows.
 	cleanup string
+	// backlog(limit) counts the expired rows, at most limit of them, with
+	// the clock of cleanup.
+	backlog string
 	// forget(key) deletes the key's row; forceRelease(retentionUS, key)
 	// ends its live lease or running backoff.
 	forget, forceRelease string
@@ -483,6 +486,10 @@ DELETE FROM ` + t + ` AS t USING n
 WHERE t.expires_at <= n.now AND t.msg_key IN (
 	SELECT d.msg_key FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
 	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+
+		backlog: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT count(*) FROM (
+	SELECT 1 FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n) LIMIT $1) AS b`,
 
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = $1`,
 
@@ -689,6 +696,8 @@ FROM ` + t + ` WHERE msg_key = ?`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?`,
 
+		backlog: `SELECT COUNT(*) FROM (SELECT 1 FROM ` + t + ` WHERE expires_at <= ` + now + ` LIMIT ?) AS b`,
+
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?`,
 
 		// The WHERE clause reads the old row; no assignment reads a column.
@@ -763,6 +772,8 @@ FROM ` + t + ` WHERE msg_key = ?1`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE expires_at <= ` + now + ` AND msg_key IN (
 	SELECT msg_key FROM ` + t + ` WHERE expires_at <= ` + now + ` ORDER BY expires_at LIMIT ?1)`,
+
+		backlog: `SELECT count(*) FROM (SELECT 1 FROM ` + t + ` WHERE expires_at <= ` + now + ` LIMIT ?1)`,
 
 		forget: `DELETE FROM ` + t + ` WHERE msg_key = ?1`,
 

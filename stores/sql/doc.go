@@ -22,9 +22,9 @@
 //
 // Every SQL URL takes retention, lease and check (shared by all stores:
 // package github.com/watermill-inbox/inbox/stores), table (default
-// "inbox"), migrate (true creates the table; default false),
-// cleanup_interval (starts the janitor), cleanup_batch, max_conns (the
-// pool's size), and its driver's parameters, which the dialect's package
+// "inbox"), migrate (true creates the table; default false), cleanup
+// (off turns the janitor off; default on), cleanup_interval (the janitor's
+// interval), cleanup_batch, max_conns (the pool's size), and its driver's parameters, which the dialect's package
 // lists; any other parameter is an error that names it. Durations may start
 // with days (retention=7d, 1d12h). stores.Open checks the store before
 // returning it: it connects, authenticates, and reads one key through the
@@ -74,9 +74,17 @@
 // MariaDB, one on SQLite; a batch is one statement per wave on PostgreSQL
 // and one transaction on the others. [Store.BatchStats] counts them.
 //
-// Reads ignore expired rows at once; [Store.Cleanup] deletes them in
-// statements of at most [Options.CleanupBatch] rows, and
-// [Options.CleanupInterval] runs it in a janitor. [Store] implements
+// Reads ignore expired rows at once; deleting them reclaims their space.
+// The store does it by default: [New] starts a janitor that deletes them
+// every [Options.CleanupInterval] (by default a tenth of the retention, at
+// most an hour), in statements of at most [Options.CleanupBatch] rows, until
+// a statement deletes fewer; a pass that runs for its whole interval falls
+// behind, and the next starts at once. After each pass the janitor counts
+// the expired rows left ([Store.Backlog]); [Store.CleanupStats] has the
+// counts, which package github.com/watermill-inbox/inbox/metrics exports.
+// Turning the janitor off takes words: [Options.DisableCleanup], or
+// cleanup=off in the URL; [Store.Cleanup] (or `inboxctl cleanup`) then
+// deletes expired rows when you run it. [Store] implements
 // [inbox.Admin]: List pages in key order over a range of the primary key
 // (a listing of a state few rows are in reads the whole range: narrow it
 // with a prefix), Forget deletes the key's row, ForceRelease ends a live

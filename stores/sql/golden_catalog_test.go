@@ -388,6 +388,10 @@ func addCommon(f *GoldenFile, d *sqlDriver) {
 		about += ` Skips rows a claim has locked; the delete checks expiry again.`
 	}
 	add(GoldenStatement{Name: "cleanup", About: about, Params: p(1) + ` CleanupBatch.`, SQL: q.cleanup})
+	add(GoldenStatement{Name: "cleanup-backlog",
+		About:  `Backlog (inboxctl cleanup), and the janitor after each pass: counts the expired rows not deleted yet, reading at most MaxBacklog entries of the index on expires_at.`,
+		Params: p(1) + ` MaxBacklog. Returns the count.`,
+		SQL:    q.backlog})
 }
 
 // addTx adds the statements of the transactional mode (BeginTxClaim, which

@@ -44,11 +44,21 @@ type Options struct {
 	// [DDL]).
 	AutoMigrate bool
 
-	// CleanupInterval, when positive, starts a janitor that runs
-	// [Store.Cleanup] at this interval until [Store.Close]. Optional;
-	// default zero (no janitor: call Cleanup from your own scheduler, or
-	// leave expired rows, which every read already ignores).
+	// CleanupInterval is how often the janitor, a goroutine that New starts
+	// and [Store.Close] stops, deletes expired rows ([Store.Cleanup]).
+	// Optional; default [DefaultCleanupInterval] of the Retention: a tenth
+	// of it, at most an hour (at least a second). A pass of the janitor
+	// deletes until a statement deletes fewer than CleanupBatch rows; one
+	// that runs for the whole interval is behind, and the next starts at
+	// once. After each pass the janitor counts the expired rows left
+	// ([Store.CleanupStats]).
 	CleanupInterval time.Duration
+
+	// DisableCleanup turns the janitor off: expired rows then stay in the
+	// table (every read ignores them) until [Store.Cleanup] runs, from a
+	// scheduler of your own or `inboxctl cleanup`. Optional; default false:
+	// the janitor runs. It excludes a CleanupInterval.
+	DisableCleanup bool
 
 	// CleanupBatch bounds the rows one cleanup statement deletes, so that
 	// cleanup never holds many locks or a long transaction. Optional;
@@ -64,7 +74,9 @@ type Options struct {
 	// means no bound.
 	Timeout time.Duration
 
-	// Logger receives the janitor's errors. Optional; default no logging.
+	// Logger receives the janitor's errors (error level), its passes that
+	// fall behind (info) and its other passes that deleted rows (debug).
+	// Optional; default no logging.
 	Logger watermill.LoggerAdapter
 
 	// batch, when set (tests and benchmarks), replaces the dialect's
@@ -84,6 +96,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.CleanupBatch == 0 {
 		o.CleanupBatch = DefaultCleanupBatch
+	}
+	if o.CleanupInterval == 0 && !o.DisableCleanup {
+		o.CleanupInterval = DefaultCleanupInterval(o.Retention)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -112,6 +127,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: sql store: Lease %s is below the 1ms the store can keep", inbox.ErrInvalidLease, o.Lease)
 	case o.CleanupInterval < 0:
 		return fmt.Errorf("%w: sql store: CleanupInterval %s is negative", inbox.ErrInvalidArgument, o.CleanupInterval)
+	case o.DisableCleanup && o.CleanupInterval != 0:
+		return fmt.Errorf("%w: sql store: CleanupInterval %s with DisableCleanup: the janitor is either off or runs at an interval", inbox.ErrInvalidArgument, o.CleanupInterval)
 	case o.CleanupBatch < 1:
 		return fmt.Errorf("%w: sql store: CleanupBatch %d must be positive", inbox.ErrInvalidArgument, o.CleanupBatch)
 	}
@@ -154,6 +171,7 @@ type sqlDriver struct {
 	// onCleanupBatch, when set (tests), sees the rows each cleanup
 	// statement deleted.
 	onCleanupBatch func(n int64)
+	stats          cleanupStats
 
 	// stmts holds prepared statements on SQLite, whose driver would
 	// otherwise parse every statement anew (query -> *sql.Stmt).
@@ -198,7 +216,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
-	if opts.CleanupInterval > 0 {
+	if !opts.DisableCleanup {
 		s.d.startJanitor()
 	}
 	return s, nil

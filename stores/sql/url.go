@@ -19,7 +19,7 @@ func init() { dialect.OpenURL = openURL }
 
 // storeParams are the parameters every SQL URL takes besides the shared
 // retention and lease.
-var storeParams = []string{"table", "migrate", "cleanup_interval", "cleanup_batch", "max_conns"}
+var storeParams = []string{"table", "migrate", "cleanup", "cleanup_interval", "cleanup_batch", "max_conns"}
 
 type urlOptions struct {
 	opts     Options
@@ -54,6 +54,20 @@ func popStoreParams(q url.Values, p stores.Params, d Dialect) (urlOptions, error
 		return o, err
 	}
 	o.opts.CleanupInterval = d2
+	if v, ok, err := stores.PopString(q, "cleanup"); err != nil {
+		return o, err
+	} else if ok {
+		switch v {
+		case "on":
+		case "off":
+			if d2 != 0 {
+				return o, fmt.Errorf("%w: parameters cleanup=off and cleanup_interval=%s exclude each other: the janitor is either off or runs at an interval", stores.ErrInvalidURL, d2)
+			}
+			o.opts.DisableCleanup = true
+		default:
+			return o, fmt.Errorf("%w: parameter cleanup=%q is not on or off", stores.ErrInvalidURL, v)
+		}
+	}
 	for name, dst := range map[string]*int{"cleanup_batch": &o.opts.CleanupBatch, "max_conns": &o.maxConns} {
 		if v, ok, err := stores.PopString(q, name); err != nil {
 			return o, err
@@ -144,7 +158,7 @@ func openDB(ctx context.Context, db *sql.DB, o urlOptions, t dialect.Target) (st
 			return nil, err
 		}
 		s.d.ownsDB = true
-		if opts.CleanupInterval > 0 {
+		if !opts.DisableCleanup {
 			s.d.startJanitor()
 		}
 		return s, nil

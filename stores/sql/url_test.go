@@ -132,17 +132,20 @@ func TestOpen_sqlite_relative_and_file_reopen(t *testing.T) {
 func TestOpen_rejects_bad_parameters_by_name(t *testing.T) {
 	t.Parallel()
 	for raw, want := range map[string]string{
-		"postgres://u@127.0.0.1:1/db?bogus=1":               "bogus",
-		"postgresql://u@127.0.0.1:1/db?sslmode=disable&x=1": "x",
-		"mysql://u@127.0.0.1:1/db?parseTme=true":            "parseTme",
-		"sqlite:///tmp/x.db?journal=wal":                    "journal",
-		"postgres://u@127.0.0.1:1/db?table=a%3Bdrop":        "table",
-		"mysql://u@127.0.0.1:1/db?table=1abc":               "table",
-		"sqlite:///tmp/x.db?migrate=maybe":                  "migrate",
-		"sqlite:///tmp/x.db?cleanup_batch=0":                "cleanup_batch",
-		"sqlite:///tmp/x.db?busy_timeout=soon":              "busy_timeout",
-		"mysql://u@127.0.0.1:1/":                            "database",
-		"sqlite://":                                         "no database file",
+		"postgres://u@127.0.0.1:1/db?bogus=1":                "bogus",
+		"postgresql://u@127.0.0.1:1/db?sslmode=disable&x=1":  "x",
+		"mysql://u@127.0.0.1:1/db?parseTme=true":             "parseTme",
+		"sqlite:///tmp/x.db?journal=wal":                     "journal",
+		"postgres://u@127.0.0.1:1/db?table=a%3Bdrop":         "table",
+		"mysql://u@127.0.0.1:1/db?table=1abc":                "table",
+		"sqlite:///tmp/x.db?migrate=maybe":                   "migrate",
+		"sqlite:///tmp/x.db?cleanup_batch=0":                 "cleanup_batch",
+		"sqlite:///tmp/x.db?cleanup=false":                   "cleanup=\"false\" is not on or off",
+		"sqlite:///tmp/x.db?cleanup=off&cleanup_interval=1m": "cleanup=off and cleanup_interval=1m0s",
+		"sqlite:///tmp/x.db?cleanup_interval=0":              "cleanup_interval",
+		"sqlite:///tmp/x.db?busy_timeout=soon":               "busy_timeout",
+		"mysql://u@127.0.0.1:1/":                             "database",
+		"sqlite://":                                          "no database file",
 	} {
 		_, err := stores.Open(ctxT(t), raw)
 		if !errors.Is(err, stores.ErrInvalidURL) || !strings.Contains(err.Error(), want) {

@@ -497,6 +497,13 @@ WHERE msg_key = ? AND state = 0 AND expires_at > UTC_TIMESTAMP(6) AND lease_unti
 -- Parameters: 1 CleanupBatch.
 DELETE FROM `inbox` WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?;
 
+-- name: cleanup-backlog
+-- Backlog (inboxctl cleanup), and the janitor after each pass: counts the
+-- expired rows not deleted yet, reading at most MaxBacklog entries of the index
+-- on expires_at.
+-- Parameters: 1 MaxBacklog. Returns the count.
+SELECT COUNT(*) FROM (SELECT 1 FROM `inbox` WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT ?) AS b;
+
 -- name: tx-lock-wait-timeout
 -- Transactional mode (txinbox; BeginTxClaim): on the claim's connection, before
 -- its transaction; LockTimeout in whole seconds rounded up, in the text (here

@@ -1680,6 +1680,15 @@ WHERE t.expires_at <= n.now AND t.msg_key IN (
 	SELECT d.msg_key FROM "inbox" AS d WHERE d.expires_at <= (SELECT now FROM n)
 	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED);
 
+-- name: cleanup-backlog
+-- Backlog (inboxctl cleanup), and the janitor after each pass: counts the
+-- expired rows not deleted yet, reading at most MaxBacklog entries of the index
+-- on expires_at.
+-- Parameters: $1 MaxBacklog. Returns the count.
+WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT count(*) FROM (
+	SELECT 1 FROM "inbox" AS d WHERE d.expires_at <= (SELECT now FROM n) LIMIT $1) AS b;
+
 -- name: tx-lock-timeout
 -- Transactional mode (txinbox; BeginTxClaim): the first statement of the
 -- claim's transaction, which bounds its lock waits by LockTimeout.

@@ -389,6 +389,13 @@ WHERE msg_key = ?2 AND state = 0 AND expires_at > (CAST(ROUND((julianday('now') 
 DELETE FROM "inbox" WHERE expires_at <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) AND msg_key IN (
 	SELECT msg_key FROM "inbox" WHERE expires_at <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) ORDER BY expires_at LIMIT ?1);
 
+-- name: cleanup-backlog
+-- Backlog (inboxctl cleanup), and the janitor after each pass: counts the
+-- expired rows not deleted yet, reading at most MaxBacklog entries of the index
+-- on expires_at.
+-- Parameters: ?1 MaxBacklog. Returns the count.
+SELECT count(*) FROM (SELECT 1 FROM "inbox" WHERE expires_at <= (CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) LIMIT ?1);
+
 -- name: tx-claim
 -- Transactional mode: the claim, in the claim's transaction: inserts the key's
 -- row already processed, uncommitted, or nothing when the key has a row (a

@@ -118,6 +118,16 @@
 // handler succeeds, on every delivery. MissingKeyReject refuses it without a
 // transaction.
 //
+// # Cleanup
+//
+// Expired rows are deleted by default, as the SQL store deletes them: the
+// store's first call starts a janitor (the SQL store's, on the same table)
+// that deletes them in batches every [Config.CleanupInterval] (a tenth of
+// the retention, at most an hour) until [Store.Close]; [Store.CleanupStats]
+// says what it deleted and what was left. [Config.DisableCleanup] turns it
+// off, in so many words. On SQLite the janitor's statements take the
+// pool's one connection between transactions.
+//
 // # Sharing a table with the lease store
 //
 // The transactional mode may use the table of a lease store

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
@@ -92,6 +93,27 @@ type Config struct {
 	// Owner names this consumer in the inbox rows. Optional; default
 	// inboxmw.DefaultOwner(): "hostname/pid".
 	Owner string
+
+	// CleanupInterval is how often the store's janitor deletes expired
+	// rows, as sqlstore.Options.CleanupInterval: the janitor starts with
+	// the store's first call and stops at Close. Optional; default
+	// sqlstore.DefaultCleanupInterval of the Retention (a tenth of it, at
+	// most an hour).
+	CleanupInterval time.Duration
+
+	// DisableCleanup turns the janitor off, as
+	// sqlstore.Options.DisableCleanup: expired rows then stay until a
+	// cleanup of your own (sqlstore.Store.Cleanup, `inboxctl cleanup`).
+	// Optional; default false. It excludes a CleanupInterval.
+	DisableCleanup bool
+
+	// CleanupBatch bounds the rows one cleanup statement deletes. Optional;
+	// default sqlstore.DefaultCleanupBatch.
+	CleanupBatch int
+
+	// Logger receives the janitor's errors and the passes that fall behind.
+	// Optional; default no logging.
+	Logger watermill.LoggerAdapter
 }
 
 func (c *Config) setDefaults() {
@@ -127,6 +149,15 @@ func (c Config) Validate() error {
 	}
 	if c.Retention < time.Millisecond {
 		bad("Retention %s is below 1ms", c.Retention)
+	}
+	if c.CleanupInterval < 0 {
+		bad("CleanupInterval %s is negative", c.CleanupInterval)
+	}
+	if c.DisableCleanup && c.CleanupInterval != 0 {
+		bad("CleanupInterval %s with DisableCleanup: the janitor is either off or runs at an interval", c.CleanupInterval)
+	}
+	if c.CleanupBatch < 0 {
+		bad("CleanupBatch %d is negative", c.CleanupBatch)
 	}
 	if c.LockTimeout < time.Millisecond {
 		bad("LockTimeout %s is below 1ms", c.LockTimeout)
@@ -176,7 +207,11 @@ func (s *Store) store(ctx context.Context) (*sqlstore.Store, error) {
 	if s.closed.Load() {
 		return nil, fmt.Errorf("txinbox: %w", inbox.ErrClosed)
 	}
-	st, err := sqlstore.New(ctx, s.cfg.DB, sqlstore.Options{Dialect: s.cfg.Dialect, Table: s.cfg.Table, Retention: s.cfg.Retention})
+	st, err := sqlstore.New(ctx, s.cfg.DB, sqlstore.Options{
+		Dialect: s.cfg.Dialect, Table: s.cfg.Table, Retention: s.cfg.Retention,
+		CleanupInterval: s.cfg.CleanupInterval, DisableCleanup: s.cfg.DisableCleanup, CleanupBatch: s.cfg.CleanupBatch,
+		Logger: s.cfg.Logger,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +223,15 @@ func (s *Store) store(ctx context.Context) (*sqlstore.Store, error) {
 		_ = st.Close() // Close ran meanwhile and may not have seen it
 	}
 	return st, nil
+}
+
+// CleanupStats returns what the store's janitor did (see
+// sqlstore.Store.CleanupStats): zeros before the store's first call.
+func (s *Store) CleanupStats() sqlstore.CleanupStats {
+	if st := s.st.Load(); st != nil {
+		return st.CleanupStats()
+	}
+	return sqlstore.CleanupStats{}
 }
 
 // Retention implements [inbox.RetentionReporter]: [Config.Retention], after

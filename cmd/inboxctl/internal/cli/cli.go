@@ -1,5 +1,5 @@
 // Package cli is inboxctl's command line: the parsing of its arguments, its
-// commands (get, ls, release, forget, migrate) and their output, over a store
+// commands (get, ls, release, forget, cleanup, migrate) and their output, over a store
 // opened by a function the caller gives. The program (cmd/inboxctl) gives
 // stores.Open with every driver registered and the SQL store's schema; tests
 // give a store of their own, so that several commands can run on one

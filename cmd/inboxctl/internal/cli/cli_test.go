@@ -744,9 +744,9 @@ func TestUsage_errors(t *testing.T) {
 	}{
 		{[]string{"ls"}, []string{"no store given", "-store URL", "INBOX_STORE_URL"}},
 		{[]string{"get", "k"}, []string{"no store given"}},
-		{[]string{}, []string{"no command given", "get, ls, release, forget, migrate, help"}},
+		{[]string{}, []string{"no command given", "get, ls, release, forget, cleanup, migrate, help"}},
 		{[]string{"-store", "memory://"}, []string{"no command given"}},
-		{append(s, "frobnicate"), []string{`unknown command "frobnicate"`, "get, ls, release, forget, migrate"}},
+		{append(s, "frobnicate"), []string{`unknown command "frobnicate"`, "get, ls, release, forget, cleanup, migrate"}},
 		{append(s, "-bogus", "ls"), []string{"-bogus"}},
 		{append(s, "ls", "-bogus"), []string{"ls:", "-bogus", "inboxctl ls -h"}},
 		{append(s, "ls", "-state", "stuck"), []string{`invalid value "stuck" for flag -state`, "available, in-progress, processed or dead"}},

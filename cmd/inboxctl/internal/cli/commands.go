@@ -102,6 +102,25 @@ deletes nothing (refusing what forget would refuse).`,
 			},
 		},
 		{
+			name:    "cleanup",
+			summary: "delete a SQL store's expired records now (-dry-run: count them)",
+			help: `Expired records are ignored by every read; deleting them reclaims their space.
+A SQL store's janitor deletes them in the application by default (unless its
+URL says cleanup=off); this command does it now, in the store's bounded
+batches, and prints how many records it deleted and how many expired ones are
+left (the backlog, counted up to 100000: "at least" beyond). -dry-run only
+counts the backlog. Other stores delete expired records themselves (Redis,
+memory, MongoDB's TTL index, inboxd's store): for them it says so and exits 0.`,
+			examples: []string{
+				"cleanup -dry-run -store 'postgres://admin@db:5432/app?table=inbox'",
+				"cleanup -store 'postgres://admin@db:5432/app?table=inbox'",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				dryRun := fs.Bool("dry-run", false, "count the expired records; delete nothing")
+				return func(ctx context.Context, _ []string) error { return r.cleanup(ctx, *dryRun) }
+			},
+		},
+		{
 			name:    "migrate",
 			summary: "create a SQL store's table and index (or -print their DDL)",
 			help: `For deployments whose applications may not run DDL: run it once with a user
@@ -334,6 +353,70 @@ func (r *runner) forget(ctx context.Context, args []string) error {
 		fmt.Fprintf(w, "  now: %s (a delivery claimed it again since)\n", summary(after))
 	}
 	return nil
+}
+
+// cleaner is a store that deletes its expired records on demand: the SQL
+// store (package stores/sql).
+type cleaner interface {
+	Cleanup(ctx context.Context) (int64, error)
+	Backlog(ctx context.Context) (int64, error)
+}
+
+// maxBacklog is the SQL store's bound on a backlog count
+// (sqlstore.MaxBacklog), which this package does not import.
+const maxBacklog = 100_000
+
+func (r *runner) cleanup(ctx context.Context, dryRun bool) error {
+	st, label, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	c, ok := st.(cleaner)
+	if !ok {
+		if r.json {
+			return r.writeJSON(struct {
+				Store     string `json:"store"`
+				Supported bool   `json:"supported"`
+			}{label, false})
+		}
+		_, err := fmt.Fprintf(r.env.Stdout, "%s deletes expired records itself (a %T): nothing to clean up\n", label, st)
+		return err
+	}
+	var deleted int64
+	if !dryRun {
+		if deleted, err = c.Cleanup(ctx); err != nil {
+			return fmt.Errorf("cleanup on %s: %w (%d expired records deleted before the failure)", label, err, deleted)
+		}
+	}
+	backlog, err := c.Backlog(ctx)
+	if err != nil {
+		return fmt.Errorf("cleanup on %s: counting the expired records: %w", label, err)
+	}
+	if r.json {
+		out := struct {
+			Store     string `json:"store"`
+			Supported bool   `json:"supported"`
+			DryRun    bool   `json:"dryRun,omitempty"`
+			Deleted   *int64 `json:"deleted,omitempty"`
+			Backlog   int64  `json:"backlog"`
+			AtLeast   bool   `json:"backlogAtLeast,omitempty"`
+		}{Store: label, Supported: true, DryRun: dryRun, Backlog: backlog, AtLeast: backlog >= maxBacklog}
+		if !dryRun {
+			out.Deleted = &deleted
+		}
+		return r.writeJSON(out)
+	}
+	left := fmt.Sprintf("%d expired records", backlog)
+	if backlog >= maxBacklog {
+		left = "at least " + left
+	}
+	if dryRun {
+		_, err = fmt.Fprintf(r.env.Stdout, "%s: %s to delete (dry run: nothing deleted)\n", label, left)
+		return err
+	}
+	_, err = fmt.Fprintf(r.env.Stdout, "%s: %d expired records deleted; %s left (those that expired meanwhile)\n", label, deleted, left)
+	return err
 }
 
 func (r *runner) migrate(ctx context.Context, printDDL bool) error {

@@ -417,15 +417,9 @@ func (l captureLogger) Error(msg string, err error, _ watermill.LogFields) {
 
 func (l captureLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
-func testEnsureIndexes(t *testing.T, client *mongo.Client, ttl bool) {
-	coll := Collection(t, client, "indexes")
-	logs := captureLogger{errs: make(chan string, 10)}
-	s := NewStore(t, client, coll, mongostore.Options{Logger: logs})
-	for i := range 2 { // idempotent
-		if err := s.EnsureIndexes(ctxT(t)); err != nil {
-			t.Fatalf("EnsureIndexes #%d: %v", i+1, err)
-		}
-	}
+// ttlIndex returns the TTL index of collection coll, nil when it has none.
+func ttlIndex(t *testing.T, client *mongo.Client, coll string) bson.M {
+	t.Helper()
 	cur, err := client.Database(Database).Collection(coll).Indexes().List(ctxT(t))
 	if err != nil {
 		t.Fatalf("listing indexes: %v", err)
@@ -434,38 +428,70 @@ func testEnsureIndexes(t *testing.T, client *mongo.Client, ttl bool) {
 	if err := cur.All(ctxT(t), &idx); err != nil {
 		t.Fatalf("reading indexes: %v", err)
 	}
-	var found bson.M
 	for _, ix := range idx {
 		if ix["name"] == mongostore.TTLIndexName {
-			found = ix
+			return ix
 		}
 	}
-	if ttl {
-		if found == nil {
-			t.Fatalf("no index %s after EnsureIndexes: %v", mongostore.TTLIndexName, idx)
+	return nil
+}
+
+// New creates the TTL index with the collection (a server that refuses it
+// logs the refusal, naming it, and the store works on); EnsureIndexes is
+// idempotent; Options.NoTTLIndex creates none and logs nothing.
+func testEnsureIndexes(t *testing.T, client *mongo.Client, ttl bool) {
+	coll := Collection(t, client, "indexes")
+	logs := captureLogger{errs: make(chan string, 10)}
+	s := NewStore(t, client, coll, mongostore.Options{Logger: logs})
+	check := func(when string, refusals int) {
+		t.Helper()
+		found := ttlIndex(t, client, coll)
+		if ttl {
+			if found == nil {
+				t.Fatalf("no index %s %s", mongostore.TTLIndexName, when)
+			}
+			if v, ok := found["expireAfterSeconds"]; !ok || fmt.Sprint(v) != "0" {
+				t.Fatalf("index %s has expireAfterSeconds %v (%T), want 0", mongostore.TTLIndexName, v, v)
+			}
+			if len(logs.errs) != 0 {
+				t.Fatalf("a server that takes TTL indexes: an error logged %s: %s", when, <-logs.errs)
+			}
+			return
 		}
-		if v, ok := found["expireAfterSeconds"]; !ok || fmt.Sprint(v) != "0" {
-			t.Fatalf("index %s has expireAfterSeconds %v (%T), want 0", mongostore.TTLIndexName, v, v)
+		if found != nil {
+			t.Fatalf("a server said to refuse TTL indexes has index %v %s", found, when)
 		}
-		if len(logs.errs) != 0 {
-			t.Fatalf("EnsureIndexes logged an error on a server that takes TTL indexes: %s", <-logs.errs)
+		if len(logs.errs) != refusals {
+			t.Fatalf("a server refusing TTL indexes: %d errors logged %s, want %d (one per attempt)", len(logs.errs), when, refusals)
 		}
-		return
 	}
-	if found != nil {
-		t.Fatalf("a server said to refuse TTL indexes has index %v", found)
+	check("after New", 1)
+	for i := range 2 { // idempotent
+		if err := s.EnsureIndexes(ctxT(t)); err != nil {
+			t.Fatalf("EnsureIndexes #%d: %v", i+1, err)
+		}
 	}
-	if len(logs.errs) != 2 {
-		t.Fatalf("EnsureIndexes on a server refusing TTL indexes logged %d errors, want one per call (2)", len(logs.errs))
+	check("after New and two EnsureIndexes", 3)
+	if !ttl {
+		msg := <-logs.errs
+		if !strings.Contains(msg, "refused the TTL index") || !strings.Contains(msg, "expiresAt") {
+			t.Fatalf("the error logged does not say what was refused: %q", msg)
+		}
 	}
-	msg := <-logs.errs
-	if !strings.Contains(msg, "refused the TTL index") || !strings.Contains(msg, "expiresAt") {
-		t.Fatalf("the warning does not say what was refused: %q", msg)
-	}
-	// The store still works, expiry being logical.
-	c, err := s.TryBegin(ctxT(t), "after-ttl-refusal", inbox.BeginOptions{})
+	// The store works, expiry being logical.
+	c, err := s.TryBegin(ctxT(t), "after-ttl-index", inbox.BeginOptions{})
 	if err != nil || c.Status != inbox.Acquired {
-		t.Fatalf("TryBegin after a refused TTL index = %+v, %v", c, err)
+		t.Fatalf("TryBegin after New = %+v, %v", c, err)
+	}
+
+	none := Collection(t, client, "no-ttl")
+	quiet := captureLogger{errs: make(chan string, 10)}
+	s2 := NewStore(t, client, none, mongostore.Options{Logger: quiet, NoTTLIndex: true})
+	if err := s2.MarkProcessed(ctxT(t), "k"); err != nil { // creates the collection
+		t.Fatal(err)
+	}
+	if found := ttlIndex(t, client, none); found != nil || len(quiet.errs) != 0 {
+		t.Fatalf("NoTTLIndex: index %v, %d errors logged; want neither", found, len(quiet.errs))
 	}
 }
 
