@@ -94,13 +94,21 @@ cover:
 ## consumers, batch sizes of the stores that batch, with the stores on
 ## loopback and 250 µs away (-store-rtt), the middleware's cost per
 ## message, store round trips against the raw clients, and failed
-## attempts held by the broker (issue 21's failures section). Interleaved
+## attempts held by the broker (issue 21's failures section), and sizing
+## (issue 46: bytes per kept key against each store's floor, PostgreSQL's
+## WAL per message, claims on a store holding 5 million bulk-loaded keys,
+## with and without its janitor; Redis in a redis-server of its own, so
+## redis-server must be on PATH, and MongoDB on FerretDB, built in
+## cmd/inboxbench/mongosizing). Interleaved
 ## repetitions, medians, ratios within each repetition. Writes
 ## docs/bench-results.md, docs/throughput.svg and the targets section of
 ## BENCHMARKS.md (between its inboxbench:targets markers). Needs the services
 ## of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in process
 ## (kfake). About twice the 15 to 20 minutes it took before the stores at a
-## distance (an estimate), and 5 more for the failures; BENCH_FLAGS passes more flags
+## distance (an estimate), 5 more for the failures and some 18 for the
+## sizing (its first run, on two cores under a load average of 12 to 21:
+## most of it the bulk loads and the trials of the full stores);
+## BENCH_FLAGS passes more flags
 ## (go run ./cmd/inboxbench -h in that directory lists them).
 bench:
 	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md $(BENCH_FLAGS)

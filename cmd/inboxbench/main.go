@@ -38,7 +38,15 @@
 //     allocations, against no middleware and the Deduplicator);
 //  5. store round trips, TryBegin+Complete against the raw client running the
 //     same scripts or statements and against the least equivalent raw work,
-//     by running the stores' interleaved Go benchmarks.
+//     by running the stores' interleaved Go benchmarks;
+//  6. sizing: the bytes a processed key costs each store
+//     (Redis, PostgreSQL, MariaDB, SQLite, MongoDB on FerretDB, memory)
+//     against its floor, the key and its expiry alone; PostgreSQL's WAL per
+//     message against its floor's; and the claim-and-mark throughput of
+//     Redis, PostgreSQL and MariaDB holding -sizing-prefill retained keys
+//     (bulk-loaded as copies of a record the store wrote) against the same
+//     store empty, without and then with keys expiring at the write rate and
+//     the store's janitor deleting them (see sizing.go).
 //
 // Each repetition runs every variant once, in an order rotated from one
 // repetition to the next; ratios are taken within a repetition, then the
@@ -97,6 +105,15 @@ type options struct {
 	failuresBackoff         time.Duration
 	failuresRetryPartitions int
 
+	sizingN       int
+	sizingMongoN  int
+	sizingReps    int
+	sizingPrefill int
+	sizingTrial   time.Duration
+	sizingStores  []string
+	sizingThr     []string
+	redisServer   string
+
 	microN        int
 	microVariants []string
 	microYield    bool
@@ -139,7 +156,7 @@ func splitList(s string) []string {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
-	sections := fs.String("sections", "micro,router,failures,roundtrip", "sections to run: micro, router (with scaling), failures, roundtrip")
+	sections := fs.String("sections", "micro,router,failures,roundtrip,sizing", "sections to run: micro, router (with scaling), failures, roundtrip, sizing")
 	fs.IntVar(&o.reps, "reps", 7, "repetitions; medians are taken over them")
 	fs.IntVar(&o.n, "n", 2000, "messages per RabbitMQ trial with one consumer")
 	fs.IntVar(&o.scaleN, "scale-n", 4000, "messages per RabbitMQ trial with more than one consumer")
@@ -159,6 +176,14 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.failuresReps, "failures-reps", 0, "failures section: repetitions; 0: -reps, at most 3 (its trials with failures take 10 s to a minute each, most of it the backoff's tail)")
 	fs.DurationVar(&o.failuresBackoff, "failures-backoff", time.Second, "failures section: base of the inbox's backoff, full jitter up to base × 2^attempt, at most 1 min (1s: inboxmw.DefaultBackoff)")
 	fs.IntVar(&o.failuresRetryPartitions, "failures-retry-partitions", 0, "failures section: partitions of each Kafka retry topic (inboxkafka.RetryConfig.Partitions; 0: its default)")
+	fs.IntVar(&o.sizingN, "sizing-n", 20000, "sizing section: keys claimed and marked per store for the bytes per key")
+	fs.IntVar(&o.sizingMongoN, "sizing-mongo-n", 300, "sizing section: the same on MongoDB (FerretDB in-process scans its collection on every write: 200 keys take some 20 s, and the time grows with the square)")
+	fs.IntVar(&o.sizingPrefill, "sizing-prefill", 5_000_000, "sizing section: retained keys bulk-loaded before the prefilled store's trials")
+	fs.DurationVar(&o.sizingTrial, "sizing-trial", 8*time.Second, "sizing section: length of a claim-and-mark trial")
+	fs.IntVar(&o.sizingReps, "sizing-reps", 3, "sizing section: repetitions of the trials (empty and prefilled, alternated)")
+	sizingStores := fs.String("sizing-stores", "redis,postgres,mariadb,sqlite,mongo,memory", "sizing section: stores whose bytes per key are measured (mongo: FerretDB in-process, run by go run in ./mongosizing)")
+	sizingThr := fs.String("sizing-prefill-stores", "redis,postgres,mariadb", "sizing section: stores whose throughput is measured prefilled: redis, postgres, mariadb")
+	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "sizing section: the redis-server binary of the section's own servers (its Redis figures never touch -redis)")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
 	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")
@@ -186,6 +211,21 @@ func parseFlags(args []string) (options, error) {
 	o.rtPackages = splitList(*rtPackages)
 	o.microVariants = splitList(*microVariants)
 	o.failuresVariants = splitList(*failuresVariants)
+	o.sizingStores = splitList(*sizingStores)
+	o.sizingThr = splitList(*sizingThr)
+	if o.sizingN < 1 || o.sizingMongoN < 1 || o.sizingReps < 1 || o.sizingPrefill < 1 || o.sizingTrial <= 0 {
+		return o, fmt.Errorf("-sizing-n, -sizing-mongo-n, -sizing-reps, -sizing-prefill and -sizing-trial must be positive")
+	}
+	for _, s := range o.sizingStores {
+		if !slices.Contains([]string{"redis", "postgres", "mariadb", "sqlite", "mongo", "memory"}, s) {
+			return o, fmt.Errorf("-sizing-stores: unknown store %q (known: redis, postgres, mariadb, sqlite, mongo, memory)", s)
+		}
+	}
+	for _, s := range o.sizingThr {
+		if !slices.Contains([]string{"redis", "postgres", "mariadb"}, s) {
+			return o, fmt.Errorf("-sizing-prefill-stores: unknown store %q (known: redis, postgres, mariadb)", s)
+		}
+	}
 	if _, err := pickFailures(o.failuresVariants); err != nil {
 		return o, fmt.Errorf("-failures-variants: %w", err)
 	}
@@ -312,6 +352,13 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 			return fmt.Errorf("round trips: %w", err)
 		}
 		rep.roundtrip = r
+	}
+	if o.has("sizing") {
+		r, err := runSizing(ctx, o, logf)
+		if err != nil {
+			return fmt.Errorf("sizing: %w", err)
+		}
+		rep.sizing = r
 	}
 	rep.finished = time.Now()
 	rep.loadEnd = loadAvg()

@@ -29,7 +29,9 @@ import (
 
 // TestRun_smoke runs every section of the harness but the failures section
 // (TestFailures_smoke runs that) with tiny sizes (two repetitions, a few
-// dozen messages per trial), the router section with the stores on loopback
+// dozen messages per trial; the sizing section with a few hundred keys, a
+// few thousand retained, on every store but MongoDB, whose FerretDB build
+// takes minutes), the router section with the stores on loopback
 // and 250 µs away, and checks that the report and the chart hold every
 // variant, that the router tables give batch sizes for the variants whose
 // store batches, and that the targets section lands between the markers of
@@ -47,10 +49,12 @@ func TestRun_smoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := parseFlags([]string{
-		"-sections", "micro,router,roundtrip", // the failures section has a smoke test of its own
+		"-sections", "micro,router,roundtrip,sizing", // the failures section has a smoke test of its own
 		"-reps", "2", "-n", "40", "-scale-n", "40", "-kafka-n", "40", "-kafka-scale-n", "40",
 		"-consumers", "1,16", "-micro-n", "500", "-store-rtt", "0,250us",
 		"-roundtrip-stores", "redis", "-roundtrip-scale", "0.01",
+		"-sizing-n", "300", "-sizing-prefill", "3000", "-sizing-trial", "300ms", "-sizing-reps", "2",
+		"-sizing-stores", "redis,postgres,mariadb,sqlite,memory",
 		"-amqp", amqpURL, "-redis", redisURL, "-postgres", pgURL, "-mysql", myURL, "-kafka", "",
 		"-md", md, "-svg", svg, "-benchmarks-md", bmd,
 	})
@@ -68,6 +72,8 @@ func TestRun_smoke(t *testing.T) {
 		"## Router throughput, one consumer", "### rabbitmq (40 messages per trial)", "### kafka (40 messages per trial)",
 		"## Scaling with concurrent consumers", "| 1 consumer | 16 consumers |",
 		"## Middleware cost per message", "## Store round trips", "| redis | 30 |",
+		"## Sizing: bytes per processed key", "| Redis | 300 | ", "| PostgreSQL | 300 | ", "| MariaDB | 300 | ", "| SQLite | 300 | ", "| memory | 300 | ",
+		"PostgreSQL WAL per message (claim and mark): ", "| redis | 3001 | ", "| postgres | 3001 | ", "| mariadb | 3001 | ",
 		"Load average", "RabbitMQ ", "MariaDB/MySQL ",
 		"| variant | msg/s | ratio to none | CPU µs/msg | Redis CPU µs/msg | calls/round trip |",
 		"Redis CPU µs/msg, 16 consumers |", "calls/round trip, 1 consumer | calls/round trip, 16 consumers |",
@@ -131,8 +137,10 @@ func TestRun_smoke(t *testing.T) {
 	}
 	section := doc[len(above) : len(doc)-len(below)]
 	for _, want := range []string{
-		"## Targets of issues 14, 21, 24, 29 and 31", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
-		"Command: `inboxbench -sections micro,router,roundtrip -reps 2 ",
+		"## Targets of issues 14, 21, 24, 29, 31 and 46", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
+		"Command: `inboxbench -sections micro,router,roundtrip,sizing -reps 2 ",
+		"| Sizing (issue 46): PostgreSQL bytes per processed key ÷ its floor | ", "| ≤ 1.35 |",
+		"| Sizing (issue 46): MariaDB, the same with the janitor deleting at the write rate ÷ empty | ",
 		"| Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ",
 		"| Redis server CPU per message, Kafka, 16 partitions: inbox-redis ÷ deduplicator-redis | ", "| ≤ 1.0 |",
 		"| RabbitMQ, 16 consumers: inbox-redis ÷ none | ",
@@ -154,7 +162,7 @@ func TestRun_smoke(t *testing.T) {
 	// verdict; but issues 21's and 31's, whose section did not run.
 	rows, failureRows := 0, 0
 	for _, l := range strings.Split(section, "\n") {
-		if !strings.HasPrefix(l, "| Kafka") && !strings.HasPrefix(l, "| RabbitMQ") && !strings.HasPrefix(l, "| Redis") && !strings.HasPrefix(l, "| Guard") {
+		if !strings.HasPrefix(l, "| Kafka") && !strings.HasPrefix(l, "| RabbitMQ") && !strings.HasPrefix(l, "| Redis") && !strings.HasPrefix(l, "| Guard") && !strings.HasPrefix(l, "| Sizing") {
 			continue
 		}
 		if strings.Contains(l, ", failures (issue 21): ") {
@@ -182,10 +190,10 @@ func TestRun_smoke(t *testing.T) {
 	// Issue 14's 10 rows, issue 29's 13 (2 of them what fencing costs,
 	// 4 the store's and the middleware's costs apart),
 	// issue 24's 16 against the floors and 4 against the Deduplicator at
-	// 250 µs, issue 13's 2 guards; issues 21's and 31's 22 of the failures
-	// section.
-	if rows != 45 || failureRows != 22 {
-		t.Errorf("%d rows in the targets table and %d of issues 21 and 31, want 45 and 22:\n%s", rows, failureRows, section)
+	// 250 µs, issue 13's 2 guards, issue 46's 10 of the sizing section;
+	// issues 21's and 31's 22 of the failures section.
+	if rows != 55 || failureRows != 22 {
+		t.Errorf("%d rows in the targets table and %d of issues 21 and 31, want 55 and 22:\n%s", rows, failureRows, section)
 	}
 }
 
@@ -266,6 +274,12 @@ func TestParseFlags_rejects_bad_values(t *testing.T) {
 		{"-failures-backoff", "0s"},
 		{"-failures-retry-partitions", "-1"},
 		{"-failures-variants", "failures-50%"},
+		{"-sizing-n", "0"},
+		{"-sizing-prefill", "0"},
+		{"-sizing-trial", "0s"},
+		{"-sizing-reps", "0"},
+		{"-sizing-stores", "redis,cassandra"},
+		{"-sizing-prefill-stores", "sqlite"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)

@@ -29,6 +29,7 @@ type report struct {
 	router    *routerResults
 	failures  *failuresResults
 	roundtrip *rtResults
+	sizing    *sizingResults
 }
 
 // loadAvg returns the 1, 5 and 15 minute load averages.
@@ -83,7 +84,7 @@ func describeMachine(ctx context.Context, o options) []string {
 		}
 	}
 	var services []string
-	if o.has("router") || o.has("failures") || o.has("roundtrip") {
+	if o.has("router") || o.has("failures") || o.has("roundtrip") || o.has("sizing") {
 		if ro, err := redis.ParseURL(o.redisURL); err == nil {
 			c := redis.NewClient(ro)
 			if info, err := c.InfoMap(ctx, "server").Result(); err == nil {
@@ -165,6 +166,9 @@ func (r *report) markdown() string {
 	}
 	if r.roundtrip != nil {
 		r.roundtrip.markdown(&b)
+	}
+	if r.sizing != nil {
+		r.sizing.markdown(&b)
 	}
 	p("## Targets\n\n")
 	p("Ratios taken within each repetition, median [range] over the repetitions; a target is met when the median meets it.\n\n")

@@ -25,7 +25,7 @@
 //	INBOX_STORE_TIMEOUT    -store-timeout   bound on each store call of a request; default 10s
 //	INBOX_LOG_LEVEL        -log-level       debug, info, warn or error; default info
 //	INBOX_SHUTDOWN_TIMEOUT -shutdown-timeout time to finish requests in flight on SIGTERM; default 30s
-//	INBOX_MAX_RECORDS_PER_TOKEN -max-records-per-token live records a token may have in the store; default 0 (see Limits)
+//	INBOX_MAX_RECORDS_PER_TOKEN -max-records-per-token live records a token may have in the store; default 1000000 (see Limits)
 //	INBOX_RATE_LIMIT       -rate-limit      requests a second a token may make; default 0: no limit
 //	INBOX_AUTH_FAILURES_PER_MINUTE -auth-failures-per-minute wrong tokens a client address may send a minute; default 60, negative: no limit
 //
@@ -161,9 +161,11 @@
 //     sets once there are two, and refuses a new key past a token's share
 //     or past max_entries: no token's keys can evict another's processed
 //     keys. Size max_entries for every tenant's keys within the retention.
-//     INBOX_MAX_RECORDS_PER_TOKEN sets the share instead, on any store.
-//     inboxd counts records in its memory since its start (about 100 bytes
-//     each); admin tokens have no share but count in max_entries.
+//     On any other store each token may have 1000000 live records
+//     (server.DefaultMaxRecordsPerToken). INBOX_MAX_RECORDS_PER_TOKEN sets
+//     the share instead, on any store; negative, no bound. inboxd counts
+//     records in its memory since its start (about 100 bytes each); admin
+//     tokens have no share but count in max_entries.
 //   - Request rate (429 rate_limited): INBOX_RATE_LIMIT requests a second
 //     per token, in bursts of a second's worth; admin tokens are not
 //     limited.
@@ -480,7 +482,7 @@ func flags(s *settings, hosts *string) *flag.FlagSet {
 	fs.Int64Var(&s.maxBody, "max-body-bytes", s.maxBody, "request body limit (INBOX_MAX_BODY_BYTES)")
 	fs.IntVar(&s.maxKey, "max-key-bytes", s.maxKey, "key length limit (INBOX_MAX_KEY_BYTES)")
 	fs.BoolVar(&s.allowNoAuth, "allow-no-auth", s.allowNoAuth, "serve without a token on an address that is not loopback (INBOX_ALLOW_NO_AUTH)")
-	fs.IntVar(&s.maxRecords, "max-records-per-token", s.maxRecords, "live records each token may have in the store; 0: a memory store's max_entries shared among the tokens' prefixes (INBOX_MAX_RECORDS_PER_TOKEN)")
+	fs.IntVar(&s.maxRecords, "max-records-per-token", s.maxRecords, "live records each token may have in the store; 0: a memory store's max_entries shared among the tokens' prefixes, on other stores 1000000; negative: no bound (INBOX_MAX_RECORDS_PER_TOKEN)")
 	fs.Float64Var(&s.rateLimit, "rate-limit", s.rateLimit, "requests a second each token may make; 0: no limit (INBOX_RATE_LIMIT)")
 	fs.IntVar(&s.authFailures, "auth-failures-per-minute", s.authFailures, "requests with a wrong token a client address may make a minute; negative: no limit (INBOX_AUTH_FAILURES_PER_MINUTE)")
 	return fs

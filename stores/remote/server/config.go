@@ -40,7 +40,18 @@ const (
 	// DefaultAuthFailuresPerMinute bounds the failed authentications of a
 	// client address.
 	DefaultAuthFailuresPerMinute = 60
+	// DefaultMaxRecordsPerToken bounds the live records of each consumer
+	// token on a store that does not evict (StoreCapacity zero): as many
+	// as the memory store keeps by default, about 100 MB of the server's
+	// memory for the count when a token reaches it. At the default
+	// retention of 7 days it lets a token keep up about 1.6 new keys a
+	// second; size MaxRecordsPerToken for the rate and the retention.
+	DefaultMaxRecordsPerToken = 1_000_000
 )
+
+// defaultMaxRecordsPerToken is DefaultMaxRecordsPerToken; a test lowers it
+// to reach the bound.
+var defaultMaxRecordsPerToken = DefaultMaxRecordsPerToken
 
 // MinTokenBytes is the shortest bearer token the server accepts in its
 // configuration: a shorter one could be guessed.
@@ -148,8 +159,12 @@ type Config struct {
 	// (about a hundred bytes each), since its start, from the call that
 	// may create one until the lease or backoff it started and Retention
 	// have passed since its last write through the server, so that no
-	// record outlives its count. Optional; default 0: StoreCapacity shared
-	// equally among the tokens (see there), else no bound.
+	// record outlives its count. Optional; default: with StoreCapacity,
+	// StoreCapacity shared equally among the tokens (see there); else
+	// [DefaultMaxRecordsPerToken], on every store, so that no token fills
+	// a store that is shared or evicts when full (a Redis with maxmemory).
+	// Negative: no bound of the server's (the store's own size is then
+	// the only one).
 	MaxRecordsPerToken int
 
 	// StoreCapacity is the number of records Store keeps before it evicts
@@ -258,6 +273,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.MaxRecordsPerToken == 0 && c.StoreCapacity == 0 {
+		c.MaxRecordsPerToken = defaultMaxRecordsPerToken
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
@@ -407,8 +425,8 @@ func (c Config) Validate() error {
 	if c.Retention < 0 {
 		bad("Retention %s is negative", c.Retention)
 	}
-	if c.MaxRecordsPerToken < 0 || c.StoreCapacity < 0 {
-		bad("MaxRecordsPerToken %d and StoreCapacity %d may not be negative", c.MaxRecordsPerToken, c.StoreCapacity)
+	if c.StoreCapacity < 0 {
+		bad("StoreCapacity %d may not be negative", c.StoreCapacity)
 	}
 	if c.RequestsPerSecond < 0 || math.IsNaN(c.RequestsPerSecond) || math.IsInf(c.RequestsPerSecond, 0) {
 		bad("RequestsPerSecond %v is not a number >= 0", c.RequestsPerSecond)

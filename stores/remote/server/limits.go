@@ -67,7 +67,7 @@ type records struct {
 	leaseMax  time.Duration // Config.LeaseMax: the longest lease a write starts
 	retention time.Duration // Config.Retention
 	capacity  int           // Config.StoreCapacity; 0: the store does not evict
-	fixed     int           // Config.MaxRecordsPerToken; 0: derived from capacity
+	fixed     int           // Config.MaxRecordsPerToken; 0: derived from capacity, or none
 	perTenant int           // the share in force (0: none)
 	total     int           // the capacity in force (0: none)
 
@@ -103,13 +103,15 @@ func (h *chargeHeap) Pop() any {
 }
 
 // newRecords returns the counter of cfg's limits, nil when it has none.
+// A negative MaxRecordsPerToken is no bound of its own.
 func newRecords(cfg Config) *records {
-	if cfg.MaxRecordsPerToken == 0 && cfg.StoreCapacity == 0 {
+	fixed := max(cfg.MaxRecordsPerToken, 0)
+	if fixed == 0 && cfg.StoreCapacity == 0 {
 		return nil
 	}
 	return &records{
 		leaseMax: cfg.LeaseMax, retention: cfg.Retention,
-		capacity: cfg.StoreCapacity, fixed: cfg.MaxRecordsPerToken,
+		capacity: cfg.StoreCapacity, fixed: fixed,
 		seed: maphash.MakeSeed(), keys: map[uint64]*charge{}, tenants: map[*tenant]bool{},
 	}
 }
