@@ -9,19 +9,21 @@ import (
 	"time"
 )
 
-// Pace claims and marks new keys (rabbit:billing:orders:NNNNNN) with claim
-// at rate a second for d, paced by a ticker: at each tick the keys due are
-// handed to workers goroutines (a router's concurrent handlers), so that a
-// slow call delays the keys behind it, never loses them. From the 20th
-// second on, every 5 s, it samples rows(). It returns the keys claimed and
-// the largest sample, the last taken once every claim has returned. A
-// failed claim fails the test.
+// Pace claims and marks rate*d new keys (rabbit:billing:orders:NNNNNN)
+// with claim, one at each tick of a ticker of period 1/rate, handed to
+// workers goroutines (a router's concurrent handlers). The rate is never
+// exceeded: when the workers fall behind (a busy machine), the next key
+// waits for one of them and the ticker drops the ticks missed, so the run
+// takes longer rather than catching up in a burst. From the 20th second on,
+// every 5 s, it samples rows(). It returns the keys claimed and the largest
+// sample, the last taken once every claim has returned. A failed claim
+// fails the test.
 func Pace(t *testing.T, d time.Duration, rate, workers int, claim func(ctx context.Context, key string) error, rows func() int) (claims, most int) {
 	t.Helper()
-	// Not Ctx's 2 minutes: on a busy machine the minute may run late.
+	// Not Ctx's 2 minutes: on a busy machine the run may take longer.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	keys := make(chan string, int(d/time.Second+1)*rate)
+	keys := make(chan string)
 	var (
 		wg     sync.WaitGroup
 		done   atomic.Int64
@@ -46,21 +48,25 @@ func Pace(t *testing.T, d time.Duration, rate, workers int, claim func(ctx conte
 			}
 		}()
 	}
-	tick := time.NewTicker(10 * time.Millisecond)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
-	start := time.Now()
-	next, sent := start.Add(20*time.Second), 0
-	for now := range tick.C {
-		elapsed := min(now.Sub(start), d)
-		for ; sent < int(elapsed*time.Duration(rate)/time.Second); sent++ {
-			keys <- fmt.Sprintf("rabbit:billing:orders:%06d", sent)
+	next := time.Now().Add(20 * time.Second)
+	n := int(d * time.Duration(rate) / time.Second)
+send:
+	for i := 0; i < n; i++ {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			break send
 		}
-		if !now.Before(next) && ctx.Err() == nil {
+		select {
+		case keys <- fmt.Sprintf("rabbit:billing:orders:%06d", i):
+		case <-ctx.Done():
+			break send
+		}
+		if now := time.Now(); !now.Before(next) {
 			most = max(most, rows())
-			next = next.Add(5 * time.Second)
-		}
-		if elapsed == d || ctx.Err() != nil {
-			break
+			next = now.Add(5 * time.Second)
 		}
 	}
 	close(keys)
