@@ -234,15 +234,22 @@ func (t *sqlTarget) quote(name string) string {
 // A template that is gone (an expiring one the janitor deleted already)
 // is an error unless gone is allowed: its copies would have expired too.
 func (t *sqlTarget) copyTemplate(ctx context.Context, table string, cols []sqlColumn, tpl string, from, to int, tag string, gone bool) error {
+	// values follows the catalog's order of the columns, the key's
+	// expression in the key's place (not always the first: the PostgreSQL
+	// layout orders its columns by alignment).
 	var names, values []string
 	var keyCol sqlColumn
-	for _, c := range cols {
+	keyAt := -1
+	for i, c := range cols {
 		names = append(names, t.quote(c.name))
-		if c.key {
-			keyCol = c
-			continue
-		}
 		values = append(values, "t."+t.quote(c.name))
+		if c.key {
+			keyCol, keyAt = c, i
+		}
+	}
+	selectList := func(expr string) string {
+		values[keyAt] = expr
+		return strings.Join(values, ", ")
 	}
 	var q string
 	var args []any
@@ -252,13 +259,13 @@ func (t *sqlTarget) copyTemplate(ctx context.Context, table string, cols []sqlCo
 		if keyCol.typ == "bytea" {
 			expr, match = "convert_to("+expr+", 'UTF8')", "convert_to($3, 'UTF8')"
 		}
-		q = "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") SELECT " + strings.Join(append([]string{expr}, values...), ", ") +
-			" FROM generate_series($1::bigint, $2::bigint) AS g, (SELECT * FROM " + table + " WHERE " + t.quote(keyCol.name) + " = " + match + ") AS t ORDER BY 1"
+		q = "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") SELECT " + selectList(expr) +
+			" FROM generate_series($1::bigint, $2::bigint) AS g, (SELECT * FROM " + table + " WHERE " + t.quote(keyCol.name) + " = " + match + ") AS t ORDER BY " + strconv.Itoa(keyAt+1)
 		args = []any{from, to, tpl}
 	} else {
 		expr := "CONCAT('" + sizingKeyPrefix + "', LPAD(LOWER(HEX((s.seq * 2654435761) % 4294967296)), 8, '0'), '-" + tag + "-4000-8000-', LPAD(LOWER(HEX(s.seq)), 12, '0'))"
-		q = "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") SELECT " + strings.Join(append([]string{expr}, values...), ", ") +
-			" FROM seq_" + strconv.Itoa(from) + "_to_" + strconv.Itoa(to) + " AS s, (SELECT * FROM " + table + " WHERE " + t.quote(keyCol.name) + " = ?) AS t ORDER BY 1"
+		q = "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") SELECT " + selectList(expr) +
+			" FROM seq_" + strconv.Itoa(from) + "_to_" + strconv.Itoa(to) + " AS s, (SELECT * FROM " + table + " WHERE " + t.quote(keyCol.name) + " = ?) AS t ORDER BY " + strconv.Itoa(keyAt+1)
 		args = []any{tpl}
 	}
 	res, err := t.db.ExecContext(ctx, q, args...)
