@@ -338,7 +338,8 @@ func startRedis(ctx context.Context, bin string) (*redisServer, error) {
 	}
 	s := &redisServer{dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
 	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"))
+		"--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
+		"--enable-debug-command", "yes") // DEBUG HTSTATS: finishRehash
 	if err := s.cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
