@@ -140,6 +140,13 @@ func payloadHash(key string) string {
 
 // claimAndMark claims and marks each key once, with workers goroutines.
 func claimAndMark(ctx context.Context, s inbox.LeaseStore, keys []string, workers int) error {
+	return eachKey(keys, workers, func(key string) error { return claimOne(ctx, s, key) })
+}
+
+// eachKey calls f with each key once, from workers goroutines, and
+// returns the first error of each goroutine (a goroutine stops at its
+// first).
+func eachKey(keys []string, workers int, f func(key string) error) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, workers)
@@ -152,7 +159,7 @@ func claimAndMark(ctx context.Context, s inbox.LeaseStore, keys []string, worker
 				if i >= len(keys) {
 					return
 				}
-				if err := claimOne(ctx, s, keys[i]); err != nil {
+				if err := f(keys[i]); err != nil {
 					errs[w] = err
 					return
 				}
@@ -556,38 +563,21 @@ func walFloor(ctx context.Context, t *sqlTarget, table string, keys []string) er
 		ins = "INSERT INTO " + table + " (msg_key, expires_at) VALUES (?, ?)"
 		upd = "UPDATE " + table + " SET expires_at = ? WHERE msg_key = ?"
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, sizingWorkers)
-	for w := range sizingWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(keys) {
-					return
-				}
-				var err error
-				if t.dialect == "postgres" {
-					if _, err = t.db.ExecContext(ctx, ins, keys[i], lease); err == nil {
-						_, err = t.db.ExecContext(ctx, upd, keys[i], keep)
-					}
-				} else {
-					now := time.Now()
-					if _, err = t.db.ExecContext(ctx, ins, keys[i], now.Add(inbox.DefaultLease).UnixMilli()); err == nil {
-						_, err = t.db.ExecContext(ctx, upd, now.Add(sizingRetention).UnixMilli(), keys[i])
-					}
-				}
-				if err != nil {
-					errs[w] = err
-					return
-				}
+	return eachKey(keys, sizingWorkers, func(key string) error {
+		if t.dialect == "postgres" {
+			if _, err := t.db.ExecContext(ctx, ins, key, lease); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+			_, err := t.db.ExecContext(ctx, upd, key, keep)
+			return err
+		}
+		now := time.Now()
+		if _, err := t.db.ExecContext(ctx, ins, key, now.Add(inbox.DefaultLease).UnixMilli()); err != nil {
+			return err
+		}
+		_, err := t.db.ExecContext(ctx, upd, now.Add(sizingRetention).UnixMilli(), key)
+		return err
+	})
 }
 
 func sizePostgres(ctx context.Context, r *sizingResults, raw, run string) error {
@@ -667,34 +657,16 @@ func sizePostgres(ctx context.Context, r *sizingResults, raw, run string) error 
 // insertFloorAt inserts keys into the size floor's table with the expiry of
 // a processed key, one statement each, with sizingWorkers goroutines.
 func insertFloorAt(ctx context.Context, t *sqlTarget, table string, keys []string) error {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, sizingWorkers)
-	for w := range sizingWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(keys) {
-					return
-				}
-				var err error
-				if t.dialect == "postgres" {
-					_, err = t.db.ExecContext(ctx, "INSERT INTO "+table+" (msg_key, expires_at) VALUES ($1, clock_timestamp() + $2::interval)",
-						keys[i], fmt.Sprintf("%d milliseconds", sizingRetention.Milliseconds()))
-				} else {
-					_, err = t.db.ExecContext(ctx, "INSERT INTO "+table+" (msg_key, expires_at) VALUES (?, ?)", keys[i], time.Now().Add(sizingRetention).UnixMilli())
-				}
-				if err != nil {
-					errs[w] = err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return eachKey(keys, sizingWorkers, func(key string) error {
+		var err error
+		if t.dialect == "postgres" {
+			_, err = t.db.ExecContext(ctx, "INSERT INTO "+table+" (msg_key, expires_at) VALUES ($1, clock_timestamp() + $2::interval)",
+				key, fmt.Sprintf("%d milliseconds", sizingRetention.Milliseconds()))
+		} else {
+			_, err = t.db.ExecContext(ctx, "INSERT INTO "+table+" (msg_key, expires_at) VALUES (?, ?)", key, time.Now().Add(sizingRetention).UnixMilli())
+		}
+		return err
+	})
 }
 
 // myTableSize is DATA_LENGTH + INDEX_LENGTH of table after ANALYZE TABLE.
