@@ -89,12 +89,10 @@
 //	  EnsureIndexes)                              the store works on
 //	server clock via hello localTime            verified                    not verified here
 //
-// No mongod was available where this package was written. The suite runs
-// against one, fault cases included, when INBOX_TEST_MONGO_URL is set
-// (mongod 4.2 or newer), and a run there is what verifies the mongod
-// column. FerretDB 1.24 on SQLite is for functional tests only: besides
-// the lack of atomicity, every conditional write scans its whole
-// collection.
+// The suite runs against a mongod (4.2 or newer), fault cases included,
+// when INBOX_TEST_MONGO_URL is set: a run there verifies the mongod column.
+// FerretDB 1.24 on SQLite is for functional tests only: it is not atomic,
+// and every conditional write scans its whole collection.
 //
 // Errors: server and network faults, and the per-call Options.Timeout, wrap
 // [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled;
