@@ -220,11 +220,11 @@ var fencedMark = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then 
 func postgresFloor(name string, db *sql.DB, table string, lease, retention time.Duration) *floor {
 	leaseIv := "interval '" + strconv.FormatInt(lease.Milliseconds(), 10) + " milliseconds'"
 	keepIv := "interval '" + strconv.FormatInt(retention.Milliseconds(), 10) + " milliseconds'"
-	cols := "(msg_key, state, lease_id, owner, lease_until, attempts, first_seen, last_seen, processed_at, payload_hash, expires_at)"
+	cols := "(msg_key, state, lease_until, attempts, first_seen, last_seen, expires_at)"
 	row := func(key string) string {
-		return key + ", 0, '', '', clock_timestamp() + " + leaseIv + ", 1, clock_timestamp(), clock_timestamp(), NULL, '', clock_timestamp() + " + keepIv
+		return key + ", 0, clock_timestamp() + " + leaseIv + ", 1, clock_timestamp(), clock_timestamp(), clock_timestamp() + " + keepIv
 	}
-	set := "state = 1, processed_at = clock_timestamp(), last_seen = clock_timestamp(), lease_until = NULL, expires_at = clock_timestamp() + " + keepIv
+	set := "state = 1, last_seen = clock_timestamp(), lease_until = NULL, expires_at = clock_timestamp() + " + keepIv
 	claimOne := "INSERT INTO " + table + " " + cols + " VALUES (" + row("$1") + ") ON CONFLICT DO NOTHING"
 	markOne := "UPDATE " + table + " SET " + set + " WHERE msg_key = $1"
 	// The marks join a LIMITed unnest, as the store's statements do: a plan
