@@ -112,6 +112,8 @@ type options struct {
 	sizingTrial   time.Duration
 	sizingStores  []string
 	sizingThr     []string
+	mariadbd      string
+	mariadbPool   string
 	redisServer   string
 
 	microN        int
@@ -184,6 +186,8 @@ func parseFlags(args []string) (options, error) {
 	sizingStores := fs.String("sizing-stores", "redis,postgres,mariadb,sqlite,mongo,memory", "sizing section: stores whose bytes per key are measured (mongo: FerretDB in-process, run by go run in ./mongosizing)")
 	sizingThr := fs.String("sizing-prefill-stores", "redis,postgres,mariadb", "sizing section: stores whose throughput is measured prefilled: redis, postgres, mariadb")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "sizing section: the redis-server binary of the section's own servers (its Redis figures never touch -redis)")
+	fs.StringVar(&o.mariadbd, "sizing-mariadbd", "mariadbd", "sizing section: the mariadbd binary of the section's own server for the prefilled MariaDB rows (needs mariadb-install-db on PATH); empty: the server of -mysql")
+	fs.StringVar(&o.mariadbPool, "sizing-mariadb-pool", "4G", "sizing section: innodb_buffer_pool_size of that server, enough to hold the prefilled table")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
 	fs.BoolVar(&o.microYield, "micro-yield", false, "micro benchmark: yield (runtime.Gosched) after each message, so the inbox's mark runs before the next message; with GOMAXPROCS=1 this makes instruction counts under callgrind repeatable")

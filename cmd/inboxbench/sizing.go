@@ -94,6 +94,9 @@ type sizingResults struct {
 	// PostgreSQL's bytes per key and its floor's after VACUUM FULL.
 	pgCompact, pgCompactFloor float64
 	thr                       []thrRow
+	// mariaOwn describes the server of the prefilled MariaDB rows when it
+	// is the section's own; empty when it is -mysql's.
+	mariaOwn string
 }
 
 func (r *sizingResults) row(store string) *sizeRow {
@@ -284,6 +287,17 @@ func runSizing(ctx context.Context, o options, logf func(string, ...any)) (*sizi
 			return nil, fmt.Errorf("%s: %w", st.name, err)
 		}
 	}
+	mysqlThr := o.mysqlURL
+	if o.sizingThrHas("mariadb") && o.mariadbd != "" {
+		ms, err := startMariaDB(ctx, o.mariadbd, o.mariadbPool)
+		if err != nil {
+			return nil, fmt.Errorf("starting a mariadbd of the section's own (-sizing-mariadbd %s): %w", o.mariadbd, err)
+		}
+		defer ms.close()
+		mysqlThr = ms.url()
+		r.mariaOwn = fmt.Sprintf("a mariadbd of the section's own (buffer pool %s, redo log %s)", o.mariadbPool, mariaRedoLog)
+		logf("sizing: mariadb: the prefilled rows run on %s on %s", r.mariaOwn, ms.addr)
+	}
 	for _, s := range o.sizingThr {
 		logf("sizing: throughput with %d retained keys, %s", o.sizingPrefill, s)
 		var row thrRow
@@ -291,8 +305,10 @@ func runSizing(ctx context.Context, o options, logf func(string, ...any)) (*sizi
 		switch s {
 		case "redis":
 			row, err = thrRedis(ctx, o, rs, logf)
-		case "postgres", "mariadb":
-			row, err = thrSQL(ctx, o, s, run, logf)
+		case "postgres":
+			row, err = thrSQL(ctx, o, s, o.postgresURL, run, logf)
+		case "mariadb":
+			row, err = thrSQL(ctx, o, s, mysqlThr, run, logf)
 		default:
 			return nil, fmt.Errorf("-sizing-prefill-stores: unknown store %q (known: redis, postgres, mariadb)", s)
 		}

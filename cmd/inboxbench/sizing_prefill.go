@@ -337,12 +337,8 @@ func (t *sqlTarget) analyze(ctx context.Context, table string) error {
 	return rows.Close()
 }
 
-func thrSQL(ctx context.Context, o options, dialect, run string, logf func(string, ...any)) (thrRow, error) {
+func thrSQL(ctx context.Context, o options, dialect, raw, run string, logf func(string, ...any)) (thrRow, error) {
 	var row thrRow
-	raw := o.postgresURL
-	if dialect != "postgres" {
-		raw = o.mysqlURL
-	}
 	t, err := openSQLTarget(dialect, raw)
 	if err != nil {
 		return row, err
