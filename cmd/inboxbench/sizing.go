@@ -348,14 +348,21 @@ type redisServer struct {
 	addr string
 }
 
-func startRedis(ctx context.Context, bin string) (*redisServer, error) {
+// serverPlace is a free loopback port and a new directory, named after
+// kind, for a server of the section's own.
+func serverPlace(kind string) (port int, dir string, err error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return 0, "", err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	dir, err := os.MkdirTemp("", "inboxbench-redis-")
+	dir, err = os.MkdirTemp("", "inboxbench-"+kind+"-")
+	return port, dir, err
+}
+
+func startRedis(ctx context.Context, bin string) (*redisServer, error) {
+	port, dir, err := serverPlace("redis")
 	if err != nil {
 		return nil, err
 	}

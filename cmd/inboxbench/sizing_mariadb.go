@@ -40,13 +40,7 @@ func startMariaDB(ctx context.Context, bin, pool string) (*mariaServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	dir, err := os.MkdirTemp("", "inboxbench-mariadb-")
+	port, dir, err := serverPlace("mariadb")
 	if err != nil {
 		return nil, err
 	}
