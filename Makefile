@@ -97,8 +97,9 @@ cover:
 ## attempts held by the broker (issue 21's failures section), and sizing
 ## (issue 46: bytes per kept key against each store's floor, PostgreSQL's
 ## WAL per message, claims on a store holding 5 million bulk-loaded keys,
-## with and without its janitor; Redis in a redis-server of its own, so
-## redis-server must be on PATH, and MongoDB on FerretDB, built in
+## with and without its janitor; Redis in a redis-server of its own and
+## the prefilled MariaDB in a mariadbd of its own, so redis-server,
+## mariadbd and mariadb-install-db must be on PATH, and MongoDB on FerretDB, built in
 ## cmd/inboxbench/mongosizing). Interleaved
 ## repetitions, medians, ratios within each repetition. Writes
 ## docs/bench-results.md, docs/throughput.svg and the targets section of
