@@ -41,12 +41,14 @@ local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
 local function hash(ph)
   if #ph == 64 and not string.find(ph, '[^0-9a-f]') then
-    return '\0' .. string.gsub(string.sub(ph, 1, 32), '..', function(x) return string.char(tonumber(x, 16)) end)
+    return '\0' .. struct.pack('>I4I4I4I4', tonumber(string.sub(ph, 1, 8), 16), tonumber(string.sub(ph, 9, 16), 16),
+      tonumber(string.sub(ph, 17, 24), 16), tonumber(string.sub(ph, 25, 32), 16))
   end
   return ph
 end
 local function fp(lid)
-  return (string.gsub(string.sub(redis.sha1hex(lid), 1, 16), '..', function(x) return string.char(tonumber(x, 16)) end))
+  local h = redis.sha1hex(lid)
+  return struct.pack('>I4I4', tonumber(string.sub(h, 1, 8), 16), tonumber(string.sub(h, 9, 16), 16))
 end
 local function decode(v)
   local kind, a, b, c, x, y, at, fs, ls, ex, rs, ra, z = cmsgpack.unpack(v)
