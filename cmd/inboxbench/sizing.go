@@ -339,61 +339,78 @@ func (o options) sizingThrHas(s string) bool {
 	return false
 }
 
-// redisServer is a redis-server of the section's own, on a free loopback
-// port, without persistence: its figures are its own, and FLUSHALL
-// disturbs no one.
-type redisServer struct {
+// ownServer is a server process of the section's own, on a free loopback
+// port, with a directory of its own that close removes.
+type ownServer struct {
 	cmd  *exec.Cmd
 	dir  string
+	port string
 	addr string
 }
 
-// serverPlace is a free loopback port and a new directory, named after
-// kind, for a server of the section's own.
-func serverPlace(kind string) (port int, dir string, err error) {
+// newOwnServer finds a free loopback port and makes the directory of a
+// server of kind.
+func newOwnServer(kind string) (*ownServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, "", err
+		return nil, err
 	}
-	port = ln.Addr().(*net.TCPAddr).Port
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	_ = ln.Close()
-	dir, err = os.MkdirTemp("", "inboxbench-"+kind+"-")
-	return port, dir, err
-}
-
-func startRedis(ctx context.Context, bin string) (*redisServer, error) {
-	port, dir, err := serverPlace("redis")
+	dir, err := os.MkdirTemp("", "inboxbench-"+kind+"-")
 	if err != nil {
 		return nil, err
 	}
-	s := &redisServer{dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
-		"--enable-debug-command", "yes") // DEBUG HTSTATS: finishRehash
-	if err := s.cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
+	return &ownServer{dir: dir, port: port, addr: net.JoinHostPort("127.0.0.1", port)}, nil
+}
+
+// start runs cmd as the server, then calls ready until it succeeds, for at
+// most wait. On failure the caller closes the server.
+func (s *ownServer) start(ctx context.Context, cmd *exec.Cmd, wait time.Duration, ready func() error) error {
+	s.cmd = cmd
+	if err := cmd.Start(); err != nil {
+		return err
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.addr})
-	defer c.Close()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(wait)
 	for {
-		err := c.Ping(ctx).Err()
+		err := ready()
 		if err == nil {
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			s.close()
-			return nil, fmt.Errorf("redis-server on %s did not answer: %w", s.addr, err)
+			return fmt.Errorf("%s on %s did not answer: %w", filepath.Base(cmd.Path), s.addr, err)
 		}
 		time.Sleep(50 * time.Millisecond) // polling for the server's start
 	}
 }
 
-func (s *redisServer) close() {
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+func (s *ownServer) close() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
 	_ = os.RemoveAll(s.dir)
+}
+
+// redisServer is a redis-server of the section's own, without
+// persistence: its figures are its own, and FLUSHALL disturbs no one.
+type redisServer struct{ *ownServer }
+
+func startRedis(ctx context.Context, bin string) (*redisServer, error) {
+	s, err := newOwnServer("redis")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--port", s.port, "--bind", "127.0.0.1", "--dir", s.dir,
+		"--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", filepath.Join(s.dir, "redis.log"),
+		"--enable-debug-command", "yes") // DEBUG HTSTATS: finishRehash
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer c.Close()
+	if err := s.start(ctx, cmd, 15*time.Second, func() error { return c.Ping(ctx).Err() }); err != nil {
+		s.close()
+		return nil, err
+	}
+	return &redisServer{s}, nil
 }
 
 func (s *redisServer) url(db int) string { return "redis://" + s.addr + "/" + strconv.Itoa(db) }
