@@ -105,10 +105,9 @@ cover:
 ## docs/bench-results.md, docs/throughput.svg and the targets section of
 ## BENCHMARKS.md (between its inboxbench:targets markers). Needs the services
 ## of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in process
-## (kfake). About twice the 15 to 20 minutes it took before the stores at a
-## distance (an estimate), 5 more for the failures and 12 for the sizing
-## (most of it the bulk loads of 5 million keys and the trials of the full
-## stores);
+## (kfake). The last full run took 44 minutes on two quiet cores, 8 of them
+## the sizing section (most of it the bulk loads of 5 million keys and the
+## trials of the full stores);
 ## BENCH_FLAGS passes more flags
 ## (go run ./cmd/inboxbench -h in that directory lists them).
 bench:
