@@ -310,7 +310,7 @@ func (s *suite) testDeadRetention(t *testing.T) {
 	}
 	switch e := time.Since(start); {
 	case d.Status == inbox.Dead:
-	case d.Status == inbox.Acquired && e >= s.h.Retention-100*time.Millisecond-s.h.TimePrecision:
+	case d.Status == inbox.Acquired && e >= s.h.Retention-s.expiryTolerance():
 		t.Logf("the retention ran out before the first check, %s after Fail: expired", e)
 		return
 	default:

@@ -287,7 +287,7 @@ func (s *suite) testRetentionExpiry(t *testing.T) {
 		t.Fatalf("Complete: %v", err)
 	}
 	// Processed for the whole retention, then gone.
-	tolerance := 100*time.Millisecond + s.h.TimePrecision
+	tolerance := s.expiryTolerance()
 	pollUntil(t, expireDeadline(ret), "processed key to expire after the retention", func() bool {
 		r := mustGet(t, st, key)
 		if r.State == inbox.StateNotFound {

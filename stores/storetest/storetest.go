@@ -325,3 +325,7 @@ func (s *suite) sameRecord(a, b inbox.Record) bool {
 // expireDeadline bounds how long the suite waits for a lease or retention of
 // length d to run out: generous, so a loaded CI machine does not flake.
 func expireDeadline(d time.Duration) time.Duration { return 10*d + 5*time.Second }
+
+// expiryTolerance is how much earlier than its retention a key may read as
+// expired: the store's time precision and some clock rounding.
+func (s *suite) expiryTolerance() time.Duration { return 100*time.Millisecond + s.h.TimePrecision }
