@@ -182,7 +182,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.sizingMongoN, "sizing-mongo-n", 300, "sizing section: the same on MongoDB (FerretDB in-process scans its collection on every write: 200 keys take some 20 s, and the time grows with the square)")
 	fs.IntVar(&o.sizingPrefill, "sizing-prefill", 5_000_000, "sizing section: retained keys bulk-loaded before the prefilled store's trials")
 	fs.DurationVar(&o.sizingTrial, "sizing-trial", 8*time.Second, "sizing section: length of a claim-and-mark trial")
-	fs.IntVar(&o.sizingReps, "sizing-reps", 3, "sizing section: repetitions of the trials (empty and prefilled, alternated)")
+	fs.IntVar(&o.sizingReps, "sizing-reps", 5, "sizing section: repetitions of the trials (empty and prefilled, alternated)")
 	sizingStores := fs.String("sizing-stores", "redis,postgres,mariadb,sqlite,mongo,memory", "sizing section: stores whose bytes per key are measured (mongo: FerretDB in-process, run by go run in ./mongosizing)")
 	sizingThr := fs.String("sizing-prefill-stores", "redis,postgres,mariadb", "sizing section: stores whose throughput is measured prefilled: redis, postgres, mariadb")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "sizing section: the redis-server binary of the section's own servers (its Redis figures never touch -redis)")
