@@ -81,6 +81,9 @@ type thrRow struct {
 	writeRate float64   // the expiring keys per second
 	deleted   int64     // expired keys deleted during the janitor's trials
 	janSecs   float64   // how long those trials and the pauses between them took
+	// checkpoints says how many checkpoints PostgreSQL's WAL volume
+	// forced during the trials, and its settings; empty elsewhere.
+	checkpoints string
 }
 
 type sizingResults struct {

@@ -384,6 +384,7 @@ func thrSQL(ctx context.Context, o options, dialect, raw, run string, logf func(
 		_, err := t.db.ExecContext(ctx, "TRUNCATE TABLE "+emptyTab)
 		return err
 	}
+	ckpt := t.checkpoints(ctx)
 	row.empty, row.full, _, err = trialPair(ctx, o.sizingReps, o.sizingTrial, emptyStore, full, truncate, logf, "prefilled")
 	if err != nil {
 		return row, err
@@ -446,5 +447,43 @@ func thrSQL(ctx context.Context, o options, dialect, raw, run string, logf func(
 		return row, err
 	}
 	row.deleted = before + int64(added) - after
+	row.checkpoints = ckpt()
 	return row, nil
+}
+
+// checkpoints starts counting PostgreSQL's checkpoints requested by WAL
+// volume (max_wal_size reached before checkpoint_timeout), server-wide:
+// the function it returns says how many there were since, with the two
+// settings, or "" where the server does not say (MariaDB; a statistics
+// view that is not there).
+func (t *sqlTarget) checkpoints(ctx context.Context) func() string {
+	none := func() string { return "" }
+	if t.dialect != "postgres" {
+		return none
+	}
+	// pg_stat_checkpointer from PostgreSQL 17, pg_stat_bgwriter before.
+	var q string
+	for _, c := range []string{"SELECT num_requested FROM pg_stat_checkpointer", "SELECT checkpoints_req FROM pg_stat_bgwriter"} {
+		var n int64
+		if t.db.QueryRowContext(ctx, c).Scan(&n) == nil {
+			q = c
+			break
+		}
+	}
+	if q == "" {
+		return none
+	}
+	var start int64
+	if t.db.QueryRowContext(ctx, q).Scan(&start) != nil {
+		return none
+	}
+	return func() string {
+		var n int64
+		var walMax, timeout string
+		if t.db.QueryRowContext(ctx, q).Scan(&n) != nil ||
+			t.db.QueryRowContext(ctx, "SELECT current_setting('max_wal_size'), current_setting('checkpoint_timeout')").Scan(&walMax, &timeout) != nil {
+			return ""
+		}
+		return fmt.Sprintf("%d checkpoints requested by WAL volume during the trials (max_wal_size %s, checkpoint_timeout %s)", n-start, walMax, timeout)
+	}
 }

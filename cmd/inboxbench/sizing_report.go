@@ -96,6 +96,11 @@ func (r *sizingResults) markdown(b *strings.Builder) {
 			median(t.emptyJ), median(t.janitor), rangeOf(t.janitor, "%.0f"), median(jan), rangeOf(jan, "%.2f"), t.writeRate, deleted)
 	}
 	p("\n")
+	for _, t := range r.thr {
+		if t.checkpoints != "" {
+			p("%s: %s. After a checkpoint, the first change to a page goes to the WAL as the whole page (full_page_writes), and a prefilled store's claims change pages all over its primary key's index, an empty store's few.\n\n", t.store, t.checkpoints)
+		}
+	}
 }
 
 // sizingTargets are the sizing rows of the targets table.
