@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/stores/driver"
 	redisstore "github.com/watermill-inbox/inbox/stores/redis"
 	"github.com/watermill-inbox/inbox/stores/redis/internal/redistest"
 )
@@ -100,7 +101,8 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // BenchmarkRedisCPU_message measures what one message costs a Redis server
 // of its own (redistest; no other client, so its CPU is this benchmark's):
 // the inbox's work for a new key, TryBegin then Complete, through the
-// store ("store"); Watermill's Deduplicator over Redis, one SET NX PX per
+// store ("store"), and the same with the middleware's Complete, which
+// carries its claim and takes the script's short way ("store-mark"); Watermill's Deduplicator over Redis, one SET NX PX per
 // message through [redisstore.ExpiringKeyRepository] ("dedup"); and a bare
 // SET NX PX ("floor-setnx", what floor-redis of cmd/inboxbench sends).
 // Each runs with one caller and with 16 concurrent ones, whose calls the
@@ -135,6 +137,19 @@ func BenchmarkRedisCPU_message(b *testing.B) {
 				return err
 			}
 			return s.Complete(ctx, key, cl.LeaseID)
+		}},
+		{"store-mark", func(key string) error {
+			// The middleware's mark: a Complete that carries its claim
+			// (the script's short way, K).
+			cl, err := s.TryBegin(ctx, key, inbox.BeginOptions{Lease: 30 * time.Second})
+			if err != nil || cl.Status != inbox.Acquired {
+				b.Errorf("TryBegin = %+v, %v", cl, err)
+				return err
+			}
+			done := make(chan error, 1)
+			s.Go(ctx, driver.Op{Kind: driver.Complete, Key: key, LeaseID: cl.LeaseID, Lease: 30 * time.Second, ExpiresAt: cl.ExpiresAt},
+				func(_ inbox.Claim, err error) { done <- err })
+			return <-done
 		}},
 		{"dedup", func(key string) error {
 			dup, err := dedup.IsDuplicate(ctx, key)
