@@ -137,7 +137,7 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 	n := 2
 	for _, i := range idx {
-		n += argCount[ops[i].Kind] + 3 // a K has three more than a C
+		n += argCount[ops[i].Kind] + 2 // a K has two more than a C
 	}
 	args := make([]any, 2, n)
 	args[0], args[1] = d.retArgs[0], d.retArgs[1]
@@ -147,8 +147,8 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 		case driver.Claim:
 			args = append(args, "B", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10), op.Owner, compactHash(op.PayloadHash))
 		case driver.Complete:
-			if fresh, first, tail, ok := d.completion(op); ok {
-				args = append(args, "K", op.LeaseID, fresh, first, tail)
+			if fresh, compact, ok := d.completion(op); ok {
+				args = append(args, "K", op.LeaseID, fresh, compact)
 			} else {
 				args = append(args, "C", op.LeaseID)
 			}
@@ -174,22 +174,21 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 var argCount = [...]int{driver.Claim: 5, driver.Complete: 2, driver.Release: 2, driver.Mark: 1, driver.Fail: 5, driver.Extend: 3}
 
 // completion returns, for a Complete that knows its claim (op.ExpiresAt),
-// the fresh record the claim wrote (queueClaim), the time of the claim
-// (first seen, µs) and the tail of the compact processed record that
-// replaces it (compactTail).
-func (d *rdb) completion(op driver.Op) (fresh []byte, first string, tail []byte, ok bool) {
+// the fresh record the claim wrote (queueClaim) and the compact processed
+// record that replaces it (marked), written with ARGV[2]'s TTL.
+func (d *rdb) completion(op driver.Op) (fresh, compact []byte, ok bool) {
 	if op.ExpiresAt.IsZero() || op.Lease <= 0 {
-		return nil, "", nil, false
+		return nil, nil, false
 	}
 	leaseUS := micros(op.Lease)
 	ttl := ttlMS(leaseUS + d.retUS)
 	acquired := op.ExpiresAt.UnixMicro() - leaseUS
 	if acquired%1000 != 0 {
-		return nil, "", nil, false // not a fast claim's: its acquisition is in whole ms
+		return nil, nil, false // not a fast claim's: its acquisition is in whole ms
 	}
 	hash := compactHash(op.PayloadHash)
 	fresh = record{Kind: kindFresh, ID: op.LeaseID, Owner: op.Owner, PayloadHash: hash, Lease: leaseUS, TTL: ttl}.encode()
-	return fresh, strconv.FormatInt(acquired, 10), compactTail(hash, op.LeaseID), true
+	return fresh, marked(op.LeaseID, hash, acquired, (d.retUS+999)/1000).encode(), true
 }
 
 // fastClaim is the claim of ops[i] as SET NX PX of a fresh record and

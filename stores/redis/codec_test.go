@@ -64,10 +64,13 @@ func readLua(t *testing.T, c *redis.Client, key string) (luaRead, error) {
 func rawFromLua(t *testing.T, v []any) redisstore.Record {
 	t.Helper()
 	kind := v[0].(int64)
-	n := map[int64]int{redisstore.KindFresh: 6, redisstore.KindCompleted: 8, redisstore.KindCompact: 6, redisstore.KindTomb: 7}[kind]
-	if (kind == redisstore.KindCompact || kind == redisstore.KindTomb) && len(v) == n {
+	n := map[int64]int{redisstore.KindFresh: 6, redisstore.KindCompleted: 8, redisstore.KindCompact: 6, redisstore.KindTomb: 7, redisstore.KindMarked: 6}[kind]
+	if (kind == redisstore.KindCompact || kind == redisstore.KindTomb || kind == redisstore.KindMarked) && len(v) == n {
 		r := redisstore.Record{Kind: kind, Attempts: v[1].(int64), FirstSeen: v[2].(int64), LastSeen: v[2].(int64) + v[3].(int64), PayloadHash: v[4].(string)}
-		if kind == redisstore.KindCompact {
+		if kind == redisstore.KindMarked {
+			r.LastSeen, r.TTL2 = 0, v[3].(int64)
+		}
+		if kind != redisstore.KindTomb {
 			r.ID = v[5].(string)
 		} else {
 			r.Owner, r.Reason = v[5].(string), v[6].(string)
@@ -165,6 +168,7 @@ func TestRecordCodec_go_writes_scripts_read(t *testing.T) {
 		{"short processed", redisstore.Record{Kind: redisstore.KindProcessed, ID: "lease-0", Lease: 1000, Attempts: 1, FirstSeen: now - 2000, LastSeen: now - 1000, Expiry: now + hour, Short: true}, 2 * time.Hour},
 		{"compact processed", redisstore.Record{Kind: redisstore.KindCompact, ID: redisstore.Fingerprint("lease-3"), PayloadHash: redisstore.CompactHash(strings.Repeat("0f", 32)), Attempts: 2, FirstSeen: now - 5_000_000, LastSeen: now - 1000}, time.Hour},
 		{"compact processed, marked", redisstore.Record{Kind: redisstore.KindCompact, FirstSeen: now - 1000, LastSeen: now - 1000}, time.Hour},
+		{"compact processed by the short way", redisstore.Record{Kind: redisstore.KindMarked, ID: redisstore.Fingerprint("lease-4"), PayloadHash: redisstore.CompactHash(strings.Repeat("0f", 32)), Attempts: 1, FirstSeen: now - 5_000_000, TTL2: 3_600_000}, time.Hour},
 		{"compact dead", redisstore.Record{Kind: redisstore.KindTomb, Owner: "me", PayloadHash: "opaque", Attempts: 7, FirstSeen: now - 5_000_000, LastSeen: now - 1000, Reason: strings.Repeat("r", 300)}, time.Hour},
 		{"sha-256 payload hash of an older version", redisstore.Record{Kind: redisstore.KindHeld, ID: "lease-2", Owner: "me", PayloadHash: strings.Repeat("0f", 32), Until: now + 30_000_000, Lease: 30_000_000, Attempts: 2, FirstSeen: now - 5_000_000, LastSeen: now - 1000, Expiry: now + 30_000_000 + hour}, 2 * time.Hour},
 		{"expired", redisstore.Record{Kind: redisstore.KindDead, Lease: 1, Attempts: 1, FirstSeen: now - 2000, LastSeen: now - 1000, Expiry: now - 1, Reason: "past"}, time.Hour},
@@ -267,8 +271,8 @@ func TestRecordCodec_scripts_write_go_reads(t *testing.T) {
 		ok(t, "Complete", errs[0])
 		got, _ := read(t, "completed")
 		checkRecord(t, "completed record", got, redisstore.Record{
-			Kind: redisstore.KindCompact, ID: redisstore.Fingerprint("lease-1"), PayloadHash: "hash-1",
-			Attempts: 1, FirstSeen: cl.ExpiresAt.UnixMicro() - leaseUS, LastSeen: max(got.LastSeen, got.FirstSeen),
+			Kind: redisstore.KindMarked, ID: redisstore.Fingerprint("lease-1"), PayloadHash: "hash-1",
+			Attempts: 1, FirstSeen: cl.ExpiresAt.UnixMicro() - leaseUS, TTL2: ret.Milliseconds(),
 		})
 	})
 
@@ -401,7 +405,7 @@ func TestRecordCodec_both_refuse(t *testing.T) {
 		cut  bool // cmsgpack.unpack fails
 	}{
 		{"empty", nil, false},
-		{"unknown kind", enc(with(full, func(r *redisstore.Record) { r.Kind = 7 })), false},
+		{"unknown kind", enc(with(full, func(r *redisstore.Record) { r.Kind = 8 })), false},
 		{"fresh with a value more", append(fresh[:len(fresh):len(fresh)], 1), false},
 		{"completed without ttl2", completed[:len(completed)-1], false},
 		{"full without ra", append(enc(with(full, func(r *redisstore.Record) { r.Short = true })), 0xa0), false},

@@ -14,19 +14,23 @@ import (
 var errRecord = errors.New("not a record of a known layout")
 
 // decode reads the bytes of a record in any layout, those the client
-// writes (positive fixint or uint 64) and those the scripts' cmsgpack.pack
-// writes (the smallest integer that fits), as the scripts' decode does.
+// and the scripts' cmsgpack.pack write (the smallest integer that fits),
+// and any other integer format, as the scripts' decode does.
 func decode(b []byte) (record, error) {
 	var d decoder
 	d.b = b
 	var r record
 	r.Kind = d.int()
 	switch r.Kind {
-	case kindCompact, kindTomb:
+	case kindCompact, kindTomb, kindMarked:
 		r.Attempts, r.FirstSeen = d.int(), d.int()
-		r.LastSeen = r.FirstSeen + d.int()
+		if r.Kind == kindMarked {
+			r.TTL2 = d.int()
+		} else {
+			r.LastSeen = r.FirstSeen + d.int()
+		}
 		r.PayloadHash = d.str()
-		if r.Kind == kindCompact {
+		if r.Kind != kindTomb {
 			r.ID = d.str()
 		} else {
 			r.Owner, r.Reason = d.str(), d.str()
@@ -35,7 +39,7 @@ func decode(b []byte) (record, error) {
 		r.ID, r.Owner, r.PayloadHash = d.str(), d.str(), d.str()
 	}
 	switch r.Kind {
-	case kindCompact, kindTomb:
+	case kindCompact, kindTomb, kindMarked:
 	case kindFresh:
 		r.Lease, r.TTL = d.int(), d.int()
 	case kindCompleted:
@@ -72,11 +76,14 @@ func decode(b []byte) (record, error) {
 // and view are the Go reader that the tests hold against theirs.
 func (r record) view(expiryMS, nowUS int64) (record, bool) {
 	switch r.Kind {
-	case kindCompact, kindTomb:
+	case kindCompact, kindTomb, kindMarked:
 		if expiryMS < 0 {
 			return record{}, false
 		}
 		v := record{Kind: kindProcessed, PayloadHash: r.PayloadHash, Attempts: r.Attempts, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen, Expiry: expiryMS * 1000}
+		if r.Kind == kindMarked {
+			v.LastSeen = acquiredAt(expiryMS, r.TTL2)
+		}
 		if r.Kind == kindTomb {
 			v.Kind, v.Owner, v.Reason = kindDead, r.Owner, r.Reason
 		} else if r.ID != "" {

@@ -161,6 +161,7 @@ package redisstore
 //	0     fresh            id ow ph ln ttl                  the client: the fast claim (apply.go)
 //	1     full             id ow ph lu ln at fs ls ex rs ra save: in flight, released, in a backoff
 //	5     compact          at fs d ph fp                    processed: Complete, MarkProcessed
+//	7     compact marked   at fs ttl2 ph fp                 the client: the short way of Complete (apply.go)
 //	6     compact dead     at fs d ph ow rs                 dead: Fail
 //	3     completed fresh  id ow ph ln ttl E1 ttl2          nothing now (older versions did)
 //	2, 4  full             as kind 1                        nothing now: processed, dead
@@ -195,7 +196,7 @@ package redisstore
 //	      retention, rounded up, plus one)
 //	E1    the fresh record's absolute expiry (PEXPIRETIME when Complete ran)
 //	ttl2  the physical TTL the completed record was written with (the
-//	      retention, rounded up)
+//	      retention, rounded up; ms)
 //
 // Times and durations are microseconds of the Redis clock, except ttl, E1
 // and ttl2, which are milliseconds.
@@ -212,9 +213,10 @@ package redisstore
 // key 1 PX retention.
 //
 // Encodings. Strings are MessagePack str: fixstr, str 8, str 16 or str 32,
-// the smallest that fits, from both writers. Integers are never negative:
-// the client writes positive fixint or uint 64; the scripts' cmsgpack.pack
-// writes the smallest that fits (positive fixint, uint 8, 16, 32 or 64).
+// the smallest that fits, from both writers. Integers are never negative,
+// and both writers write the smallest format that fits (positive fixint,
+// uint 8, 16, 32 or 64; versions before kind 7 wrote uint 64 from the
+// client).
 // Both decoders take any integer format, negative ones included; the Go
 // decoder refuses floats and integers beyond int64, which no writer writes
 // and the scripts would read as Lua numbers. Both refuse a record with a
@@ -228,23 +230,26 @@ package redisstore
 // against the fingerprint of the caller's lease id), a compact dead one as
 // kind 4, a short one with rs "" and ra 0, a payload hash in its compact
 // form. Every change a script makes writes kind 1 (save), 5 (processed) or
-// 6 (dead); the short way of Complete writes kind 5.
+// 6 (dead); the short way of Complete writes the client's kind 7.
 //
-// Times from PEXPIRETIME. Kinds 0, 3, 5 and 6 hold no expiry of their own:
+// Times from PEXPIRETIME. Kinds 0, 3, 5, 6 and 7 hold no expiry of their own:
 // they live exactly as long as Redis holds the key, their logical expiry
 // ex the key's absolute expiry E (PEXPIRETIME, milliseconds of the Redis
-// clock, exact and the same for every reader), read by load. Kinds 5 and 6
-// are written with the retention as their TTL. The client that writes a
-// fresh record does not know the Redis clock, so kinds 0 and 3 take their
-// times from E too, as does the fast claim's pipeline (SET key record NX PX
-// ttl, then PEXPIRETIME key, one round trip; on Cluster both go to the
-// key's node):
+// clock, exact and the same for every reader), read by load. Kinds 5, 6
+// and 7 are written with the retention as their TTL. The client that
+// writes a fresh or marked record does not know the Redis clock, so kinds
+// 0, 3 and 7 take their times from E too, as does the fast claim's
+// pipeline (SET key record NX PX ttl, then PEXPIRETIME key, one round
+// trip; on Cluster both go to the key's node):
 //
 //	fresh (kind 0):      acquired a = (E - ttl) * 1000, the time of the SET
 //	                     rounded down to the millisecond; lu = a + ln;
 //	                     at 1; fs = ls = a; ex = E * 1000
 //	completed (kind 3):  fs = (E1 - ttl) * 1000; processed at
 //	                     ls = (E - ttl2) * 1000; lu 0; at 1; ex = E * 1000
+//	marked (kind 7):     processed at ls = (E - ttl2) * 1000, the time
+//	                     of the SET rounded down to the millisecond;
+//	                     ex = E * 1000
 //
 // The client computes the claim's ExpiresAt from the PEXPIRETIME reply as
 // load does (acquiredAt in record.go), so the claim, Busy replies and Get
@@ -254,15 +259,18 @@ package redisstore
 // key is a native SET NX, no script. Its Complete, the message's usual
 // path, has a short way too: a Complete that knows its claim (the
 // middleware's: its lease, ExpiresAt, owner and payload hash) carries the
-// fresh record's bytes, fs and the end of the compact record (ph and fp),
-// all made by the client; when the key still holds those bytes, the script
-// writes 5, 1, fs, TIME - fs and that end (GET, TIME, SET: no decoding),
-// and when it holds a kind 5 record ending with that fp, it answers at
-// once. Both were measured (BENCHMARKS.md, "Record layouts for speed"),
+// fresh record's bytes and the kind 7 record that replaces it, both made
+// by the client; when the key still holds those bytes, the script writes
+// that record (GET, SET: no decoding, no clock), and when it holds a
+// compact processed record (kind 5 or 7) ending with that fp, it answers
+// at once. Both were measured (BENCHMARKS.md, "Record layouts for speed"),
 // when the short way wrote kind 3: writing the full layout instead cost,
 // on Kafka through cmd/inboxbench, 17 to 19 percent more Redis CPU per
 // message without the short way, and about a quarter of the throughput and
-// 50 to 70 percent more Redis CPU without kind 0.
+// 50 to 70 percent more Redis CPU without kind 0. Kind 7 against a kind 5
+// written with TIME in the script: BenchmarkRedisCPU_message/store-mark,
+// 16 callers, 12.3 to 14.0 against 14.2 to 15.9 µs of Redis CPU a message
+// (script 3.7 to 4.6 against 5.7 to 6.5).
 //
 // Logical expiry. A record of the full or short layout holds its times and
 // is absent once TIME reaches ex, whatever its physical TTL, which save sets
@@ -283,7 +291,7 @@ package redisstore
 // once every store of a deployment has run a newer version for that long.
 // A kind-4 record is never short.
 //
-// Upgrading. The previous version's scripts do not read kinds 5 and 6:
+// Upgrading. The previous version's scripts do not read kinds 5, 6 and 7:
 // while both versions run on one prefix, its calls on a key that the new
 // version processed or killed fail with ErrStoreUnavailable (the
 // middleware nacks the message, which is retried), never with a wrong

@@ -29,6 +29,7 @@ const (
 	KindCompleted = kindCompleted
 	KindDead      = kindDead
 	KindCompact   = kindCompact
+	KindMarked    = kindMarked
 	KindTomb      = kindTomb
 )
 

@@ -39,6 +39,8 @@ func rawRecord(t *testing.T, c *redis.Client, key string) []any {
 	switch r.Kind {
 	case redisstore.KindCompact:
 		return []any{r.Kind, r.Attempts, r.FirstSeen, r.LastSeen - r.FirstSeen, r.PayloadHash, r.ID}
+	case redisstore.KindMarked:
+		return []any{r.Kind, r.Attempts, r.FirstSeen, r.TTL2, r.PayloadHash, r.ID}
 	case redisstore.KindTomb:
 		return []any{r.Kind, r.Attempts, r.FirstSeen, r.LastSeen - r.FirstSeen, r.PayloadHash, r.Owner, r.Reason}
 	}
@@ -635,10 +637,12 @@ func TestStore_scripts_read_records_without_reason(t *testing.T) {
 }
 
 // A Complete that knows its claim (the middleware's, through Go: the
-// claim's ExpiresAt, lease, owner and payload hash) writes the compact
-// processed record that Complete writes, and costs the server a GET, a TIME
-// and a SET: no PEXPIRETIME. One that knows it wrong, or is not the
-// holder's, goes the common way. A payload hash of 64 hex digits is kept
+// claim's ExpiresAt, lease, owner and payload hash) writes a compact
+// processed record made by the client (kind 7: that of Complete, with the
+// retention in place of the time to processed, which Get derives from the
+// key's expiry), and costs the server a GET and a SET: no TIME, no
+// PEXPIRETIME. One that knows it wrong, or is not the holder's, goes the
+// common way. A payload hash of 64 hex digits is kept
 // as its first 16 bytes, and Get shows them.
 func TestStore_complete_knowing_its_claim(t *testing.T) {
 	t.Parallel()
@@ -670,20 +674,25 @@ func TestStore_complete_knowing_its_claim(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := claim("k", "lease-1")
-	pexpire, set := calls("pexpiretime"), calls("set")
+	pexpire, set, clock := calls("pexpiretime"), calls("set"), calls("time")
+	start := time.Now()
 	if err := goComplete("k", "lease-1", cl); err != nil {
 		t.Fatal(err)
 	}
+	end := time.Now()
 	if d := calls("pexpiretime") - pexpire; d != 0 {
 		t.Errorf("the Complete that knows its claim read PEXPIRETIME %v times, want 0", d)
+	}
+	if d := calls("time") - clock; d != 0 {
+		t.Errorf("the Complete that knows its claim read TIME %v times, want 0", d)
 	}
 	if d := calls("set") - set; d != 1 {
 		t.Errorf("the Complete that knows its claim sent %v SETs, want 1", d)
 	}
 	got, want := rawRecord(t, c, "p:k"), rawRecord(t, c, "p:ref")
 	compact := redisstore.CompactHash(hash)
-	if len(compact) != 17 || len(got) != 6 || got[0] != int64(redisstore.KindCompact) || got[1] != int64(1) || got[2] != cl.ExpiresAt.Add(-time.Minute).UnixMicro() ||
-		got[3].(int64) < 0 || got[4] != compact || got[5] != redisstore.Fingerprint("lease-1") || !slices.Equal(got[4:], want[4:]) || want[0] != got[0] {
+	if len(compact) != 17 || len(got) != 6 || got[0] != int64(redisstore.KindMarked) || got[1] != int64(1) || got[2] != cl.ExpiresAt.Add(-time.Minute).UnixMicro() ||
+		got[3] != time.Hour.Milliseconds() || got[4] != compact || got[5] != redisstore.Fingerprint("lease-1") || !slices.Equal(got[4:], want[4:]) || want[0] != int64(redisstore.KindCompact) {
 		t.Fatalf("record completed knowing its claim = %v; by Complete %v", got, want)
 	}
 	if b, err := c.Get(ctx, "p:k").Bytes(); err != nil || len(b) > 44 {
@@ -692,6 +701,11 @@ func TestStore_complete_knowing_its_claim(t *testing.T) {
 	r, err := s.Get(ctx, "k")
 	if err != nil || r.State != inbox.StateProcessed || r.Attempts != 1 || !r.FirstSeen.Equal(cl.ExpiresAt.Add(-time.Minute)) || r.Owner != "" || r.PayloadHash != hash[:32] {
 		t.Fatalf("Get = %+v, %v; want processed, first seen at the claim, no owner, the hash's first 16 bytes", r, err)
+	}
+	// Processed at the SET, to the millisecond of the Redis clock, which is
+	// this machine's.
+	if r.LastSeen.Before(start.Truncate(time.Millisecond)) || r.LastSeen.After(end) {
+		t.Fatalf("Get: last seen %v, want the Complete's time, between %v and %v", r.LastSeen, start, end)
 	}
 	if p, err := s.TryBegin(ctx, "k", inbox.BeginOptions{PayloadHash: hash}); err != nil || p.Status != inbox.Processed || p.PayloadMismatch {
 		t.Fatalf("TryBegin with the same hash = %+v, %v; want Processed, no mismatch", p, err)

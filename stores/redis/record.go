@@ -20,6 +20,7 @@ const (
 	kindDead      = 4
 	kindCompact   = 5 // processed, compact
 	kindTomb      = 6 // dead, compact
+	kindMarked    = 7 // processed, compact, by the short way of Complete
 )
 
 // record is the record of one inbox key: the values its bytes hold (see
@@ -43,11 +44,12 @@ type record struct {
 
 	// Kinds 5 and 6 hold Kind, Attempts, FirstSeen, LastSeen (as the time
 	// from FirstSeen), PayloadHash, and ID (kind 5: the lease
-	// fingerprint, 8 bytes or none) or Owner and Reason (kind 6).
+	// fingerprint, 8 bytes or none) or Owner and Reason (kind 6). Kind 7
+	// holds those of kind 5 but LastSeen, which its TTL2 gives.
 
 	// Kinds 0 and 3: the physical TTL the fresh record was written with
 	// (ttl, ms); kind 3 also the fresh record's absolute expiry (E1, ms)
-	// and its own TTL (ttl2, ms).
+	// and its own TTL (ttl2, ms), as kind 7.
 	TTL, FreshExpiry, TTL2 int64
 }
 
@@ -74,6 +76,9 @@ func (r record) encode() []byte {
 	case kindCompact:
 		b = appendInts(b, r.Attempts, r.FirstSeen, r.LastSeen-r.FirstSeen)
 		return appendStr(appendStr(b, r.PayloadHash), r.ID)
+	case kindMarked:
+		b = appendInts(b, r.Attempts, r.FirstSeen, r.TTL2)
+		return appendStr(appendStr(b, r.PayloadHash), r.ID)
 	case kindTomb:
 		b = appendInts(b, r.Attempts, r.FirstSeen, r.LastSeen-r.FirstSeen)
 		return appendStr(appendStr(appendStr(b, r.PayloadHash), r.Owner), r.Reason)
@@ -94,12 +99,11 @@ func (r record) encode() []byte {
 	return appendUint(appendStr(b, r.Reason), uint64(r.RetryAt))
 }
 
-// compactTail is the end of a compact processed record (kind 5): its
-// payload hash (compact, see compactHash) and the fingerprint of the lease
-// id that completed it.
-func compactTail(hash, leaseID string) []byte {
-	b := appendStr(make([]byte, 0, 2+len(hash)+9), hash)
-	return appendStr(b, fingerprint(leaseID))
+// marked returns the compact processed record (kind 7) that the short way
+// of Complete writes for the fast claim of leaseID at acquired (µs), with
+// the payload hash hash (compact), for a retention of ttlMS.
+func marked(leaseID, hash string, acquired, ttlMS int64) record {
+	return record{Kind: kindMarked, ID: fingerprint(leaseID), PayloadHash: hash, Attempts: 1, FirstSeen: acquired, TTL2: ttlMS}
 }
 
 // fingerprint is what a compact processed record keeps of the lease id that
@@ -168,10 +172,18 @@ func appendStr(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// appendUint appends v as a MessagePack positive fixint or uint 64.
+// appendUint appends v as a MessagePack positive fixint, uint 8, 16, 32
+// or 64, the smallest that holds it, as the scripts' cmsgpack.pack does.
 func appendUint(b []byte, v uint64) []byte {
-	if v < 0x80 {
+	switch {
+	case v < 0x80:
 		return append(b, byte(v))
+	case v <= 0xff:
+		return append(b, 0xcc, byte(v))
+	case v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case v <= 0xffffffff:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
 	}
 	return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
 }

@@ -52,9 +52,9 @@ local function fp(lid)
 end
 local function decode(v)
   local kind, a, b, c, x, y, at, fs, ls, ex, rs, ra, z = cmsgpack.unpack(v)
-  if kind == 5 or kind == 6 then
+  if kind == 5 or kind == 6 or kind == 7 then
     if type(a) ~= 'number' or type(b) ~= 'number' or type(c) ~= 'number' or type(x) ~= 'string' or type(y) ~= 'string' then return end
-    if kind == 5 and at == nil then return kind, a, b, c, x, y end
+    if kind ~= 6 and at == nil then return kind, a, b, c, x, y end
     if kind == 6 and type(at) == 'string' and fs == nil then return kind, a, b, c, x, y, at end
     return
   end
@@ -76,13 +76,15 @@ local function load()
   if kind == nil then
     return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
   end
-  if kind == 5 or kind == 6 then
-    -- kind 5: at fs d ph fp; kind 6: at fs d ph ow rs
+  if kind >= 5 then
+    -- kind 5: at fs d ph fp; kind 6: at fs d ph ow rs; kind 7: at fs ttl2 ph fp
     local e = redis.call('PEXPIRETIME', k)
     if e < 0 then return nil end
-    if kind == 5 then
+    if kind ~= 6 then
       if y ~= '' then y = '\0' .. y end
-      return 2, y, '', x, 0, 0, id, ow, ow + ph, e * 1000, '', 0
+      local ls = ow + ph
+      if kind == 7 then ls = (e - ph) * 1000 end
+      return 2, y, '', x, 0, 0, id, ow, ls, e * 1000, '', 0
     end
     return 4, '', y, x, 0, 0, id, ow, ow + ph, e * 1000, at, 0
   end
@@ -131,7 +133,7 @@ if type(kind) == 'table' then return kind end
 //	R lease-id                               Release
 //	F lease-id retry-after-µs dead reason    Fail (dead "1" or "0")
 //	M                                        MarkProcessed
-//	K lease-id fresh first-seen tail         Complete, knowing its claim
+//	K lease-id fresh compact                 Complete, knowing its claim
 //	E lease-id lease-µs                      Extend
 //
 // Replies, one per operation (one operation: its reply; several: an array
@@ -150,24 +152,20 @@ if type(kind) == 'table' then return kind end
 //   - M: 1.
 //
 // A K alone takes a short way first ("Record layouts" in doc.go). It
-// carries the fresh record its claim wrote, the claim's time (first seen,
-// µs) and the tail of the compact processed record that replaces it (its
-// payload hash and lease fingerprint), all made by the client from the
-// claim: when the key holds the fresh record, it gets the compact record
-// (GET, TIME, SET: the fenced mark at its least), and when it holds a
-// compact processed record that ends with this lease's fingerprint, it
-// answers 1. A C, or a K that finds anything else, takes the common way
-// below.
+// carries the fresh record its claim wrote and the compact processed
+// record (kind 7) that replaces it, both made by the client from the
+// claim: when the key holds the fresh record, it gets the compact one
+// (GET, SET: the fenced mark at its least), and when it holds a compact
+// processed record that ends with this lease's fingerprint, it answers 1.
+// A C, or a K that finds anything else, takes the common way below.
 var opsScript = redis.NewScript(`
-if #ARGV == 7 and ARGV[3] == 'K' then
+if #ARGV == 6 and ARGV[3] == 'K' then
   local v = redis.call('GET', KEYS[1])
   if v == ARGV[5] then
-    local t = redis.call('TIME')
-    local fs = tonumber(ARGV[6])
-    redis.call('SET', KEYS[1], '\5\1' .. cmsgpack.pack(fs, math.max(t[1] * 1000000 + t[2] - fs, 0)) .. ARGV[7], 'PX', ARGV[2])
+    redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[2])
     return 1
   end
-  if v and string.byte(v) == 5 and string.sub(v, -9) == string.sub(ARGV[7], -9) then return 1 end
+  if v and (string.byte(v) == 7 or string.byte(v) == 5) and string.sub(v, -9) == string.sub(ARGV[6], -9) then return 1 end
 end
 ` + clock + `
 local ret = tonumber(ARGV[1])
@@ -271,7 +269,7 @@ while i <= #ARGV do
     i = i + 2
   elseif op == 'K' then
     r = complete(ARGV[i + 1])
-    i = i + 5
+    i = i + 4
   elseif op == 'E' then
     r = extend(ARGV[i + 1], tonumber(ARGV[i + 2]))
     i = i + 3
