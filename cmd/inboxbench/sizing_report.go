@@ -98,7 +98,7 @@ func (r *sizingResults) markdown(b *strings.Builder) {
 	p("\n")
 	for _, t := range r.thr {
 		if t.checkpoints != "" {
-			p("%s: %s. After a checkpoint, the first change to a page goes to the WAL as the whole page (full_page_writes), and a prefilled store's claims change pages all over its primary key's index, an empty store's few.\n\n", t.store, t.checkpoints)
+			p("%s: a CHECKPOINT after each bulk load, so that the load's WAL does not force one during the trials; %s. After a checkpoint, the first change to a page goes to the WAL as the whole page (full_page_writes), and a prefilled store's claims change pages all over its primary key's index, an empty store's few.\n\n", t.store, t.checkpoints)
 		}
 	}
 }
