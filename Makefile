@@ -105,7 +105,7 @@ cover:
 ## docs/bench-results.md, docs/throughput.svg and the targets section of
 ## BENCHMARKS.md (between its inboxbench:targets markers). Needs the services
 ## of the tests (RabbitMQ, Redis, PostgreSQL, MariaDB); Kafka runs in process
-## (kfake). The last full run took 44 minutes on two quiet cores, 8 of them
+## (kfake). The last full run took 50 minutes on two quiet cores, 12 of them
 ## the sizing section (most of it the bulk loads of 5 million keys and the
 ## trials of the full stores);
 ## BENCH_FLAGS passes more flags
