@@ -113,6 +113,7 @@ type options struct {
 	sizingStores  []string
 	sizingThr     []string
 	mariadbd      string
+	pgBin         string
 	mariadbPool   string
 	redisServer   string
 
@@ -187,6 +188,7 @@ func parseFlags(args []string) (options, error) {
 	sizingThr := fs.String("sizing-prefill-stores", "redis,postgres,mariadb", "sizing section: stores whose throughput is measured prefilled: redis, postgres, mariadb")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "sizing section: the redis-server binary of the section's own servers (its Redis figures never touch -redis)")
 	fs.StringVar(&o.mariadbd, "sizing-mariadbd", "mariadbd", "sizing section: the mariadbd binary of the section's own server for the prefilled MariaDB rows (needs mariadb-install-db on PATH); empty: the server of -mysql")
+	fs.StringVar(&o.pgBin, "sizing-postgres", findPostgres(), "sizing section: the directory of initdb and postgres for the section's own server of the prefilled PostgreSQL rows (as root, it runs as the postgres user); empty: the server of -postgres")
 	fs.StringVar(&o.mariadbPool, "sizing-mariadb-pool", "4G", "sizing section: innodb_buffer_pool_size of that server, enough to hold the prefilled table")
 	fs.IntVar(&o.microN, "micro-n", 100000, "messages per repetition of the middleware micro benchmark")
 	microVariants := fs.String("micro-variants", "none,deduplicator-memory,inbox-memory", "contenders of the micro benchmark (none is the baseline; any variant of -variants may be named)")
@@ -228,6 +230,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range o.sizingThr {
 		if !slices.Contains([]string{"redis", "postgres", "mariadb"}, s) {
 			return o, fmt.Errorf("-sizing-prefill-stores: unknown store %q (known: redis, postgres, mariadb)", s)
+		}
+	}
+	if o.pgBin != "" {
+		if err := checkPostgresBin(o.pgBin); err != nil {
+			return o, err
 		}
 	}
 	if _, err := pickFailures(o.failuresVariants); err != nil {

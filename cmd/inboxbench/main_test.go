@@ -55,6 +55,12 @@ func TestRun_smoke(t *testing.T) {
 		t.Log("mariadbd or mariadb-install-db not on PATH: the prefilled MariaDB rows run on the server of -mysql")
 		ownMaria = "| mariadb | 3001 | "
 	}
+	// And the PostgreSQL rows on a postgres of its own where there is one.
+	pgBin, ownPG := findPostgres(), "PostgreSQL's rows run on a postgres of the section's own (max_wal_size "
+	if pgBin == "" {
+		t.Log("no initdb and postgres found: the prefilled PostgreSQL rows run on the server of -postgres")
+		ownPG = "| postgres | 3001 | "
+	}
 	dir := t.TempDir()
 	md, svg, bmd := filepath.Join(dir, "bench.md"), filepath.Join(dir, "chart.svg"), filepath.Join(dir, "BENCHMARKS.md")
 	above, below := "# Benchmarks\n\n## How to run it\n\nkept\n\n", "\n\n## Results\n\nkept too\n"
@@ -67,7 +73,7 @@ func TestRun_smoke(t *testing.T) {
 		"-consumers", "1,16", "-micro-n", "500", "-store-rtt", "0,250us",
 		"-roundtrip-stores", "redis", "-roundtrip-scale", "0.01",
 		"-sizing-n", "300", "-sizing-prefill", "3000", "-sizing-trial", "300ms", "-sizing-reps", "2",
-		"-sizing-stores", "redis,postgres,mariadb,sqlite,memory", "-sizing-mariadbd", mariadbd, "-sizing-mariadb-pool", "64M",
+		"-sizing-stores", "redis,postgres,mariadb,sqlite,memory", "-sizing-mariadbd", mariadbd, "-sizing-mariadb-pool", "64M", "-sizing-postgres", pgBin,
 		"-amqp", amqpURL, "-redis", redisURL, "-postgres", pgURL, "-mysql", myURL, "-kafka", "",
 		"-md", md, "-svg", svg, "-benchmarks-md", bmd,
 	})
@@ -86,7 +92,7 @@ func TestRun_smoke(t *testing.T) {
 		"## Scaling with concurrent consumers", "| 1 consumer | 16 consumers |",
 		"## Middleware cost per message", "## Store round trips", "| redis | 30 |",
 		"## Sizing: bytes per processed key", "| Redis | 300 | ", "| PostgreSQL | 300 | ", "| MariaDB | 300 | ", "| SQLite | 300 | ", "| memory | 300 | ",
-		"PostgreSQL WAL per message (claim and mark): ", "| redis | 3001 | ", "| postgres | 3001 | ", "| mariadb | 3001 | ", ownMaria,
+		"PostgreSQL WAL per message (claim and mark): ", "| redis | 3001 | ", "| postgres | 3001 | ", "| mariadb | 3001 | ", ownMaria, ownPG,
 		"postgres: a CHECKPOINT after each bulk load", " checkpoints requested by WAL volume during the trials (max_wal_size ",
 		"Load average", "RabbitMQ ", "MariaDB/MySQL ",
 		"| variant | msg/s | ratio to none | CPU µs/msg | Redis CPU µs/msg | calls/round trip |",
@@ -294,6 +300,7 @@ func TestParseFlags_rejects_bad_values(t *testing.T) {
 		{"-sizing-reps", "0"},
 		{"-sizing-stores", "redis,cassandra"},
 		{"-sizing-prefill-stores", "sqlite"},
+		{"-sizing-postgres", "/nonexistent"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)

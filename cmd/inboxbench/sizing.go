@@ -108,6 +108,8 @@ type sizingResults struct {
 	// mariaOwn describes the server of the prefilled MariaDB rows when it
 	// is the section's own; empty when it is -mysql's.
 	mariaOwn string
+	// pgOwn, the same for PostgreSQL's rows and -postgres.
+	pgOwn string
 }
 
 func (r *sizingResults) row(store string) *sizeRow {
@@ -309,6 +311,17 @@ func runSizing(ctx context.Context, o options, logf func(string, ...any)) (*sizi
 		r.mariaOwn = fmt.Sprintf("a mariadbd of the section's own (buffer pool %s, redo log %s)", o.mariadbPool, mariaRedoLog)
 		logf("sizing: mariadb: the prefilled rows run on %s on %s", r.mariaOwn, ms.addr)
 	}
+	pgThr := o.postgresURL
+	if o.sizingThrHas("postgres") && o.pgBin != "" {
+		ps, err := startPostgres(ctx, o.pgBin)
+		if err != nil {
+			return nil, fmt.Errorf("starting a postgres of the section's own (-sizing-postgres %s): %w", o.pgBin, err)
+		}
+		defer ps.close()
+		pgThr = ps.url()
+		r.pgOwn = fmt.Sprintf("a postgres of the section's own (max_wal_size %s, autovacuum off, initdb's defaults otherwise)", pgMaxWAL)
+		logf("sizing: postgres: the prefilled rows run on %s on %s", r.pgOwn, ps.addr)
+	}
 	for _, s := range o.sizingThr {
 		logf("sizing: throughput with %d retained keys, %s", o.sizingPrefill, s)
 		var row thrRow
@@ -317,7 +330,7 @@ func runSizing(ctx context.Context, o options, logf func(string, ...any)) (*sizi
 		case "redis":
 			row, err = thrRedis(ctx, o, rs, logf)
 		case "postgres":
-			row, err = thrSQL(ctx, o, s, o.postgresURL, run, logf)
+			row, err = thrSQL(ctx, o, s, pgThr, run, logf)
 		case "mariadb":
 			row, err = thrSQL(ctx, o, s, mysqlThr, run, logf)
 		default:

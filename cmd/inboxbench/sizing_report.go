@@ -81,6 +81,9 @@ func (r *sizingResults) markdown(b *strings.Builder) {
 	p("Claim and mark of new keys, %d goroutines, trials of %s: the store holding %d retained keys (bulk-loaded as copies of a record the store wrote: Redis `DUMP` and `RESTORE`, SQL `INSERT ... SELECT` of the template row with generated keys, in key order) against the same store empty (a table of its own truncated, or a redis-server of its own flushed, before each of its trials), the two alternated within each of %d repetitions. ",
 		sizingWorkers, r.trial, r.prefill, r.reps)
 	p("Then the same with, besides, keys expiring at the empty store's write rate (a second's worth of keys expiring each second, from before the first trial to after the last) and the store's janitor deleting them: the SQL store's (`cleanup_interval=1s`, batches of the default size), Redis's own expiry. Deleted per second: the expiring keys deleted during those trials over their time.")
+	if r.pgOwn != "" {
+		p(" PostgreSQL's rows run on %s, whose WAL room holds the trials' without a forced checkpoint, as docs/stores.md advises; the server of `-postgres` is not touched.", r.pgOwn)
+	}
 	if r.mariaOwn != "" {
 		p(" MariaDB's rows run on %s, whose pool holds the prefilled table; the server of `-mysql` is not touched.", r.mariaOwn)
 	}
