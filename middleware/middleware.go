@@ -650,8 +650,8 @@ func (m *msgCall) giveBack(op, why string, deadline time.Time, f func(context.Co
 // router acked, or its Release when nacked. Call it after the router has
 // stopped. When ctx ends first, Close gives the remaining leases back (those
 // keys are then handled again on redelivery) and returns an error wrapping
-// ctx.Err() without waiting for those releases. Messages arriving after
-// Close fail with [inbox.ErrClosed].
+// ctx.Err() without waiting for those releases. Either way the Inbox's own
+// goroutines end. Messages arriving after Close fail with [inbox.ErrClosed].
 func (ib *Inbox) Close(ctx context.Context) error {
 	ib.mu.Lock()
 	ib.closed = true
@@ -661,16 +661,24 @@ func (ib *Inbox) Close(ctx context.Context) error {
 	select {
 	case <-drained:
 		ib.keep.close(false)
-		if ib.stopAsync != nil {
-			ib.stopAsync()
-		}
+		ib.stopWorkers()
 		return nil
 	case <-ctx.Done():
 	}
 	ib.abandonOnce.Do(func() { close(ib.abandon) })
 	ib.keep.close(true)
+	// The releases just sent still get their answers: a call made after
+	// the workers' Close runs in a goroutine of its own.
+	ib.stopWorkers()
 	ib.log.Error("Inbox closing before every pending mark landed; giving their leases back", ctx.Err(), nil)
 	return fmt.Errorf("inbox middleware: closed before every pending mark landed; the others are abandoned: %w", ctx.Err())
+}
+
+// stopWorkers stops the workers of a store without a Go method.
+func (ib *Inbox) stopWorkers() {
+	if ib.stopAsync != nil {
+		ib.stopAsync()
+	}
 }
 
 // track counts a message in flight; false once closed. A mark left pending
