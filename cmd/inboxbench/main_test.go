@@ -1146,3 +1146,18 @@ func TestFirstFailures_exact_share_at_random_places(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnServer_exits_early: a server of the section's own that exits at
+// start (a wrong binary or flag: here one that always fails) is reported
+// as such at once, not after the wait for it to answer.
+func TestOwnServer_exits_early(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false on PATH")
+	}
+	_, err = startRedis(context.Background(), bin)
+	if err == nil || !strings.Contains(err.Error(), "exited before it answered") {
+		t.Fatalf("startRedis(%s): %v, want an error saying it exited before it answered", bin, err)
+	}
+}

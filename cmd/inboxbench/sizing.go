@@ -366,10 +366,12 @@ func (o options) sizingThrHas(s string) bool {
 // ownServer is a server process of the section's own, on a free loopback
 // port, with a directory of its own that close removes.
 type ownServer struct {
-	cmd  *exec.Cmd
-	dir  string
-	port string
-	addr string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited; err is then its Wait's
+	err    error
+	dir    string
+	port   string
+	addr   string
 }
 
 // newOwnServer finds a free loopback port and makes the directory of a
@@ -389,12 +391,14 @@ func newOwnServer(kind string) (*ownServer, error) {
 }
 
 // start runs cmd as the server, then calls ready until it succeeds, for at
-// most wait. On failure the caller closes the server.
+// most wait, or until the server exits (a wrong flag, a port taken): then
+// at once. On failure the caller closes the server.
 func (s *ownServer) start(ctx context.Context, cmd *exec.Cmd, wait time.Duration, ready func() error) error {
-	s.cmd = cmd
 	if err := cmd.Start(); err != nil {
 		return err
 	}
+	s.cmd, s.exited = cmd, make(chan struct{})
+	go func() { s.err = cmd.Wait(); close(s.exited) }()
 	deadline := time.Now().Add(wait)
 	for {
 		err := ready()
@@ -404,15 +408,31 @@ func (s *ownServer) start(ctx context.Context, cmd *exec.Cmd, wait time.Duration
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%s on %s did not answer: %w", filepath.Base(cmd.Path), s.addr, err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling for the server's start
+		select {
+		case <-s.exited:
+			return fmt.Errorf("%s on %s exited before it answered (%v): %w", filepath.Base(cmd.Path), s.addr, s.err, err)
+		case <-time.After(50 * time.Millisecond): // polling for the server's start
+		}
+	}
+}
+
+// stop ends the server with sig, or kills it after grace, and waits for
+// it to exit.
+func (s *ownServer) stop(sig os.Signal, grace time.Duration) {
+	if s.exited == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(grace):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
 	}
 }
 
 func (s *ownServer) close() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
+	s.stop(os.Kill, 0)
 	_ = os.RemoveAll(s.dir)
 }
 

@@ -122,18 +122,7 @@ func (s *pgServer) url() string {
 // close stops the server with a fast shutdown (SIGINT), so that its
 // backends end with it, and removes its directory.
 func (s *pgServer) close() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGINT)
-		done := make(chan error, 1)
-		go func() { done <- s.cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-done
-		}
-		s.cmd = nil
-	}
+	s.stop(syscall.SIGINT, 30*time.Second)
 	s.ownServer.close()
 }
 
