@@ -188,7 +188,7 @@ func (d *rdb) completion(op driver.Op) (fresh, compact []byte, ok bool) {
 	}
 	hash := compactHash(op.PayloadHash)
 	fresh = record{Kind: kindFresh, ID: op.LeaseID, Owner: op.Owner, PayloadHash: hash, Lease: leaseUS, TTL: ttl}.encode()
-	return fresh, marked(op.LeaseID, hash, acquired, (d.retUS+999)/1000).encode(), true
+	return fresh, marked(op.LeaseID, hash, acquired, d.retMS).encode(), true
 }
 
 // fastClaim is the claim of ops[i] as SET NX PX of a fresh record and

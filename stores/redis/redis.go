@@ -184,8 +184,9 @@ type rdb struct {
 	owns   bool // Close closes client
 
 	// Script arguments, formatted and boxed once.
-	retUS   int64
-	retArgs [2]any // ARGV[1] and ARGV[2] of opsScript: retention in µs, in ms rounded up
+	retUS   int64  // the retention in µs
+	retMS   int64  // in ms, rounded up: a key's TTL
+	retArgs [2]any // ARGV[1] and ARGV[2] of opsScript: retUS and retMS
 }
 
 // New returns a store over client, which may be a standalone, Sentinel
@@ -204,11 +205,13 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	opts.setDefaults()
 	retUS := micros(opts.Retention)
+	retMS := (retUS + 999) / 1000
 	d := &rdb{
 		client:  client,
 		opts:    opts,
 		retUS:   retUS,
-		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt((retUS+999)/1000, 10)},
+		retMS:   retMS,
+		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt(retMS, 10)},
 	}
 	ds, err := driver.New(d, driver.Config{
 		Name:        "redis store",
