@@ -95,6 +95,42 @@ func TestService_available(t *testing.T) {
 	}
 }
 
+// Available reports whether a service answers, as a list of hosts
+// (KAFKA_BROKERS) all of which must answer, and never skips, fails or
+// records a skip, even when services are required: a test that stands in
+// for a missing service (examples/kafka's, with kfake) asks it.
+func TestService_Available_neither_skips_nor_records(t *testing.T) {
+	skipFile := filepath.Join(t.TempDir(), "skips")
+	t.Setenv("INBOX_SKIP_FILE", skipFile)
+	t.Setenv("INBOX_REQUIRE_SERVICES", "1")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	up, down := ln.Addr().String(), closedPort(t)
+	t.Setenv("INBOX_TEST_AVAILABLE_UP", up+","+up)
+	t.Setenv("INBOX_TEST_AVAILABLE_DOWN", up+","+down)
+	t.Setenv("INBOX_TEST_AVAILABLE_UNSET", "")
+	for _, c := range []struct {
+		env  string
+		want string
+		ok   bool
+	}{
+		{"INBOX_TEST_AVAILABLE_UP", up + "," + up, true},
+		{"INBOX_TEST_AVAILABLE_DOWN", up + "," + down, false},
+		{"INBOX_TEST_AVAILABLE_UNSET", "", false},
+	} {
+		got, ok := testenv.Service{Name: "kafka", Env: c.env}.Available()
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: Available() = %q, %v; want %q, %v", c.env, got, ok, c.want, c.ok)
+		}
+	}
+	if data, err := os.ReadFile(skipFile); err == nil || !os.IsNotExist(err) {
+		t.Errorf("Available recorded a skip: %q (%v)", data, err)
+	}
+}
+
 // A program missing from PATH skips the test (recorded for the summary),
 // or fails it when services are required; one that is there is found.
 func TestProgram(t *testing.T) {
