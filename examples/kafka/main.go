@@ -8,7 +8,10 @@
 // MaxAttempts 3 the third failure of the poison order marks its key dead,
 // and a poison queue outside the inbox moves the message to a poison topic.
 //
-//	go run ./examples/kafka
+//	cd examples/kafka && go run .
+//
+// The example is a module of its own: the kfake it runs without brokers
+// needs a newer Go than the library's module asks for.
 //
 // Environment:
 //

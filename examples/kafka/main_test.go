@@ -77,11 +77,11 @@ func names(t *testing.T, out string) (topic, group string) {
 	return strings.TrimSuffix(topic, ","), group
 }
 
-// TestRun_embedded runs the example as `go run ./examples/kafka` does without
-// KAFKA_BROKERS (an in-process kfake cluster) with the default store, twice
-// with one SQLite file: each run charges every order once, skips the
-// duplicates, retries the failed charge (through the retry topics) and moves
-// the poison order to the poison topic after 3 attempts.
+// TestRun_embedded runs the example as `go run .` does without KAFKA_BROKERS
+// (an in-process kfake cluster) with the default store, twice with one
+// SQLite file: each run charges every order once, skips the duplicates,
+// retries the failed charge (through the retry topics) and moves the poison
+// order to the poison topic after 3 attempts.
 func TestRun_embedded(t *testing.T) {
 	t.Chdir(t.TempDir())
 	for _, name := range []string{"run 1", "run 2"} {
@@ -168,14 +168,14 @@ func TestRun_bad_store_url_names_the_parameter(t *testing.T) {
 	}
 }
 
-// TestREADME_summary runs the README's command for this example, `go run
-// ./examples/kafka` (built, then run in a directory of its own, where the
-// default store file goes), with KAFKA_BROKERS unset (an in-process kfake
-// cluster), and wants the README's summary lines, one after the other, in
-// what it prints.
+// TestREADME_summary runs the README's command for this example, `cd
+// examples/kafka && go run .` (built in examples/kafka, a module of its own,
+// then run in a directory of its own, where the default store file goes),
+// with KAFKA_BROKERS unset (an in-process kfake cluster), and wants the
+// README's summary lines, one after the other, in what it prints.
 func TestREADME_summary(t *testing.T) {
 	t.Parallel()
-	const command = "$ go run ./examples/kafka"
+	const command = "$ cd examples/kafka && go run ."
 	var summary []string
 	found := false
 	for _, l := range readme.RunBy(t)[0].Lines() {
@@ -192,8 +192,8 @@ func TestREADME_summary(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kafka")
-	build := exec.Command("go", "build", "-o", bin, "./examples/kafka")
-	build.Dir = readme.Root(t)
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join(readme.Root(t), "examples", "kafka")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
