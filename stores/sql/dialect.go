@@ -483,9 +483,9 @@ FROM ` + t + ` WHERE msg_key = $1`,
 
 		cleanup: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 DELETE FROM ` + t + ` AS t USING n
-WHERE t.expires_at <= n.now AND t.msg_key IN (
-	SELECT d.msg_key FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
-	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+WHERE t.expires_at <= n.now AND t.ctid = ANY(ARRAY(
+	SELECT d.ctid FROM ` + t + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
+	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
 		backlog: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT count(*) FROM (

@@ -1676,9 +1676,9 @@ FROM n WHERE t.msg_key = $2 AND t.state = 0 AND t.expires_at > n.now AND t.lease
 -- Parameters: $1 CleanupBatch.
 WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 DELETE FROM "inbox" AS t USING n
-WHERE t.expires_at <= n.now AND t.msg_key IN (
-	SELECT d.msg_key FROM "inbox" AS d WHERE d.expires_at <= (SELECT now FROM n)
-	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED);
+WHERE t.expires_at <= n.now AND t.ctid = ANY(ARRAY(
+	SELECT d.ctid FROM "inbox" AS d WHERE d.expires_at <= (SELECT now FROM n)
+	ORDER BY d.expires_at LIMIT $1 FOR UPDATE SKIP LOCKED));
 
 -- name: cleanup-backlog
 -- Backlog (inboxctl cleanup), and the janitor after each pass: counts the
