@@ -358,23 +358,32 @@ func TestInbox_handler_error_releases_before_returning(t *testing.T) {
 	}
 }
 
-func TestInbox_close_drains_pending_marks(t *testing.T) {
-	t.Parallel()
-	store := newMemory(t)
+// ackOneOfTwo returns an Inbox over store that has handled a message of
+// id acked and one of id waiting: the first acked, its mark sent; the
+// second never acked, its mark pending.
+func ackOneOfTwo(t *testing.T, store inbox.Store, acked, waiting string) *inboxmw.Inbox {
+	t.Helper()
 	ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "test", Group: "g", Alias: staticAlias()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	acked, waiting := msgFor("d-1"), msgFor("d-2")
-	for _, m := range []*message.Message{acked, waiting} {
+	a, w := msgFor(acked), msgFor(waiting)
+	for _, m := range []*message.Message{a, w} {
 		if _, err := call(ib, okWithOutput, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	acked.Ack()
+	a.Ack()
+	return ib
+}
+
+func TestInbox_close_drains_pending_marks(t *testing.T) {
+	t.Parallel()
+	store := newMemory(t)
+	ib := ackOneOfTwo(t, store, "d-1", "d-2")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	err = ib.Close(ctx) // d-2 is never acked: Close gives up on it
+	err := ib.Close(ctx) // d-2 is never acked: Close gives up on it
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close: %v, want a deadline error for the never-acked message", err)
 	}
