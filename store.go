@@ -162,6 +162,17 @@ type BeginOptions struct {
 	// [MaxPayloadHashLen] bytes.
 	PayloadHash string
 
+	// OrderKey puts the message in the order of the messages that share
+	// it (an aggregate's id, a Kafka record's key): while an earlier
+	// message of OrderKey has failed and is not processed yet (its
+	// [LeaseStore.Fail] carried the same [FailOptions.OrderKey]), TryBegin
+	// answers [Behind] and the store remembers the key's place among the
+	// messages waiting behind it, so that they run one at a time, in the
+	// order they first arrived. Empty: no order. At most [MaxKeyLen]
+	// bytes of valid UTF-8 without NUL, like a key; a store that cannot
+	// keep order (see [OrderAdmin]) fails with [ErrNotSupported].
+	OrderKey string
+
 	// Retry says the key was most likely claimed before: the message is a
 	// copy handed back after a failed attempt (the middleware sets it for
 	// a message carrying inboxmw.MetadataAttempts). It is a hint for the
@@ -187,12 +198,17 @@ const (
 	// Dead: the key was marked dead by a failed attempt; the message is not
 	// to be processed until an operator forgets the key.
 	Dead
+	// Behind: an earlier message of the claim's [BeginOptions.OrderKey]
+	// failed and is not processed yet; the key waits its turn behind it
+	// (Claim.RetryAfter hints when to try again). An extension of
+	// protocol v1, as Dead is.
+	Behind
 )
 
-var statusNames = [...]string{Acquired: "Acquired", Processed: "Processed", Busy: "Busy", Dead: "Dead"}
+var statusNames = [...]string{Acquired: "Acquired", Processed: "Processed", Busy: "Busy", Dead: "Dead", Behind: "Behind"}
 
 // String returns the protocol v1 name of s ("Acquired", "Processed", "Busy",
-// and "Dead", an extension of the protocol).
+// and "Dead" and "Behind", extensions of the protocol).
 func (s Status) String() string {
 	if s > 0 && int(s) < len(statusNames) {
 		return statusNames[s]
@@ -230,7 +246,9 @@ type Claim struct {
 	Lease time.Duration
 
 	// RetryAfter is the time the live lease or the backoff has left, when
-	// Status is Busy.
+	// Status is Busy. With Behind, the time the backoff of the message the
+	// key waits behind has left, zero when that is not known (the message
+	// is running, or has not come back yet).
 	RetryAfter time.Duration
 
 	// BackingOff is true, with Busy, when no lease is live and the key is
@@ -348,6 +366,45 @@ type FailOptions struct {
 	// payload), for [Record.Reason] and [Claim.Reason]. At most
 	// [MaxReasonLen] bytes of valid UTF-8 without NUL; see [TruncateReason].
 	Reason string
+
+	// OrderKey is the [BeginOptions.OrderKey] of the failed attempt's
+	// message: from this Fail on, the later messages of OrderKey wait
+	// behind the key (TryBegin answers [Behind]) until it is processed. A
+	// dead key keeps them waiting until an operator lets them go
+	// ([OrderAdmin.ReleaseOrder]). Empty: no order.
+	OrderKey string
+}
+
+// OrderAdmin is the side of a store that keeps the order of
+// [BeginOptions.OrderKey]: whether it does, what an order key waits on,
+// and letting it go.
+type OrderAdmin interface {
+	// KeepsOrder reports whether the store keeps order. When false,
+	// TryBegin and Fail with an OrderKey, Order and ReleaseOrder fail with
+	// [ErrNotSupported].
+	KeepsOrder() bool
+
+	// Order returns what the store holds for orderKey: the key at the
+	// head (the failed message the others wait behind, or the next one to
+	// run) and the keys waiting behind it, in their order. A key nothing
+	// waits on is an [OrderGate] with Head "" and a nil error.
+	Order(ctx context.Context, orderKey string) (OrderGate, error)
+
+	// ReleaseOrder lets the messages of orderKey go past head, when head is
+	// still at the head (a dead key, or a message that will never come
+	// back): the next waiting key runs next. It fails with
+	// [ErrLeaseLost] when head is no longer the head.
+	ReleaseOrder(ctx context.Context, orderKey, head string) error
+}
+
+// OrderGate is what an [OrderAdmin] holds for one order key.
+type OrderGate struct {
+	// Head is the key the others wait behind: processed, it lets the
+	// first of Waiting run.
+	Head string
+	// Waiting are the keys waiting behind Head, in the order their
+	// messages first arrived.
+	Waiting []string
 }
 
 // Admin is the operators' side of a store, used by cmd/inboxctl: it lists
