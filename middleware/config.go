@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
@@ -140,6 +141,19 @@ type Config struct {
 	// RedeliveryMinDelay is the shortest wait that Redelivery takes over.
 	// Default [DefaultRedeliveryMinDelay] (1 ms).
 	RedeliveryMinDelay time.Duration
+
+	// OrderKey gives a message's order key (an aggregate's id; for Kafka's
+	// record key, inboxkafka.OrderByRecordKey): the messages of one order
+	// key that a queue or partition delivers in order run in that order,
+	// also when one of them fails and Redelivery holds its backoff. The
+	// later ones then wait behind it (the store answers [inbox.Behind] and
+	// keeps their order; each is handed to Redelivery in turn), while
+	// messages of other order keys go on. A dead message keeps its order
+	// key waiting until an operator lets it go ([inbox.OrderAdmin]).
+	// "" gives a message no order; an error nacks it. The store must keep
+	// order ([inbox.OrderAdmin]); New refuses one that does not, and a
+	// TxStore. Default none: no order beyond the broker's.
+	OrderKey func(*message.Message) (string, error)
 
 	// Tracer receives each message's claim, store calls and hand-offs.
 	// Default none; inboxotel.New(tracerProvider) records them as spans.

@@ -92,6 +92,12 @@ func New(cfg Config) (*Inbox, error) {
 		ib.leases = plainLeases{s}
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
+	if cfg.OrderKey != nil {
+		if oa, ok := cfg.Store.(inbox.OrderAdmin); ib.txs != nil || !ok || !oa.KeepsOrder() {
+			return nil, fmt.Errorf("%w: inbox middleware: Config.OrderKey is set, and the store (%T) does not keep the order of order keys",
+				inbox.ErrNotSupported, cfg.Store)
+		}
+	}
 	if ib.txs == nil {
 		if g, ok := cfg.Store.(goer); ok {
 			ib.async = g
@@ -125,6 +131,7 @@ type msgCall struct {
 	msg      *message.Message
 	handler  string
 	key      string
+	order    string    // the store's order key (orderOf), "" for none
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
 	lease    *lease    // the lease acquired; nil before, and without one
@@ -139,6 +146,11 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		return m.keyError(err)
 	}
 	m.key = key
+	if m.order, err = ib.orderOf(msg, key); err != nil {
+		m.trace("key_error")
+		ib.log.Error("Cannot read the message's order key (Config.OrderKey); message nacked", err, m.fields())
+		return nil, err
+	}
 	if !ib.track() {
 		m.trace("closed")
 		return nil, errClosed
@@ -333,7 +345,7 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 		// message context at ack, so the claim must not depend on it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID(),
+	opts := inbox.BeginOptions{Owner: ib.cfg.Owner, Lease: ib.cfg.Lease, LeaseID: inbox.NewLeaseID(), OrderKey: m.order,
 		Retry: m.msg.Metadata.Get(MetadataAttempts) != ""} // a copy of a failed attempt
 	if ib.cfg.PayloadHash != PayloadHashOff {
 		sum := sha256.Sum256(m.msg.Payload)
@@ -422,8 +434,16 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
 			return err
 		})
-		if err != nil || c.Status != inbox.Busy {
+		if err != nil || c.Status != inbox.Busy && c.Status != inbox.Behind {
 			return c, sent, err
+		}
+		if c.Status == inbox.Behind {
+			// Waiting behind an earlier message of its order key: its
+			// turn comes once that one is processed, at a time nobody
+			// knows, so the broker holds it for the time the other's
+			// backoff has left, or its shortest delay.
+			c.RetryAfter = max(c.RetryAfter, m.ib.cfg.RedeliveryMinDelay)
+			c.BackingOff = true
 		}
 		if c.BackingOff && handOff && m.redeliverable(c.RetryAfter) {
 			handOff = false // a failed hand-off falls back to waiting
@@ -587,7 +607,7 @@ func (m *msgCall) failAttempt(why string, permanent bool) (dead bool, backoff ti
 		return false, 0
 	}
 	cfg := m.ib.cfg
-	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512)}
+	opts := inbox.FailOptions{Reason: inbox.TruncateReason(why, 512), OrderKey: m.order}
 	if m.attempts > 0 {
 		if opts.Dead = permanent || cfg.MaxAttempts > 0 && m.attempts >= cfg.MaxAttempts; !opts.Dead {
 			opts.RetryAfter = cfg.Backoff(m.attempts)

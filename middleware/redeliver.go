@@ -2,12 +2,16 @@ package inboxmw
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/keying"
 )
 
@@ -51,6 +55,13 @@ const (
 	// for the transactional mode, whose store counts none: its backoff is
 	// Config.Backoff of this count.
 	MetadataAttempts = "inbox_attempts"
+
+	// MetadataOrderKey holds the order key the copy's message had in the
+	// store (Config.OrderKey, scoped to the inbox key's bus, group and
+	// alias), so that a copy keeps its place whatever the broker does to
+	// the original's record key or headers. Read only with a MetadataKey
+	// that is this inbox's.
+	MetadataOrderKey = "inbox_order_key"
 )
 
 // DefaultRedeliveryMinDelay is the default of Config.RedeliveryMinDelay:
@@ -78,6 +89,49 @@ func (ib *Inbox) keyOf(msg *message.Message) (string, error) {
 	return key, err
 }
 
+// orderOf returns the order key of msg, whose inbox key is key, as the
+// store gets it: "" without Config.OrderKey or when it gives none; the one
+// a copy carries (MetadataOrderKey) when it is scoped as key is; else
+// Config.OrderKey's, scoped by key's bus, group and alias (the part of key
+// before its id), as a hash (keying.HashID) when it could not be a key's
+// id.
+func (ib *Inbox) orderOf(msg *message.Message, key string) (string, error) {
+	if ib.cfg.OrderKey == nil || key == "" {
+		return "", nil
+	}
+	scope := key[:scopeLen(key)]
+	if carried := msg.Metadata.Get(MetadataOrderKey); carried != "" && msg.Metadata.Get(MetadataKey) == key &&
+		len(carried) > len(scope) && carried[:len(scope)] == scope {
+		return carried, nil
+	}
+	id, err := ib.cfg.OrderKey(msg)
+	if err != nil {
+		return "", fmt.Errorf("inbox middleware: Config.OrderKey: %w", err)
+	}
+	if id == "" {
+		return "", nil
+	}
+	if !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0 || len(scope)+len(id) > inbox.MaxKeyLen {
+		id = keying.HashID(id)
+	}
+	return scope + id, nil
+}
+
+// scopeLen is the length of key's bus, group and alias with the colon
+// after them: bus, group and alias hold no raw colon (keying escapes
+// them), so the third colon ends them.
+func scopeLen(key string) int {
+	n := 0
+	for i := 0; i < len(key); i++ {
+		if key[i] == ':' {
+			if n++; n == 3 {
+				return i + 1
+			}
+		}
+	}
+	return len(key)
+}
+
 // redeliverable reports whether a wait of d goes to Config.Redelivery: one
 // is configured, d is at least RedeliveryMinDelay, and the message came
 // through a router (its topic is known).
@@ -100,6 +154,9 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 		cp.Metadata.Set(MetadataKey, m.key)
 	}
 	cp.Metadata.Set(MetadataAttempts, strconv.Itoa(attempts))
+	if m.order != "" {
+		cp.Metadata.Set(MetadataOrderKey, m.order)
+	}
 	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
 	ctx, cancel := context.WithTimeout(base, ib.cfg.StoreTimeout)
 	start := time.Now()
@@ -119,7 +176,7 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 		ib.log.Error("Handler failed; the message is handed to the broker, which delivers it again after the backoff", cause, fields)
 	} else {
 		m.report(OutcomeRedelivered)
-		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff; the message is handed to the broker for the rest", fields)
+		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff, its own or an earlier message's of its order key; the message is handed to the broker for the rest", fields)
 	}
 	return nil
 }

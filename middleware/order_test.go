@@ -1,0 +1,116 @@
+package inboxmw_test
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testenv"
+	"github.com/watermill-inbox/inbox/middleware"
+)
+
+// byAccount is a Config.OrderKey: the message's "account" metadata.
+func byAccount(m *message.Message) (string, error) { return m.Metadata.Get("account"), nil }
+
+// ofAccount returns order id of account acct.
+func ofAccount(id, acct string) *message.Message {
+	m := order(id)
+	m.Metadata.Set("account", acct)
+	return m
+}
+
+// effects records the order in which the handler's effects were applied.
+type effects struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (e *effects) apply(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ids = append(e.ids, id)
+}
+
+func (e *effects) get() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.ids)
+}
+
+// only keeps the ids of ids that are in keep, in their order.
+func only(ids []string, keep ...string) []string {
+	return slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !slices.Contains(keep, id) })
+}
+
+// A store that does not keep order, and the transactional mode, are
+// refused at New when Config.OrderKey is set.
+func TestNew_order_key_needs_a_store_that_keeps_order(t *testing.T) {
+	t.Parallel()
+	_, err := inboxmw.New(inboxmw.Config{Store: plainStore{newMemory(t)}, Bus: "test", Group: "g", OrderKey: byAccount})
+	if !errors.Is(err, inbox.ErrNotSupported) {
+		t.Fatalf("New with OrderKey over a plain store: %v, want ErrNotSupported", err)
+	}
+	if _, err := inboxmw.New(inboxmw.Config{Store: newMemory(t), Bus: "test", Group: "g", OrderKey: byAccount}); err != nil {
+		t.Fatalf("New with OrderKey over the memory store: %v", err)
+	}
+}
+
+// With an order key, the messages of one account that arrive after a
+// failed one wait behind it in the broker, and run after it in their
+// order; another account's messages run at once.
+func TestOrderKey_later_messages_wait_behind_a_failed_one(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	broker := &fakeBroker{pub: ps}
+	const backoff = 300 * time.Millisecond
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(backoff), OrderKey: byAccount})
+	var fx effects
+	var rs runs
+	var errs atomic.Int32
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		id := m.Metadata.Get("IdempotencyKey")
+		if rs.add(id) == 1 && id == "a1" {
+			return nil, errBoom
+		}
+		fx.apply(id)
+		return nil, nil
+	}, countingErrors(&errs))
+
+	publish(t, ps, ofAccount("a1", "A"))
+	testenv.Eventually(t, 5*time.Second, "a1's failed attempt handed off", func() bool { return len(broker.handoffs()) == 1 })
+	publish(t, ps, ofAccount("a2", "A"), ofAccount("a3", "A"), ofAccount("b1", "B"))
+	testenv.Eventually(t, 5*time.Second, "b1 processed", func() bool { return slices.Contains(fx.get(), "b1") })
+	if got := only(fx.get(), "a1", "a2", "a3"); len(got) != 0 && time.Since(rs.get("a1")[0]) < backoff {
+		t.Fatalf("account A's messages %v ran while a1 waited out its backoff", got)
+	}
+	testenv.Eventually(t, 10*time.Second, "account A's messages processed", func() bool { return len(only(fx.get(), "a1", "a2", "a3")) == 3 })
+
+	if got, want := only(fx.get(), "a1", "a2", "a3"), []string{"a1", "a2", "a3"}; !slices.Equal(got, want) {
+		t.Fatalf("account A's effects in the order %v, want %v", got, want)
+	}
+	for _, id := range []string{"a2", "a3"} {
+		if n := len(rs.get(id)); n != 1 {
+			t.Errorf("%s's handler ran %d times, want once: a message waiting its turn does not run", id, n)
+		}
+	}
+	// The copies carry the order key as the store has it.
+	for _, h := range broker.handoffs() {
+		if got, want := h.meta.Get(inboxmw.MetadataOrderKey), "test:g:orders-handler:A"; got != want {
+			t.Fatalf("a copy of %s carries the order key %q, want %q", h.meta.Get("IdempotencyKey"), got, want)
+		}
+	}
+	if n := errs.Load(); n != 0 {
+		t.Fatalf("the middleware returned %d errors; a message handed off is acked", n)
+	}
+	testenv.Eventually(t, 5*time.Second, "the order key released", func() bool {
+		g, err := store.Order(t.Context(), "test:g:orders-handler:A")
+		return err == nil && g.Head == "" && len(g.Waiting) == 0
+	})
+}
