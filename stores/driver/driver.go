@@ -20,7 +20,10 @@
 //     ErrStoreUnavailable and context.DeadlineExceeded; a canceled caller
 //     gets context.Canceled; every message names the store, the operation
 //     and the key;
-//   - batching ([Config.Batch]) and its statistics ([Store.BatchStats]).
+//   - batching ([Config.Batch]) and its statistics ([Store.BatchStats]);
+//   - order keys ([inbox.BeginOptions.OrderKey]): validated, and refused
+//     with [inbox.ErrNotSupported] unless the driver keeps order
+//     ([Config.Order], [Orderer]).
 //
 // # Batching
 //
@@ -46,9 +49,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/batch"
@@ -102,13 +107,16 @@ type Op struct {
 	// positive.
 	Lease time.Duration
 
-	// Owner, PayloadHash and Retry are the Claim's [inbox.BeginOptions]
-	// fields.
+	// Owner, PayloadHash, OrderKey and Retry are the Claim's
+	// [inbox.BeginOptions] fields. OrderKey is empty unless the driver
+	// keeps order ([Config.Order]).
 	Owner       string
 	PayloadHash string
+	OrderKey    string
 	Retry       bool
 
-	// Failure holds a Fail's options.
+	// Failure holds a Fail's options; its OrderKey is empty unless the
+	// driver keeps order.
 	Failure inbox.FailOptions
 
 	// ExpiresAt is, for a Complete whose caller knows it, the ExpiresAt of
@@ -159,6 +167,18 @@ type Driver interface {
 	Close() error
 }
 
+// Orderer is what a [Driver] that keeps order ([Config.Order]) implements
+// besides: the operators' side of [inbox.OrderAdmin]. Its Apply then
+// answers a Claim with an OrderKey [inbox.Behind] while another key of the
+// order key is at its head, and a Fail with an OrderKey puts the key at
+// the head when nothing is.
+type Orderer interface {
+	// Order is [inbox.OrderAdmin.Order].
+	Order(ctx context.Context, orderKey string) (inbox.OrderGate, error)
+	// ReleaseOrder is [inbox.OrderAdmin.ReleaseOrder].
+	ReleaseOrder(ctx context.Context, orderKey, head string) error
+}
+
 // Config configures [New].
 type Config struct {
 	// Name names the store in errors, e.g. "redis store". Required.
@@ -192,6 +212,13 @@ type Config struct {
 	// heartbeats that fall due together share a round trip. Without it the
 	// layer makes each Extend op of a batch a call of Driver.Extend.
 	BatchExtend bool
+
+	// Order says that the driver keeps the order of order keys
+	// ([inbox.BeginOptions.OrderKey]) and implements [Orderer]. Without
+	// it, the layer refuses TryBegin and Fail with an OrderKey, Order and
+	// ReleaseOrder with [inbox.ErrNotSupported], and [Store.KeepsOrder]
+	// is false.
+	Order bool
 
 	// InProcess says that the driver keeps its records in this process and
 	// that its calls never wait on I/O (the memory store): [Store.Go] then
@@ -235,6 +262,7 @@ type Store struct {
 	cfg    Config
 	b      *batch.Batcher[Op, inbox.Claim] // nil without batching
 	pool   *batch.Batcher[Op, inbox.Claim] // Go's workers (batches of one); nil with b or InProcess
+	ord    Orderer                         // nil without Config.Order
 	closed atomic.Bool
 	stats  BatchCounter
 }
@@ -243,6 +271,7 @@ var (
 	_ inbox.LeaseStore        = (*Store)(nil)
 	_ inbox.Admin             = (*Store)(nil)
 	_ inbox.RetentionReporter = (*Store)(nil)
+	_ inbox.OrderAdmin        = (*Store)(nil)
 )
 
 // New returns the portable store over d.
@@ -260,6 +289,13 @@ func New(d Driver, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: %s: default lease %s is outside (0, %s]", inbox.ErrInvalidLease, cfg.Name, cfg.Lease, cfg.MaxLease)
 	}
 	s := &Store{d: d, cfg: cfg}
+	if cfg.Order {
+		ord, ok := d.(Orderer)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s: Config.Order is set but the driver (%T) is no driver.Orderer", inbox.ErrInvalidArgument, cfg.Name, d)
+		}
+		s.ord = ord
+	}
 	switch {
 	case cfg.Workers < 0:
 		return nil, fmt.Errorf("%w: %s: %d workers", inbox.ErrInvalidArgument, cfg.Name, cfg.Workers)
@@ -295,7 +331,7 @@ func (s *Store) Close() error {
 
 // TryBegin implements [inbox.LeaseStore].
 func (s *Store) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
-	return s.do(ctx, Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash, Retry: opts.Retry})
+	return s.do(ctx, Op{Kind: Claim, Key: key, LeaseID: opts.LeaseID, Lease: opts.Lease, Owner: opts.Owner, PayloadHash: opts.PayloadHash, OrderKey: opts.OrderKey, Retry: opts.Retry})
 }
 
 // Complete implements [inbox.LeaseStore].
@@ -395,6 +431,59 @@ func (s *Store) ForceRelease(ctx context.Context, key string) error {
 	return s.byKey(ctx, "ForceRelease", key, s.d.ForceRelease)
 }
 
+// KeepsOrder implements [inbox.OrderAdmin]: [Config.Order].
+func (s *Store) KeepsOrder() bool { return s.cfg.Order }
+
+// Order implements [inbox.OrderAdmin].
+func (s *Store) Order(ctx context.Context, orderKey string) (inbox.OrderGate, error) {
+	if err := s.checkOrder("Order", orderKey, orderKey); err != nil {
+		return inbox.OrderGate{}, err
+	}
+	return call(s, ctx, "Order", orderKey, func(ctx context.Context) (inbox.OrderGate, error) { return s.ord.Order(ctx, orderKey) })
+}
+
+// ReleaseOrder implements [inbox.OrderAdmin].
+func (s *Store) ReleaseOrder(ctx context.Context, orderKey, head string) error {
+	if err := inbox.ValidateKey(head); err != nil {
+		return err
+	}
+	if err := s.checkOrder("ReleaseOrder", orderKey, orderKey); err != nil {
+		return err
+	}
+	_, err := call(s, ctx, "ReleaseOrder", orderKey, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, s.ord.ReleaseOrder(ctx, orderKey, head)
+	})
+	return err
+}
+
+// checkOrder refuses orderKey, the OrderKey of the call op on key, when it
+// is not a valid key or the store does not keep order.
+func (s *Store) checkOrder(op, key, orderKey string) error {
+	if err := validateOrderKey(orderKey); err != nil {
+		return err
+	}
+	if !s.cfg.Order {
+		return fmt.Errorf("%s: %s %q: %w: the store keeps no order (OrderKey %q)", s.cfg.Name, op, key, inbox.ErrNotSupported, orderKey)
+	}
+	return nil
+}
+
+// validateOrderKey checks an OrderKey as [inbox.ValidateKey] checks a
+// key, naming the field.
+func validateOrderKey(k string) error {
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: OrderKey is empty", inbox.ErrInvalidKey)
+	case len(k) > inbox.MaxKeyLen:
+		return fmt.Errorf("%w: OrderKey is %d bytes, longer than the limit of %d (OrderKey starts %q)", inbox.ErrInvalidKey, len(k), inbox.MaxKeyLen, k[:32])
+	case !utf8.ValidString(k):
+		return fmt.Errorf("%w: OrderKey %q is not valid UTF-8", inbox.ErrInvalidKey, k)
+	case strings.IndexByte(k, 0) >= 0:
+		return fmt.Errorf("%w: OrderKey %q holds a NUL byte", inbox.ErrInvalidKey, k)
+	}
+	return nil
+}
+
 func (s *Store) byKey(ctx context.Context, op, key string, f func(context.Context, string) error) error {
 	if err := inbox.ValidateKey(key); err != nil {
 		return err
@@ -443,6 +532,9 @@ func (s *Store) check(ctx context.Context, op *Op) error {
 		if err == nil {
 			err = s.checkLease(op.Lease)
 		}
+		if err == nil && op.OrderKey != "" {
+			err = s.checkOrder(op.Kind.String(), op.Key, op.OrderKey)
+		}
 		if op.Lease == 0 {
 			op.Lease = s.cfg.Lease
 		}
@@ -457,6 +549,9 @@ func (s *Store) check(ctx context.Context, op *Op) error {
 		err = inbox.ValidateHolder(op.Key, op.LeaseID)
 		if err == nil {
 			err = op.Failure.Validate()
+		}
+		if err == nil && op.Failure.OrderKey != "" {
+			err = s.checkOrder(op.Kind.String(), op.Key, op.Failure.OrderKey)
 		}
 		if op.Failure.Dead {
 			op.Failure.RetryAfter = 0
@@ -519,10 +614,24 @@ func (s *Store) answer(callCtx context.Context, op Op, c inbox.Claim, err error)
 	if err != nil {
 		return inbox.Claim{}, s.fail(callCtx, op.Kind.String(), op.Key, err)
 	}
-	if op.Kind == Claim && (c.Status < inbox.Acquired || c.Status > inbox.Dead || (c.Status == inbox.Acquired && c.LeaseID == "")) {
+	if op.Kind == Claim && !validClaim(op, c) {
 		return inbox.Claim{}, s.fail(callCtx, op.Kind.String(), op.Key, fmt.Errorf("%w: the driver answered %+v", inbox.ErrStoreUnavailable, c))
 	}
 	return c, nil
+}
+
+// validClaim reports whether c is an answer the driver may give to op, a
+// Claim: Behind only to a claim with an OrderKey.
+func validClaim(op Op, c inbox.Claim) bool {
+	switch c.Status {
+	case inbox.Acquired:
+		return c.LeaseID != ""
+	case inbox.Processed, inbox.Busy, inbox.Dead:
+		return true
+	case inbox.Behind:
+		return op.OrderKey != ""
+	}
+	return false
 }
 
 // one holds the arguments of an unbatched Apply, reused through ones.

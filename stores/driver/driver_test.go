@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -517,5 +518,124 @@ func TestNew_refuses_negative_workers(t *testing.T) {
 	t.Parallel()
 	if _, err := driver.New(&fake{}, driver.Config{Name: "x", Workers: -1}); !errors.Is(err, inbox.ErrInvalidArgument) {
 		t.Fatalf("Workers -1: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// orderFake is a fake that keeps order: it answers claims with an OrderKey
+// Behind and records the Order and ReleaseOrder calls.
+type orderFake struct {
+	fake
+	orders []string
+}
+
+func (f *orderFake) Order(_ context.Context, orderKey string) (inbox.OrderGate, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.orders = append(f.orders, "Order "+orderKey)
+	return inbox.OrderGate{Head: "h", Waiting: []string{"w"}}, nil
+}
+
+func (f *orderFake) ReleaseOrder(_ context.Context, orderKey, head string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.orders = append(f.orders, "ReleaseOrder "+orderKey+" "+head)
+	if head != "h" {
+		return fmt.Errorf("%w: head is h", inbox.ErrLeaseLost)
+	}
+	return nil
+}
+
+// A store whose driver keeps no order refuses order keys, Order and
+// ReleaseOrder with ErrNotSupported naming the store, after validating
+// them, without calling the driver.
+func TestStore_order_keys_not_kept(t *testing.T) {
+	t.Parallel()
+	f := &fake{}
+	s := newStore(t, f, driver.Config{})
+	ctx := context.Background()
+	if s.KeepsOrder() {
+		t.Fatal("KeepsOrder without Config.Order")
+	}
+	for name, err := range map[string]error{
+		"TryBegin":     errOf(s.TryBegin(ctx, "k", inbox.BeginOptions{OrderKey: "o"})),
+		"Fail":         s.Fail(ctx, "k", "l", inbox.FailOptions{OrderKey: "o"}),
+		"Order":        errOf(s.Order(ctx, "o")),
+		"ReleaseOrder": s.ReleaseOrder(ctx, "o", "k"),
+	} {
+		if !errors.Is(err, inbox.ErrNotSupported) || !strings.Contains(err.Error(), "fake store: "+name) {
+			t.Errorf("%s: %v, want ErrNotSupported naming the store and the call", name, err)
+		}
+	}
+	long := strings.Repeat("o", inbox.MaxKeyLen+1)
+	for name, err := range map[string]error{
+		"TryBegin long": errOf(s.TryBegin(ctx, "k", inbox.BeginOptions{OrderKey: long})),
+		"Fail nul":      s.Fail(ctx, "k", "l", inbox.FailOptions{OrderKey: "o\x00"}),
+		"Order utf8":    errOf(s.Order(ctx, "o\xff")),
+		"Order empty":   errOf(s.Order(ctx, "")),
+		"Release head":  s.ReleaseOrder(ctx, "o", ""),
+	} {
+		if !errors.Is(err, inbox.ErrInvalidKey) {
+			t.Errorf("%s: %v, want ErrInvalidKey", name, err)
+		}
+	}
+	_, err := s.TryBegin(ctx, "k", inbox.BeginOptions{OrderKey: long})
+	if msg := err.Error(); !strings.Contains(msg, "OrderKey is 1025 bytes") || len(msg) > 200 {
+		t.Errorf("long OrderKey: %q, want the field named and the value cut", msg)
+	}
+	if b := f.got(); len(b) != 0 {
+		t.Fatalf("the driver was called: %v", b)
+	}
+}
+
+// A store whose driver keeps order passes order keys on, lets its driver
+// answer Behind to a claim with one (and only then), and makes Order and
+// ReleaseOrder calls of the driver.
+func TestStore_order_keys_kept(t *testing.T) {
+	t.Parallel()
+	if _, err := driver.New(&fake{}, driver.Config{Name: "x", Order: true}); !errors.Is(err, inbox.ErrInvalidArgument) {
+		t.Errorf("Config.Order over a driver that is no Orderer: %v", err)
+	}
+	f := &orderFake{}
+	f.apply = func(ops []driver.Op, res []inbox.Claim, errs []error) error {
+		for i, op := range ops {
+			if op.Kind == driver.Claim {
+				res[i] = inbox.Claim{Status: inbox.Behind, RetryAfter: time.Second}
+			}
+		}
+		return nil
+	}
+	s, err := driver.New(f, driver.Config{Name: "order store", Lease: time.Minute, Order: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if !s.KeepsOrder() {
+		t.Fatal("KeepsOrder false with Config.Order")
+	}
+	c, err := s.TryBegin(ctx, "k", inbox.BeginOptions{OrderKey: "o"})
+	if err != nil || c.Status != inbox.Behind || c.RetryAfter != time.Second {
+		t.Fatalf("claim with an OrderKey = %+v, %v; want the driver's Behind", c, err)
+	}
+	if _, err := s.TryBegin(ctx, "k", inbox.BeginOptions{}); !errors.Is(err, inbox.ErrStoreUnavailable) {
+		t.Fatalf("Behind to a claim without an OrderKey: %v, want ErrStoreUnavailable", err)
+	}
+	if err := s.Fail(ctx, "k", "l", inbox.FailOptions{OrderKey: "o", RetryAfter: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	b := f.got()
+	if len(b) != 3 || b[0][0].OrderKey != "o" || b[1][0].OrderKey != "" || b[2][0].Failure.OrderKey != "o" {
+		t.Fatalf("ops %+v; want the order keys passed on", b)
+	}
+	if g, err := s.Order(ctx, "o"); err != nil || g.Head != "h" || len(g.Waiting) != 1 {
+		t.Fatalf("Order = %+v, %v", g, err)
+	}
+	if err := s.ReleaseOrder(ctx, "o", "h"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseOrder(ctx, "o", "x"); !errors.Is(err, inbox.ErrLeaseLost) || !strings.Contains(err.Error(), `order store: ReleaseOrder "o"`) {
+		t.Fatalf("ReleaseOrder past another head: %v", err)
+	}
+	if !slices.Equal(f.orders, []string{"Order o", "ReleaseOrder o h", "ReleaseOrder o x"}) {
+		t.Fatalf("driver calls %q", f.orders)
 	}
 }

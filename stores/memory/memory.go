@@ -18,6 +18,14 @@
 // live lease; evicting a processed key shortens its dedup window, and
 // [Stats].Evicted counts it. When every record holds a live lease, TryBegin
 // and MarkProcessed fail with [inbox.ErrStoreUnavailable].
+//
+// The store keeps order ([inbox.OrderAdmin]): a Fail with an OrderKey
+// opens a gate for it, headed by the failed key, and a TryBegin with the
+// OrderKey of another key then answers [inbox.Behind] and queues the key
+// behind the head, without a record of its own. Once the head is
+// processed (or an operator releases it, ReleaseOrder) the first waiting
+// key is the head and runs. A gate is dropped when its last key has
+// passed, or the retention plus the default lease after its last change.
 package memory
 
 import (
@@ -90,6 +98,10 @@ type Stats struct {
 	// Evicted counts records removed before their expiry to stay within
 	// MaxEntries.
 	Evicted uint64
+	// Gates is the number of order keys with a gate (keys waiting behind
+	// a failed one, or a failed key that others would wait behind),
+	// expired ones not yet swept included.
+	Gates int
 }
 
 // record is what the store knows of one key. Its deadlines are time.Now
@@ -127,6 +139,16 @@ func (r *record) state(now time.Time) inbox.State {
 
 func (r *record) expired(now time.Time) bool { return !now.Before(r.expiresAt) }
 
+// gate is the order of one order key: the key at its head, and the keys
+// waiting behind it in the order they first arrived.
+type gate struct {
+	orderKey  string
+	elem      *list.Element // the gate's place in mem.gateOrder
+	head      string
+	waiting   []string
+	expiresAt time.Time // the gate is gone from this time on
+}
+
 // Store is the in-memory [inbox.LeaseStore]. It is safe for concurrent use.
 // The portable layer it embeds ([driver.Store]) validates input and maps
 // errors; the records live in its driver.
@@ -136,7 +158,8 @@ func (r *record) expired(now time.Time) bool { return !now.Before(r.expiresAt) }
 //
 //   - TryBegin(ctx, key, opts) (inbox.Claim, error): claims key with a
 //     lease: Acquired, Busy (another live lease, or a failed attempt's
-//     backoff), Processed or Dead.
+//     backoff), Processed or Dead; Behind when another key of
+//     opts.OrderKey failed and is not processed yet.
 //   - Complete(ctx, key, leaseID): marks key processed under the lease;
 //     repeating it after success succeeds.
 //   - Release(ctx, key, leaseID): gives the lease back unmarked.
@@ -147,6 +170,8 @@ func (r *record) expired(now time.Time) bool { return !now.Before(r.expiresAt) }
 //   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
 //     ([inbox.Store]).
 //   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - KeepsOrder (true), Order, ReleaseOrder: the order of order keys
+//     ([inbox.OrderAdmin]).
 //   - Retention() time.Duration: how long a processed key stays processed
 //     ([inbox.RetentionReporter], for the middleware's stale check).
 //   - BatchStats: how calls were batched; Close.
@@ -160,7 +185,10 @@ type Store struct {
 	m *mem
 }
 
-var _ inbox.LeaseStore = (*Store)(nil)
+var (
+	_ inbox.LeaseStore = (*Store)(nil)
+	_ inbox.OrderAdmin = (*Store)(nil)
+)
 
 // mem is the store's driver: the records under one mutex.
 type mem struct {
@@ -168,10 +196,12 @@ type mem struct {
 	epoch     time.Time // time.Now at New, monotonic reading included
 	epochWall time.Time // epoch without its monotonic reading
 
-	mu      sync.Mutex
-	recs    map[string]*record
-	order   *list.List // of *record, least recently written at the front
-	evicted uint64
+	mu        sync.Mutex
+	recs      map[string]*record
+	order     *list.List // of *record, least recently written at the front
+	evicted   uint64
+	gates     map[string]*gate // by order key
+	gateOrder *list.List       // of *gate, least recently changed at the front
 }
 
 // New returns an empty store.
@@ -181,10 +211,11 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	epoch := time.Now()
-	m := &mem{opts: opts, epoch: epoch, epochWall: epoch.Round(0), recs: make(map[string]*record), order: list.New()}
+	m := &mem{opts: opts, epoch: epoch, epochWall: epoch.Round(0), recs: make(map[string]*record), order: list.New(),
+		gates: make(map[string]*gate), gateOrder: list.New()}
 	// No Timeout and no batching: a call never waits for anything but the
 	// mutex.
-	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease, Retention: opts.Retention, InProcess: true})
+	ds, err := driver.New(m, driver.Config{Name: "memory store", Lease: opts.Lease, Retention: opts.Retention, InProcess: true, Order: true})
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +229,8 @@ func (m *mem) Close() error {
 	defer m.mu.Unlock()
 	m.recs = make(map[string]*record)
 	m.order.Init()
+	m.gates = make(map[string]*gate)
+	m.gateOrder.Init()
 	return nil
 }
 
@@ -206,7 +239,7 @@ func (s *Store) Stats() Stats {
 	m := s.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return Stats{Entries: len(m.recs), Evicted: m.evicted}
+	return Stats{Entries: len(m.recs), Evicted: m.evicted, Gates: len(m.gates)}
 }
 
 // wall returns t as the store reports times: the wall clock at New plus the
@@ -317,6 +350,11 @@ func (m *mem) Apply(_ context.Context, ops []driver.Op, res []inbox.Claim, errs 
 }
 
 func (m *mem) tryBegin(now time.Time, op driver.Op) (inbox.Claim, error) {
+	if op.OrderKey != "" {
+		if c, ok := m.behind(now, op); ok {
+			return c, nil
+		}
+	}
 	r, err := m.findOrInsert(op.Key, now)
 	if err != nil {
 		return inbox.Claim{}, err
@@ -398,7 +436,8 @@ func (m *mem) release(now time.Time, key, leaseID string) error {
 }
 
 // fail ends a failed attempt: the key is given back after opts.RetryAfter,
-// or marked dead.
+// or marked dead. With opts.OrderKey, the key heads the order key's gate,
+// opened if there is none (a gate headed by another key is left as it is).
 func (m *mem) fail(now time.Time, key, leaseID string, opts inbox.FailOptions) error {
 	r, err := m.holder(now, key, leaseID, false)
 	if err != nil {
@@ -411,6 +450,14 @@ func (m *mem) fail(now time.Time, key, leaseID string, opts inbox.FailOptions) e
 		r.expiresAt = r.retryAt.Add(m.opts.Retention)
 	}
 	m.touch(r, now)
+	if opts.OrderKey != "" {
+		switch g := m.advance(opts.OrderKey, now); {
+		case g == nil:
+			m.openGate(opts.OrderKey, key, now)
+		case g.head == key:
+			m.touchGate(g, now)
+		}
+	}
 	return nil
 }
 
@@ -424,6 +471,125 @@ func (m *mem) markProcessed(now time.Time, key string) error {
 	r.leaseID = ""
 	m.endLease(r, now)
 	m.touch(r, now)
+	return nil
+}
+
+// findGate returns the live gate of orderKey at now, nil when there is
+// none (an expired one is removed). Call with mu held.
+func (m *mem) findGate(orderKey string, now time.Time) *gate {
+	g := m.gates[orderKey]
+	if g != nil && !now.Before(g.expiresAt) {
+		m.removeGate(g)
+		g = nil
+	}
+	return g
+}
+
+func (m *mem) removeGate(g *gate) {
+	m.gateOrder.Remove(g.elem)
+	delete(m.gates, g.orderKey)
+}
+
+// touchGate records a change of g at now: it lives for the retention plus
+// the default lease from now, moves to the back of the list, and a few
+// expired gates are swept from the front.
+func (m *mem) touchGate(g *gate, now time.Time) {
+	g.expiresAt = now.Add(m.opts.Retention + m.opts.Lease)
+	m.gateOrder.MoveToBack(g.elem)
+	for n := 0; n < 4; n++ {
+		front := m.gateOrder.Front().Value.(*gate)
+		if front == g || now.Before(front.expiresAt) {
+			break
+		}
+		m.removeGate(front)
+	}
+}
+
+// openGate makes head the head of a new gate of orderKey.
+func (m *mem) openGate(orderKey, head string, now time.Time) {
+	g := &gate{orderKey: orderKey, head: head}
+	g.elem = m.gateOrder.PushBack(g)
+	m.gates[orderKey] = g
+	m.touchGate(g, now)
+}
+
+// pass moves g on by one key: the first waiting key is the head, or, when
+// none waits, the gate is removed and pass returns nil.
+func (m *mem) pass(g *gate, now time.Time) *gate {
+	if len(g.waiting) == 0 {
+		m.removeGate(g)
+		return nil
+	}
+	g.head = g.waiting[0]
+	g.waiting = slices.Delete(g.waiting, 0, 1)
+	m.touchGate(g, now)
+	return g
+}
+
+// advance returns the live gate of orderKey after moving it past the
+// heads that are processed, nil when none is left.
+func (m *mem) advance(orderKey string, now time.Time) *gate {
+	g := m.findGate(orderKey, now)
+	for g != nil {
+		if r := m.find(g.head, now); r == nil || !r.processed {
+			return g
+		}
+		g = m.pass(g, now)
+	}
+	return nil
+}
+
+// behind answers a claim of op.Key with op.OrderKey that waits behind
+// another key (Behind, the key queued once), or reports false: the claim
+// goes on as one without an order key. A processed or dead key answers as
+// such, whatever its order.
+func (m *mem) behind(now time.Time, op driver.Op) (inbox.Claim, bool) {
+	r := m.find(op.Key, now)
+	if r != nil && (r.processed || r.dead) {
+		return inbox.Claim{}, false
+	}
+	g := m.advance(op.OrderKey, now)
+	if g == nil || g.head == op.Key {
+		return inbox.Claim{}, false
+	}
+	if !slices.Contains(g.waiting, op.Key) {
+		g.waiting = append(g.waiting, op.Key)
+		m.touchGate(g, now)
+	}
+	c := inbox.Claim{Status: inbox.Behind}
+	if r != nil {
+		c.Attempts, c.PayloadMismatch = r.attempts, op.PayloadHash != "" && r.payload != "" && op.PayloadHash != r.payload
+	}
+	if h := m.find(g.head, now); h != nil && h.state(now) == inbox.StateAvailable && now.Before(h.retryAt) {
+		c.RetryAfter = h.retryAt.Sub(now)
+	}
+	return c, true
+}
+
+// Order implements [driver.Orderer].
+func (m *mem) Order(_ context.Context, orderKey string) (inbox.OrderGate, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := m.advance(orderKey, time.Now())
+	if g == nil {
+		return inbox.OrderGate{}, nil
+	}
+	return inbox.OrderGate{Head: g.head, Waiting: slices.Clone(g.waiting)}, nil
+}
+
+// ReleaseOrder implements [driver.Orderer].
+func (m *mem) ReleaseOrder(_ context.Context, orderKey, head string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	g := m.advance(orderKey, now)
+	switch {
+	case g == nil:
+		return fmt.Errorf("%w: no key of the order key waits on %q", inbox.ErrLeaseLost, head)
+	case g.head != head:
+		return fmt.Errorf("%w: the head of the order key is %q, not %q", inbox.ErrLeaseLost, g.head, head)
+	}
+	m.pass(g, now)
 	return nil
 }
 

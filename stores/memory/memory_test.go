@@ -514,3 +514,89 @@ func TestOpenURL(t *testing.T) {
 		}
 	}
 }
+
+// An order key's gate lives for the retention plus the default lease
+// after its last change, then is gone: read as absent, and swept by the
+// writes of other gates, so that gates do not pile up.
+func TestOrder_gates_expire(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const life = 100 * time.Millisecond // Retention + Lease
+	s, err := memory.New(memory.Options{Retention: life / 2, Lease: life / 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failWith := func(key, orderKey string) {
+		t.Helper()
+		c, err := s.TryBegin(ctx, key, inbox.BeginOptions{OrderKey: orderKey})
+		if err != nil || c.Status != inbox.Acquired {
+			t.Fatalf("TryBegin(%s) = %+v, %v", key, c, err)
+		}
+		if err := s.Fail(ctx, key, c.LeaseID, inbox.FailOptions{OrderKey: orderKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	failWith("head", "o1")
+	failWith("head-2", "o2")
+	if g := s.Stats().Gates; g != 2 {
+		t.Fatalf("%d gates, want 2", g)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := s.Order(ctx, "o1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Head == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gate of o1 is still %+v after %s", g, time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	if e := time.Since(start); e < life {
+		t.Fatalf("the gate expired after %s, before its %s", e, life)
+	}
+	failWith("head-3", "o3") // sweeps the expired gate of o2
+	if g := s.Stats().Gates; g != 1 {
+		t.Fatalf("%d gates after a write, want 1: expired gates were not swept", g)
+	}
+}
+
+// Forget of a key leaves the gate it heads: when its message comes back
+// it runs, and the others still wait behind it.
+func TestOrder_Forget_leaves_the_gate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(key string, want inbox.Status) inbox.Claim {
+		t.Helper()
+		c, err := s.TryBegin(ctx, key, inbox.BeginOptions{OrderKey: "o"})
+		if err != nil || c.Status != want {
+			t.Fatalf("TryBegin(%s) = %+v, %v; want %v", key, c, err, want)
+		}
+		return c
+	}
+	c := claim("head", inbox.Acquired)
+	if err := s.Fail(ctx, "head", c.LeaseID, inbox.FailOptions{Dead: true, OrderKey: "o"}); err != nil {
+		t.Fatal(err)
+	}
+	claim("a", inbox.Behind)
+	if err := s.Forget(ctx, "head"); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := s.Order(ctx, "o"); err != nil || g.Head != "head" || !slices.Equal(g.Waiting, []string{"a"}) {
+		t.Fatalf("Order after Forget of the head = %+v, %v", g, err)
+	}
+	c = claim("head", inbox.Acquired)
+	claim("a", inbox.Behind)
+	if err := s.Complete(ctx, "head", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	claim("a", inbox.Acquired)
+}

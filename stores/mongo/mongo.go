@@ -136,6 +136,8 @@ func (o Options) Validate() error {
 //   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
 //     ([inbox.Store]).
 //   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - KeepsOrder, Order, ReleaseOrder ([inbox.OrderAdmin]): the store
+//     keeps no order; an OrderKey fails with [inbox.ErrNotSupported].
 //   - Retention() time.Duration: how long a processed key stays processed
 //     ([inbox.RetentionReporter], for the middleware's stale check).
 //   - BatchStats: how calls were batched; Close.

@@ -49,6 +49,8 @@ import (
 //   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
 //     ([inbox.Store]).
 //   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
+//   - KeepsOrder, Order, ReleaseOrder ([inbox.OrderAdmin]): the store
+//     keeps no order; an OrderKey fails with [inbox.ErrNotSupported].
 //   - Retention() time.Duration: the retention the service announces, once
 //     its discovery document is read (its own method, [Store.Retention]).
 //   - BatchStats: how calls were batched; Close.

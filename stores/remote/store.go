@@ -110,7 +110,9 @@ func (c *client) Claim(ctx context.Context, op driver.Op) (inbox.Claim, error) {
 		return inbox.Claim{}, err
 	}
 	st, err := inbox.ParseStatus(w.Status)
-	if err != nil {
+	// Behind answers an OrderKey, which protocol v1 does not carry: no
+	// service may answer it.
+	if err != nil || st == inbox.Behind {
 		return inbox.Claim{}, protoError(ep, "unknown status %s (want Acquired, Processed, Busy or Dead)", quote(w.Status, 64))
 	}
 	if w.Attempts < 0 {

@@ -234,6 +234,14 @@ func (s *suite) cases() []testCase {
 		{"Admin_Forget_makes_key_new", s.testForget},
 		{"Admin_ForceRelease_frees_lease_and_backoff", s.testForceRelease},
 		{"Go_calls_get_their_methods_answers", s.testGo},
+		{"Order_key_without_a_gate_claims_as_usual", s.testOrderNoGate},
+		{"Order_later_keys_wait_behind_a_failed_key_in_arrival_order", s.testOrderBehindInArrivalOrder},
+		{"Order_processed_head_lets_the_next_waiting_key_run", s.testOrderProcessedHeadLetsNextRun},
+		{"Order_processed_key_answers_processed_and_is_passed_over", s.testOrderProcessedKeyAnswersProcessed},
+		{"Order_dead_head_holds_the_others_until_ReleaseOrder", s.testOrderDeadHeadUntilReleased},
+		{"Order_bad_order_key_rejected_without_change", s.testOrderBadOrderKey},
+		{"Order_concurrent_claims_behind_one_head_each_wait_once", s.testOrderConcurrentBehind},
+		{"Order_not_kept_refuses_order_keys_without_change", s.testOrderNotKept},
 	}
 }
 
