@@ -153,6 +153,19 @@ func newRetryWith(t *testing.T, env kafkaEnv, cfg inboxkafka.RetryConfig) *inbox
 	return r
 }
 
+// runUntilCleanup runs router until the test ends, then closes it and ib.
+func runUntilCleanup(t *testing.T, router *message.Router, ib *inboxmw.Inbox) {
+	t.Helper()
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	t.Cleanup(func() {
+		_ = router.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = ib.Close(ctx)
+	})
+}
+
 // mainSubscriber is a watermill-kafka subscriber of group reading from the
 // oldest offset.
 func mainSubscriber(t *testing.T, env kafkaEnv, group string) *kafka.Subscriber {

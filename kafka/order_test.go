@@ -1,7 +1,6 @@
 package inboxkafka_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -18,7 +17,6 @@ import (
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/middleware"
-	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // The order of one record key holds through failures whose retries wait
@@ -33,11 +31,7 @@ func TestOrderByRecordKey_keeps_each_keys_order_through_retries(t *testing.T) {
 		topic, group := names(t)
 		env.createTopic(t, topic, 4)
 		retry := newRetry(t, env, topic, group, []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second}, nil)
-		store, err := memory.New(memory.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = store.Close() })
+		store := newMemoryStore(t)
 		ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "kafka", Group: group, Redelivery: retry,
 			Backoff: func(int) time.Duration { return 300 * time.Millisecond }, OrderKey: inboxkafka.OrderByRecordKey})
 		if err != nil {
@@ -66,14 +60,7 @@ func TestOrderByRecordKey_keeps_each_keys_order_through_retries(t *testing.T) {
 			applied[acct] = append(applied[acct], n)
 			return nil
 		})
-		go func() { _ = router.Run(context.Background()) }()
-		<-router.Running()
-		t.Cleanup(func() {
-			_ = router.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = ib.Close(ctx)
-		})
+		runUntilCleanup(t, router, ib)
 
 		var msgs []*message.Message
 		for e := range events {

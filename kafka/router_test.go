@@ -13,7 +13,6 @@ import (
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
-	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // The whole path on Kafka: one partition, a handler whose first attempt at
@@ -28,11 +27,7 @@ func TestRetry_router_partition_moves_on_while_the_failed_message_waits(t *testi
 		topic, group := names(t)
 		env.createTopic(t, topic, 1)
 		retry := newRetry(t, env, topic, group, []time.Duration{500 * time.Millisecond, time.Second}, nil)
-		store, err := memory.New(memory.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = store.Close() })
+		store := newMemoryStore(t)
 		const backoff = 800 * time.Millisecond
 		ib, err := inboxmw.New(inboxmw.Config{Store: store, Bus: "kafka", Group: group, Redelivery: retry, MaxAttempts: 3,
 			Backoff: func(int) time.Duration { return backoff }})
@@ -75,14 +70,7 @@ func TestRetry_router_partition_moves_on_while_the_failed_message_waits(t *testi
 			order = append(order, id)
 			return nil
 		})
-		go func() { _ = router.Run(context.Background()) }()
-		<-router.Running()
-		t.Cleanup(func() {
-			_ = router.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = ib.Close(ctx)
-		})
+		runUntilCleanup(t, router, ib)
 		var msgs []*message.Message
 		for _, id := range []string{"flaky", "bad", "a", "b", "c"} {
 			m := message.NewMessage(watermill.NewUUID(), []byte(id))
