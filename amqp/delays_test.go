@@ -26,14 +26,20 @@ import (
 // delay queues when the test ends.
 func newDelays(t *testing.T, r *rabbit, delays ...time.Duration) *inboxamqp.Delays {
 	t.Helper()
-	d, err := inboxamqp.NewDelays(context.Background(), inboxamqp.DelaysConfig{URI: r.uri, Queues: []string{r.queue}, Delays: delays})
+	return newDelaysOf(t, r, r.queue, delays...)
+}
+
+// newDelaysOf is newDelays for queue, another queue of r's channel.
+func newDelaysOf(t *testing.T, r *rabbit, queue string, delays ...time.Duration) *inboxamqp.Delays {
+	t.Helper()
+	d, err := inboxamqp.NewDelays(context.Background(), inboxamqp.DelaysConfig{URI: r.uri, Queues: []string{queue}, Delays: delays})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = d.Close()
 		for _, delay := range delays {
-			if _, err := r.ch.QueueDelete(inboxamqp.DelayQueueName(r.queue, delay), false, false, false); err != nil {
+			if _, err := r.ch.QueueDelete(inboxamqp.DelayQueueName(queue, delay), false, false, false); err != nil {
 				t.Errorf("delete delay queue: %v", err)
 			}
 		}
