@@ -132,6 +132,7 @@ type msgCall struct {
 	handler  string
 	key      string
 	order    string    // the store's order key (orderOf), "" for none
+	behind   bool      // the claim answered Behind: a hand-off counts in MetadataBehind
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
 	lease    *lease    // the lease acquired; nil before, and without one
@@ -440,10 +441,8 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 		if c.Status == inbox.Behind {
 			// Waiting behind an earlier message of its order key: its
 			// turn comes once that one is processed, at a time nobody
-			// knows, so the broker holds it for the time the other's
-			// backoff has left, or its shortest delay.
-			c.RetryAfter = max(c.RetryAfter, m.ib.cfg.RedeliveryMinDelay)
-			c.BackingOff = true
+			// knows (behindDelay).
+			c.RetryAfter, c.BackingOff, m.behind = m.behindDelay(c.RetryAfter), true, true
 		}
 		if c.BackingOff && handOff && m.redeliverable(c.RetryAfter) {
 			handOff = false // a failed hand-off falls back to waiting

@@ -119,3 +119,51 @@ func TestOrderKey_later_messages_wait_behind_a_failed_one(t *testing.T) {
 		return err == nil && g.Head == "" && len(g.Waiting) == 0
 	})
 }
+
+// A dead message keeps its order key's later messages waiting: each comes
+// back at the broker's shortest delay a few times, then after
+// Config.Backoff, not in a hot loop; once an operator lets the dead one go
+// (ReleaseOrder), they run.
+func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	broker := &fakeBroker{pub: ps}
+	const backoff = 200 * time.Millisecond
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(backoff), OrderKey: byAccount})
+	var fx effects
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		id := m.Metadata.Get("IdempotencyKey")
+		if id == "a1" {
+			return nil, inbox.Permanent(errBoom)
+		}
+		fx.apply(id)
+		return nil, nil
+	})
+
+	publish(t, ps, ofAccount("a1", "A"))
+	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
+	publish(t, ps, ofAccount("a2", "A"))
+	a2 := func() (ds []time.Duration) {
+		for _, h := range broker.handoffs() {
+			if h.meta.Get("IdempotencyKey") == "a2" {
+				ds = append(ds, h.delay)
+			}
+		}
+		return ds
+	}
+	testenv.Eventually(t, 10*time.Second, "a2 handed off 5 times", func() bool { return len(a2()) >= 5 })
+	ds := a2()
+	for i, d := range ds[:5] {
+		if i < 3 && d >= backoff || i >= 3 && d < backoff {
+			t.Fatalf("a2's hand-offs waited %v: want the first three under the backoff of %s, the later ones at least it", ds, backoff)
+		}
+	}
+	if got := fx.get(); len(got) != 0 {
+		t.Fatalf("%v ran behind the dead a1", got)
+	}
+	if err := store.ReleaseOrder(t.Context(), "test:g:orders-handler:A", "test:g:orders-handler:a1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "a2 processed once a1 was let go", func() bool { return slices.Contains(fx.get(), "a2") })
+}

@@ -62,7 +62,27 @@ const (
 	// the original's record key or headers. Read only with a MetadataKey
 	// that is this inbox's.
 	MetadataOrderKey = "inbox_order_key"
+
+	// MetadataBehind counts the hand-offs of a copy that waited behind an
+	// earlier message of its order key (decimal): from the fourth on, it
+	// waits longer each time.
+	MetadataBehind = "inbox_behind"
 )
+
+// behindDelay is how long a message that waits behind an earlier one of
+// its order key is handed off for: what the earlier one's backoff has
+// left (left), at least RedeliveryMinDelay, so that it comes back about
+// when its turn may come; from its fourth such hand-off on, at least
+// Config.Backoff of the hand-offs past the third, so that the messages
+// behind a dead one (which waits for an operator) come back a few times a
+// minute rather than at the broker's shortest delay.
+func (m *msgCall) behindDelay(left time.Duration) time.Duration {
+	d := max(left, m.ib.cfg.RedeliveryMinDelay)
+	if n, err := strconv.Atoi(m.msg.Metadata.Get(MetadataBehind)); err == nil && n >= 3 {
+		d = max(d, m.ib.cfg.Backoff(n-2))
+	}
+	return d
+}
 
 // DefaultRedeliveryMinDelay is the default of Config.RedeliveryMinDelay:
 // every failed attempt with a backoff of a millisecond or more is handed
@@ -156,6 +176,10 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	cp.Metadata.Set(MetadataAttempts, strconv.Itoa(attempts))
 	if m.order != "" {
 		cp.Metadata.Set(MetadataOrderKey, m.order)
+	}
+	if m.behind {
+		n, _ := strconv.Atoi(m.msg.Metadata.Get(MetadataBehind))
+		cp.Metadata.Set(MetadataBehind, strconv.Itoa(n+1))
 	}
 	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
 	ctx, cancel := context.WithTimeout(base, ib.cfg.StoreTimeout)
