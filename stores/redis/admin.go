@@ -119,8 +119,9 @@ func (d *rdb) List(ctx context.Context, opts inbox.ListOptions) (inbox.ListPage,
 			}
 			for _, k := range found {
 				// MATCH returns only keys under the prefixes; an empty
-				// inbox key is none of the store's.
-				if k = k[len(d.opts.Prefix):]; k != "" && k > opts.Cursor {
+				// inbox key is none of the store's, nor is one with a
+				// NUL (an order key's gate).
+				if k = k[len(d.opts.Prefix):]; k != "" && k > opts.Cursor && !strings.Contains(k, "\x00") {
 					keep.add(k)
 				}
 			}

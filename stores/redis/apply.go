@@ -18,7 +18,8 @@ import (
 //
 // In the first pipeline, a claim is the fast claim (SET NX PX of a fresh
 // record and PEXPIRETIME), or a call of opsScript when its caller said the
-// key was claimed before (driver.Op.Retry, from inbox.BeginOptions.Retry);
+// key was claimed before (driver.Op.Retry, from inbox.BeginOptions.Retry)
+// or gave an order key (driver.Op.OrderKey);
 // Complete, Release, Fail and MarkProcessed are a call of opsScript each.
 // A key that appears more than once in the batch gets one call of
 // opsScript that applies all of its operations in their order, so that no
@@ -43,7 +44,7 @@ func (d *rdb) Apply(ctx context.Context, ops []driver.Op, res []inbox.Claim, err
 			}
 			continue
 		}
-		if op.Kind == driver.Claim && !op.Retry {
+		if op.Kind == driver.Claim && !op.Retry && op.OrderKey == "" {
 			claims = append(claims, d.queueClaim(ctx, p, i, op))
 			continue
 		}
@@ -137,7 +138,7 @@ func (d *rdb) call(ops []driver.Op, idx []int) *scriptCall {
 func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 	n := 2
 	for _, i := range idx {
-		n += argCount[ops[i].Kind] + 2 // a K has two more than a C
+		n += argCount[ops[i].Kind] + 3 // a K has two more than a C, an O or G three more than a B or F
 	}
 	args := make([]any, 2, n)
 	args[0], args[1] = d.retArgs[0], d.retArgs[1]
@@ -145,6 +146,10 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 		op := ops[i]
 		switch op.Kind {
 		case driver.Claim:
+			if op.OrderKey != "" {
+				args = append(args, "O", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10), op.Owner, compactHash(op.PayloadHash), d.gateKey(op.OrderKey), d.opts.Prefix, d.gateTTL)
+				continue
+			}
 			args = append(args, "B", op.LeaseID, strconv.FormatInt(micros(op.Lease), 10), op.Owner, compactHash(op.PayloadHash))
 		case driver.Complete:
 			if fresh, compact, ok := d.completion(op); ok {
@@ -161,7 +166,12 @@ func (d *rdb) fill(c *scriptCall, ops []driver.Op, idx []int) *scriptCall {
 			if op.Failure.Dead {
 				dead = "1"
 			}
-			args = append(args, "F", op.LeaseID, strconv.FormatInt(micros(min(op.Failure.RetryAfter, MaxDuration)), 10), dead, op.Failure.Reason)
+			after := strconv.FormatInt(micros(min(op.Failure.RetryAfter, MaxDuration)), 10)
+			if op.Failure.OrderKey != "" {
+				args = append(args, "G", op.LeaseID, after, dead, op.Failure.Reason, d.gateKey(op.Failure.OrderKey), d.opts.Prefix, d.gateTTL)
+				continue
+			}
+			args = append(args, "F", op.LeaseID, after, dead, op.Failure.Reason)
 		case driver.Mark:
 			args = append(args, "M")
 		}
@@ -290,9 +300,10 @@ func reply(op driver.Op, v any) (inbox.Claim, error) {
 	return inbox.Claim{}, nil
 }
 
-// claimReply decodes the reply of opsScript to a claim (B): {status,
+// claimReply decodes the reply of opsScript to a claim (B, O): {status,
 // until, lease, now, mismatch, attempts} and, when dead, the reason. Busy
-// is status 3 on a live lease, 5 in a backoff.
+// is status 3 on a live lease, 5 in a backoff; Behind, 6, answers only a
+// claim with an order key, until the end of the head's backoff or 0.
 func claimReply(op driver.Op, v any) (inbox.Claim, error) {
 	a, ok := v.([]any)
 	var r [6]int64
@@ -319,6 +330,14 @@ func claimReply(op driver.Op, v any) (inbox.Claim, error) {
 	case 3, 5: // a live lease, a failed attempt's backoff
 		c.Status, c.ExpiresAt, c.RetryAfter = inbox.Busy, fromMicros(until), time.Duration(until-now)*time.Microsecond
 		c.BackingOff = status == 5
+	case 6:
+		if op.OrderKey == "" || until < 0 {
+			return inbox.Claim{}, badReply(v)
+		}
+		c.Status = inbox.Behind
+		if until > now {
+			c.RetryAfter = time.Duration(until-now) * time.Microsecond
+		}
 	case 4:
 		reason, ok := a[6].(string)
 		if !ok {

@@ -25,12 +25,33 @@
 // claim of a new key is a native SET NX PX (with PEXPIRETIME, one round
 // trip), a key that exists a script, in a second round trip (a claim with [inbox.BeginOptions.Retry],
 // a copy of a failed attempt, goes to the script at once); every operation
-// touches one key, so it is atomic, on Cluster too.
+// touches one key, so it is atomic, on Cluster too (but those with an
+// order key: see "Order keys").
 // The store owns every key under its prefix: a value it did not write there
 // is an error wrapping [inbox.ErrStoreUnavailable], never overwritten.
 // Leases and retention are kept in whole microseconds and are at most
 // [MaxDuration] (100 years). Needs Redis 7.0 or later (PEXPIRETIME), and
 // EVALSHA, EVAL, SET and PEXPIRETIME on the prefix's keys.
+//
+// # Order keys
+//
+// The store keeps the order of order keys ([inbox.OrderAdmin],
+// [inbox.BeginOptions.OrderKey]) over a *redis.Client, standalone or
+// Sentinel. The gate of an order key is a Redis list under the key
+// Options.Prefix + NUL + "order:" + order key (no inbox key holds a NUL, so
+// no gate is a record, and List skips them): the inbox keys, without the
+// prefix, of its head at index 0 and of the keys waiting behind it, in
+// their order. It lives the retention plus the default lease after its
+// last change (a TTL). A claim or a Fail with an order key is a call of the
+// operations' script (a claim with one never takes the fast SET NX), which
+// reads the gate, the records of its heads and the key's own record and
+// changes them in one step; Order and ReleaseOrder are a script each.
+// Claims without an order key are unchanged. Because these scripts touch
+// keys of other hash slots, a Cluster (or Ring) client keeps no order:
+// KeepsOrder is false, and an OrderKey fails with [inbox.ErrNotSupported].
+// Order keys also need LINDEX, LPOS, LRANGE, LPOP, RPUSH and PEXPIRE on the
+// prefix's keys; a key waiting behind a head is found with LPOS, so a
+// claim costs time linear in the keys waiting on its order key.
 //
 // # Batched round trips
 //

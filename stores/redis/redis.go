@@ -162,8 +162,11 @@ func (o Options) Validate() error {
 //   - IsProcessed(ctx, key), MarkProcessed(ctx, key): the minimal contract
 //     ([inbox.Store]).
 //   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
-//   - KeepsOrder, Order, ReleaseOrder ([inbox.OrderAdmin]): the store
-//     keeps no order; an OrderKey fails with [inbox.ErrNotSupported].
+//   - KeepsOrder, Order, ReleaseOrder ([inbox.OrderAdmin]): the order of
+//     order keys ("Order keys" in the package documentation), kept over a
+//     *redis.Client (standalone or Sentinel); over any other client
+//     (Cluster, Ring) KeepsOrder is false and an OrderKey fails with
+//     [inbox.ErrNotSupported].
 //   - Retention() time.Duration: how long a processed key stays processed
 //     ([inbox.RetentionReporter], for the middleware's stale check).
 //   - BatchStats: how calls were batched; Close.
@@ -189,6 +192,25 @@ type rdb struct {
 	retUS   int64  // the retention in µs
 	retMS   int64  // in ms, rounded up: a key's TTL
 	retArgs [2]any // ARGV[1] and ARGV[2] of opsScript: retUS and retMS
+
+	// gateTTL is the TTL of an order key's gate from its last change, in
+	// ms: the retention plus the default lease, rounded up.
+	gateTTL string
+}
+
+// gateSep follows the prefix in the Redis key of an order key's gate: an
+// inbox key holds no NUL, so no gate is ever an inbox key's record.
+const gateSep = "\x00order:"
+
+// gateKey returns the Redis key of orderKey's gate.
+func (d *rdb) gateKey(orderKey string) string { return d.opts.Prefix + gateSep + orderKey }
+
+// keepsOrder reports whether the store keeps order over client: the gates'
+// scripts read records of keys other than the one they are given, which
+// only a server that is no Cluster allows (a Ring spreads keys too).
+func keepsOrder(client redis.UniversalClient) bool {
+	_, ok := client.(*redis.Client)
+	return ok
 }
 
 // New returns a store over client, which may be a standalone, Sentinel
@@ -214,6 +236,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		retUS:   retUS,
 		retMS:   retMS,
 		retArgs: [2]any{strconv.FormatInt(retUS, 10), strconv.FormatInt(retMS, 10)},
+		gateTTL: strconv.FormatInt((retUS+micros(opts.Lease)+999)/1000, 10),
 	}
 	ds, err := driver.New(d, driver.Config{
 		Name:        "redis store",
@@ -223,11 +246,59 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		Timeout:     opts.Timeout,
 		Batch:       driver.Batch{MaxBatch: maxBatch, MaxQueue: maxQueue, MaxInFlight: maxInFlight},
 		BatchExtend: true,
+		Order:       keepsOrder(client),
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &Store{Store: ds, d: d}, nil
+}
+
+// Order implements [driver.Orderer]: the gate of orderKey, past its
+// processed heads.
+func (d *rdb) Order(ctx context.Context, orderKey string) (inbox.OrderGate, error) {
+	v, err := orderScript.Run(ctx, d.client, []string{d.gateKey(orderKey)}, d.opts.Prefix, d.gateTTL).Result()
+	if err != nil {
+		return inbox.OrderGate{}, mapErr(err)
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return inbox.OrderGate{}, badReply(v)
+	}
+	keys := make([]string, len(a))
+	for i, e := range a {
+		if keys[i], ok = e.(string); !ok || keys[i] == "" {
+			return inbox.OrderGate{}, badReply(v)
+		}
+	}
+	if len(keys) == 0 {
+		return inbox.OrderGate{}, nil
+	}
+	g := inbox.OrderGate{Head: keys[0]}
+	if len(keys) > 1 {
+		g.Waiting = keys[1:]
+	}
+	return g, nil
+}
+
+// ReleaseOrder implements [driver.Orderer].
+func (d *rdb) ReleaseOrder(ctx context.Context, orderKey, head string) error {
+	v, err := releaseOrderScript.Run(ctx, d.client, []string{d.gateKey(orderKey)}, d.opts.Prefix, d.gateTTL, head).Result()
+	if err != nil {
+		return mapErr(err)
+	}
+	switch v := v.(type) {
+	case int64:
+		switch v {
+		case 1:
+			return nil
+		case 0:
+			return fmt.Errorf("%w: no key of the order key waits on %q", inbox.ErrLeaseLost, head)
+		}
+	case string:
+		return fmt.Errorf("%w: the head of the order key is %q, not %q", inbox.ErrLeaseLost, v, head)
+	}
+	return badReply(v)
 }
 
 // Close implements [driver.Driver]. It closes the client only when the

@@ -3,7 +3,10 @@ package redisstore
 import "github.com/redis/go-redis/v9"
 
 // Each script is on one key (KEYS[1]), so it is atomic and runs on Redis
-// Cluster. Redis 7 replicates scripts by their effects, so TIME is allowed
+// Cluster, but for the order of order keys (gates: the operations O and G
+// of opsScript, orderScript and releaseOrderScript), which also read the
+// records of other keys and is kept only where that is allowed (not on
+// Cluster). Redis 7 replicates scripts by their effects, so TIME is allowed
 // before writes; PEXPIRETIME needs Redis 7.0 or later. The records they
 // read and write are described in "Record layouts" in doc.go.
 
@@ -16,7 +19,8 @@ import "github.com/redis/go-redis/v9"
 // nothing when v is not a record: kind and the values of its layout (a
 // record of ten values with rs "" and ra 0 added).
 //
-// load returns nil when the key has no live record, else kind, id, ow, ph,
+// load returns nil when the key (KEYS[1], or the Redis key it is given)
+// has no live record, else kind, id, ow, ph,
 // lu, ln, at, fs, ls, ex, rs, ra: a fresh record as kind 0, a completed one
 // and a compact processed one as kind 2, a compact dead one as kind 4,
 // their expiry from PEXPIRETIME; the id of a compact processed record is
@@ -69,16 +73,17 @@ local function decode(v)
     if rs == nil and kind ~= 4 then return kind, id, ow, ph, x, y, at, fs, ls, ex, '', 0 end
   end
 end
-local function load()
-  local v = redis.call('GET', k)
+local function load(key)
+  key = key or k
+  local v = redis.call('GET', key)
   if not v then return nil end
   local kind, id, ow, ph, x, y, at, fs, ls, ex, rs, ra = decode(v)
   if kind == nil then
-    return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. k)
+    return redis.error_reply('unexpected record of ' .. #v .. ' bytes under ' .. key)
   end
   if kind >= 5 then
     -- kind 5: at fs d ph fp; kind 6: at fs d ph ow rs; kind 7: at fs ttl2 ph fp
-    local e = redis.call('PEXPIRETIME', k)
+    local e = redis.call('PEXPIRETIME', key)
     if e < 0 then return nil end
     if kind ~= 6 then
       if y ~= '' then y = '\0' .. y end
@@ -91,7 +96,7 @@ local function load()
   ph = hash(ph)
   if kind == 0 or kind == 3 then
     -- x is the lease, y the TTL the fresh record was written with
-    local e = redis.call('PEXPIRETIME', k)
+    local e = redis.call('PEXPIRETIME', key)
     if e < 0 then return nil end
     if kind == 0 then
       local a = (e - y) * 1000
@@ -120,6 +125,37 @@ local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra = load()
 if type(kind) == 'table' then return kind end
 `
 
+// gates is the scripts' side of the order of order keys ("Order keys" in
+// doc.go), after clock. The gate of an order key is a Redis list of inbox
+// keys (without the prefix pre), its head at index 0 and the keys waiting
+// behind it after, with the TTL gttl (ms, a string) from its last change.
+// These scripts touch keys they are not given in KEYS (the heads' records),
+// which only a server that is no Cluster allows: the store keeps order
+// only over a *redis.Client.
+//
+// advance moves the gate g past the heads whose record is processed and
+// returns its head, nil when no key is left (Redis drops an empty list),
+// and, when the head's record is in a failed attempt's backoff, the end
+// of the backoff, else 0; or load's error reply.
+const gates = `
+local function advance(g, pre, gttl)
+  local moved = false
+  while true do
+    local h = redis.call('LINDEX', g, 0)
+    if not h then return nil, 0 end
+    local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs, ra = load(pre .. h)
+    if type(kind) == 'table' then return kind end
+    if kind ~= 2 then
+      if moved then redis.call('PEXPIRE', g, gttl) end
+      if kind ~= nil and lu <= now and ra > now then return h, ra end
+      return h, 0
+    end
+    redis.call('LPOP', g)
+    moved = true
+  end
+end
+`
+
 // opsScript applies a sequence of operations to one key, in order: the
 // TryBegin of a key that SET NX found, Complete, Release, Fail and
 // MarkProcessed, alone or, when one batch carries several operations on a
@@ -135,6 +171,10 @@ if type(kind) == 'table' then return kind end
 //	M                                        MarkProcessed
 //	K lease-id fresh compact                 Complete, knowing its claim
 //	E lease-id lease-µs                      Extend
+//	O lease-id lease-µs owner payload-hash gate prefix gate-ttl-ms
+//	                                         TryBegin with an order key
+//	G lease-id retry-after-µs dead reason gate prefix gate-ttl-ms
+//	                                         Fail with an order key
 //
 // Replies, one per operation (one operation: its reply; several: an array
 // of them):
@@ -143,11 +183,13 @@ if type(kind) == 'table' then return kind end
 //     Acquired (until the lease deadline, lease its length), 2 Processed, 3
 //     Busy on a live lease (until its end), 5 Busy in a failed attempt's
 //     backoff (until its end: Claim.BackingOff), and for 4 Dead the reason
-//     as a seventh element.
+//     as a seventh element. O replies as B, or 6 Behind (until the end
+//     of the head's backoff, 0 when it is not backing off; attempts those
+//     of the key's own record, if any).
 //   - C, K: 1 completed (now or before, by this lease).
-//   - R, F: 1 released, or failed.
+//   - R, F, G: 1 released, or failed.
 //   - E: the new lease deadline.
-//   - C, K, R, F, E: -1 no record, -2 another lease holds the key, -3
+//   - C, K, R, F, G, E: -1 no record, -2 another lease holds the key, -3
 //     processed (R, F, E), -4 dead.
 //   - M: 1.
 //
@@ -167,7 +209,7 @@ if #ARGV == 6 and ARGV[3] == 'K' then
   end
   if v and (string.byte(v) == 7 or string.byte(v) == 5) and string.sub(v, -9) == string.sub(ARGV[6], -9) then return 1 end
 end
-` + clock + `
+` + clock + gates + `
 local ret = tonumber(ARGV[1])
 
 local function begin(lid, lease, owner, hash)
@@ -237,6 +279,50 @@ local function fail(lid, after, isDead, reason)
   return 1
 end
 
+-- ordered is begin with the order key of the gate g: a key that is not
+-- processed or dead waits behind another head (Behind, queued once,
+-- its record untouched).
+local function ordered(lid, lease, owner, hash, g, pre, gttl)
+  local kind, id, ow, ph, lu, ln, at = load()
+  if type(kind) == 'table' then return kind end
+  if kind ~= 2 and kind ~= 4 then
+    local h, ua = advance(g, pre, gttl)
+    if type(h) == 'table' then return h end
+    local key = string.sub(k, #pre + 1)
+    if h and h ~= key then
+      if not redis.call('LPOS', g, key) then
+        redis.call('RPUSH', g, key)
+        redis.call('PEXPIRE', g, gttl)
+      end
+      local mm, n = 0, 0
+      if kind ~= nil then
+        n = at
+        if hash ~= '' and ph ~= '' and ph ~= hash then mm = 1 end
+      end
+      return {6, ua, 0, now, mm, n}
+    end
+  end
+  return begin(lid, lease, owner, hash)
+end
+
+-- failOrdered is fail with the order key of the gate g: the key heads the
+-- gate, opened if there is none (one headed by another key is left as
+-- it is).
+local function failOrdered(lid, after, isDead, reason, g, pre, gttl)
+  local r = fail(lid, after, isDead, reason)
+  if r ~= 1 then return r end
+  local h = advance(g, pre, gttl)
+  if type(h) == 'table' then return h end
+  local key = string.sub(k, #pre + 1)
+  if h == nil then
+    redis.call('RPUSH', g, key)
+    redis.call('PEXPIRE', g, gttl)
+  elseif h == key then
+    redis.call('PEXPIRE', g, gttl)
+  end
+  return 1
+end
+
 local function extend(lid, lease)
   local kind, id, ow, ph, lu, ln, at, fs, ls, ex, rs = holder(lid)
   if type(kind) ~= 'number' or kind < 0 then return kind end
@@ -279,6 +365,12 @@ while i <= #ARGV do
   elseif op == 'F' then
     r = fail(ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4])
     i = i + 5
+  elseif op == 'O' then
+    r = ordered(ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    i = i + 8
+  elseif op == 'G' then
+    r = failOrdered(ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    i = i + 8
   elseif op == 'M' then
     r = mark()
     i = i + 1
@@ -309,5 +401,28 @@ var forceReleaseScript = redis.NewScript(clock + checked + `
 if kind == nil or kind == 2 or kind == 4 then return 0 end
 if lu <= now and ra <= now then return 0 end
 save(1, '', ow, ph, 0, ln, at, fs, now, now + ARGV[1], rs, 0)
+return 1
+`)
+
+// Order: KEYS[1] the gate of an order key, ARGV = prefix, gate TTL (ms).
+// The gate moves past its processed heads ("gates"). Reply: the gate's
+// keys, head first; none when it has no gate.
+var orderScript = redis.NewScript(clock + gates + `
+local h = advance(k, ARGV[1], ARGV[2])
+if type(h) == 'table' then return h end
+if h == nil then return {} end
+return redis.call('LRANGE', k, 0, -1)
+`)
+
+// ReleaseOrder: KEYS[1] the gate of an order key, ARGV = prefix, gate TTL
+// (ms), head. When head heads the gate (past its processed heads), the
+// next key does. Reply: 1 released, 0 no gate, else the gate's head.
+var releaseOrderScript = redis.NewScript(clock + gates + `
+local h = advance(k, ARGV[1], ARGV[2])
+if type(h) == 'table' then return h end
+if h == nil then return 0 end
+if h ~= ARGV[3] then return h end
+redis.call('LPOP', k)
+redis.call('PEXPIRE', k, ARGV[2])
 return 1
 `)
