@@ -151,6 +151,7 @@ func ddl(d Dialect, table string) []string {
 	reason       TEXT NULL
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.table + ` (expires_at)`,
+			pgOrderDDL(quoteIdent(d, orderTable(table)).table),
 		}
 	case MySQL:
 		// Binary strings: MySQL's and MariaDB's default collations fold case
@@ -327,6 +328,10 @@ type queries struct {
 	// release, whose parameter is retentionUS (on SQLite, complete's are
 	// ?1 and ?4; on MySQL, complete's are myCompleteArgs).
 	completeSet, releaseSet string
+
+	// order are the statements of the order of order keys (PostgreSQL
+	// only; see order.go).
+	order orderQueries
 }
 
 func buildQueries(d Dialect, table string, returning bool) queries {
@@ -341,6 +346,9 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 		q = liteQueries(t)
 	}
 	q.t = t
+	if d == Postgres {
+		q.order = pgOrderQueries(t, quoteIdent(d, orderTable(table)).table)
+	}
 	if d != Postgres {
 		q.claimOne, q.markOne = q.claimsQuery(1), q.marksQuery(1)
 	}

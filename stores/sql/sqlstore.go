@@ -236,7 +236,8 @@ func newStore(db *sql.DB, opts Options) (*Store, error) {
 	if opts.batch != nil {
 		b = *opts.batch
 	}
-	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout})
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout,
+		Order: opts.Dialect == Postgres})
 	if err != nil {
 		return nil, err
 	}
