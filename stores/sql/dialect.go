@@ -242,7 +242,10 @@ func addColumn(d Dialect, table string, i int) string {
 // of the lease that completed it, so that its repeated Complete still
 // succeeds and any other's fails), owner (but once processed) and reason
 // (of the latest failed attempt, [inbox.FailOptions.Reason]), NULL when
-// empty, with an index on expires_at for [Store.Cleanup].
+// empty, with an index on expires_at for [Store.Cleanup]. On PostgreSQL a
+// second table, the table's name and "_order", holds the gates of order
+// keys ([inbox.BeginOptions.OrderKey]): order_key (primary key), head,
+// waiting (the keys behind the head, in their order) and expires_at.
 //
 // A table of an earlier layout (with the column lease_id) is upgraded by
 // [Store.Migrate], which copies its rows to a table of this layout that
