@@ -204,6 +204,15 @@ type querier interface {
 // ---- PostgreSQL: one statement per wave ----
 
 func (d *sqlDriver) applyPG(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	if slices.ContainsFunc(ops, ordered) {
+		return d.applyPGOrdered(ctx, ops, res, errs)
+	}
+	return d.applyPGPlain(ctx, ops, res, errs)
+}
+
+// applyPGPlain applies ops, none of which carries an order key: alone
+// (applyOne), or in waves of one statement each.
+func (d *sqlDriver) applyPGPlain(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
 	if len(ops) == 1 {
 		return d.applyOne(ctx, ops, res, errs)
 	}

@@ -151,6 +151,7 @@ func ddl(d Dialect, table string) []string {
 	reason       TEXT NULL
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + n.index + ` ON ` + n.table + ` (expires_at)`,
+			pgOrderDDL(quoteIdent(d, orderTable(table)).table),
 		}
 	case MySQL:
 		// Binary strings: MySQL's and MariaDB's default collations fold case
@@ -241,7 +242,10 @@ func addColumn(d Dialect, table string, i int) string {
 // of the lease that completed it, so that its repeated Complete still
 // succeeds and any other's fails), owner (but once processed) and reason
 // (of the latest failed attempt, [inbox.FailOptions.Reason]), NULL when
-// empty, with an index on expires_at for [Store.Cleanup].
+// empty, with an index on expires_at for [Store.Cleanup]. On PostgreSQL a
+// second table, the table's name and "_order", holds the gates of order
+// keys ([inbox.BeginOptions.OrderKey]): order_key (primary key), head,
+// waiting (the keys behind the head, in their order) and expires_at.
 //
 // A table of an earlier layout (with the column lease_id) is upgraded by
 // [Store.Migrate], which copies its rows to a table of this layout that
@@ -327,6 +331,10 @@ type queries struct {
 	// release, whose parameter is retentionUS (on SQLite, complete's are
 	// ?1 and ?4; on MySQL, complete's are myCompleteArgs).
 	completeSet, releaseSet string
+
+	// order are the statements of the order of order keys (PostgreSQL
+	// only; see order.go).
+	order orderQueries
 }
 
 func buildQueries(d Dialect, table string, returning bool) queries {
@@ -341,6 +349,9 @@ func buildQueries(d Dialect, table string, returning bool) queries {
 		q = liteQueries(t)
 	}
 	q.t = t
+	if d == Postgres {
+		q.order = pgOrderQueries(t, quoteIdent(d, orderTable(table)).table)
+	}
 	if d != Postgres {
 		q.claimOne, q.markOne = q.claimsQuery(1), q.marksQuery(1)
 	}

@@ -66,6 +66,23 @@
 // to 8 times). Connection faults, timeouts and errors that persist wrap
 // [inbox.ErrStoreUnavailable]; a canceled context wraps context.Canceled.
 //
+// # Order keys
+//
+// On PostgreSQL the store keeps the order of order keys
+// ([inbox.BeginOptions.OrderKey], [inbox.OrderAdmin]): a second table,
+// the store's table name and "_order", created by [Store.Migrate] and
+// [DDL], holds a row per order key that has a gate (its head, the keys
+// waiting behind it in their order, and when it expires: the retention
+// plus the default lease after its last change; reads ignore an expired
+// gate, which the janitor does not delete yet). A TryBegin or Fail with an
+// OrderKey leaves the batch's waves and runs alone, in a short
+// transaction that holds an advisory lock of its order key; calls without
+// one keep the waves and their statements. On a table made without the
+// gate table (by an earlier version, with migrate off) calls with an
+// OrderKey fail with an error wrapping [inbox.ErrStoreUnavailable] that
+// says to migrate; the others work. MySQL, MariaDB and SQLite keep no
+// order: an OrderKey fails with [inbox.ErrNotSupported].
+//
 // # Batching, cleanup, operators
 //
 // Concurrent TryBegin, Complete, Release, Fail and MarkProcessed calls share

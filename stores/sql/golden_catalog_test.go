@@ -105,6 +105,26 @@ func goldenPostgres() GoldenFile {
 		About:  `Extend: an UPDATE fenced by the lease id of an open, unexpired row; no row is ErrLeaseLost.`,
 		Params: `$1 key, $2 lease id, $3 lease (µs), $4 lease + retention (µs). Returns lease_until.`,
 		SQL:    q.extend})
+	add(GoldenStatement{Name: "order-lock",
+		About:  `A TryBegin or Fail with an OrderKey (taken out of the batch's waves), Order and ReleaseOrder: the first statement of the op's own transaction, the advisory lock of its order key (the text of migrate-lock), so that the ops of one order key take turns. The transaction then runs order-get and order-records, order-put or order-delete when the gate changes, and claim or fail.`,
+		Params: `$1 the lock: the FNV-64a hash of "watermill-inbox-order:inbox", a NUL byte and the order key, as a bigint.`,
+		SQL:    pgAdvisoryLock})
+	add(GoldenStatement{Name: "order-get",
+		About:  `In the transaction of order-lock: the order key's live gate.`,
+		Params: `$1 order key. Returns head, the waiting keys as a JSON array.`,
+		SQL:    q.order.get})
+	add(GoldenStatement{Name: "order-records",
+		About:  `In the transaction of order-lock, after order-get: the live records of the gate's keys and of the claim's key, to move the gate past the processed heads and answer Behind.`,
+		Params: `$1 the keys (a text array literal). Returns per live record: msg_key, state, attempts, payload_hash, the backoff left (µs; 0 when none runs).`,
+		SQL:    q.order.records})
+	add(GoldenStatement{Name: "order-put",
+		About:  `In the transaction of order-lock: writes the order key's gate when it changed (a key queued, the head passed, a Fail that heads it).`,
+		Params: `$1 order key, $2 head, $3 the waiting keys (a text array literal), $4 retention + default lease (µs): the gate's life from now.`,
+		SQL:    q.order.put})
+	add(GoldenStatement{Name: "order-delete",
+		About:  `In the transaction of order-lock: removes the order key's gate when its last key has passed.`,
+		Params: `$1 order key.`,
+		SQL:    q.order.del})
 	addCommon(&f, d)
 	addTx(&f, d)
 	return f
@@ -268,7 +288,7 @@ func goldenSQLite() GoldenFile {
 func addSchema(f *GoldenFile, d *sqlDriver) {
 	dl, t := d.opts.Dialect, d.q.t
 	stmts := ddl(dl, d.opts.Table)
-	names := []string{"create-table", "create-index"}
+	names := []string{"create-table", "create-index", "create-order-table"}
 	for i, s := range stmts {
 		about := `Migrate (AutoMigrate, migrate=true, inboxctl migrate) and DDL: creates the table when it does not exist.`
 		if dl == MySQL {
@@ -276,6 +296,9 @@ func addSchema(f *GoldenFile, d *sqlDriver) {
 		}
 		if i == 1 {
 			about = `Migrate and DDL, after create-table: the index of Cleanup.`
+		}
+		if i == 2 {
+			about = `Migrate and DDL, after create-index: the table of the gates of order keys (BeginOptions.OrderKey), inbox_order, a row per order key that has one: its head, the keys waiting behind it in their order, and when the gate expires.`
 		}
 		f.Statements = append(f.Statements, GoldenStatement{Name: names[i], About: about, Params: `None.`, SQL: s})
 	}

@@ -198,6 +198,35 @@ func sendEverything(t *testing.T, b backend, rec *recorder) {
 		}
 	}
 
+	// On PostgreSQL, the order of order keys: a gate opened by a Fail,
+	// a key queued behind it, the head released, the next key processed
+	// (the gate removed), and a batch mixing ops with and without one.
+	if b.dialect == sqlstore.Postgres {
+		ok := key()
+		begin := func(k string, want inbox.Status) inbox.Claim {
+			t.Helper()
+			c, err := s.TryBegin(ctx, k, inbox.BeginOptions{OrderKey: ok})
+			if err != nil || c.Status != want {
+				t.Fatalf("TryBegin(%q) with an OrderKey: %+v, %v; want %v", k, c, err, want)
+			}
+			return c
+		}
+		head, next := key(), key()
+		c := begin(head, inbox.Acquired)
+		check("Fail with an OrderKey", s.Fail(ctx, head, c.LeaseID, inbox.FailOptions{Dead: true, OrderKey: ok}))
+		begin(next, inbox.Behind)
+		_, err := s.Order(ctx, ok)
+		check("Order", err)
+		check("ReleaseOrder", s.ReleaseOrder(ctx, ok, head))
+		c = begin(next, inbox.Acquired)
+		check("Complete", s.Complete(ctx, next, c.LeaseID))
+		_, err = s.Order(ctx, ok)
+		check("Order", err)
+		o := op(inboxdriver.Claim, key(), "l")
+		o.OrderKey = ok
+		apply(op(inboxdriver.Mark, key(), ""), o, op(inboxdriver.Mark, key(), ""))
+	}
+
 	// The transactional mode: a new key, a processed one, and one whose
 	// lease was released (its row removed, then claimed).
 	txClaim := func(k string, wantProcessed bool) {

@@ -139,8 +139,9 @@ func (o Options) Validate() error {
 // concurrent use. Its methods are those of the portable layer it embeds,
 // [driver.Store] (TryBegin, Complete, Release, Fail, Extend, Get,
 // IsProcessed, MarkProcessed, List, Forget, ForceRelease, Retention,
-// BatchStats, Close; KeepsOrder, Order and ReleaseOrder, for a store that
-// keeps no order: an OrderKey fails with [inbox.ErrNotSupported]), with
+// BatchStats, Close; KeepsOrder, Order and ReleaseOrder: the store keeps
+// the order of order keys on PostgreSQL, and elsewhere an OrderKey fails
+// with [inbox.ErrNotSupported]), with
 // the contracts of [inbox.LeaseStore] and [inbox.Admin], and its own
 // below.
 type Store struct {
@@ -236,7 +237,8 @@ func newStore(db *sql.DB, opts Options) (*Store, error) {
 	if opts.batch != nil {
 		b = *opts.batch
 	}
-	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout})
+	ds, err := driver.New(d, driver.Config{Name: "sql store (" + string(opts.Dialect) + ")", Lease: opts.Lease, Retention: opts.Retention, Batch: b, Timeout: opts.Timeout,
+		Order: opts.Dialect == Postgres})
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,18 @@ CREATE TABLE IF NOT EXISTS "inbox" (
 -- Parameters: None.
 CREATE INDEX IF NOT EXISTS "inbox_expires_at" ON "inbox" (expires_at);
 
+-- name: create-order-table
+-- Migrate and DDL, after create-index: the table of the gates of order keys
+-- (BeginOptions.OrderKey), inbox_order, a row per order key that has one: its
+-- head, the keys waiting behind it in their order, and when the gate expires.
+-- Parameters: None.
+CREATE TABLE IF NOT EXISTS "inbox_order" (
+	expires_at TIMESTAMPTZ NOT NULL,
+	order_key  TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	head       TEXT COLLATE "C" NOT NULL,
+	waiting    TEXT[] NOT NULL
+);
+
 -- name: migrate-probe-reason
 -- Migrate, after the DDL, and the check of stores.Open when reading the table
 -- fails for a missing column: reads no row, and fails when the column reason
@@ -1562,6 +1574,51 @@ WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE "inbox" AS t SET lease_until = n.now + $3::bigint * interval '1 microsecond', expires_at = n.now + $4::bigint * interval '1 microsecond'
 FROM n WHERE t.msg_key = $1 AND t.lease = $2::bytea AND t.state = 0 AND t.expires_at > n.now
 RETURNING t.lease_until;
+
+-- name: order-lock
+-- A TryBegin or Fail with an OrderKey (taken out of the batch's waves), Order
+-- and ReleaseOrder: the first statement of the op's own transaction, the
+-- advisory lock of its order key (the text of migrate-lock), so that the ops of
+-- one order key take turns. The transaction then runs order-get and
+-- order-records, order-put or order-delete when the gate changes, and claim or
+-- fail.
+-- Parameters: $1 the lock: the FNV-64a hash of "watermill-inbox-order:inbox", a
+-- NUL byte and the order key, as a bigint.
+SELECT pg_advisory_xact_lock($1);
+
+-- name: order-get
+-- In the transaction of order-lock: the order key's live gate.
+-- Parameters: $1 order key. Returns head, the waiting keys as a JSON array.
+SELECT head, to_json(waiting)::text FROM "inbox_order"
+WHERE order_key = $1 AND expires_at > clock_timestamp();
+
+-- name: order-records
+-- In the transaction of order-lock, after order-get: the live records of the
+-- gate's keys and of the claim's key, to move the gate past the processed heads
+-- and answer Behind.
+-- Parameters: $1 the keys (a text array literal). Returns per live record:
+-- msg_key, state, attempts, payload_hash, the backoff left (µs; 0 when none
+-- runs).
+WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT t.msg_key, t.state::int, t.attempts, t.payload_hash,
+	CASE WHEN t.state = 0 AND t.lease IS NULL AND t.lease_until > n.now
+		THEN ceil(extract(epoch FROM t.lease_until - n.now) * 1000000)::bigint ELSE 0 END
+FROM n, "inbox" AS t WHERE t.msg_key = ANY($1::text::text[]) AND t.expires_at > n.now;
+
+-- name: order-put
+-- In the transaction of order-lock: writes the order key's gate when it changed
+-- (a key queued, the head passed, a Fail that heads it).
+-- Parameters: $1 order key, $2 head, $3 the waiting keys (a text array
+-- literal), $4 retention + default lease (µs): the gate's life from now.
+INSERT INTO "inbox_order" AS g (order_key, head, waiting, expires_at)
+SELECT $1, $2, $3::text::text[], clock_timestamp() + $4::bigint * interval '1 microsecond'
+ON CONFLICT (order_key) DO UPDATE SET head = EXCLUDED.head, waiting = EXCLUDED.waiting, expires_at = EXCLUDED.expires_at;
+
+-- name: order-delete
+-- In the transaction of order-lock: removes the order key's gate when its last
+-- key has passed.
+-- Parameters: $1 order key.
+DELETE FROM "inbox_order" WHERE order_key = $1;
 
 -- name: get
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the

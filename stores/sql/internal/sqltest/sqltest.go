@@ -101,8 +101,10 @@ func NewTable(t testing.TB, db *sql.DB, d sqlstore.Dialect, prefix string) strin
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("dropping %s: %v", table, err)
+		for _, tb := range []string{table, table + "_order"} { // the order of order keys' (PostgreSQL)
+			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("dropping %s: %v", tb, err)
+			}
 		}
 	})
 	return table
