@@ -618,7 +618,7 @@ func preparePG(t *testing.T, spec pipelineSpec) (effects2, effects3 *tableLedger
 	outbox := wsql.DefaultPostgreSQLSchema{}.MessagesTable(spec.Outbox)
 	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{}.MessagesOffsetsTable(spec.Outbox)
 	t.Cleanup(func() {
-		for _, tb := range []string{spec.S2Table, spec.S3Table, spec.S2Table + "_effects", spec.S3Table + "_effects", outbox, offsets} {
+		for _, tb := range []string{spec.S2Table, spec.S3Table, spec.S2Table + "_order", spec.S3Table + "_order", spec.S2Table + "_effects", spec.S3Table + "_effects", outbox, offsets} {
 			if _, err := db.Exec("DROP TABLE IF EXISTS " + tb); err != nil {
 				t.Errorf("dropping %s: %v", tb, err)
 			}

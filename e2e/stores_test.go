@@ -166,7 +166,7 @@ func sqlKind(svc testenv.Service, tx bool) func(t *testing.T) harness.StoreCase 
 		inspect := open(t, direct)
 		db := openDB(t, base)
 		t.Cleanup(func() {
-			for _, tb := range []string{table, table + "_ledger"} {
+			for _, tb := range []string{table, table + "_order", table + "_ledger"} {
 				if _, err := db.Exec("DROP TABLE IF EXISTS " + tb); err != nil {
 					t.Errorf("dropping %s: %v", tb, err)
 				}

@@ -316,7 +316,11 @@ func (e *env) close(ctx context.Context) error {
 		if e.pgStore != nil {
 			errs = append(errs, e.pgStore.Close())
 		}
-		for _, tab := range []string{e.pgTable, e.pgFloorTab} {
+		tabs := []string{e.pgTable, e.pgFloorTab}
+		if e.pgTable != "" {
+			tabs = append(tabs, e.pgTable+"_order") // the gate table of order keys, which migrate creates
+		}
+		for _, tab := range tabs {
 			if tab != "" {
 				_, err := e.pg.ExecContext(ctx, "DROP TABLE IF EXISTS "+tab)
 				errs = append(errs, err)

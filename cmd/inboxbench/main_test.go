@@ -650,7 +650,7 @@ func floorTable(t *testing.T) (*sql.DB, string) {
 	}
 	table := "inboxbench_test_" + strings.ToLower(watermill.NewShortUUID())
 	t.Cleanup(func() {
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_order")
 		_ = db.Close()
 	})
 	s, err := sqlstore.New(context.Background(), db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table, AutoMigrate: true})

@@ -290,7 +290,7 @@ func TestLive_stuck_lease_acceptance_command(t *testing.T) {
 					return
 				}
 				defer db.Close()
-				if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `"`); err != nil {
+				if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `", "` + table + `_order"`); err != nil {
 					t.Errorf("drop %s: %v", table, err)
 				}
 			})
@@ -503,7 +503,7 @@ func sqlCases() map[string]func(t *testing.T) sqlCase {
 					t.Fatal(err)
 				}
 				defer db.Close()
-				if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `"`); err != nil {
+				if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `", "` + table + `_order"`); err != nil {
 					t.Errorf("drop %s: %v", table, err)
 				}
 			}}

@@ -616,7 +616,7 @@ func (t tables) invoices(db *sql.DB) (n int, err error) {
 }
 
 func (t tables) drop(db *sql.DB, out io.Writer) {
-	for _, tb := range []string{t.inbox, t.invoicesTable,
+	for _, tb := range []string{t.inbox, t.inbox + "_order", t.invoicesTable,
 		wsql.DefaultPostgreSQLSchema{}.MessagesTable(t.outboxTopic), wsql.DefaultPostgreSQLOffsetsAdapter{}.MessagesOffsetsTable(t.outboxTopic)} {
 		if _, err := db.Exec("DROP TABLE IF EXISTS " + tb); err != nil {
 			fmt.Fprintf(out, "could not drop table %s: %v\n", tb, err)

@@ -62,6 +62,9 @@ func TestCleanup_on_by_default_keeps_the_table_at_the_retention(t *testing.T) {
 					if c.name == "mariadb" {
 						open = openMySQL
 					}
+					if _, err := open(t).ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_order"); err != nil {
+						t.Errorf("drop %s_order: %v", table, err)
+					}
 					if _, err := open(t).ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
 						t.Errorf("drop %s: %v", table, err)
 					}

@@ -1,6 +1,7 @@
 package sqlstore_test
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 
@@ -56,4 +57,11 @@ func newStore(t testing.TB, b backend, db *sql.DB, table string, opts sqlstore.O
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// dropTables drops tables, ignoring errors: a test's clean-up.
+func dropTables(db *sql.DB, tables ...string) {
+	for _, tb := range tables {
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb)
+	}
 }

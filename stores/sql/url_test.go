@@ -94,6 +94,9 @@ func TestOpen_by_URL(t *testing.T) {
 					if c.name == "mysql" {
 						open = openMySQL
 					}
+					if _, err := open(t).ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_order"); err != nil {
+						t.Errorf("drop %s_order: %v", table, err)
+					}
 					if _, err := open(t).ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
 						t.Errorf("drop %s: %v", table, err)
 					}
@@ -257,7 +260,7 @@ func TestMigrate_idempotent_and_concurrent(t *testing.T) {
 			t.Parallel()
 			db := b.open(t)
 			table := randomTable()
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			t.Cleanup(func() { dropTables(db, table, table+"_order") })
 
 			s := newStore(t, b, db, table, sqlstore.Options{})
 			_, err := s.TryBegin(ctxT(t), "k", inbox.BeginOptions{})
@@ -387,7 +390,7 @@ func TestOpen_checks_the_store(t *testing.T) {
 			if _, err := db.ExecContext(ctxT(t), "CREATE TABLE "+table+" (msg_key TEXT PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			t.Cleanup(func() { dropTables(db, table, table+"_order") })
 			return withParams(testenv.Postgres.URL(t), "table="+table)
 		}, true, []string{"is not an inbox table of this version"}},
 		{"postgres/unreachable", func(*testing.T) string {
@@ -474,7 +477,7 @@ func TestOpen_check_false_waits_for_the_server(t *testing.T) {
 			}
 			_ = ms.Close()
 			db := c.db(t)
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			t.Cleanup(func() { dropTables(db, table, table+"_order") })
 			p := faultproxy.New(t, u.Host)
 			p.Cut()
 			u.Host = p.Addr()
