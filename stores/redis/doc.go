@@ -13,45 +13,24 @@
 // # Layout
 //
 // Each inbox key is one Redis string, named [Options.Prefix] + key (default
-// "inbox:"), holding its record in MessagePack; its TTL is lease +
-// retention while a lease is in flight, the end of a failed attempt's
-// backoff + retention, and the retention once it is processed, released or
-// dead. A processed key keeps its attempts, first seen, when it was
-// processed, its payload hash (a SHA-256 as its first 16 bytes, which Get
-// shows as 32 hex digits) and a fingerprint of the lease that completed
-// it: not its owner, which Get shows empty. Expiry is logical, in Lua
-// scripts that read Redis's TIME, so deadlines come from the Redis clock
-// and consumers with skewed clocks agree; the TTL only cleans up. The
-// claim of a new key is a native SET NX PX (with PEXPIRETIME, one round
-// trip), a key that exists a script, in a second round trip (a claim with [inbox.BeginOptions.Retry],
-// a copy of a failed attempt, goes to the script at once); every operation
-// touches one key, so it is atomic, on Cluster too (but those with an
-// order key: see "Order keys").
-// The store owns every key under its prefix: a value it did not write there
-// is an error wrapping [inbox.ErrStoreUnavailable], never overwritten.
+// "inbox:"), holding its record in MessagePack; its TTL is lease + retention
+// while a lease is in flight, the end of a failed attempt's backoff +
+// retention, and the retention once it is processed, released or dead. A
+// processed key keeps its attempts, first seen, when it was processed, its
+// payload hash (the first 16 bytes of a SHA-256) and a fingerprint of the lease
+// that completed it: not its owner, which Get shows empty. Expiry is logical,
+// in Lua scripts that read Redis's TIME, so deadlines come from the Redis clock
+// and consumers with skewed clocks agree; the TTL only cleans up. The claim of
+// a new key is a native SET NX PX (with PEXPIRETIME, one round trip), a key
+// that exists a script, in a second round trip (a claim with
+// [inbox.BeginOptions.Retry], a copy of a failed attempt, goes to the script at
+// once); every operation without an order key touches one key, so it is atomic,
+// on Cluster too. Order keys ([inbox.OrderAdmin]) are kept over a *redis.Client
+// only. The store owns every key under its prefix: a value it did not write
+// there is an error wrapping [inbox.ErrStoreUnavailable], never overwritten.
 // Leases and retention are kept in whole microseconds and are at most
 // [MaxDuration] (100 years). Needs Redis 7.0 or later (PEXPIRETIME), and
-// EVALSHA, EVAL, SET and PEXPIRETIME on the prefix's keys.
-//
-// # Order keys
-//
-// The store keeps the order of order keys ([inbox.OrderAdmin],
-// [inbox.BeginOptions.OrderKey]) over a *redis.Client, standalone or
-// Sentinel. The gate of an order key is a Redis list under the key
-// Options.Prefix + NUL + "order:" + order key (no inbox key holds a NUL, so
-// no gate is a record, and List skips them): the inbox keys, without the
-// prefix, of its head at index 0 and of the keys waiting behind it, in
-// their order. It lives the retention plus the default lease after its
-// last change (a TTL). A claim or a Fail with an order key is a call of the
-// operations' script (a claim with one never takes the fast SET NX), which
-// reads the gate, the records of its heads and the key's own record and
-// changes them in one step; Order and ReleaseOrder are a script each.
-// Claims without an order key are unchanged. Because these scripts touch
-// keys of other hash slots, a Cluster (or Ring) client keeps no order:
-// KeepsOrder is false, and an OrderKey fails with [inbox.ErrNotSupported].
-// Order keys also need LINDEX, LPOS, LRANGE, LPOP, RPUSH and PEXPIRE on the
-// prefix's keys; a key waiting behind a head is found with LPOS, so a
-// claim costs time linear in the keys waiting on its order key.
+// EVALSHA, EVAL, SET and PEXPIRETIME on its keys.
 //
 // # Batched round trips
 //
@@ -141,11 +120,10 @@
 //
 // # Durability
 //
-// The store is exactly as durable as the Redis under it: with appendonly
-// yes and appendfsync always, no acknowledged mark or lease is lost on a
-// crash; with everysec the last second can be; without persistence a
-// restart forgets every key; a failover can lose the writes the replica had
-// not received.
+// The store is as durable as the Redis under it: with appendonly yes and
+// appendfsync always, no acknowledged mark or lease is lost on a crash;
+// with everysec the last second can be; without persistence a restart
+// forgets every key; a failover can lose what the replica had not received.
 //
 // # Verified against
 //

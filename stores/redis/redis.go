@@ -163,10 +163,7 @@ func (o Options) Validate() error {
 //     ([inbox.Store]).
 //   - List, Forget, ForceRelease: the operators' calls (cmd/inboxctl).
 //   - KeepsOrder, Order, ReleaseOrder ([inbox.OrderAdmin]): the order of
-//     order keys ("Order keys" in the package documentation), kept over a
-//     *redis.Client (standalone or Sentinel); over any other client
-//     (Cluster, Ring) KeepsOrder is false and an OrderKey fails with
-//     [inbox.ErrNotSupported].
+//     order keys (the package documentation's "Layout").
 //   - Retention() time.Duration: how long a processed key stays processed
 //     ([inbox.RetentionReporter], for the middleware's stale check).
 //   - BatchStats: how calls were batched; Close.
