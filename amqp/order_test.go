@@ -2,11 +2,6 @@ package inboxamqp_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"hash/fnv"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,24 +50,7 @@ func TestOrderKey_single_active_consumer_queue_keeps_each_accounts_order(t *test
 	cfg.Marshaler = inboxamqp.Marshaler{}
 	cfg.Queue.Arguments = sac
 
-	const accounts, events = 20, 5
-	var mu sync.Mutex
-	applied := map[string][]int{}
-	ran := map[string]int{}
-	handler := func(m *message.Message) error {
-		id, acct := m.Metadata.Get("IdempotencyKey"), m.Metadata.Get("account")
-		var n int
-		if _, err := fmt.Sscanf(m.Metadata.Get("seq"), "%d", &n); err != nil {
-			return fmt.Errorf("event %s without seq: %w", id, err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if ran[id]++; ran[id] == 1 && failsFirst(id) {
-			return errors.New("ledger busy")
-		}
-		applied[acct] = append(applied[acct], n)
-		return nil
-	}
+	ledger := &testenv.Ledger{Accounts: 20, Events: 5, FailOneIn: 5}
 	for range 2 { // two consumers; the queue delivers to one at a time
 		sub, err := amqp.NewSubscriber(cfg, watermill.NopLogger{})
 		if err != nil {
@@ -83,7 +61,7 @@ func TestOrderKey_single_active_consumer_queue_keeps_each_accounts_order(t *test
 			t.Fatal(err)
 		}
 		router.AddMiddleware(ib.Middleware)
-		router.AddConsumerHandler("ledger", queue, sub, handler)
+		router.AddConsumerHandler("ledger", queue, sub, ledger.Handle)
 		go func() { _ = router.Run(context.Background()) }()
 		<-router.Running()
 		t.Cleanup(func() { _ = router.Close() })
@@ -94,51 +72,11 @@ func TestOrderKey_single_active_consumer_queue_keeps_each_accounts_order(t *test
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	for e := range events {
-		for a := range accounts {
-			m := message.NewMessage(watermill.NewUUID(), nil)
-			m.Metadata.Set("IdempotencyKey", fmt.Sprintf("acct%d-ev%d", a, e))
-			m.Metadata.Set("account", fmt.Sprintf("acct%d", a))
-			m.Metadata.Set("seq", fmt.Sprint(e))
-			if err := pub.Publish(queue, m); err != nil {
-				t.Fatal(err)
-			}
+	for _, m := range ledger.Messages() {
+		if err := pub.Publish(queue, m); err != nil {
+			t.Fatal(err)
 		}
 	}
-	testenv.Eventually(t, 60*time.Second, "every event applied", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		n := 0
-		for _, seqs := range applied {
-			n += len(seqs)
-		}
-		return n >= accounts*events
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	failed := 0
-	for id := range ran {
-		if failsFirst(id) {
-			failed++
-		}
-	}
-	if failed == 0 {
-		t.Fatal("no first attempt failed: the test checks nothing")
-	}
-	want := []int{0, 1, 2, 3, 4}
-	for a := range accounts {
-		acct := fmt.Sprintf("acct%d", a)
-		if got := applied[acct]; !slices.Equal(got, want) {
-			t.Errorf("%s's events applied in the order %v, want %v", acct, got, want)
-		}
-	}
-	t.Logf("%d of %d events failed their first attempt", failed, accounts*events)
-}
-
-// failsFirst picks the events whose first attempt fails: about one in
-// five, the same on every run.
-func failsFirst(id string) bool {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	return h.Sum32()%5 == 0
+	testenv.Eventually(t, 60*time.Second, "every event applied", ledger.Done)
+	ledger.Check(t)
 }

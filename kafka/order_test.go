@@ -1,11 +1,6 @@
 package inboxkafka_test
 
 import (
-	"errors"
-	"fmt"
-	"hash/fnv"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,74 +37,13 @@ func TestOrderByRecordKey_keeps_each_keys_order_through_retries(t *testing.T) {
 			t.Fatal(err)
 		}
 		router.AddMiddleware(ib.Middleware)
-		const accounts, events = 40, 6
-		var mu sync.Mutex
-		applied := map[string][]int{} // account: the events applied, in order
-		ran := map[string]int{}
-		router.AddConsumerHandler("ledger", topic, retry.Subscriber(mainSubscriber(t, env, group)), func(m *message.Message) error {
-			id, acct := m.Metadata.Get("IdempotencyKey"), m.Metadata.Get("account")
-			var n int
-			if _, err := fmt.Sscanf(m.Metadata.Get("seq"), "%d", &n); err != nil {
-				return fmt.Errorf("event %s without seq: %w", id, err)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if ran[id]++; ran[id] == 1 && failsFirst(id) {
-				return errors.New("ledger busy")
-			}
-			applied[acct] = append(applied[acct], n)
-			return nil
-		})
+		ledger := &testenv.Ledger{Accounts: 40, Events: 6, FailOneIn: 6}
+		router.AddConsumerHandler("ledger", topic, retry.Subscriber(mainSubscriber(t, env, group)), ledger.Handle)
 		runUntilCleanup(t, router, ib)
-
-		var msgs []*message.Message
-		for e := range events {
-			for a := range accounts {
-				m := message.NewMessage(watermill.NewUUID(), nil)
-				m.Metadata.Set("IdempotencyKey", fmt.Sprintf("acct%d-ev%d", a, e))
-				m.Metadata.Set("account", fmt.Sprintf("acct%d", a))
-				m.Metadata.Set("seq", fmt.Sprint(e))
-				msgs = append(msgs, m)
-			}
-		}
-		publishByAccount(t, env, topic, msgs...)
-		testenv.Eventually(t, 60*time.Second, "every event applied", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			n := 0
-			for _, seqs := range applied {
-				n += len(seqs)
-			}
-			return n >= accounts*events
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		failed := 0
-		for id, n := range ran {
-			if failsFirst(id) && n > 0 {
-				failed++
-			}
-		}
-		if failed == 0 {
-			t.Fatal("no first attempt failed: the test checks nothing")
-		}
-		want := []int{0, 1, 2, 3, 4, 5}
-		for a := range accounts {
-			acct := fmt.Sprintf("acct%d", a)
-			if got := applied[acct]; !slices.Equal(got, want) {
-				t.Errorf("%s's events applied in the order %v, want %v", acct, got, want)
-			}
-		}
-		t.Logf("%d of %d events failed their first attempt", failed, accounts*events)
+		publishByAccount(t, env, topic, ledger.Messages()...)
+		testenv.Eventually(t, 60*time.Second, "every event applied", ledger.Done)
+		ledger.Check(t)
 	})
-}
-
-// failsFirst picks the events whose first attempt fails: about one in six,
-// the same on every run.
-func failsFirst(id string) bool {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	return h.Sum32()%6 == 0
 }
 
 // publishByAccount publishes msgs with their "account" as the record key,
