@@ -559,11 +559,15 @@ func openSQLTarget(dialect, raw string) (*sqlTarget, error) {
 	return t, nil
 }
 
+// drop drops tables, and the gate tables of order keys that PostgreSQL's
+// migrate creates beside them.
 func (t *sqlTarget) drop(ctx context.Context, tables ...string) error {
 	var errs []error
 	for _, tab := range tables {
-		_, err := t.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tab)
-		errs = append(errs, err)
+		for _, tb := range []string{tab, tab + "_order"} {
+			_, err := t.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb)
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
