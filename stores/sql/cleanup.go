@@ -218,14 +218,41 @@ type cleanupStats struct {
 
 // cleanup deletes batches of expired rows until a statement deletes fewer
 // than a batch, or, with a non-zero until, that time has passed (bounded is
-// then true), each statement bounded by stmtTimeout when positive.
+// then true), each statement bounded by stmtTimeout when positive. Then,
+// on PostgreSQL, it deletes the expired gates of order keys the same way
+// (cleanupGates).
 func (d *sqlDriver) cleanup(ctx context.Context, until time.Time, stmtTimeout time.Duration) (total int64, bounded bool, err error) {
+	total, bounded, err = d.cleanupBatches(ctx, d.q.cleanup, until, stmtTimeout)
+	if err != nil || bounded || d.q.order.cleanup == "" {
+		return total, bounded, err
+	}
+	n, bounded, err := d.cleanupGates(ctx, until, stmtTimeout)
+	return total + n, bounded, err
+}
+
+// cleanupGates deletes expired gates of order keys in batches. A gate
+// outlives its last change by the retention and the default lease, and is
+// deleted as soon as its last key has passed: the expired ones are those
+// whose head never came back. A store whose gate table is missing (its
+// table was created before order keys, and nobody ran Migrate since) has
+// none to delete.
+func (d *sqlDriver) cleanupGates(ctx context.Context, until time.Time, stmtTimeout time.Duration) (int64, bool, error) {
+	n, bounded, err := d.cleanupBatches(ctx, d.q.order.cleanup, until, stmtTimeout)
+	if err != nil && classify(err) == dialect.NoTable {
+		return n, bounded, nil
+	}
+	return n, bounded, err
+}
+
+// cleanupBatches runs the cleanup statement q (whose parameter is the
+// batch) until it deletes fewer than a batch or until has passed.
+func (d *sqlDriver) cleanupBatches(ctx context.Context, q string, until time.Time, stmtTimeout time.Duration) (total int64, bounded bool, err error) {
 	for {
 		sctx, cancel := ctx, context.CancelFunc(func() {})
 		if stmtTimeout > 0 {
 			sctx, cancel = context.WithTimeout(ctx, stmtTimeout)
 		}
-		n, err := d.exec(sctx, d.q.cleanup, d.opts.CleanupBatch)
+		n, err := d.exec(sctx, q, d.opts.CleanupBatch)
 		cancel()
 		total += n
 		d.stats.deleted.Add(n)

@@ -74,7 +74,7 @@
 // [DDL], holds a row per order key that has a gate (its head, the keys
 // waiting behind it in their order, and when it expires: the retention
 // plus the default lease after its last change; reads ignore an expired
-// gate, which the janitor does not delete yet). A TryBegin or Fail with an
+// gate, and cleanup deletes it after the expired records). A TryBegin or Fail with an
 // OrderKey leaves the batch's waves and runs alone, in a short
 // transaction that holds an advisory lock of its order key; calls without
 // one keep the waves and their statements. On a table made without the

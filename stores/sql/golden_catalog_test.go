@@ -125,6 +125,10 @@ func goldenPostgres() GoldenFile {
 		About:  `In the transaction of order-lock: removes the order key's gate when its last key has passed.`,
 		Params: `$1 order key.`,
 		SQL:    q.order.del})
+	add(GoldenStatement{Name: "order-cleanup",
+		About:  `Cleanup and the janitor, after cleanup: deletes expired gates (their head never came back), at most a batch, skipping those locked; repeated while a statement deletes a whole batch. A missing gate table is not an error here.`,
+		Params: `$1 the batch (Options.CleanupBatch).`,
+		SQL:    q.order.cleanup})
 	addCommon(&f, d)
 	addTx(&f, d)
 	return f

@@ -20,8 +20,8 @@ import (
 // holds a row per order key that has a gate: its head (the key the others
 // wait behind) and the keys waiting behind it, in their order, until
 // expires_at (the retention plus the default lease after its last change;
-// reads ignore an expired gate, and the next write replaces it; the
-// janitor does not delete expired gates yet).
+// reads ignore an expired gate, and the next write replaces it; cleanup
+// deletes it after the expired records, see cleanupGates).
 //
 // The ops that carry an order key (a Claim with Op.OrderKey, a Fail with
 // Op.Failure.OrderKey) leave the batch's waves: each is a short
@@ -61,6 +61,9 @@ type orderQueries struct {
 	// put(orderKey, head, waiting, lifeUS) writes the gate, alive for
 	// lifeUS from now; del(orderKey) removes it.
 	put, del string
+	// cleanup(limit) deletes at most limit expired gates (the janitor's
+	// and Store.Cleanup's, after the records).
+	cleanup string
 }
 
 func pgOrderQueries(t, g string) orderQueries {
@@ -77,6 +80,11 @@ FROM n, ` + t + ` AS t WHERE t.msg_key = ANY($1::text::text[]) AND t.expires_at 
 SELECT $1, $2, $3::text::text[], clock_timestamp() + $4::bigint` + pgUS + `
 ON CONFLICT (order_key) DO UPDATE SET head = EXCLUDED.head, waiting = EXCLUDED.waiting, expires_at = EXCLUDED.expires_at`,
 		del: `DELETE FROM ` + g + ` WHERE order_key = $1`,
+		cleanup: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+DELETE FROM ` + g + ` AS g USING n
+WHERE g.expires_at <= n.now AND g.order_key = ANY(ARRAY(
+	SELECT d.order_key FROM ` + g + ` AS d WHERE d.expires_at <= (SELECT now FROM n)
+	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 	}
 }
 

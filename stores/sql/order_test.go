@@ -104,3 +104,44 @@ func TestOrder_table_without_gate_table(t *testing.T) {
 		t.Fatalf("TryBegin with an order key after Migrate: %+v, %v", c, err)
 	}
 }
+
+// Cleanup deletes the expired gates (a head that never came back) after the
+// expired records, and leaves the live ones; a store whose gate table is
+// missing cleans its records as before.
+func TestOrder_cleanup_deletes_expired_gates(t *testing.T) {
+	t.Parallel()
+	b := backends[0]
+	db := b.open(t)
+	table := newTable(t, db, b.dialect)
+	s := newStore(t, b, db, table, sqlstore.Options{DisableCleanup: true})
+	ctx := ctxT(t)
+	for _, o := range []string{"live", "stale"} {
+		c, err := s.TryBegin(ctx, o+":head", inbox.BeginOptions{OrderKey: o})
+		if err == nil {
+			err = s.Fail(ctx, o+":head", c.LeaseID, inbox.FailOptions{OrderKey: o, RetryAfter: time.Hour})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	gates := table + "_order"
+	if _, err := db.ExecContext(ctx, "UPDATE "+gates+" SET expires_at = clock_timestamp() - interval '1 second' WHERE order_key = 'stale'"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Cleanup(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Cleanup = %d, %v; want the 1 expired gate deleted", n, err)
+	}
+	if c := countRows(t, db, gates, "order_key = 'stale'"); c != 0 {
+		t.Fatal("the expired gate is left after Cleanup")
+	}
+	if g, err := s.Order(ctx, "live"); err != nil || g.Head != "live:head" {
+		t.Fatalf("Order(live) after Cleanup = %+v, %v; want its head kept", g, err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE "+gates); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Cleanup(ctx); err != nil || n != 0 {
+		t.Fatalf("Cleanup without a gate table = %d, %v; want 0, nil", n, err)
+	}
+}

@@ -1620,6 +1620,17 @@ ON CONFLICT (order_key) DO UPDATE SET head = EXCLUDED.head, waiting = EXCLUDED.w
 -- Parameters: $1 order key.
 DELETE FROM "inbox_order" WHERE order_key = $1;
 
+-- name: order-cleanup
+-- Cleanup and the janitor, after cleanup: deletes expired gates (their head
+-- never came back), at most a batch, skipping those locked; repeated while a
+-- statement deletes a whole batch. A missing gate table is not an error here.
+-- Parameters: $1 the batch (Options.CleanupBatch).
+WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
+DELETE FROM "inbox_order" AS g USING n
+WHERE g.expires_at <= n.now AND g.order_key = ANY(ARRAY(
+	SELECT d.order_key FROM "inbox_order" AS d WHERE d.expires_at <= (SELECT now FROM n)
+	LIMIT $1 FOR UPDATE SKIP LOCKED));
+
 -- name: get
 -- Get, IsProcessed, and the check of stores.Open (which reads one key): the
 -- key's row; an expired row reads as none.
