@@ -121,16 +121,15 @@ func TestOrderKey_later_messages_wait_behind_a_failed_one(t *testing.T) {
 }
 
 // A dead message keeps its order key's later messages waiting: each comes
-// back at the broker's shortest delay a few times, then after
-// Config.Backoff, not in a hot loop; once an operator lets the dead one go
-// (ReleaseOrder), they run.
+// back at the broker's shortest delay at first, then less and less often
+// (a quarter of the time it has waited), not in a hot loop; once an
+// operator lets the dead one go (ReleaseOrder), they run.
 func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 	t.Parallel()
 	ps := newPubSub(t)
 	store := newMemory(t)
 	broker := &fakeBroker{pub: ps}
-	const backoff = 200 * time.Millisecond
-	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(backoff), OrderKey: byAccount})
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(time.Millisecond), OrderKey: byAccount})
 	var fx effects
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		id := m.Metadata.Get("IdempotencyKey")
@@ -144,20 +143,29 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 	publish(t, ps, ofAccount("a1", "A"))
 	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
 	publish(t, ps, ofAccount("a2", "A"))
-	a2 := func() (ds []time.Duration) {
+	a2 := func() (hs []handoff) {
 		for _, h := range broker.handoffs() {
 			if h.meta.Get("IdempotencyKey") == "a2" {
-				ds = append(ds, h.delay)
+				hs = append(hs, h)
 			}
 		}
-		return ds
+		return hs
 	}
-	testenv.Eventually(t, 10*time.Second, "a2 handed off 5 times", func() bool { return len(a2()) >= 5 })
-	ds := a2()
-	for i, d := range ds[:5] {
-		if i < 3 && d >= backoff || i >= 3 && d < backoff {
-			t.Fatalf("a2's hand-offs waited %v: want the first three under the backoff of %s, the later ones at least it", ds, backoff)
+	// Waiting 1 s takes about 30 hand-offs at a quarter of the time
+	// waited from 1 ms; at 1 ms each it would take hundreds.
+	const waited = time.Second
+	testenv.Eventually(t, 10*time.Second, "a2 waiting 1s", func() bool {
+		hs := a2()
+		return len(hs) > 0 && time.Since(hs[0].at) >= waited
+	})
+	hs := a2()
+	for i, h := range hs[1:] {
+		if want := h.at.Sub(hs[0].at) / 4; h.delay < want-10*time.Millisecond {
+			t.Fatalf("a2's hand-off %d, %v after its first, waited %v: want at least a quarter of that", i+1, h.at.Sub(hs[0].at), h.delay)
 		}
+	}
+	if len(hs) > 60 {
+		t.Fatalf("a2 was handed off %d times in %v: a hot loop", len(hs), time.Since(hs[0].at))
 	}
 	if got := fx.get(); len(got) != 0 {
 		t.Fatalf("%v ran behind the dead a1", got)

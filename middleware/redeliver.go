@@ -64,25 +64,45 @@ const (
 	MetadataOrderKey = "inbox_order_key"
 
 	// MetadataBehind counts the hand-offs of a copy that waited behind an
-	// earlier message of its order key (decimal): from the fourth on, it
-	// waits longer each time.
+	// earlier message of its order key (decimal).
 	MetadataBehind = "inbox_behind"
+
+	// MetadataBehindSince holds when the message was first handed off to
+	// wait behind an earlier message of its order key (Unix milliseconds):
+	// the longer it has waited, the longer each hand-off (behindDelay).
+	MetadataBehindSince = "inbox_behind_since"
 )
 
 // behindDelay is how long a message that waits behind an earlier one of
 // its order key is handed off for: what the earlier one's backoff has
-// left (left), at least RedeliveryMinDelay, so that it comes back about
-// when its turn may come; from its fourth such hand-off on, at least
-// Config.Backoff of the hand-offs past the third, so that the messages
-// behind a dead one (which waits for an operator) come back a few times a
-// minute rather than at the broker's shortest delay.
+// left (left), so that it comes back about when its turn may come; at
+// least RedeliveryMinDelay, and at least a quarter of the time it has
+// waited behind so far (MetadataBehindSince), at most behindMaxDelay. A
+// message whose turn comes soon (the one ahead is processed, or on its way
+// back) comes back at the broker's shortest delay; one behind a dead
+// message (which waits for an operator) comes back less and less often:
+// after a minute of waiting, every 15 s.
+//
+// A count of hand-offs instead (from the fourth on, Config.Backoff of the
+// count) was measured first: the messages of a key that come back from
+// the broker's delay out of their order (retry topics deliver copies
+// concurrently) are handed off again one after the other, and a count
+// grew to 15 hand-offs of one message, some waiting a minute each while
+// nothing was dead.
 func (m *msgCall) behindDelay(left time.Duration) time.Duration {
 	d := max(left, m.ib.cfg.RedeliveryMinDelay)
-	if n, err := strconv.Atoi(m.msg.Metadata.Get(MetadataBehind)); err == nil && n >= 3 {
-		d = max(d, m.ib.cfg.Backoff(n-2))
+	if ms, err := strconv.ParseInt(m.msg.Metadata.Get(MetadataBehindSince), 10, 64); err == nil {
+		if waited := time.Since(time.UnixMilli(ms)); waited > 0 {
+			d = max(d, min(waited/4, behindMaxDelay))
+		}
 	}
 	return d
 }
+
+// behindMaxDelay bounds what behindDelay adds for the time waited: a
+// message behind a dead one comes back at least once a minute, and runs
+// at most a minute after an operator lets the dead one go.
+const behindMaxDelay = time.Minute
 
 // DefaultRedeliveryMinDelay is the default of Config.RedeliveryMinDelay:
 // every failed attempt with a backoff of a millisecond or more is handed
@@ -180,6 +200,11 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	if m.behind {
 		n, _ := strconv.Atoi(m.msg.Metadata.Get(MetadataBehind))
 		cp.Metadata.Set(MetadataBehind, strconv.Itoa(n+1))
+		if cp.Metadata.Get(MetadataBehindSince) == "" {
+			cp.Metadata.Set(MetadataBehindSince, strconv.FormatInt(time.Now().UnixMilli(), 10))
+		}
+	} else {
+		delete(cp.Metadata, MetadataBehindSince) // its own failure: a wait behind starts anew
 	}
 	base := context.WithoutCancel(m.msg.Context()) // acked (InstantAck) or not, the hand-off must finish
 	ctx, cancel := context.WithTimeout(base, ib.cfg.StoreTimeout)
