@@ -1097,10 +1097,13 @@ func TestOrderRelease(t *testing.T) {
 	wantGate(t, st, oDead, deadHead, deadWaiting...)
 	out = e.ok(t, "order-release", oDead).stdout
 	if want := "released order key " + oDead + " past " + deadHead + ": " + deadWaiting[0] + " runs next\n  was: head " + deadHead + " (Dead, attempts 1, "; !strings.HasPrefix(out, want) ||
-		!strings.HasSuffix(out, "), 2 waiting\n  now: head "+deadWaiting[0]+" (NotFound), 1 waiting\n") {
+		!strings.HasSuffix(out, "), 2 waiting\n  now: head "+deadWaiting[0]+" (no record), 1 waiting\n") {
 		t.Fatalf("order-release printed:\n%s\nwant it to start with %q", out, want)
 	}
 	wantGate(t, st, oDead, deadWaiting[0], deadWaiting[1])
+	if out := e.ok(t, "order", oDead).stdout; !strings.Contains(out, "\n  is:      no record (its message has not run since it waited") || strings.Contains(out, "blocked") {
+		t.Fatalf("order of a head whose message has not come back printed:\n%s", out)
+	}
 	begin(t, st, deadWaiting[0], inbox.BeginOptions{OrderKey: oDead}) // its turn
 
 	// A head that is not dead: refused without -force (its lease is live

@@ -85,7 +85,11 @@ func writeGate(w io.Writer, orderKey string, g orderGate) error {
 		_, err := fmt.Fprintf(w, "%s: nothing waits (no message of the order key waits behind another)\n", showKey(orderKey))
 		return err
 	}
-	fmt.Fprintf(w, "order key  %s\nhead       %s\n  is:      %s\n", showKey(orderKey), showKey(g.Head), summary(g.head))
+	is := summary(g.head)
+	if g.head.State == inbox.StateNotFound {
+		is = "no record (its message has not run since it waited, or its record was forgotten or expired)"
+	}
+	fmt.Fprintf(w, "order key  %s\nhead       %s\n  is:      %s\n", showKey(orderKey), showKey(g.Head), is)
 	keys := "keys"
 	if len(g.Waiting) == 1 {
 		keys = "key"
@@ -94,12 +98,8 @@ func writeGate(w io.Writer, orderKey string, g orderGate) error {
 	for _, k := range g.Waiting {
 		fmt.Fprintf(w, "  %s\n", showKey(k))
 	}
-	switch g.head.State {
-	case inbox.StateDead:
+	if g.head.State == inbox.StateDead {
 		_, err := fmt.Fprintf(w, "blocked: the head is dead; inboxctl order-release %s lets the next key run\n", showKey(orderKey))
-		return err
-	case inbox.StateNotFound:
-		_, err := fmt.Fprintf(w, "the head has no record (forgotten, or expired): the order key goes on once its message is processed, or with inboxctl order-release -force %s\n", showKey(orderKey))
 		return err
 	}
 	return nil
@@ -110,7 +110,11 @@ func gateSummary(g orderGate) string {
 	if g.Head == "" {
 		return "nothing waits"
 	}
-	return fmt.Sprintf("head %s (%s), %d waiting", showKey(g.Head), summary(g.head), len(g.Waiting))
+	is := summary(g.head)
+	if g.head.State == inbox.StateNotFound {
+		is = "no record"
+	}
+	return fmt.Sprintf("head %s (%s), %d waiting", showKey(g.Head), is, len(g.Waiting))
 }
 
 func toJSON(r inbox.Record) recordJSON {
