@@ -178,7 +178,8 @@ type Config struct {
 	// later ones then wait behind it (the store answers [inbox.Behind] and
 	// keeps their order; each is handed to Redelivery in turn), while
 	// messages of other order keys go on. A dead message keeps its order
-	// key waiting until an operator lets it go ([inbox.OrderAdmin]).
+	// key waiting until an operator lets it go (inboxctl order-release),
+	// or not, as OrderOnDead says.
 	// "" gives a message no order; an error nacks it. The store must keep
 	// order ([inbox.OrderAdmin]); New refuses one that does not, and a
 	// TxStore. Default none: no order beyond the broker's.
