@@ -658,7 +658,7 @@ func (m *msgCall) deadOrder() {
 	}
 	m.ib.m.Outcome(m.handler, OutcomeOrderBlocked)
 	m.ib.log.Error("Inbox key is dead, and its order key is blocked: the order key's later messages wait until an operator lets them go "+
-		"(inboxctl order ORDER_KEY shows it, inboxctl order-release ORDER_KEY releases it; ORDER_KEY is inbox_order_key)", nil, m.fields())
+		"(inboxctl order ORDER_KEY shows it, inboxctl order-release ORDER_KEY releases it; ORDER_KEY is inbox_order_key)", inbox.ErrDead, m.fields())
 }
 
 // skipDeadOrder lets m's order key go on past m's key, which is dead
