@@ -81,8 +81,9 @@
 //	inboxctl -store redis://127.0.0.1:6379/0 order 'rabbit:billing:charge:acct-9'
 //	inboxctl -store redis://127.0.0.1:6379/0 order-release 'rabbit:billing:charge:acct-9'
 //
-// A store that keeps no order (MySQL, SQLite, MongoDB) fails order and
-// order-release with exit status 1, saying so.
+// A store that keeps no order (MySQL, SQLite, MongoDB, Redis Cluster, the
+// remote store of inboxd) fails order and order-release with exit status
+// 1, saying so.
 //
 // For deployments whose applications may not run DDL, an operator creates
 // the SQL store's table once, or prints the statements for the team's own
