@@ -14,11 +14,13 @@
 //     one count per [inboxmw.Outcome] (processed, duplicate, busy, released,
 //     store_error, fail_open, no_key, payload_mismatch, dead, lease_lost,
 //     complete_retry, complete_failed, redelivered, redelivery_failed,
-//     stale; acquired goes to a Tracer only and is never counted).
+//     stale, and with an order key behind, order_blocked and order_skipped;
+//     acquired goes to a Tracer only and is never counted).
 //   - <namespace>_inbox_store_call_duration_seconds{bus, group, op, result}:
 //     each store call, op one of try_begin, complete, release, fail,
-//     extend (a plain inbox.Store's IsProcessed is a try_begin, its
-//     MarkProcessed a complete), and the hand-off of a failed attempt to
+//     extend, release_order (an order key let go past a dead key,
+//     inboxmw.OrderOnDeadSkip; a plain inbox.Store's IsProcessed is a
+//     try_begin, its MarkProcessed a complete), and the hand-off of a failed attempt to
 //     the broker (inboxmw.Config.Redelivery), op redeliver; result "ok" or
 //     "error".
 //   - <namespace>_inbox_wait_seconds_total{bus, group, handler_name, reason}:
@@ -124,6 +126,7 @@ var (
 		inboxmw.OutcomeStoreError, inboxmw.OutcomeFailOpen, inboxmw.OutcomeNoKey, inboxmw.OutcomePayloadMismatch,
 		inboxmw.OutcomeDead, inboxmw.OutcomeLeaseLost, inboxmw.OutcomeCompleteRetry, inboxmw.OutcomeCompleteFailed,
 		inboxmw.OutcomeRedelivered, inboxmw.OutcomeRedeliveryFailed, inboxmw.OutcomeStale,
+		inboxmw.OutcomeBehind, inboxmw.OutcomeOrderBlocked, inboxmw.OutcomeOrderSkipped,
 	}
 	waitReasons = []string{inboxmw.WaitBusy, inboxmw.WaitStoreBackoff}
 )

@@ -50,6 +50,35 @@ const (
 	PayloadHashReject
 )
 
+// OrderOnDeadPolicy says what becomes of an order key ([Config.OrderKey])
+// when one of its messages goes dead (MaxAttempts, or a permanent error).
+type OrderOnDeadPolicy int
+
+const (
+	// OrderOnDeadBlock keeps the later messages of the order key waiting
+	// behind the dead one until an operator lets them go (inboxctl
+	// order-release, [inbox.OrderAdmin]): logged with the order key and
+	// counted (outcome order_blocked). The default: no message of the
+	// order key runs out of its order.
+	OrderOnDeadBlock OrderOnDeadPolicy = iota
+	// OrderOnDeadSkip lets the order key go on without the dead message:
+	// the next one waiting runs, as if the dead one had been processed
+	// (counted, outcome order_skipped). The dead message's key stays dead
+	// (inboxctl forget replays it, then out of its order).
+	OrderOnDeadSkip
+)
+
+// String returns the constant's name.
+func (p OrderOnDeadPolicy) String() string {
+	switch p {
+	case OrderOnDeadBlock:
+		return "OrderOnDeadBlock"
+	case OrderOnDeadSkip:
+		return "OrderOnDeadSkip"
+	}
+	return fmt.Sprintf("OrderOnDeadPolicy(%d)", int(p))
+}
+
 // Config configures [New]. Only Store, Bus and Group are required; every
 // other field has a default. docs/middleware.md says which bound limits
 // which wait, docs/retries.md how failed attempts are retried.
@@ -149,11 +178,18 @@ type Config struct {
 	// later ones then wait behind it (the store answers [inbox.Behind] and
 	// keeps their order; each is handed to Redelivery in turn), while
 	// messages of other order keys go on. A dead message keeps its order
-	// key waiting until an operator lets it go ([inbox.OrderAdmin]).
+	// key waiting until an operator lets it go (inboxctl order-release),
+	// or not, as OrderOnDead says.
 	// "" gives a message no order; an error nacks it. The store must keep
 	// order ([inbox.OrderAdmin]); New refuses one that does not, and a
 	// TxStore. Default none: no order beyond the broker's.
 	OrderKey func(*message.Message) (string, error)
+
+	// OrderOnDead says what becomes of an order key when one of its
+	// messages goes dead: it waits for an operator (OrderOnDeadBlock, the
+	// default), or goes on without it (OrderOnDeadSkip). Only with
+	// OrderKey.
+	OrderOnDead OrderOnDeadPolicy
 
 	// Tracer receives each message's claim, store calls and hand-offs.
 	// Default none; inboxotel.New(tracerProvider) records them as spans.
@@ -321,6 +357,11 @@ func (c Config) Validate() error {
 	}
 	if c.StaleMargin < 0 {
 		bad("StaleMargin %s is negative", c.StaleMargin)
+	}
+	if c.OrderOnDead != OrderOnDeadBlock && c.OrderOnDead != OrderOnDeadSkip {
+		bad("OrderOnDead %d is not an OrderOnDeadPolicy", int(c.OrderOnDead))
+	} else if c.OrderOnDead == OrderOnDeadSkip && c.OrderKey == nil {
+		bad("OrderOnDead is OrderOnDeadSkip, and OrderKey is not set: there is no order key to go on")
 	}
 	if c.PayloadHash < PayloadHashOff || c.PayloadHash > PayloadHashReject {
 		bad("PayloadHash %d is not a PayloadHashPolicy", c.PayloadHash)

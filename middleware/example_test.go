@@ -58,3 +58,25 @@ func Example() {
 	// charged: order-42
 	// no second charge
 }
+
+// Messages of one account run in their order. When one of them goes dead
+// (its fifth attempt fails, or its handler returns inbox.Permanent), the
+// account's later messages run without it, instead of waiting for an
+// operator's inboxctl order-release.
+func ExampleOrderOnDeadPolicy() {
+	store, _ := memory.New(memory.Options{})
+	ib, err := inboxmw.New(inboxmw.Config{
+		Store:       store,
+		Bus:         "kafka",
+		Group:       "billing",
+		OrderKey:    func(msg *message.Message) (string, error) { return msg.Metadata.Get("account"), nil },
+		MaxAttempts: 5,
+		OrderOnDead: inboxmw.OrderOnDeadSkip,
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer ib.Close(context.Background())
+	fmt.Println(inboxmw.OrderOnDeadSkip)
+	// Output: OrderOnDeadSkip
+}

@@ -27,6 +27,9 @@ const (
 	OutcomeRedelivered      Outcome = "redelivered"       // a copy was handed to Config.Redelivery, which holds the key's backoff; the original was acked
 	OutcomeRedeliveryFailed Outcome = "redelivery_failed" // the hand-off to Config.Redelivery failed: the message went back to the broker as an error
 	OutcomeStale            Outcome = "stale"             // the message is older than the store's retention (Config.Timestamp): handled anyway, or refused under StaleReject
+	OutcomeBehind           Outcome = "behind"            // the message waits behind an earlier one of its order key (Config.OrderKey): handed to Config.Redelivery, or nacked after MaxBusyWait
+	OutcomeOrderBlocked     Outcome = "order_blocked"     // a message went dead and its order key waits for an operator (OrderOnDeadBlock): inboxctl order-release
+	OutcomeOrderSkipped     Outcome = "order_skipped"     // a message went dead and its order key went on without it (OrderOnDeadSkip)
 )
 
 // Store operations as reported to [Metrics.StoreCall].
@@ -37,6 +40,8 @@ const (
 	OpFail      = "fail"
 	OpExtend    = "extend"
 	OpRedeliver = "redeliver" // not a store call: the hand-off to Config.Redelivery
+
+	OpReleaseOrder = "release_order" // inbox.OrderAdmin.ReleaseOrder: an order key goes on past a dead key (OrderOnDeadSkip)
 )
 
 // Reasons of [Metrics.Waited].

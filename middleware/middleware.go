@@ -60,6 +60,7 @@ type Inbox struct {
 	pace      outage.Pacer // spaces the claims of a failing store
 
 	retention inbox.RetentionReporter // the store, when it reports its retention
+	orders    inbox.OrderAdmin        // the store, when Config.OrderKey is set
 }
 
 // New returns the middleware for cfg. It fails with an error wrapping
@@ -93,10 +94,12 @@ func New(cfg Config) (*Inbox, error) {
 		ib.log.Info("Inbox store has no leases: concurrent deliveries of one message can both run the handler", nil)
 	}
 	if cfg.OrderKey != nil {
-		if oa, ok := cfg.Store.(inbox.OrderAdmin); ib.txs != nil || !ok || !oa.KeepsOrder() {
+		oa, ok := cfg.Store.(inbox.OrderAdmin)
+		if ib.txs != nil || !ok || !oa.KeepsOrder() {
 			return nil, fmt.Errorf("%w: inbox middleware: Config.OrderKey is set, and the store (%T) does not keep the order of order keys",
 				inbox.ErrNotSupported, cfg.Store)
 		}
+		ib.orders = oa
 	}
 	if ib.txs == nil {
 		if g, ok := cfg.Store.(goer); ok {
@@ -132,7 +135,7 @@ type msgCall struct {
 	handler  string
 	key      string
 	order    string    // the store's order key (orderOf), "" for none
-	behind   bool      // the claim answered Behind: a hand-off counts in MetadataBehind
+	behind   bool      // the claim's latest answer was Behind: a hand-off counts in MetadataBehind
 	attempts int       // the key's attempts, as the claim returned them
 	start    time.Time // for Config.Tracer
 	lease    *lease    // the lease acquired; nil before, and without one
@@ -166,7 +169,13 @@ func (ib *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	return m.handleLeased()
 }
 
-func (m *msgCall) fields() watermill.LogFields { return logFields(m.msg, m.handler, m.key) }
+func (m *msgCall) fields() watermill.LogFields {
+	f := logFields(m.msg, m.handler, m.key)
+	if m.order != "" {
+		f["inbox_order_key"] = m.order
+	}
+	return f
+}
 
 // logFields are the fields of the logs about msg.
 func logFields(msg *message.Message, handler, key string) watermill.LogFields {
@@ -231,11 +240,17 @@ func (m *msgCall) duplicate() ([]*message.Message, error) {
 }
 
 // busy reports a key that stayed busy for the whole wait: held by a lease,
-// or waiting out a failed attempt's backoff.
+// waiting out a failed attempt's backoff, or behind an earlier message of
+// its order key.
 func (m *msgCall) busy(retryAfter time.Duration, backingOff bool) error {
-	m.report(OutcomeBusy)
-	m.ib.log.Info("Inbox key busy (another consumer's lease, or a failed attempt's backoff); message nacked for redelivery",
-		m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String(), "backing_off": backingOff}))
+	fields := m.fields().Add(watermill.LogFields{"retry_after": retryAfter.String(), "backing_off": backingOff})
+	if m.behind {
+		m.report(OutcomeBehind)
+		m.ib.log.Info("Inbox key waits behind an earlier message of its order key; message nacked for redelivery", fields)
+	} else {
+		m.report(OutcomeBusy)
+		m.ib.log.Info("Inbox key busy (another consumer's lease, or a failed attempt's backoff); message nacked for redelivery", fields)
+	}
 	return &inbox.BusyError{Key: m.key, RetryAfter: retryAfter, BackingOff: backingOff}
 }
 
@@ -384,6 +399,12 @@ func (m *msgCall) handleLeased() ([]*message.Message, error) {
 	case inbox.Processed:
 		return m.duplicate()
 	case inbox.Dead:
+		if m.order != "" && ib.cfg.OrderOnDead == OrderOnDeadSkip {
+			// A copy of a dead message: its order key may still wait on it
+			// (the consumer that killed it stopped first, or ran under
+			// OrderOnDeadBlock).
+			m.skipDeadOrder(context.WithoutCancel(ctx), false)
+		}
 		return nil, m.dead(claim.Reason, nil)
 	case inbox.Acquired:
 		m.trace(OutcomeAcquired)
@@ -435,14 +456,15 @@ func (m *msgCall) claim(ctx context.Context, opts inbox.BeginOptions) (c inbox.C
 			c, err = m.ib.leases.TryBegin(ctx, m.key, opts)
 			return err
 		})
+		m.behind = err == nil && c.Status == inbox.Behind
 		if err != nil || c.Status != inbox.Busy && c.Status != inbox.Behind {
 			return c, sent, err
 		}
-		if c.Status == inbox.Behind {
+		if m.behind {
 			// Waiting behind an earlier message of its order key: its
 			// turn comes once that one is processed, at a time nobody
 			// knows (behindDelay).
-			c.RetryAfter, c.BackingOff, m.behind = m.behindDelay(c.RetryAfter), true, true
+			c.RetryAfter, c.BackingOff = m.behindDelay(c.RetryAfter), true
 		}
 		if c.BackingOff && handOff && m.redeliverable(c.RetryAfter) {
 			handOff = false // a failed hand-off falls back to waiting
@@ -620,7 +642,67 @@ func (m *msgCall) failAttempt(why string, permanent bool) (dead bool, backoff ti
 	if err != nil {
 		return false, 0
 	}
+	if opts.Dead && m.order != "" {
+		m.deadOrder()
+	}
 	return opts.Dead, opts.RetryAfter
+}
+
+// deadOrder follows the Fail that made m's key dead, with its order key:
+// under OrderOnDeadBlock it logs and counts the order key blocked; under
+// OrderOnDeadSkip it lets the order key go on without the key.
+func (m *msgCall) deadOrder() {
+	if m.ib.cfg.OrderOnDead == OrderOnDeadSkip {
+		m.skipDeadOrder(m.lease.base, true)
+		return
+	}
+	m.ib.m.Outcome(m.handler, OutcomeOrderBlocked)
+	m.ib.log.Error("Inbox key is dead, and its order key is blocked: the order key's later messages wait until an operator lets them go "+
+		"(inboxctl order ORDER_KEY shows it, inboxctl order-release ORDER_KEY releases it; ORDER_KEY is inbox_order_key)", inbox.ErrDead, m.fields())
+}
+
+// skipDeadOrder lets m's order key go on past m's key, which is dead
+// (OrderOnDeadSkip): the store's ReleaseOrder, retried while the store
+// fails as giveBack retries, for at most MaxBusyWait. An order key whose
+// head is another key, or that has none (ErrLeaseLost), has gone on
+// already. killed says this attempt made the key dead; else a delivery
+// found it dead.
+func (m *msgCall) skipDeadOrder(ctx context.Context, killed bool) {
+	ib := m.ib
+	giveUp := time.Now().Add(ib.cfg.MaxBusyWait)
+	call := func(ctx context.Context) error { return ib.orders.ReleaseOrder(ctx, m.order, m.key) }
+	err := m.storeCall(ctx, OpReleaseOrder, call)
+	for retry := 0; err != nil && !errors.Is(err, inbox.ErrLeaseLost) && retryable(ctx, err); retry++ {
+		ib.m.Outcome(m.handler, OutcomeStoreError)
+		wait := storeBackoff.Pause(retry)
+		if time.Until(giveUp) < wait {
+			break
+		}
+		ib.health.Fail("Inbox store call to let an order key go on past a dead key failed; retrying", err, m.fields())
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ib.abandon:
+			t.Stop()
+			return
+		}
+		err = m.storeCall(ctx, OpReleaseOrder, call)
+	}
+	switch {
+	case err == nil:
+		ib.health.OK()
+		ib.m.Outcome(m.handler, OutcomeOrderSkipped)
+		ib.log.Info("Inbox key is dead; its order key goes on without it (OrderOnDeadSkip)", m.fields())
+	case errors.Is(err, inbox.ErrLeaseLost):
+		if killed {
+			ib.log.Info("Inbox key is dead; its order key had gone on already", m.fields())
+		}
+	default:
+		ib.m.Outcome(m.handler, OutcomeOrderBlocked)
+		ib.health.Fail("Inbox could not let the order key go on past its dead key (OrderOnDeadSkip): the order key's later messages wait "+
+			"until the dead message is delivered again, or an operator lets them go (inboxctl order-release ORDER_KEY; ORDER_KEY is inbox_order_key)",
+			err, m.fields())
+	}
 }
 
 // giveBack makes a Release or a Fail of m's lease and waits for it,

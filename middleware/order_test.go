@@ -2,12 +2,15 @@ package inboxmw_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
@@ -129,7 +132,10 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 	ps := newPubSub(t)
 	store := newMemory(t)
 	broker := &fakeBroker{pub: ps}
-	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(time.Millisecond), OrderKey: byAccount})
+	rec := newRecorder()
+	logs := watermill.NewCaptureLogger()
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(time.Millisecond), OrderKey: byAccount,
+		Metrics: rec, Logger: logs})
 	var fx effects
 	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
 		id := m.Metadata.Get("IdempotencyKey")
@@ -138,7 +144,7 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 		}
 		fx.apply(id)
 		return nil, nil
-	})
+	}, poisoned())
 
 	publish(t, ps, ofAccount("a1", "A"))
 	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
@@ -170,8 +176,213 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 	if got := fx.get(); len(got) != 0 {
 		t.Fatalf("%v ran behind the dead a1", got)
 	}
+	// Counted: the order key blocked once, each hand-off of a2 as behind
+	// (not as a failed attempt's redelivery); logged with the order key
+	// and the command that releases it.
+	if n := rec.get(inboxmw.OutcomeOrderBlocked); n != 1 {
+		t.Errorf("order_blocked counted %d, want 1 (%v)", n, rec)
+	}
+	if n, h := rec.get(inboxmw.OutcomeBehind), len(a2()); n < 5 || n > h {
+		t.Errorf("behind counted %d for %d hand-offs of a2, want one per hand-off (%v)", n, h, rec)
+	}
+	if n := rec.get(inboxmw.OutcomeRedelivered); n != 0 {
+		t.Errorf("redelivered counted %d; a2's hand-offs are behind, and no attempt failed but a1's, which died (%v)", n, rec)
+	}
+	if n := rec.get(inboxmw.OutcomeOrderSkipped); n != 0 {
+		t.Errorf("order_skipped counted %d under the default OrderOnDeadBlock", n)
+	}
+	if !loggedOrderKey(logs, watermill.ErrorLogLevel, "test:g:orders-handler:A", "inboxctl order-release") {
+		t.Errorf("no error log names the blocked order key and inboxctl order-release; got %+v", logs.Captured()[watermill.ErrorLogLevel])
+	}
 	if err := store.ReleaseOrder(t.Context(), "test:g:orders-handler:A", "test:g:orders-handler:a1"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "a2 processed once a1 was let go", func() bool { return slices.Contains(fx.get(), "a2") })
+}
+
+// poisoned is a middleware, outside the inbox's, that acks a message whose
+// key is dead, as a poison queue does, so that GoChannel does not deliver
+// it again in a loop.
+func poisoned() message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if errors.Is(err, inbox.ErrDead) {
+				return nil, nil
+			}
+			return out, err
+		}
+	}
+}
+
+// loggedOrderKey reports whether logs captured a line at level whose field
+// inbox_order_key is orderKey and whose message says say.
+func loggedOrderKey(logs *watermill.CaptureLoggerAdapter, level watermill.LogLevel, orderKey, say string) bool {
+	for _, l := range logs.Captured()[level] {
+		if l.Fields["inbox_order_key"] == orderKey && strings.Contains(l.Msg, say) {
+			return true
+		}
+	}
+	return false
+}
+
+// With OrderOnDeadSkip, a message that goes dead (a permanent error, or
+// its last attempt allowed) lets its order key go on: the later messages
+// run without an operator, in their order, and the skip is counted and
+// logged.
+func TestOrderOnDeadSkip_later_messages_run_past_a_dead_one(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	broker := &fakeBroker{pub: ps}
+	rec := newRecorder()
+	logs := watermill.NewCaptureLogger()
+	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(200 * time.Millisecond), OrderKey: byAccount,
+		OrderOnDead: inboxmw.OrderOnDeadSkip, MaxAttempts: 2, Metrics: rec, Logger: logs})
+	var fx effects
+	var rs runs
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		switch id := m.Metadata.Get("IdempotencyKey"); id {
+		case "a1":
+			return nil, inbox.Permanent(errBoom) // dead at once
+		case "b1":
+			rs.add(id)
+			return nil, errBoom // dead on its second attempt (MaxAttempts)
+		default:
+			fx.apply(id)
+			return nil, nil
+		}
+	}, poisoned())
+
+	publish(t, ps, ofAccount("a1", "A"), ofAccount("b1", "B"))
+	// b2 arrives while b1 waits out its backoff: it waits behind b1, then
+	// runs once b1 is dead.
+	testenv.Eventually(t, 5*time.Second, "b1's first attempt failed", func() bool { return len(rs.get("b1")) == 1 })
+	publish(t, ps, ofAccount("b2", "B"))
+	testenv.Eventually(t, 5*time.Second, "a1 and b1 dead", func() bool {
+		return getRecord(t, store, "a1").State == inbox.StateDead && getRecord(t, store, "b1").State == inbox.StateDead
+	})
+	publish(t, ps, ofAccount("a2", "A"), ofAccount("b3", "B"))
+	testenv.Eventually(t, 10*time.Second, "a2, b2 and b3 processed past the dead a1 and b1", func() bool {
+		return len(only(fx.get(), "a2", "b2", "b3")) == 3
+	})
+	if got := only(fx.get(), "b2", "b3"); !slices.Equal(got, []string{"b2", "b3"}) {
+		t.Errorf("account B's effects in the order %v, want [b2 b3]", got)
+	}
+	for _, acct := range []string{"A", "B"} {
+		if g, err := store.Order(t.Context(), "test:g:orders-handler:"+acct); err != nil || g.Head != "" && g.Head != "test:g:orders-handler:b3" {
+			t.Errorf("order key %s after its dead message: %+v, %v; want no gate held by it", acct, g, err)
+		}
+	}
+	if n := rec.get(inboxmw.OutcomeOrderSkipped); n != 2 {
+		t.Errorf("order_skipped counted %d, want 2 (a1 and b1) (%v)", n, rec)
+	}
+	if n := rec.get(inboxmw.OutcomeOrderBlocked); n != 0 {
+		t.Errorf("order_blocked counted %d under OrderOnDeadSkip (%v)", n, rec)
+	}
+	if !loggedOrderKey(logs, watermill.InfoLogLevel, "test:g:orders-handler:A", "OrderOnDeadSkip") {
+		t.Errorf("no info log names the order key that went on; got %+v", logs.Captured()[watermill.InfoLogLevel])
+	}
+}
+
+// A dead key found at claim time (a copy of the dead message delivered
+// again) that still heads its order key's gate, because the consumer that
+// killed it stopped before it let the order key go, or did so under
+// OrderOnDeadBlock: under OrderOnDeadSkip, the claim lets the order key go
+// on.
+func TestOrderOnDeadSkip_a_dead_key_claimed_again_lets_its_order_key_go_on(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	ctx := t.Context()
+	const ok, a1, a2 = "test:g:orders-handler:A", "test:g:orders-handler:a1", "test:g:orders-handler:a2"
+	c, err := store.TryBegin(ctx, a1, inbox.BeginOptions{OrderKey: ok})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(a1) = %+v, %v", c, err)
+	}
+	if err := store.Fail(ctx, a1, c.LeaseID, inbox.FailOptions{Dead: true, OrderKey: ok, Reason: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := store.TryBegin(ctx, a2, inbox.BeginOptions{OrderKey: ok}); err != nil || c.Status != inbox.Behind {
+		t.Fatalf("TryBegin(a2) = %+v, %v; want Behind", c, err)
+	}
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, OrderKey: byAccount, OrderOnDead: inboxmw.OrderOnDeadSkip, Metrics: rec})
+	var fx effects
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		fx.apply(m.Metadata.Get("IdempotencyKey"))
+		return nil, nil
+	}, poisoned())
+
+	publish(t, ps, ofAccount("a1", "A"))
+	testenv.Eventually(t, 5*time.Second, "the order key goes on past the dead a1", func() bool {
+		g, err := store.Order(ctx, ok)
+		return err == nil && g.Head == a2
+	})
+	publish(t, ps, ofAccount("a2", "A"))
+	testenv.Eventually(t, 5*time.Second, "a2 processed", func() bool { return slices.Contains(fx.get(), "a2") })
+	if got := fx.get(); !slices.Equal(got, []string{"a2"}) {
+		t.Errorf("effects %v, want [a2]: the dead a1 does not run", got)
+	}
+	if n := rec.get(inboxmw.OutcomeOrderSkipped); n != 1 {
+		t.Errorf("order_skipped counted %d, want 1 (%v)", n, rec)
+	}
+	if n := rec.get(inboxmw.OutcomeDead); n != 1 {
+		t.Errorf("dead counted %d, want 1 (%v)", n, rec)
+	}
+}
+
+// OrderOnDead takes its two values, and skip only with an OrderKey.
+func TestConfig_OrderOnDead_is_validated(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  inboxmw.Config
+		want string
+	}{
+		{"unknown policy", inboxmw.Config{OrderKey: byAccount, OrderOnDead: 7}, "OrderOnDead 7 is not an OrderOnDeadPolicy"},
+		{"skip without OrderKey", inboxmw.Config{OrderOnDead: inboxmw.OrderOnDeadSkip}, "OrderOnDead is OrderOnDeadSkip, and OrderKey is not set"},
+	} {
+		tc.cfg.Store, tc.cfg.Bus, tc.cfg.Group = newMemory(t), "test", "g"
+		_, err := inboxmw.New(tc.cfg)
+		if !errors.Is(err, inboxmw.ErrInvalidConfig) || !strings.Contains(fmt.Sprint(err), tc.want) {
+			t.Errorf("%s: New = %v, want ErrInvalidConfig saying %q", tc.name, err, tc.want)
+		}
+	}
+	for _, p := range []inboxmw.OrderOnDeadPolicy{inboxmw.OrderOnDeadBlock, inboxmw.OrderOnDeadSkip} {
+		if _, err := inboxmw.New(inboxmw.Config{Store: newMemory(t), Bus: "test", Group: "g", OrderKey: byAccount, OrderOnDead: p}); err != nil {
+			t.Errorf("New with OrderOnDead %v: %v", p, err)
+		}
+	}
+}
+
+// Without Redelivery, a message behind a dead one waits in-process, then
+// is nacked: counted as behind, not as busy (no other consumer holds its
+// key).
+func TestOrderKey_waiting_in_process_behind_a_dead_message_counts_behind(t *testing.T) {
+	t.Parallel()
+	ps := newPubSub(t)
+	store := newMemory(t)
+	rec := newRecorder()
+	ib := newInbox(t, inboxmw.Config{Store: store, OrderKey: byAccount, MaxBusyWait: 100 * time.Millisecond, Metrics: rec})
+	var fx effects
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		id := m.Metadata.Get("IdempotencyKey")
+		if id == "a1" {
+			return nil, inbox.Permanent(errBoom)
+		}
+		fx.apply(id)
+		return nil, nil
+	}, poisoned())
+
+	publish(t, ps, ofAccount("a1", "A"))
+	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
+	publish(t, ps, ofAccount("a2", "A"))
+	testenv.Eventually(t, 5*time.Second, "a2 nacked behind a1", func() bool { return rec.get(inboxmw.OutcomeBehind) >= 2 })
+	if n := rec.get(inboxmw.OutcomeBusy); n != 0 {
+		t.Errorf("busy counted %d: a2 waits behind a1, no lease holds it (%v)", n, rec)
+	}
+	if got := fx.get(); len(got) != 0 {
+		t.Errorf("%v ran behind the dead a1", got)
+	}
 }

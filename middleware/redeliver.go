@@ -223,9 +223,12 @@ func (m *msgCall) redeliver(delay time.Duration, attempts int, cause error) erro
 	if cause != nil {
 		ib.m.Outcome(m.handler, OutcomeRedelivered)
 		ib.log.Error("Handler failed; the message is handed to the broker, which delivers it again after the backoff", cause, fields)
+	} else if m.behind {
+		m.report(OutcomeBehind)
+		ib.log.Debug("Inbox key waits behind an earlier message of its order key; the message is handed to the broker until its turn may come", fields)
 	} else {
 		m.report(OutcomeRedelivered)
-		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff, its own or an earlier message's of its order key; the message is handed to the broker for the rest", fields)
+		ib.log.Debug("Inbox key is waiting out a failed attempt's backoff; the message is handed to the broker for the rest", fields)
 	}
 	return nil
 }

@@ -9,9 +9,10 @@
 // inbox.try_begin (each retry of a failing claim its own; a TxStore's
 // BeginTx, a plain inbox.Store's IsProcessed), inbox.extend (each
 // heartbeat), inbox.complete (a TxStore's commit and a plain Store's
-// MarkProcessed too), inbox.release and inbox.fail; and a span
-// inbox.redeliver for each hand-off of the
-// message to inboxmw.Config.Redelivery. All are children of the span in the
+// MarkProcessed too), inbox.release, inbox.fail and inbox.release_order
+// (an order key let go past a dead key, inboxmw.OrderOnDeadSkip); and a
+// span inbox.redeliver for each hand-off of the message to
+// inboxmw.Config.Redelivery. All are children of the span in the
 // message's context (the handler's, when a tracing middleware of
 // Watermill's runs outside the inbox). Each carries inbox.key, the key's
 // scope (inbox.bus, inbox.group, inbox.alias) and inbox.attempt; a call or
@@ -19,11 +20,13 @@
 // inbox.outcome, which is also set, with the key and the attempt, on the
 // message context's span: acquired, duplicate, busy, dead, fail_open,
 // no_key, store_error, payload_mismatch, redelivered (a delivery that found
-// its key waiting out a backoff and was handed to Redelivery), stale (a
+// its key waiting out a backoff and was handed to Redelivery), behind (a
+// delivery that waits behind an earlier message of its order key), stale (a
 // message refused under inboxmw.StaleReject), closed, key_error or
 // canceled. The outcomes counted after the claim (processed, released,
-// lease_lost, complete_retry, complete_failed, redelivery_failed, and
-// redelivered and stale when the message went on to the handler) go to
+// lease_lost, complete_retry, complete_failed, redelivery_failed,
+// order_blocked and order_skipped, and redelivered and stale when the
+// message went on to the handler) go to
 // inboxmw.Metrics only.
 package inboxotel
 

@@ -1,7 +1,8 @@
 // Command inboxctl is the operators' command line of an inbox store: it shows
 // a key's record, lists records by state, prefix and age, ends a stuck lease,
 // forgets a key so that its message runs again (the replay path for dead
-// keys), and creates a SQL store's table. It works over any store URL that
+// keys), shows and releases an order key blocked by a dead message, and
+// creates a SQL store's table. It works over any store URL that
 // package [github.com/watermill-inbox/inbox/stores] opens: redis://,
 // postgres://, mysql://, sqlite://, mongodb://, http:// (a remote inbox
 // service) and memory:// (a new, empty store: only useful in tests).
@@ -28,6 +29,12 @@
 //	forget KEY    delete the key's record (with -force if its lease is live): its next
 //	              delivery runs the handler
 //	              release and forget take -dry-run: print what would change, change nothing
+//	order ORDERKEY
+//	              the key an order key's messages wait behind (its head, with its record)
+//	              and the keys waiting, in their order
+//	order-release ORDERKEY
+//	              let the order key's messages go on past its head: a dead head, or any
+//	              with -force; -dry-run as release
 //	cleanup       delete a SQL store's expired records now and count those left;
 //	              -dry-run only counts them
 //	migrate       create a SQL store's table and index; -print shows the DDL, connecting to nothing
@@ -62,6 +69,22 @@
 // is the broker's: redeliver it (from the poison queue, say) after forgetting
 // its key.
 //
+// With inboxmw.Config.OrderKey, a dead message blocks its order key: the
+// later messages of the order key wait behind it (the middleware logs "its
+// order key is blocked" with the order key, inbox_order_key, and counts
+// outcome order_blocked) until an operator lets them go on, unless the
+// consumers run with inboxmw.OrderOnDeadSkip. An order key is the store's:
+// {bus}:{group}:{alias}:{the message's order key}. order shows what it
+// waits on; order-release refuses a head that is not dead (exit status 3)
+// unless given -force, as its message runs again:
+//
+//	inboxctl -store redis://127.0.0.1:6379/0 order 'rabbit:billing:charge:acct-9'
+//	inboxctl -store redis://127.0.0.1:6379/0 order-release 'rabbit:billing:charge:acct-9'
+//
+// A store that keeps no order (MySQL, SQLite, MongoDB, Redis Cluster, the
+// remote store of inboxd) fails order and order-release with exit status
+// 1, saying so.
+//
 // For deployments whose applications may not run DDL, an operator creates
 // the SQL store's table once, or prints the statements for the team's own
 // migration tool (the dialect comes from the URL's scheme, the table from
@@ -92,7 +115,12 @@
 // every store lists them (inbox.Admin.List), so -limit N keeps the first N
 // keys; get prints one record; release and forget print
 // {"key", "before", "after"} with the record before and after, or with
-// -dry-run {"key", "before", "dryRun": true}. A record's
+// -dry-run {"key", "before", "dryRun": true}. order prints {"orderKey",
+// "head", "waiting"}: head is a record as get prints it (left out when
+// nothing waits), waiting the keys behind it, in their order;
+// order-release prints {"orderKey", "before", "after"} with the gate
+// ({"head", "waiting"}) before and after, or with -dry-run {"orderKey",
+// "before", "dryRun": true}. A record's
 // fields are those of protocol v1's GET /v1/inbox/{key} answer, so that the
 // same parser reads inboxd's and inboxctl's records: key, status (NotFound,
 // Available, InProgress, Processed, Dead), attempts, firstSeen, lastSeen,
@@ -107,12 +135,14 @@
 // # Exit status
 //
 //	0  done; a get, release or forget of a key the store does not know is done too:
-//	   it prints "not found" (get -json: status NotFound)
+//	   it prints "not found" (get -json: status NotFound), and so is an order or
+//	   order-release of an order key nothing waits on
 //	1  the store could not be opened, or a call on it failed (one line on stderr says which)
 //	2  usage: unknown command or flag, a bad value (-state, -older-than, -limit, KEY),
 //	   no store given, migrate of a URL that is not a SQL store's
-//	3  release or forget refused: the key's lease is live and -force was not given
-//	   (nothing changed; one line on stderr shows the lease)
+//	3  release or forget refused: the key's lease is live and -force was not given;
+//	   order-release refused: the order key's head is not dead and -force was not
+//	   given (nothing changed; one line on stderr shows the lease or the head)
 //
 // A store that does not implement inbox.Admin (a third-party store opened by
 // a driver of its own) can still get; ls, release and forget fail with exit

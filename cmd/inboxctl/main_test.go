@@ -539,3 +539,96 @@ func TestLive_migrate_refuses_other_stores(t *testing.T) {
 		t.Fatalf("migrate of a Redis URL: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// orderLive runs order and order-release on the store at storeURL, which
+// keeps order, on an order key of its own whose dead head two keys wait
+// behind, and leaves nothing waiting on it.
+func orderLive(t *testing.T, storeURL string) {
+	ctx := ctxT(t, 2*time.Minute)
+	st, err := stores.Open(ctx, storeURL)
+	if err != nil {
+		t.Fatalf("open %s: %v", storeURL, err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	p := "inboxctl-order-" + randomName(t) + ":"
+	ok, head, a, b := p+"acct-9", p+"o1", p+"o2", p+"o3"
+	t.Cleanup(func() {
+		for _, k := range []string{head, a, b} {
+			_ = st.(inbox.Admin).Forget(context.Background(), k)
+		}
+	})
+	c, err := st.TryBegin(ctx, head, inbox.BeginOptions{OrderKey: ok})
+	if err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(head) = %+v, %v", c, err)
+	}
+	if err := st.Fail(ctx, head, c.LeaseID, inbox.FailOptions{Dead: true, OrderKey: ok, Reason: "poison"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{a, b} {
+		if c, err := st.TryBegin(ctx, k, inbox.BeginOptions{OrderKey: ok}); err != nil || c.Status != inbox.Behind {
+			t.Fatalf("TryBegin(%s) = %+v, %v; want Behind", k, c, err)
+		}
+	}
+	s := []string{"-store", storeURL}
+	type gate struct {
+		Head    *record  `json:"head"`
+		Waiting []string `json:"waiting"`
+	}
+	var g struct {
+		OrderKey string `json:"orderKey"`
+		gate
+	}
+	if err := json.Unmarshal([]byte(ctlOK(t, append(s, "-json", "order", ok)...).stdout), &g); err != nil {
+		t.Fatal(err)
+	}
+	if g.OrderKey != ok || g.Head == nil || g.Head.Key != head || g.Head.Status != "Dead" || g.Head.Reason != "poison" || !slices.Equal(g.Waiting, []string{a, b}) {
+		t.Fatalf("order -json = %+v, want the dead head and the two keys behind it", g)
+	}
+	if out := ctlOK(t, append(s, "order", ok)...).stdout; !strings.Contains(out, "blocked: the head is dead") {
+		t.Fatalf("order printed:\n%s", out)
+	}
+	ctlOK(t, append(s, "order-release", "-dry-run", ok)...)
+	if out := ctlOK(t, append(s, "order-release", ok)...).stdout; !strings.HasPrefix(out, "released order key "+ok+" past "+head+": "+a+" runs next") {
+		t.Fatalf("order-release printed:\n%s", out)
+	}
+	// a has not come back: its head is not dead, so -force it is; then b.
+	if r := ctl(t, append(s, "order-release", ok)...); r.code != 3 || !strings.Contains(r.stderr, "refused: its head "+a+" is not dead") {
+		t.Fatalf("order-release of a head that is not dead: exit %d, stderr %q", r.code, r.stderr)
+	}
+	ctlOK(t, append(s, "order-release", "-force", ok)...)
+	ctlOK(t, append(s, "order-release", "-force", ok)...)
+	if out := ctlOK(t, append(s, "order", ok)...).stdout; out != ok+": nothing waits (no message of the order key waits behind another)\n" {
+		t.Fatalf("order after releasing every head printed %q", out)
+	}
+	if c, err := st.TryBegin(ctx, b, inbox.BeginOptions{OrderKey: ok}); err != nil || c.Status != inbox.Acquired {
+		t.Fatalf("TryBegin(%s) once nothing waits = %+v, %v; want Acquired", b, c, err)
+	}
+}
+
+// order and order-release on Redis and PostgreSQL, which keep order; a
+// store that keeps none says so.
+func TestLive_order(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		orderLive(t, withParams(t, testenv.Redis.URL(t), "prefix", "inboxctl-test-"+randomName(t)+":"))
+	})
+	cases := sqlCases()
+	for _, name := range []string{"postgres", "mysql"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := cases[name](t)
+			table := "inboxctl_" + randomName(t)
+			storeURL := withParams(t, c.url, "table", table, "migrate", "true")
+			t.Cleanup(func() { c.drop(t, table) })
+			if name == "postgres" {
+				orderLive(t, storeURL)
+				return
+			}
+			r := ctl(t, "-store", storeURL, "order", "k")
+			if r.code != 1 || !strings.Contains(r.stderr, "does not keep the order of order keys: inbox: not supported") {
+				t.Fatalf("order on %s: exit %d, stderr %q", name, r.code, r.stderr)
+			}
+		})
+	}
+}

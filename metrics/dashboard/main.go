@@ -130,8 +130,8 @@ func build() *dashboard.DashboardBuilder {
 			"Seconds waited a second, by handler and reason: on a key another consumer holds or that waits out a failed attempt's backoff (busy), or between the claims of a failing store (store_backoff). 1 s/s is one message waiting all the time.",
 			query(`sum by (handler_name, reason) (rate(watermill_inbox_wait_seconds_total{`+inbox+`}[$__rate_interval]))`, "{{handler_name}} {{reason}}"))).
 		WithPanel(panel("Redeliveries", "ops",
-			"Failed attempts handed to the broker's redelivery (Config.Redelivery), which holds their backoff (redelivered), and hand-offs that failed (redelivery_failed): those messages wait out their backoff in the consumer.",
-			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"redelivered|redelivery_failed"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
+			"Failed attempts handed to the broker's redelivery (Config.Redelivery), which holds their backoff (redelivered), messages waiting behind an earlier one of their order key (Config.OrderKey), handed off or nacked (behind), and hand-offs that failed (redelivery_failed): those messages wait out their backoff in the consumer.",
+			query(`sum by (handler_name, outcome) (rate(watermill_inbox_messages_total{`+inbox+`, outcome=~"redelivered|behind|redelivery_failed"}[$__rate_interval]))`, "{{handler_name}} {{outcome}}"))).
 		WithRow(row("inboxd")).
 		WithPanel(panel("inboxd requests by endpoint and status", "reqps",
 			"Answers of inboxd a second by endpoint and status: the v1 status of a 200 (Acquired, Processed, Busy, ...) or the error code (unauthorized, store_unavailable, ...).",

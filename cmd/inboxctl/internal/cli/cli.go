@@ -1,5 +1,6 @@
 // Package cli is inboxctl's command line: the parsing of its arguments, its
-// commands (get, ls, release, forget, cleanup, migrate) and their output, over a store
+// commands (get, ls, release, forget, order, order-release, cleanup,
+// migrate) and their output, over a store
 // opened by a function the caller gives. The program (cmd/inboxctl) gives
 // stores.Open with every driver registered and the SQL store's schema; tests
 // give a store of their own, so that several commands can run on one
@@ -29,7 +30,8 @@ const (
 	// ExitUsage: a command, a flag or an argument is unknown, missing or
 	// malformed; nothing was sent to a store.
 	ExitUsage = 2
-	// ExitRefused: release or forget of a key whose lease is live, without
+	// ExitRefused: release or forget of a key whose lease is live, or
+	// order-release of an order key whose head is not dead, without
 	// -force; nothing was changed.
 	ExitRefused = 3
 )
@@ -124,7 +126,8 @@ type runner struct {
 	env   Env
 	store string
 	json  bool
-	// force and dryRun are release's and forget's -force and -dry-run.
+	// force and dryRun are release's, forget's and order-release's
+	// -force and -dry-run.
 	force, dryRun bool
 }
 
@@ -219,7 +222,8 @@ type command struct {
 	help string
 	// examples are command lines, without "inboxctl ".
 	examples []string
-	// nargs is the number of positional arguments, each a KEY when 1.
+	// nargs is the number of positional arguments: when 1, a KEY or an
+	// ORDERKEY (args names it), valid as a key.
 	nargs int
 	// setup defines the command's own flags on fs and returns the function
 	// that runs the command with its positional arguments once fs is parsed.
@@ -232,7 +236,7 @@ func (c *command) checkArgs(args []string) error {
 	case c.nargs == 0 && len(args) > 0:
 		return usagef("%s: unexpected argument(s) %q: it takes flags only (run 'inboxctl %s -h' for usage)", c.name, args, c.name)
 	case c.nargs == 1 && len(args) != 1:
-		return usagef("%s: want one KEY, got %d arguments %q (run 'inboxctl %s -h' for usage)", c.name, len(args), args, c.name)
+		return usagef("%s: want one %s, got %d arguments %q (run 'inboxctl %s -h' for usage)", c.name, c.args, len(args), args, c.name)
 	case c.nargs == 1:
 		if err := inbox.ValidateKey(args[0]); err != nil {
 			return usagef("%s: %v", c.name, err)
@@ -302,9 +306,9 @@ Usage:
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-16s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
+		fmt.Fprintf(&b, "  %-22s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
-	fmt.Fprintf(&b, "  %-16s %s\n", "help [COMMAND]", "this help, or a command's flags and examples")
+	fmt.Fprintf(&b, "  %-22s %s\n", "help [COMMAND]", "this help, or a command's flags and examples")
 	b.WriteString(`
 Flags, accepted before and after the command and its KEY ("--" ends them):
   -store URL   the store; default $INBOX_STORE_URL. Errors never quote its password or token.
@@ -320,7 +324,8 @@ a field without a value is left out (attempts and status are always there).
 Exit status: 0 done (a get, release or forget of an unknown key included:
 it says "not found"), 1 the store could not be opened or failed, 2 a usage
 error (unknown command or flag, bad value, missing -store or KEY), 3 release
-or forget refused: the key's lease is live and -force was not given.
+or forget refused: the key's lease is live and -force was not given (and
+order-release: the order key's head is not dead).
 
 Examples:
 `)

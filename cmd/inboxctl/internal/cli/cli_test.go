@@ -744,9 +744,9 @@ func TestUsage_errors(t *testing.T) {
 	}{
 		{[]string{"ls"}, []string{"no store given", "-store URL", "INBOX_STORE_URL"}},
 		{[]string{"get", "k"}, []string{"no store given"}},
-		{[]string{}, []string{"no command given", "get, ls, release, forget, cleanup, migrate, help"}},
+		{[]string{}, []string{"no command given", "get, ls, release, forget, order, order-release, cleanup, migrate, help"}},
 		{[]string{"-store", "memory://"}, []string{"no command given"}},
-		{append(s, "frobnicate"), []string{`unknown command "frobnicate"`, "get, ls, release, forget, cleanup, migrate"}},
+		{append(s, "frobnicate"), []string{`unknown command "frobnicate"`, "get, ls, release, forget, order, order-release, cleanup, migrate"}},
 		{append(s, "-bogus", "ls"), []string{"-bogus"}},
 		{append(s, "ls", "-bogus"), []string{"ls:", "-bogus", "inboxctl ls -h"}},
 		{append(s, "ls", "-state", "stuck"), []string{`invalid value "stuck" for flag -state`, "available, in-progress, processed or dead"}},
@@ -930,6 +930,9 @@ var commandFlags = map[string][]string{
 	"release": {"-store", "-json"},
 	"forget":  {"-store", "-json"},
 	"migrate": {"-store", "-json", "-print"},
+	"order":   {"-store", "-json"},
+
+	"order-release": {"-store", "-json", "-force", "-dry-run"},
 }
 
 func TestHelp(t *testing.T) {
@@ -971,4 +974,203 @@ func TestHelp(t *testing.T) {
 			}
 		}
 	}
+}
+
+// order keys of the order fixture: oDead's head is dead, oBackoff's waits
+// out a backoff, two keys wait behind each; nothing waits on oNone.
+const (
+	oDead    = "p:order:A"
+	oBackoff = "p:order:B"
+	oNone    = "p:order:C"
+)
+
+var (
+	deadHead, deadWaiting       = "p:o1", []string{"p:o2", "p:o3"}
+	backoffHead, backoffWaiting = "p:o4", []string{"p:o5", "p:o6"}
+)
+
+// populateOrder gives the order keys of the fixture their gates.
+func populateOrder(t *testing.T, st inbox.LeaseStore) {
+	t.Helper()
+	ctx := ctxT(t)
+	for _, g := range []struct {
+		orderKey, head string
+		waiting        []string
+		fail           inbox.FailOptions
+	}{
+		{oDead, deadHead, deadWaiting, inbox.FailOptions{Dead: true, Reason: "poison"}},
+		{oBackoff, backoffHead, backoffWaiting, inbox.FailOptions{RetryAfter: time.Hour, Reason: "timeout"}},
+	} {
+		c := begin(t, st, g.head, inbox.BeginOptions{Owner: "host-5", OrderKey: g.orderKey})
+		g.fail.OrderKey = g.orderKey
+		if err := st.Fail(ctx, g.head, c.LeaseID, g.fail); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range g.waiting {
+			if c, err := st.TryBegin(ctx, k, inbox.BeginOptions{OrderKey: g.orderKey}); err != nil || c.Status != inbox.Behind {
+				t.Fatalf("TryBegin(%q) = %+v, %v; want Behind", k, c, err)
+			}
+		}
+	}
+}
+
+// gate is an order key's gate as -json prints it.
+type gate struct {
+	Head    *record  `json:"head"`
+	Waiting []string `json:"waiting"`
+}
+
+// orderOut is the output of order -json.
+type orderOut struct {
+	OrderKey string `json:"orderKey"`
+	gate
+}
+
+// orderChange is the output of order-release -json.
+type orderChange struct {
+	OrderKey string `json:"orderKey"`
+	Before   gate   `json:"before"`
+	After    *gate  `json:"after"`
+	DryRun   bool   `json:"dryRun"`
+}
+
+func wantGate(t *testing.T, st inbox.OrderAdmin, orderKey, head string, waiting ...string) {
+	t.Helper()
+	g, err := st.Order(ctxT(t), orderKey)
+	if err != nil || g.Head != head || !slices.Equal(g.Waiting, waiting) {
+		t.Fatalf("Order(%q) = %+v, %v; want head %q, waiting %q", orderKey, g, err, head, waiting)
+	}
+}
+
+func TestOrder_shows_the_gate(t *testing.T) {
+	t.Parallel()
+	st := newStore(t)
+	populateOrder(t, st)
+	e := onStore(shared{st})
+
+	out := e.ok(t, "order", oDead).stdout
+	for _, w := range []string{
+		"order key  " + oDead + "\n",
+		"head       " + deadHead + "\n  is:      Dead, attempts 1, owner \"host-5\", reason \"poison\", last seen ",
+		"waiting    2 keys, in their order:\n  " + deadWaiting[0] + "\n  " + deadWaiting[1] + "\n",
+		"blocked: the head is dead; inboxctl order-release " + oDead + " lets the next key run\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("order of a dead head printed:\n%s\nwant it to hold %q", out, w)
+		}
+	}
+	if out := e.ok(t, "order", oBackoff).stdout; !strings.Contains(out, "  is:      Available, attempts 1, retry at ") || strings.Contains(out, "blocked") {
+		t.Errorf("order of a head in its backoff printed:\n%s", out)
+	}
+	if out := e.ok(t, "order", oNone).stdout; out != oNone+": nothing waits (no message of the order key waits behind another)\n" {
+		t.Errorf("order of an order key without a gate printed %q", out)
+	}
+
+	got := jsonLines[orderOut](t, e.ok(t, "-json", "order", oDead).stdout)
+	if len(got) != 1 || got[0].OrderKey != oDead || got[0].Head == nil || got[0].Head.Key != deadHead || got[0].Head.Status != "Dead" ||
+		got[0].Head.Reason != "poison" || !slices.Equal(got[0].Waiting, deadWaiting) {
+		t.Fatalf("order -json = %+v, want the dead head's record and the waiting keys", got)
+	}
+	got = jsonLines[orderOut](t, e.ok(t, "order", oNone, "-json").stdout)
+	if len(got) != 1 || got[0].OrderKey != oNone || got[0].Head != nil || got[0].Waiting == nil || len(got[0].Waiting) != 0 {
+		t.Fatalf("order -json of an order key without a gate = %+v, want no head and waiting []", got)
+	}
+	wantGate(t, st, oDead, deadHead, deadWaiting...) // order changes nothing
+}
+
+func TestOrderRelease(t *testing.T) {
+	t.Parallel()
+	st := newStore(t)
+	populateOrder(t, st)
+	e := onStore(shared{st})
+
+	// A dead head: dry runs change nothing, then the next key runs.
+	out := e.ok(t, "order-release", "-dry-run", oDead).stdout
+	if !strings.HasPrefix(out, "would release order key "+oDead+" past "+deadHead+" (dry run: nothing changed)\n  is:  head "+deadHead+" (Dead, attempts 1, ") ||
+		!strings.HasSuffix(out, "), 2 waiting\n") {
+		t.Fatalf("order-release -dry-run printed:\n%s", out)
+	}
+	cs := jsonLines[orderChange](t, e.ok(t, "order-release", "-dry-run", "-json", oDead).stdout)
+	if len(cs) != 1 || !cs[0].DryRun || cs[0].OrderKey != oDead || cs[0].Before.Head == nil || cs[0].Before.Head.Key != deadHead || cs[0].After != nil {
+		t.Fatalf("order-release -dry-run -json = %+v, want dryRun, the gate before, no after", cs)
+	}
+	wantGate(t, st, oDead, deadHead, deadWaiting...)
+	out = e.ok(t, "order-release", oDead).stdout
+	if want := "released order key " + oDead + " past " + deadHead + ": " + deadWaiting[0] + " runs next\n  was: head " + deadHead + " (Dead, attempts 1, "; !strings.HasPrefix(out, want) ||
+		!strings.HasSuffix(out, "), 2 waiting\n  now: head "+deadWaiting[0]+" (no record), 1 waiting\n") {
+		t.Fatalf("order-release printed:\n%s\nwant it to start with %q", out, want)
+	}
+	wantGate(t, st, oDead, deadWaiting[0], deadWaiting[1])
+	if out := e.ok(t, "order", oDead).stdout; !strings.Contains(out, "\n  is:      no record (its message has not run since it waited") || strings.Contains(out, "blocked") {
+		t.Fatalf("order of a head whose message has not come back printed:\n%s", out)
+	}
+	begin(t, st, deadWaiting[0], inbox.BeginOptions{OrderKey: oDead}) // its turn
+
+	// A head that is not dead: refused without -force (its lease is live
+	// now, or it waits out a backoff).
+	for _, c := range []struct{ orderKey, head, is string }{{oDead, deadWaiting[0], "InProgress"}, {oBackoff, backoffHead, "Available"}} {
+		for _, args := range [][]string{{"order-release", c.orderKey}, {"order-release", "-dry-run", c.orderKey}, {"-json", "order-release", c.orderKey}} {
+			e.fails(t, cli.ExitRefused, append([]string{"-store", "memory://"}, args...),
+				"order-release "+c.orderKey+" on memory://: refused: its head "+c.head+" is not dead ("+c.is+", attempts 1",
+				"its message runs again: the order key goes on once it is processed; pass -force to let the order key go on without it")
+		}
+	}
+	wantGate(t, st, oBackoff, backoffHead, backoffWaiting...)
+	cs = jsonLines[orderChange](t, e.ok(t, "order-release", "-force", "-json", oBackoff).stdout)
+	if len(cs) != 1 || cs[0].DryRun || cs[0].Before.Head == nil || cs[0].Before.Head.Key != backoffHead || cs[0].Before.Head.Status != "Available" ||
+		!slices.Equal(cs[0].Before.Waiting, backoffWaiting) || cs[0].After == nil || cs[0].After.Head == nil ||
+		cs[0].After.Head.Key != backoffWaiting[0] || !slices.Equal(cs[0].After.Waiting, backoffWaiting[1:]) {
+		t.Fatalf("order-release -force -json = %+v, want the gate before and after", cs)
+	}
+	wantGate(t, st, oBackoff, backoffWaiting[0], backoffWaiting[1])
+
+	// Nothing waits: done, nothing to do.
+	if out := e.ok(t, "order-release", oNone).stdout; out != "nothing to release: nothing waits on order key "+oNone+"\n" {
+		t.Fatalf("order-release of an order key without a gate printed %q", out)
+	}
+	cs = jsonLines[orderChange](t, e.ok(t, "order-release", oNone, "-json").stdout)
+	if len(cs) != 1 || cs[0].Before.Head != nil || cs[0].After == nil || cs[0].After.Head != nil {
+		t.Fatalf("order-release -json of an order key without a gate = %+v", cs)
+	}
+}
+
+// movingHead is a store whose order key's head moves on between
+// order-release's read and its release: ReleaseOrder fails with
+// ErrLeaseLost.
+type movingHead struct{ shared }
+
+func (m movingHead) ReleaseOrder(ctx context.Context, orderKey, head string) error {
+	if err := m.shared.ReleaseOrder(ctx, orderKey, head); err != nil {
+		return err
+	}
+	return m.shared.ReleaseOrder(ctx, orderKey, head)
+}
+
+// notKept keeps no order, as the MySQL store.
+type notKept struct{ shared }
+
+func (notKept) KeepsOrder() bool { return false }
+
+func TestOrder_errors(t *testing.T) {
+	t.Parallel()
+	st := newStore(t)
+	populateOrder(t, st)
+	for _, s := range []stores.Store{noAdmin{st}, notKept{shared{st}}} {
+		e := onStore(s)
+		for _, cmd := range [][]string{{"order", oDead}, {"order-release", oDead}, {"order-release", "-force", "-dry-run", oDead}} {
+			e.fails(t, cli.ExitFailure, append([]string{"-store", "mysql://db/app"}, cmd...),
+				cmd[0]+": this store (mysql://db/app, a ", "does not keep the order of order keys: inbox: not supported")
+		}
+	}
+	wantGate(t, st, oDead, deadHead, deadWaiting...)
+
+	e := onStore(movingHead{shared{st}})
+	e.fails(t, cli.ExitFailure, []string{"-store", "memory://", "order-release", oDead},
+		"order-release "+oDead+" on memory://: its head is no longer "+deadHead+" (it moved on meanwhile: run inboxctl order again)", "lease lost")
+
+	down := onStore(failing{st})
+	down.fails(t, cli.ExitFailure, []string{"-store", "memory://", "order", oDead}, "order "+oDead+" on memory://: reading the head's record", "connection refused")
+	e = onStore(shared{st})
+	e.fails(t, cli.ExitUsage, []string{"-store", "memory://", "order"}, "order: want one ORDERKEY, got 0 arguments")
+	e.fails(t, cli.ExitUsage, []string{"-store", "memory://", "order-release", ""}, "order-release:", "key is empty")
 }

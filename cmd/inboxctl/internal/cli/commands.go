@@ -102,6 +102,46 @@ deletes nothing (refusing what forget would refuse).`,
 			},
 		},
 		{
+			name: "order", args: "ORDERKEY", nargs: 1,
+			summary: "show what an order key's messages wait on",
+			help: `With inboxmw.Config.OrderKey, the messages of an order key that come after
+a failed one wait behind it, and run once it is processed. Prints the key at
+the head (the message the others wait behind) with its record, and the keys
+waiting behind it, in their order. A dead head blocks the order key until
+an operator lets it go on (order-release), unless the consumers run with
+inboxmw.OrderOnDeadSkip. ORDERKEY is the store's order key, as the
+middleware's logs show it (inbox_order_key): {bus}:{group}:{alias}:{the
+message's order key}. An order key nothing waits on prints "nothing waits";
+-json prints {"orderKey", "head", "waiting"}, head a record as get prints
+it, left out when nothing waits.`,
+			examples: []string{"-store redis://127.0.0.1:6379/0 order 'rabbit:billing:charge:acct-9'"},
+			setup: func(r *runner, _ *flag.FlagSet) func(context.Context, []string) error {
+				return r.order
+			},
+		},
+		{
+			name: "order-release", args: "ORDERKEY", nargs: 1,
+			summary: "let an order key's messages go on past its dead head",
+			help: `For an order key blocked by a dead message (the log says "its order key is
+blocked", outcome order_blocked): the first key waiting behind the head runs
+next, and the dead key stays dead (forget replays it, then out of its
+order). A head that is not dead (its message will run again: it waits out a
+backoff, or its lease is live) is let go only with -force (exit status 3
+without it): its message then runs after the ones behind it. Prints the
+gate as it was and as it is; -dry-run prints what would change and changes
+nothing (refusing what order-release would refuse). -json prints
+{"orderKey", "before", "after"}, each {"head", "waiting"} as order prints
+them, or with -dry-run {"orderKey", "before", "dryRun": true}.`,
+			examples: []string{
+				"-store redis://127.0.0.1:6379/0 order-release -dry-run 'rabbit:billing:charge:acct-9'",
+				"-store redis://127.0.0.1:6379/0 order-release 'rabbit:billing:charge:acct-9'",
+			},
+			setup: func(r *runner, fs *flag.FlagSet) func(context.Context, []string) error {
+				r.changeFlags(fs, "let the order key go on past a head that is not dead, whose message will run again")
+				return r.orderRelease
+			},
+		},
+		{
 			name:    "cleanup",
 			summary: "delete a SQL store's expired records now (-dry-run: count them)",
 			help: `Expired records are ignored by every read; deleting them reclaims their space.
@@ -353,6 +393,120 @@ func (r *runner) forget(ctx context.Context, args []string) error {
 		fmt.Fprintf(w, "  now: %s (a delivery claimed it again since)\n", summary(after))
 	}
 	return nil
+}
+
+// orderAdmin returns st's order side, or an error wrapping
+// inbox.ErrNotSupported saying that the store keeps no order.
+func orderAdmin(st stores.Store, label, what string) (inbox.OrderAdmin, error) {
+	o, ok := st.(inbox.OrderAdmin)
+	if !ok || !o.KeepsOrder() {
+		return nil, fmt.Errorf("%s: this store (%s, a %T) does not keep the order of order keys: %w", what, label, st, inbox.ErrNotSupported)
+	}
+	return o, nil
+}
+
+// orderGate is an order key's gate with its head's record.
+type orderGate struct {
+	inbox.OrderGate
+	head inbox.Record // StateNotFound when Head is ""
+}
+
+// readGate reads orderKey's gate and its head's record.
+func readGate(ctx context.Context, st stores.Store, o inbox.OrderAdmin, orderKey string) (orderGate, error) {
+	g, err := o.Order(ctx, orderKey)
+	if err != nil {
+		return orderGate{}, err
+	}
+	out := orderGate{OrderGate: g}
+	if g.Head != "" {
+		if out.head, err = st.Get(ctx, g.Head); err != nil {
+			return out, fmt.Errorf("reading the head's record (%s): %w", showKey(g.Head), err)
+		}
+	}
+	return out, nil
+}
+
+// openOrder opens the store and returns its order side; done closes it.
+func (r *runner) openOrder(ctx context.Context, what string) (st stores.Store, o inbox.OrderAdmin, label string, err error) {
+	st, label, err = r.openStore(ctx)
+	if err != nil {
+		return nil, nil, label, err
+	}
+	if o, err = orderAdmin(st, label, what); err != nil {
+		st.Close()
+		return nil, nil, label, err
+	}
+	return st, o, label, nil
+}
+
+func (r *runner) order(ctx context.Context, args []string) error {
+	orderKey := args[0]
+	st, o, label, err := r.openOrder(ctx, "order")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	g, err := readGate(ctx, st, o, orderKey)
+	if err != nil {
+		return fmt.Errorf("order %s on %s: %w", showKey(orderKey), label, err)
+	}
+	if r.json {
+		return r.writeJSON(orderJSON{OrderKey: orderKey, gateJSON: g.toJSON()})
+	}
+	return writeGate(r.env.Stdout, orderKey, g)
+}
+
+func (r *runner) orderRelease(ctx context.Context, args []string) error {
+	orderKey := args[0]
+	st, o, label, err := r.openOrder(ctx, "order-release")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("order-release %s on %s: "+format, append([]any{showKey(orderKey), label}, args...)...)
+	}
+	before, err := readGate(ctx, st, o, orderKey)
+	if err != nil {
+		return fail("%w", err)
+	}
+	after := before
+	if before.Head != "" && before.head.State != inbox.StateDead && !r.force {
+		return &refusedError{fmt.Sprintf("order-release %s on %s: refused: its head %s is not dead (%s): its message runs again: the order key goes on once it is processed; pass -force to let the order key go on without it",
+			showKey(orderKey), label, showKey(before.Head), summary(before.head))}
+	}
+	if before.Head != "" && !r.dryRun {
+		if err := o.ReleaseOrder(ctx, orderKey, before.Head); err != nil {
+			if errors.Is(err, inbox.ErrLeaseLost) {
+				return fail("its head is no longer %s (it moved on meanwhile: run inboxctl order again): %w", showKey(before.Head), err)
+			}
+			return fail("%w", err)
+		}
+		if after, err = readGate(ctx, st, o, orderKey); err != nil {
+			return fail("released, but reading the order key again failed: %w", err)
+		}
+	}
+	if r.json {
+		c := orderChangeJSON{OrderKey: orderKey, Before: before.toJSON(), DryRun: r.dryRun}
+		if !r.dryRun {
+			c.After = ptr(after.toJSON())
+		}
+		return r.writeJSON(c)
+	}
+	w := r.env.Stdout
+	switch {
+	case before.Head == "":
+		_, err = fmt.Fprintf(w, "nothing to release: nothing waits on order key %s\n", showKey(orderKey))
+	case r.dryRun:
+		_, err = fmt.Fprintf(w, "would release order key %s past %s (dry run: nothing changed)\n  is:  %s\n", showKey(orderKey), showKey(before.Head), gateSummary(before))
+	default:
+		next := "nothing waits now"
+		if after.Head != "" {
+			next = showKey(after.Head) + " runs next"
+		}
+		_, err = fmt.Fprintf(w, "released order key %s past %s: %s\n  was: %s\n  now: %s\n", showKey(orderKey), showKey(before.Head), next, gateSummary(before), gateSummary(after))
+	}
+	return err
 }
 
 // cleaner is a store that deletes its expired records on demand: the SQL

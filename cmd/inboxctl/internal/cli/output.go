@@ -46,6 +46,77 @@ type changeJSON struct {
 	DryRun bool        `json:"dryRun,omitempty"`
 }
 
+// gateJSON is an order key's gate in -json output: its head's record
+// (left out when nothing waits) and the keys waiting behind it.
+type gateJSON struct {
+	Head    *keyedJSON `json:"head,omitempty"`
+	Waiting []string   `json:"waiting"`
+}
+
+// orderJSON is the output of order.
+type orderJSON struct {
+	OrderKey string `json:"orderKey"`
+	gateJSON
+}
+
+// orderChangeJSON is the output of order-release: the gate before and
+// after; with -dry-run, dryRun true and no after.
+type orderChangeJSON struct {
+	OrderKey string    `json:"orderKey"`
+	Before   gateJSON  `json:"before"`
+	After    *gateJSON `json:"after,omitempty"`
+	DryRun   bool      `json:"dryRun,omitempty"`
+}
+
+func (g orderGate) toJSON() gateJSON {
+	out := gateJSON{Waiting: g.Waiting}
+	if out.Waiting == nil {
+		out.Waiting = []string{}
+	}
+	if g.Head != "" {
+		out.Head = &keyedJSON{Key: g.Head, recordJSON: toJSON(g.head)}
+	}
+	return out
+}
+
+// writeGate is order's text output.
+func writeGate(w io.Writer, orderKey string, g orderGate) error {
+	if g.Head == "" {
+		_, err := fmt.Fprintf(w, "%s: nothing waits (no message of the order key waits behind another)\n", showKey(orderKey))
+		return err
+	}
+	is := summary(g.head)
+	if g.head.State == inbox.StateNotFound {
+		is = "no record (its message has not run since it waited, or its record was forgotten or expired)"
+	}
+	fmt.Fprintf(w, "order key  %s\nhead       %s\n  is:      %s\n", showKey(orderKey), showKey(g.Head), is)
+	keys := "keys"
+	if len(g.Waiting) == 1 {
+		keys = "key"
+	}
+	fmt.Fprintf(w, "waiting    %d %s, in their order:\n", len(g.Waiting), keys)
+	for _, k := range g.Waiting {
+		fmt.Fprintf(w, "  %s\n", showKey(k))
+	}
+	if g.head.State == inbox.StateDead {
+		_, err := fmt.Fprintf(w, "blocked: the head is dead; inboxctl order-release %s lets the next key run\n", showKey(orderKey))
+		return err
+	}
+	return nil
+}
+
+// gateSummary is a gate on one line, for order-release.
+func gateSummary(g orderGate) string {
+	if g.Head == "" {
+		return "nothing waits"
+	}
+	is := summary(g.head)
+	if g.head.State == inbox.StateNotFound {
+		is = "no record"
+	}
+	return fmt.Sprintf("head %s (%s), %d waiting", showKey(g.Head), is, len(g.Waiting))
+}
+
 func toJSON(r inbox.Record) recordJSON {
 	t := func(t time.Time) *time.Time {
 		if t.IsZero() {
