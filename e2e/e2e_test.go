@@ -80,3 +80,13 @@ func TestRedelivery_crash_at_the_hand_off(t *testing.T) {
 func TestRedelivery_throughput_with_failures(t *testing.T) {
 	harness.Run(t, only(storeKinds(), "redis", "postgres"), harness.RedeliveryThroughput)
 }
+
+// TestOrder_kill_and_store_freeze_keep_each_keys_order is issue 45's
+// acceptance scenario (k), on Redis and PostgreSQL: each account's events
+// applied in order with Config.OrderKey and Redelivery, through failed
+// first attempts, a 3 s store freeze and a consumer killed half-way (on
+// RabbitMQ a single active consumer queue). harness.Order(false), the same
+// run without an order key, finds order violations.
+func TestOrder_kill_and_store_freeze_keep_each_keys_order(t *testing.T) {
+	harness.Run(t, only(storeKinds(), "redis", "postgres"), harness.Order(true))
+}

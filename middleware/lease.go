@@ -34,6 +34,7 @@ type lease struct {
 	attempts int
 	id       string
 	hash     string                  // the claim's payload hash
+	ordered  bool                    // the claim had an order key (Config.OrderKey)
 	expires  time.Time               // the claim's ExpiresAt (store clock)
 	length   time.Duration           // granted
 	interval time.Duration           // heartbeat period
@@ -67,7 +68,7 @@ type ending struct {
 // holds it.
 func newLease(m *msgCall, claim inbox.Claim, opts inbox.BeginOptions, sent time.Time) *lease {
 	l := &lease{ib: m.ib, msg: m.msg, handler: m.handler, key: m.key, attempts: m.attempts,
-		id: claim.LeaseID, hash: opts.PayloadHash, expires: claim.ExpiresAt,
+		id: claim.LeaseID, hash: opts.PayloadHash, ordered: opts.OrderKey != "", expires: claim.ExpiresAt,
 		length: cmp.Or(max(claim.Lease, 0), opts.Lease), interval: m.ib.cfg.HeartbeatInterval,
 		base: context.WithoutCancel(m.msg.Context())}
 	if l.interval >= l.length {
@@ -109,7 +110,12 @@ func (l *lease) sendEnd() {
 // nacks the message (that would run the handler again): a failure that
 // may pass is sent again by the keeper after a jittered pause (50 ms
 // growing to 2 s) until the lease ends, and it is logged and counted if it
-// still fails.
+// still fails. The mark of a message with an order key is sent again
+// past the lease's end too, until it lands or another holder took the key
+// (ErrLeaseLost; stores let a holder whose lease ran out mark while
+// nobody did): the message was acked, no redelivery will mark it, and
+// while it is not processed it may head its order key's gate, the later
+// messages of the order key waiting behind it.
 func (l *lease) endAnswered(_ inbox.Claim, err error) {
 	ib, e := l.ib, &l.end
 	name := opName[e.op]
@@ -125,7 +131,8 @@ func (l *lease) endAnswered(_ inbox.Claim, err error) {
 		ib.pending.Done()
 		return
 	}
-	if wait := storeBackoff.Pause(e.retry); !errors.Is(err, inbox.ErrLeaseLost) && retryable(l.base, err) && time.Until(e.giveUp) >= wait {
+	if wait := storeBackoff.Pause(e.retry); !errors.Is(err, inbox.ErrLeaseLost) && retryable(l.base, err) &&
+		(time.Until(e.giveUp) >= wait || l.ordered && e.op == driver.Complete) {
 		e.retry++ // before resendAt: the keeper may send it again at once
 		ib.m.Outcome(l.handler, OutcomeStoreError)
 		if e.op != driver.Release {

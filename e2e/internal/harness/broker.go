@@ -81,14 +81,30 @@ type BrokerSpec struct {
 	AMQPURL string        `json:"amqp_url,omitempty"`
 	Brokers []string      `json:"brokers,omitempty"`
 	Session time.Duration `json:"session,omitempty"` // Kafka consumer group session timeout
+	// SingleActive makes RabbitMQ queues single active consumer queues
+	// (x-single-active-consumer): one consumer gets the deliveries, in
+	// order, the others stand by.
+	SingleActive bool `json:"single_active,omitempty"`
+}
+
+// queueArgs are the arguments of the broker's RabbitMQ queues.
+func (b BrokerSpec) queueArgs() amqp.Table {
+	if b.SingleActive {
+		return amqp.Table{"x-single-active-consumer": true}
+	}
+	return nil
 }
 
 // Bus is the bus segment of the inbox keys.
 func (b BrokerSpec) Bus() string { return b.Kind }
 
 // partitionKey is the metadata field that chooses a Kafka partition for a
-// message published by [BrokerSpec.Publisher].
-const partitionKey = "e2e_partition"
+// message published by [BrokerSpec.Publisher]; recordKey, when set, is its
+// Kafka record key.
+const (
+	partitionKey = "e2e_partition"
+	recordKey    = "e2e_record_key"
+)
 
 // CreateDest creates a fresh queue (RabbitMQ) or topic (Kafka, with the given
 // number of partitions) named after the test, and deletes it when the test
@@ -102,7 +118,7 @@ func (b BrokerSpec) CreateDest(t *testing.T, partitions int) string {
 		defer conn.Close()
 		// The arguments of watermill-amqp's durable queue configuration, so
 		// that its own declaration matches.
-		if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(name, true, false, false, false, b.queueArgs()); err != nil {
 			t.Fatalf("declaring queue %s: %v", name, err)
 		}
 		t.Cleanup(func() {
@@ -167,11 +183,13 @@ func (b BrokerSpec) amqpConfig() wamqp.Config {
 	// turn every header into a string instead of requeueing the delivery
 	// forever, and copy the message-id into the metadata.
 	cfg.Marshaler = inboxamqp.Marshaler{}
+	cfg.Queue.Arguments = b.queueArgs()
 	return cfg
 }
 
 // Publisher returns a publisher to the broker. A Kafka message carrying
-// the metadata field e2e_partition goes to that partition (else to 0).
+// the metadata field e2e_partition goes to that partition (else to 0), with
+// the metadata field e2e_record_key, when set, as its record key.
 func (b BrokerSpec) Publisher() (message.Publisher, error) {
 	switch b.Kind {
 	case Rabbit:
@@ -203,6 +221,9 @@ func (m partitionMarshaler) Marshal(topic string, msg *message.Message) (*sarama
 			return nil, fmt.Errorf("metadata %s=%q: %w", partitionKey, v, err)
 		}
 		pm.Partition = int32(p)
+	}
+	if v := msg.Metadata.Get(recordKey); v != "" {
+		pm.Key = sarama.StringEncoder(v)
 	}
 	return pm, nil
 }

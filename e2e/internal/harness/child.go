@@ -215,3 +215,30 @@ func (c *Child) WaitKilled(t testing.TB, timeout time.Duration) {
 		t.Fatalf("the child consumer ended with %v, not SIGKILL at its crash point; its output:\n%s", c.err, c.output.String())
 	}
 }
+
+// Pid is the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+// Kill kills the child with SIGKILL and waits for it to end; it fails the
+// test if the child had ended before, or found a data race.
+func (c *Child) Kill(t testing.TB) {
+	t.Helper()
+	if c.Exited() {
+		t.Fatalf("the child consumer ended before it was killed (%v); its output:\n%s", c.err, c.output.String())
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the child consumer: %v", err)
+	}
+	c.WaitKilled(t, 30*time.Second)
+}
+
+// CheckRunning fails the test if the child has ended or found a data race.
+func (c *Child) CheckRunning(t testing.TB) {
+	t.Helper()
+	if out := c.output.String(); strings.Contains(out, "WARNING: DATA RACE") {
+		t.Errorf("the child consumer found a data race:\n%s", out)
+	}
+	if c.Exited() {
+		t.Errorf("the child consumer ended (%v); its output:\n%s", c.err, c.output.String())
+	}
+}

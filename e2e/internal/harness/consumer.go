@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/amqp"
+	"github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
 	"github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores"
@@ -79,6 +82,19 @@ type ConsumerSpec struct {
 	// FailFirst makes the first FailFirst handler runs of every message fail
 	// (runs counted per payload in Runs).
 	FailFirst int `json:"fail_first,omitempty"`
+	// FailFirstOneIn makes the first attempt of about one message in
+	// FailFirstOneIn fail: the deliveries of a message chosen by a hash of
+	// its payload (the same in every process) fail, before the effect,
+	// until one carries a count of failed attempts (inboxmw.MetadataAttempts
+	// above 0: a copy handed back after the store recorded a failure).
+	FailFirstOneIn int `json:"fail_first_one_in,omitempty"`
+	// OrderKey selects inboxmw.Config.OrderKey: OrderByRecordKey (Kafka's
+	// record key, inboxkafka.OrderByRecordKey) or the name of a metadata
+	// field. Empty: none.
+	OrderKey string `json:"order_key,omitempty"`
+	// LedgerPID writes the process id after the payload on each ledger
+	// line ("<payload> <pid>"), so that the ledger says who applied what.
+	LedgerPID bool `json:"ledger_pid,omitempty"`
 	// Runs logs the handler's runs; in-process consumers given the same
 	// one share it (FailFirst then counts all their runs of a message).
 	// Nil: the consumer makes its own.
@@ -96,6 +112,32 @@ type ConsumerSpec struct {
 	// Handoffs logs the hand-offs to Redelivery; in-process consumers given
 	// the same one share it. Nil: the consumer makes its own.
 	Handoffs *HandoffLog `json:"-"`
+}
+
+// OrderByRecordKey is the ConsumerSpec.OrderKey of inboxkafka.OrderByRecordKey.
+const OrderByRecordKey = "record-key"
+
+// OrderKeyFunc is the inboxmw.Config.OrderKey of the spec (nil for none).
+func (s ConsumerSpec) OrderKeyFunc() func(*message.Message) (string, error) {
+	switch s.OrderKey {
+	case "":
+		return nil
+	case OrderByRecordKey:
+		return inboxkafka.OrderByRecordKey
+	}
+	field := s.OrderKey
+	return func(m *message.Message) (string, error) { return m.Metadata.Get(field), nil }
+}
+
+// failsFirst reports whether the first attempt of the message (payload) id
+// fails under FailFirstOneIn.
+func (s ConsumerSpec) failsFirst(id string) bool {
+	if s.FailFirstOneIn <= 0 {
+		return false
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return h.Sum32()%uint32(s.FailFirstOneIn) == 0
 }
 
 // BackoffFunc is the inboxmw.Config.Backoff of the spec: nil for the
@@ -214,6 +256,11 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		owned = true
 	}
 	led := &FileLedger{Path: spec.Ledger}
+	line := func(id string) string { return id }
+	if spec.LedgerPID {
+		pid := strconv.Itoa(os.Getpid())
+		line = func(id string) string { return id + " " + pid }
+	}
 	outcomes := &Outcomes{}
 	ib, err := inboxmw.New(inboxmw.Config{
 		Store:        store,
@@ -227,6 +274,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 		MaxAttempts:  spec.MaxAttempts,
 		Redelivery:   spec.Redelivery,
 		Backoff:      spec.BackoffFunc(),
+		OrderKey:     spec.OrderKeyFunc(),
 		Metrics:      outcomes,
 		Logger:       outcomes.Logger(),
 	})
@@ -238,7 +286,7 @@ func leaseInbox(ctx context.Context, spec ConsumerSpec, shared stores.Store) (*I
 	}
 	return &Inbox{
 		Middleware: ib.Middleware,
-		Effect:     func(_ *message.Message, id string) error { return led.Apply(id) },
+		Effect:     func(_ *message.Message, id string) error { return led.Apply(line(id)) },
 		Store:      store,
 		Outcomes:   outcomes,
 		Close: func(ctx context.Context) error {
@@ -500,6 +548,12 @@ func (h *handler) handle(msg *message.Message) error {
 	}
 	if run <= spec.FailFirst {
 		return errFailFirst
+	}
+	if spec.failsFirst(id) {
+		if n, _ := strconv.Atoi(msg.Metadata.Get(inboxmw.MetadataAttempts)); n == 0 {
+			h.c.Probe.injected.Add(1)
+			return errFailFirst
+		}
 	}
 	if spec.Work > 0 {
 		time.Sleep(rand.N(spec.Work)) // the handler's own work

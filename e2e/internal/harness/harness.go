@@ -116,12 +116,17 @@ func (e *env) msg(id string, i int) *message.Message { return NewMessage(id, i%e
 // partitions, or one for a store without atomic claims: one consumer then
 // handles its messages one at a time (RabbitMQ consumers do anyway, with a
 // prefetch of one).
-func newEnv(t *testing.T, bk BrokerKind, sk StoreKind, proxied bool, partitions int) *env {
+// Each of brokerOpts changes the broker's spec before the destination is
+// created.
+func newEnv(t *testing.T, bk BrokerKind, sk StoreKind, proxied bool, partitions int, brokerOpts ...func(*BrokerSpec)) *env {
 	t.Helper()
 	if sk.NoConcurrency != "" {
 		partitions = 1
 	}
 	b := bk.Start(t)
+	for _, o := range brokerOpts {
+		o(&b)
+	}
 	sc := sk.New(t)
 	if proxied {
 		u, err := url.Parse(sc.Spec.URL)

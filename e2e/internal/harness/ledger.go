@@ -86,3 +86,20 @@ func (l *FileLedger) Counts(t testing.TB) map[string]int {
 	}
 	return counts
 }
+
+// Lines returns the ledger's lines, in the order they were written.
+func (l *FileLedger) Lines(t testing.TB) []string {
+	t.Helper()
+	b, err := os.ReadFile(l.Path)
+	if err != nil {
+		t.Fatalf("reading the ledger: %v", err)
+	}
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		t.Fatalf("the ledger ends in a partial line: %q", b[max(0, len(b)-40):])
+	}
+	s := strings.TrimSuffix(string(b), "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
