@@ -35,6 +35,7 @@ type lease struct {
 	id       string
 	hash     string                  // the claim's payload hash
 	ordered  bool                    // the claim had an order key (Config.OrderKey)
+	answered chan struct{}           // markBeforeAck's: closed at the mark's first answer
 	expires  time.Time               // the claim's ExpiresAt (store clock)
 	length   time.Duration           // granted
 	interval time.Duration           // heartbeat period
@@ -94,6 +95,25 @@ func (l *lease) endLease(op driver.Kind, why string) {
 	l.sendEnd()
 }
 
+// markBeforeAck marks the key of a message with an order key whose
+// handler succeeded and returned no messages, and waits for the store's
+// first answer (at most the store's timeout) before the router acks it.
+// Marked after the ack, as other messages are, a consumer killed between
+// the two would leave the key unmarked and its message acked: nothing
+// would mark it, and its order key's later messages would wait behind it
+// until the gate expires. Marked first, a consumer killed before the ack
+// has the message delivered again, and that delivery finds it processed.
+// A mark that fails is sent again by the keeper as any other (past the
+// lease's end: endAnswered), and the message is acked meanwhile. A
+// middleware outside the inbox that turns the success into an error does
+// not run the handler again: the redelivery finds the key processed.
+func (l *lease) markBeforeAck() {
+	answered := make(chan struct{})
+	l.answered = answered
+	l.endLease(driver.Complete, "")
+	<-answered
+}
+
 // sendEnd hands the lease's mark or release to the store; its answer goes
 // to endAnswered.
 func (l *lease) sendEnd() {
@@ -118,6 +138,10 @@ func (l *lease) sendEnd() {
 // messages of the order key waiting behind it.
 func (l *lease) endAnswered(_ inbox.Claim, err error) {
 	ib, e := l.ib, &l.end
+	if l.answered != nil {
+		close(l.answered)
+		l.answered = nil
+	}
 	name := opName[e.op]
 	ib.reportCall(l.base, name, l.key, l.attempts, e.sent, err)
 	if err == nil {

@@ -563,7 +563,9 @@ var errHandlerReturned = errors.New("inbox: handler returned")
 // of the messages it returned, or a middleware outside the inbox that
 // turned the success into an error, nacks, and the handler must run
 // again), or at once when the message was acked already (InstantAck). A
-// handler that failed ends its attempt before run returns.
+// message with an order key whose handler returned no messages is marked
+// before the ack instead (markBeforeAck). A handler that failed ends its
+// attempt before run returns.
 func (m *msgCall) run() ([]*message.Message, error) {
 	l := m.lease
 	var hctx context.Context
@@ -574,6 +576,8 @@ func (m *msgCall) run() ([]*message.Message, error) {
 	switch {
 	case err != nil:
 		return m.handlerFailed(out, err)
+	case m.order != "" && len(out) == 0 && !acked(m.msg):
+		l.markBeforeAck()
 	case !acked(m.msg):
 		// The handler's context stays live until the router acks or
 		// nacks: the messages it returned may be published with it.

@@ -88,3 +88,41 @@ func TestOrderKey_mark_of_the_head_outlives_an_outage_longer_than_the_lease(t *t
 		t.Fatalf("a1 is %v after the outage, want processed", r.State)
 	}
 }
+
+// A message with an order key whose handler returned no messages is
+// marked before the router acks it: a consumer killed between the ack and
+// a later mark would leave it unmarked, with no copy left to mark it, and
+// its order key's later messages behind it. Without an order key, the
+// mark waits for the ack (the record is still in progress when the inbox
+// returns).
+func TestOrderKey_marked_before_the_ack(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{true, false} {
+		store := newMemory(t)
+		cfg := inboxmw.Config{Store: store}
+		want := inbox.StateInProgress
+		if ordered {
+			cfg.OrderKey, want = byAccount, inbox.StateProcessed
+		}
+		ib := newInbox(t, cfg)
+		ps := newPubSub(t)
+		seen := make(chan inbox.State, 1)
+		startRouter(t, ps, nil, "", ib, func(*message.Message) ([]*message.Message, error) { return nil, nil },
+			func(h message.HandlerFunc) message.HandlerFunc { // outside the inbox: runs before the router's ack
+				return func(m *message.Message) ([]*message.Message, error) {
+					out, err := h(m)
+					seen <- getRecord(t, store, m.Metadata.Get("IdempotencyKey")).State
+					return out, err
+				}
+			})
+		publish(t, ps, ofAccount("a1", "A"))
+		select {
+		case got := <-seen:
+			if got != want {
+				t.Errorf("ordered %v: a1 is %v when the inbox returns, want %v", ordered, got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ordered %v: a1 not handled within 10 s", ordered)
+		}
+	}
+}
