@@ -109,6 +109,10 @@ func goldenPostgres() GoldenFile {
 		About:  `A TryBegin or Fail with an OrderKey (taken out of the batch's waves), Order and ReleaseOrder: the first statement of the op's own transaction, the advisory lock of its order key (the text of migrate-lock), so that the ops of one order key take turns. The transaction then runs order-get and order-records, order-put or order-delete when the gate changes, and claim or fail.`,
 		Params: `$1 the lock: the FNV-64a hash of "watermill-inbox-order:inbox", a NUL byte and the order key, as a bigint.`,
 		SQL:    pgAdvisoryLock})
+	add(GoldenStatement{Name: "order-live",
+		About:  `A batch with a TryBegin that carries an OrderKey, first: which of their order keys have a live gate. A TryBegin whose order key has none (and no Fail of the batch before it carries it) runs as a TryBegin without an order key, in the batch's waves; the others run in order-lock's transaction.`,
+		Params: `$1 the order keys (a text array literal). Returns the order keys with a live gate.`,
+		SQL:    q.order.live})
 	add(GoldenStatement{Name: "order-get",
 		About:  `In the transaction of order-lock: the order key's live gate.`,
 		Params: `$1 order key. Returns head, the waiting keys as a JSON array.`,

@@ -54,6 +54,9 @@ type orderQueries struct {
 	// get(orderKey) returns the live gate's head and its waiting keys
 	// (as a JSON array).
 	get string
+	// live(orderKeys) returns those of the order keys (a text array
+	// literal) that have a live gate.
+	live string
 	// records(keys) returns, per live record of the keys (a text array
 	// literal): msg_key, state, attempts, payload_hash, and the
 	// microseconds left of a failed attempt's backoff (0 when none runs).
@@ -71,6 +74,8 @@ func pgOrderQueries(t, g string) orderQueries {
 		table: g,
 		get: `SELECT head, to_json(waiting)::text FROM ` + g + `
 WHERE order_key = $1 AND expires_at > clock_timestamp()`,
+		live: `SELECT order_key FROM ` + g + `
+WHERE order_key = ANY($1::text::text[]) AND expires_at > clock_timestamp()`,
 		records: `WITH n AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT t.msg_key, t.state::int, t.attempts, t.payload_hash,
 	CASE WHEN t.state = 0 AND t.lease IS NULL AND t.lease_until > n.now
@@ -95,8 +100,14 @@ func ordered(op driver.Op) bool {
 
 // applyPGOrdered applies ops, some of which carry an order key, in slice
 // order: each run of ops without one as a batch (applyPGPlain), each op
-// with one alone (applyOrdered).
+// with one alone (applyOrdered). A Claim whose order key has no live gate
+// (most of them: a gate lives from a failure to the processing of the
+// keys behind it) joins the batches as a Claim without one (ungated).
 func (d *sqlDriver) applyPGOrdered(ctx context.Context, ops []driver.Op, res []inbox.Claim, errs []error) error {
+	ops, err := d.ungated(ctx, ops)
+	if err != nil {
+		return err
+	}
 	start := 0
 	for i, op := range ops {
 		if !ordered(op) {
@@ -116,6 +127,54 @@ func (d *sqlDriver) applyPGOrdered(ctx context.Context, ops []driver.Op, res []i
 		return d.applyPGPlain(ctx, ops[start:], res[start:], errs[start:])
 	}
 	return nil
+}
+
+// ungated returns ops with the order key of each Claim taken away when its
+// order key has no live gate, read in one statement, and no Fail of the
+// batch before it carries that order key (the Fail may open the gate).
+// A gate that another consumer opens between this read and the claim is
+// a Fail that came after the claim: the claim would have been Acquired in
+// the order key's own transaction too. Without a gate table the ops are
+// returned as they are: each fails alone in applyOrdered, saying so.
+func (d *sqlDriver) ungated(ctx context.Context, ops []driver.Op) ([]driver.Op, error) {
+	var keys []string
+	for _, op := range ops {
+		if op.Kind == driver.Claim && op.OrderKey != "" {
+			keys = append(keys, op.OrderKey)
+		}
+	}
+	if len(keys) == 0 {
+		return ops, nil
+	}
+	gated := map[string]bool{}
+	rows, err := d.db.QueryContext(ctx, d.q.order.live, pgTextArray(keys))
+	if err != nil {
+		if classify(err) == dialect.NoTable {
+			return ops, nil
+		}
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		gated[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	ops = slices.Clone(ops)
+	for i, op := range ops {
+		switch {
+		case op.Kind == driver.Fail && op.Failure.OrderKey != "":
+			gated[op.Failure.OrderKey] = true
+		case op.Kind == driver.Claim && op.OrderKey != "" && !gated[op.OrderKey]:
+			ops[i].OrderKey = ""
+		}
+	}
+	return ops, nil
 }
 
 // applyOrdered applies op, a Claim or Fail with an order key, in a

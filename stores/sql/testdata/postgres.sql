@@ -1586,6 +1586,16 @@ RETURNING t.lease_until;
 -- NUL byte and the order key, as a bigint.
 SELECT pg_advisory_xact_lock($1);
 
+-- name: order-live
+-- A batch with a TryBegin that carries an OrderKey, first: which of their order
+-- keys have a live gate. A TryBegin whose order key has none (and no Fail of
+-- the batch before it carries it) runs as a TryBegin without an order key, in
+-- the batch's waves; the others run in order-lock's transaction.
+-- Parameters: $1 the order keys (a text array literal). Returns the order keys
+-- with a live gate.
+SELECT order_key FROM "inbox_order"
+WHERE order_key = ANY($1::text::text[]) AND expires_at > clock_timestamp();
+
 -- name: order-get
 -- In the transaction of order-lock: the order key's live gate.
 -- Parameters: $1 order key. Returns head, the waiting keys as a JSON array.
