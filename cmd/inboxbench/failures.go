@@ -19,10 +19,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	inboxkafka "github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/driver"
-	redisstore "github.com/watermill-inbox/inbox/stores/redis"
+	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // The failures section: the inbox on Redis with its broker's
@@ -69,6 +70,9 @@ type failureVariant struct {
 	// floor runs the hand-off floor (handoff.go) instead of the inbox: no
 	// store, every failed attempt handed to the broker's redelivery.
 	floor bool
+	// order sets Config.OrderKey to inboxkafka.OrderByRecordKey (the order
+	// section, order.go).
+	order bool
 }
 
 // failuresBaseline is the variant without failures, every group's
@@ -103,6 +107,14 @@ type failGroup struct {
 	n         int // keys per trial (poison keys besides)
 	inProcess bool
 	variants  []failureVariant
+	// orderKeys, for the order section, spreads the n keys (messages) over
+	// that many ordering keys, each published with its ordering key as the
+	// Kafka record key, to one partition, in order (failProbe.messages);
+	// 0: none.
+	orderKeys int
+	// store is the inbox's store: "redis" (or ""), "postgres" or
+	// "memory" (a new one per trial).
+	store string
 }
 
 type failuresResults struct {
@@ -165,6 +177,15 @@ type failTrial struct {
 	deadViolations, randomDead int
 	// doubled counts keys whose effect was applied more than once.
 	doubled int
+	// With ordering keys (failGroup.orderKeys): outOfOrder counts the
+	// messages applied after a later message of their ordering key,
+	// keysOutOfOrder the ordering keys with one or more; behind, the claims
+	// the store answered inbox.Behind; lags, for each message applied after
+	// an earlier message of its key had a failed attempt, the time from its
+	// predecessor's effect to its own.
+	outOfOrder, keysOutOfOrder int
+	behind                     int64
+	lags                       []time.Duration
 }
 
 func (t failTrial) rate90() float64 {
@@ -262,6 +283,11 @@ type keyRuns struct {
 	poison     bool
 	failFirst  bool // its first attempt fails (messages picks them)
 	randomDead bool
+	// orderKey and seq: the ordering key and the message's place in it
+	// (order section); applied, when its effect was first applied.
+	orderKey string
+	seq      int
+	applied  time.Time
 }
 
 // failProbe is a failures trial's handler and the poison queue's stand-in:
@@ -272,6 +298,10 @@ type failProbe struct {
 	n      int // regular keys
 	n90    int
 	poison int
+	// orderKeys: failGroup.orderKeys; first, the regular keys whose first
+	// attempt fails (nil: firstFailures picks them).
+	orderKeys int
+	first     []int
 
 	mu           sync.Mutex
 	keys         map[string]*keyRuns // by message UUID
@@ -300,20 +330,46 @@ type failProbe struct {
 	pass      time.Time
 	atPass    int
 	done      chan struct{}
+	// applied holds, by ordering key, its messages in the order their
+	// effects were applied (the first time).
+	applied map[string][]*keyRuns
 }
 
 // messages makes the trial's messages: the poison ones first (on Kafka,
 // one at the head of each partition), then the n regular ones.
+//
+// With ordering keys, message i (of n) is message i / orderKeys of
+// ordering key i % orderKeys: the first message of every ordering key, then
+// the second of every one, and so on.
 func (p *failProbe) messages(topic string) []*message.Message {
 	msgs := benchMessages(topic, p.poison+p.n)
 	p.keys = make(map[string]*keyRuns, len(msgs))
 	for i, m := range msgs {
-		p.keys[m.UUID] = &keyRuns{poison: i < p.poison}
+		k := &keyRuns{poison: i < p.poison}
+		if j := i - p.poison; p.orderKeys > 0 && j >= 0 {
+			k.orderKey, k.seq = orderKeyName(j%p.orderKeys), j/p.orderKeys
+		}
+		p.keys[m.UUID] = k
 	}
-	for _, i := range firstFailures(p.n, p.v.rate) {
+	first := p.first
+	if first == nil {
+		first = firstFailures(p.n, p.v.rate)
+	}
+	for _, i := range first {
 		p.keys[msgs[p.poison+i].UUID].failFirst = true
 	}
 	return msgs
+}
+
+// route gives a message of the order section its Kafka record key, its
+// ordering key, and its partition: ordering key i on partition i modulo
+// the partitions, so that each partition holds as many keys.
+func (p *failProbe) route(partitions int) func(*message.Message) (string, int32) {
+	return func(m *message.Message) (string, int32) {
+		k := p.keys[m.UUID]
+		i, _ := strconv.Atoi(strings.TrimPrefix(k.orderKey, orderKeyPrefix))
+		return k.orderKey, int32(i % partitions)
+	}
 }
 
 // firstFailures returns which of n keys fail their first attempt: exactly
@@ -358,6 +414,13 @@ func (p *failProbe) handler(msg *message.Message) error {
 		return errInjected
 	}
 	if k.ok++; k.ok == 1 {
+		k.applied = now
+		if k.orderKey != "" {
+			if p.applied == nil {
+				p.applied = map[string][]*keyRuns{}
+			}
+			p.applied[k.orderKey] = append(p.applied[k.orderKey], k)
+		}
 		p.endKey()
 	}
 	return nil
@@ -439,15 +502,29 @@ func (p *failProbe) check() {
 	}
 }
 
-// failRecorder is the store of a failures trial: the Redis store, with
-// every Fail that landed recorded by key, in order. It embeds the store
-// itself, not an inbox.LeaseStore, so that its Go reaches the middleware:
-// the marks then ride the store's batching, as in production, instead of a
-// goroutine each.
+// failRecorder is the store of a failures trial: the Redis store (or the
+// order section's PostgreSQL or memory store), with every Fail that landed
+// recorded by key, in order, and the claims answered Behind counted. It
+// embeds the stores' portable layer itself, not an inbox.LeaseStore, so
+// that its Go reaches the middleware: the marks then ride the store's
+// batching, as in production, instead of a goroutine each; and its
+// OrderAdmin, which Config.OrderKey needs. Not being a TxStore, it keeps
+// a SQL store in the lease mode.
 type failRecorder struct {
-	*redisstore.Store
-	mu    sync.Mutex
-	fails map[string][]inbox.FailOptions
+	*driver.Store
+	mu     sync.Mutex
+	fails  map[string][]inbox.FailOptions
+	behind int64
+}
+
+func (r *failRecorder) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+	c, err := r.Store.TryBegin(ctx, key, opts)
+	if err == nil && c.Status == inbox.Behind {
+		r.mu.Lock()
+		r.behind++
+		r.mu.Unlock()
+	}
+	return c, err
 }
 
 // The middleware's goer: what makes it send marks without waiting.
@@ -508,11 +585,18 @@ func failuresBackoff(base time.Duration) func(int) time.Duration {
 }
 
 // runFailTrial consumes a new queue or topic of g.n keys (and the poison
-// keys of v) through the inbox on Redis, with the broker's redelivery
-// unless v is in-process, and checks the waits and the dead keys.
-func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration) (failTrial, error) {
-	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{})}
-	if e.redis != nil {
+// keys of v) through the inbox on Redis (or g.store), with the broker's
+// redelivery unless v is in-process, and checks the waits and the dead
+// keys, and with ordering keys their order. first, when not nil, picks the
+// keys whose first attempt fails.
+func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration, first []int) (failTrial, error) {
+	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{}), orderKeys: g.orderKeys, first: first}
+	ds, closeStore, err := trialStore(e, g.store)
+	if err != nil {
+		return failTrial{}, err
+	}
+	defer closeStore()
+	if e.redis != nil && ds == e.redisStore.Store {
 		p.redisCPU = func() (time.Duration, error) {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -522,14 +606,18 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	if v.poison {
 		p.poison = g.consumers
 	}
-	ts, err := b.prepare(ctx, trialSpec{n: g.n + p.poison, consumers: g.consumers, msgs: p.messages, redelivery: !v.inProcess, failures: true})
+	spec := trialSpec{n: g.n + p.poison, consumers: g.consumers, msgs: p.messages, redelivery: !v.inProcess, failures: true}
+	if g.orderKeys > 0 {
+		spec.route = p.route(g.consumers)
+	}
+	ts, err := b.prepare(ctx, spec)
 	if err != nil {
 		return failTrial{}, err
 	}
 	defer ts.cleanup()
-	store := &failRecorder{Store: e.redisStore, fails: map[string][]inbox.FailOptions{}}
+	store := &failRecorder{Store: ds, fails: map[string][]inbox.FailOptions{}}
 	if !v.floor {
-		p.batchStats = e.redisStore.BatchStats
+		p.batchStats = ds.BatchStats
 	}
 	metrics := newCountingMetrics()
 	var ib *inboxmw.Inbox
@@ -544,6 +632,9 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		}
 		if v.poison {
 			cfg.MaxAttempts = poisonMaxAttempts
+		}
+		if v.order {
+			cfg.OrderKey = inboxkafka.OrderByRecordKey
 		}
 		if ib, err = inboxmw.New(cfg); err != nil {
 			return failTrial{}, err
@@ -614,20 +705,94 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	}
 	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
 		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited,
-		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0)}
+		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0), behind: store.behind}
 	if p.redisCPU != nil && p.redis0E == nil && p.redis9E == nil {
 		res.redis90, res.redisMeasured = p.redis90-p.redis0, true
 	}
 	err = p.verify(&res, fails, func(key string) (inbox.Record, error) {
 		gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer gcancel()
-		return e.redisStore.Get(gctx, key)
+		return ds.Get(gctx, key)
 	})
+	if err == nil && p.orderKeys > 0 {
+		err = p.verifyOrder(&res)
+	}
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", what, err)
 	}
 	return res, nil
 }
+
+// trialStore is the store of a failures or order trial (failGroup.store)
+// and what closes it: the env's Redis or PostgreSQL store, or a new memory
+// store.
+func trialStore(e *env, name string) (*driver.Store, func(), error) {
+	switch name {
+	case "", "redis":
+		if e.redisStore == nil {
+			return nil, nil, fmt.Errorf("%w: no Redis store in the env", errNoStore)
+		}
+		return e.redisStore.Store, func() {}, nil
+	case "postgres":
+		if e.pgStore == nil {
+			return nil, nil, fmt.Errorf("%w: no PostgreSQL store in the env", errNoStore)
+		}
+		return e.pgStore.Store, func() {}, nil
+	case "memory":
+		s, err := memory.New(memory.Options{Retention: retention})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s.Store, func() { _ = s.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("%w: %q (known: redis, postgres, memory)", errNoStore, name)
+}
+
+// errNoStore: a trial's store is unknown, or its env did not open it.
+var errNoStore = errors.New("inboxbench: no such store")
+
+// verifyOrder checks the order section's trial (p's lock held): every
+// message applied (else an error: a lost message), and in each ordering
+// key the effects in publish order; it counts into res the messages
+// applied after a later one of their key and the keys with any, and the
+// lags of the messages held behind a failed attempt.
+func (p *failProbe) verifyOrder(res *failTrial) error {
+	lost := 0
+	for _, k := range p.keys {
+		if !k.poison && k.ok == 0 {
+			lost++
+		}
+	}
+	for _, runs := range p.applied {
+		out, maxSeq := 0, -1
+		for _, k := range runs {
+			if k.seq < maxSeq {
+				out++
+			}
+			maxSeq = max(maxSeq, k.seq)
+		}
+		res.outOfOrder += out
+		if out > 0 {
+			res.keysOutOfOrder++
+		}
+		bySeq := slices.Clone(runs)
+		slices.SortFunc(bySeq, func(a, b *keyRuns) int { return a.seq - b.seq })
+		held := false
+		for i, k := range bySeq {
+			if i > 0 && held {
+				res.lags = append(res.lags, k.applied.Sub(bySeq[i-1].applied))
+			}
+			held = held || len(k.fails) > 0
+		}
+	}
+	if lost > 0 {
+		return fmt.Errorf("%w: %d of %d messages never applied", errLost, lost, p.n)
+	}
+	return nil
+}
+
+// errLost: a message of a trial was never applied.
+var errLost = errors.New("inboxbench: messages lost")
 
 // verify fills in res's waits and violations from what the handler saw (p,
 // whose lock the caller holds), the Fails that landed (fails, by key), and
@@ -762,7 +927,7 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 					return nil, err
 				}
 				started := time.Now()
-				t, err := runFailTrial(ctx, e, brokers[g.broker], g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout))
+				t, err := runFailTrial(ctx, e, brokers[g.broker], g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout), nil)
 				if err != nil {
 					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
 				}
