@@ -170,7 +170,7 @@ func splitList(s string) []string {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
-	sections := fs.String("sections", "micro,router,failures,order,roundtrip,sizing", "sections to run: micro, router (with scaling), failures, order, roundtrip, sizing")
+	sections := fs.String("sections", "micro,router,failures,roundtrip,sizing", "sections to run: micro, router (with scaling), failures, order (not by default: some 10 minutes), roundtrip, sizing")
 	fs.IntVar(&o.reps, "reps", 7, "repetitions; medians are taken over them")
 	fs.IntVar(&o.n, "n", 2000, "messages per RabbitMQ trial with one consumer")
 	fs.IntVar(&o.scaleN, "scale-n", 4000, "messages per RabbitMQ trial with more than one consumer")
