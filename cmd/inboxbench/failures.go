@@ -182,10 +182,15 @@ type failTrial struct {
 	// keysOutOfOrder the ordering keys with one or more; behind, the claims
 	// the store answered inbox.Behind; lags, for each message applied after
 	// an earlier message of its key had a failed attempt, the time from its
-	// predecessor's effect to its own.
+	// predecessor's effect to its own. behindDelays are the delays the
+	// middleware asked of the broker for the hand-offs of messages waiting
+	// behind another (before its ladder rounds them up), and behindMost the
+	// most hand-offs of one message that way (inboxmw.MetadataBehind).
 	outOfOrder, keysOutOfOrder int
 	behind                     int64
 	lags                       []time.Duration
+	behindDelays               []time.Duration
+	behindMost                 int
 }
 
 func (t failTrial) rate90() float64 {
@@ -542,6 +547,31 @@ func (r *failRecorder) Fail(ctx context.Context, key, leaseID string, opts inbox
 	return err
 }
 
+// handOffProbe is the Redeliverer of a trial with the broker's
+// redelivery: it records the delays of the hand-offs of messages that wait
+// behind an earlier one of their order key, those whose count of such
+// hand-offs (inboxmw.MetadataBehind) grew since the message's last
+// hand-off (a failed attempt's hand-off carries the count unchanged).
+type handOffProbe struct {
+	inboxmw.Redeliverer
+	mu     sync.Mutex
+	last   map[string]int // by message UUID: MetadataBehind at its last hand-off
+	delays []time.Duration
+	most   int
+}
+
+func (h *handOffProbe) Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error {
+	n, _ := strconv.Atoi(msg.Metadata.Get(inboxmw.MetadataBehind))
+	h.mu.Lock()
+	if n > h.last[msg.UUID] {
+		h.delays = append(h.delays, delay)
+		h.most = max(h.most, n)
+	}
+	h.last[msg.UUID] = n
+	h.mu.Unlock()
+	return h.Redeliverer.Redeliver(ctx, topic, msg, delay)
+}
+
 // countingMetrics counts the middleware's store calls by op, its outcomes
 // and its in-process waits.
 type countingMetrics struct {
@@ -620,6 +650,13 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		p.batchStats = ds.BatchStats
 	}
 	metrics := newCountingMetrics()
+	// The order section's hand-offs go through a probe; the failures
+	// section's straight to the broker.
+	hands := &handOffProbe{Redeliverer: ts.redelivery, last: map[string]int{}}
+	redelivery := ts.redelivery
+	if g.orderKeys > 0 {
+		redelivery = hands
+	}
 	var ib *inboxmw.Inbox
 	var floor *handOffFloor
 	if v.floor {
@@ -628,7 +665,7 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		cfg := inboxmw.Config{Store: store, Bus: b.name(), Group: ts.group, Alias: keying.StaticAlias("bench"),
 			Backoff: failuresBackoff(backoff), Metrics: metrics}
 		if !v.inProcess {
-			cfg.Redelivery = ts.redelivery
+			cfg.Redelivery = redelivery
 		}
 		if v.poison {
 			cfg.MaxAttempts = poisonMaxAttempts
@@ -706,6 +743,9 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
 		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited,
 		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0), behind: store.behind}
+	hands.mu.Lock()
+	res.behindDelays, res.behindMost = hands.delays, hands.most
+	hands.mu.Unlock()
 	if p.redisCPU != nil && p.redis0E == nil && p.redis9E == nil {
 		res.redis90, res.redisMeasured = p.redis90-p.redis0, true
 	}

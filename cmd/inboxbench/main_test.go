@@ -1240,6 +1240,9 @@ func TestOrder_smoke(t *testing.T) {
 		if v == "ordered" && !(behind > 0) {
 			t.Errorf("ordered: Behind per message %q, want some: later messages of a failed one's key wait behind it", row["Behind per message"])
 		}
+		if most, delay := number(row["most of one message"]), number(row["hand-offs behind: delay median, ms"]); v == "ordered" && !(most >= 1 && delay >= 0) || v != "ordered" && (most != 0 || !math.IsNaN(delay)) {
+			t.Errorf("%s: hand-offs behind: most of one message %v, delay median %v; want figures for ordered alone", v, most, delay)
+		}
 		if hand := number(row["hand-offs per message"]); v == "redelivery-unset" && hand != 0 || v != "redelivery-unset" && !(hand > 0) {
 			t.Errorf("%s: hand-offs per message %v, want none exactly without Redelivery", v, hand)
 		}
