@@ -191,6 +191,12 @@ type failTrial struct {
 	lags                       []time.Duration
 	behindDelays               []time.Duration
 	behindMost                 int
+	// floor90 is when the 90 % point would have come had the first failed
+	// message of every key been applied when it was, every later one as
+	// soon as that one was, and the others at their first delivery: what
+	// waiting out the failed messages' own backoffs costs order, whatever
+	// the middleware does with the messages behind them.
+	floor90 time.Duration
 }
 
 func (t failTrial) rate90() float64 {
@@ -293,6 +299,7 @@ type keyRuns struct {
 	orderKey string
 	seq      int
 	applied  time.Time
+	seen     time.Time // its first delivery (order section)
 }
 
 // failProbe is a failures trial's handler and the poison queue's stand-in:
@@ -442,6 +449,11 @@ func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
 				p.batches0 = p.batchStats()
 			}
 			p.redisRead(&p.redis0, &p.redis0E)
+		}
+		if p.orderKeys > 0 {
+			if k := p.keys[msg.UUID]; k != nil && k.seen.IsZero() {
+				k.seen = time.Now()
+			}
 		}
 		p.mu.Unlock()
 		out, err := h(msg)
@@ -803,6 +815,7 @@ func (p *failProbe) verifyOrder(res *failTrial) error {
 			lost++
 		}
 	}
+	var floors []time.Time
 	for _, runs := range p.applied {
 		out, maxSeq := 0, -1
 		for _, k := range runs {
@@ -818,17 +831,33 @@ func (p *failProbe) verifyOrder(res *failTrial) error {
 		bySeq := slices.Clone(runs)
 		slices.SortFunc(bySeq, func(a, b *keyRuns) int { return a.seq - b.seq })
 		held := false
+		var head time.Time // when the key's first failed message was applied
 		for i, k := range bySeq {
 			if i > 0 && held {
 				res.lags = append(res.lags, k.applied.Sub(bySeq[i-1].applied))
 			}
-			held = held || len(k.fails) > 0
+			if !held && len(k.fails) > 0 {
+				held, head = true, k.applied
+			}
+			floors = append(floors, later(k.seen, head))
 		}
+	}
+	if n := need(p.n, failuresShare); len(floors) >= n && !p.t0.IsZero() {
+		slices.SortFunc(floors, func(a, b time.Time) int { return a.Compare(b) })
+		res.floor90 = floors[n-1].Sub(p.t0)
 	}
 	if lost > 0 {
 		return fmt.Errorf("%w: %d of %d messages never applied", errLost, lost, p.n)
 	}
 	return nil
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // errLost: a message of a trial was never applied.

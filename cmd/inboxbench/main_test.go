@@ -1243,6 +1243,10 @@ func TestOrder_smoke(t *testing.T) {
 		if most, delay := number(row["most of one message"]), number(row["hand-offs behind: delay median, ms"]); v == "ordered" && !(most >= 1 && delay >= 0) || v != "ordered" && (most != 0 || !math.IsNaN(delay)) {
 			t.Errorf("%s: hand-offs behind: most of one message %v, delay median %v; want figures for ordered alone", v, most, delay)
 		}
+		// Where order holds, no message comes before its floor.
+		if floor, at90 := number(row["90% floor, s"]), number(row["90% after, s"]); !(floor > 0) || v != "unordered" && floor > at90 {
+			t.Errorf("%s: 90%% floor %v s, want a time, no later than the 90%% point's (%v s) where order holds", v, floor, at90)
+		}
 		if hand := number(row["hand-offs per message"]); v == "redelivery-unset" && hand != 0 || v != "redelivery-unset" && !(hand > 0) {
 			t.Errorf("%s: hand-offs per message %v, want none exactly without Redelivery", v, hand)
 		}
@@ -1259,10 +1263,10 @@ func TestVerifyOrder(t *testing.T) {
 	t.Parallel()
 	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
 	probe := func(orders map[string][]int) *failProbe {
-		p := &failProbe{keys: map[string]*keyRuns{}, applied: map[string][]*keyRuns{}}
+		p := &failProbe{keys: map[string]*keyRuns{}, applied: map[string][]*keyRuns{}, t0: at(0)}
 		for key, seqs := range orders {
 			for i, seq := range seqs {
-				k := &keyRuns{orderKey: key, seq: seq, ok: 1, applied: at(100 * (i + 1))}
+				k := &keyRuns{orderKey: key, seq: seq, ok: 1, applied: at(100 * (i + 1)), seen: at(10 * seq)}
 				if key == "a" && seq == 1 {
 					k.fails = []time.Time{at(0)}
 				}
@@ -1292,7 +1296,12 @@ func TestVerifyOrder(t *testing.T) {
 			t.Errorf("%s: %d messages and %d keys out of order, %d lags; want %d, %d, %d", c.name, res.outOfOrder, res.keysOutOfOrder, len(res.lags), c.out, c.keys, c.lag)
 		}
 	}
+	// a's messages 2 and 3 are held behind its message 1, applied at 200
+	// ms: the fourth of the four messages (90%) could come no sooner.
 	p := probe(map[string][]int{"a": {0, 1, 2, 3}})
+	if r := (failTrial{}); p.verifyOrder(&r) != nil || r.floor90 != 200*time.Millisecond {
+		t.Errorf("90%% floor %s, want 200ms", r.floor90)
+	}
 	if lags := func() []time.Duration { var r failTrial; _ = p.verifyOrder(&r); return r.lags }(); !slices.Equal(lags, []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}) {
 		t.Errorf("lags %v, want 100 ms each for a's messages 2 and 3, behind its failed message 1", lags)
 	}
