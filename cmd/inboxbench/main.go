@@ -115,6 +115,7 @@ type options struct {
 	orderUnsetKeys int
 	orderReps      int
 	orderStores    []string
+	orderTimeout   time.Duration
 
 	sizingN       int
 	sizingMongoN  int
@@ -193,6 +194,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.orderKeys, "order-keys", 2000, "order section: ordering keys per trial of the ordered and unordered variants, 10 messages each")
 	fs.IntVar(&o.orderUnsetKeys, "order-unset-keys", orderUnsetKeysDefault, "order section: ordering keys per trial of the redelivery-unset variant (its failed messages stall their partition for their backoff)")
 	fs.IntVar(&o.orderReps, "order-reps", 0, "order section: repetitions; 0: -reps, at most 3")
+	fs.DurationVar(&o.orderTimeout, "order-timeout", 3*time.Minute, "order section: a trial past its 90% point is cut this long after its consumers start, its messages not applied by then counted (the ordered variant's messages behind a failed one drain for minutes)")
 	orderStores := fs.String("order-stores", "redis", "order section: the inbox's stores, one set of trials each: redis, postgres, memory")
 	fs.IntVar(&o.sizingN, "sizing-n", 20000, "sizing section: keys claimed and marked per store for the bytes per key")
 	fs.IntVar(&o.sizingMongoN, "sizing-mongo-n", 300, "sizing section: the same on MongoDB (FerretDB in-process scans its collection on every write: 200 keys take some 20 s, and the time grows with the square)")
@@ -240,8 +242,8 @@ func parseFlags(args []string) (options, error) {
 	if o.orderReps == 0 {
 		o.orderReps = min(o.reps, 3)
 	}
-	if o.orderKeys < 1 || o.orderUnsetKeys < 1 || o.orderReps < 1 {
-		return o, fmt.Errorf("-order-keys, -order-unset-keys and -order-reps must be positive")
+	if o.orderKeys < 1 || o.orderUnsetKeys < 1 || o.orderReps < 1 || o.orderTimeout <= 0 {
+		return o, fmt.Errorf("-order-keys, -order-unset-keys, -order-reps and -order-timeout must be positive")
 	}
 	o.sizingThr = splitList(*sizingThr)
 	if o.sizingN < 1 || o.sizingMongoN < 1 || o.sizingReps < 1 || o.sizingPrefill < 1 || o.sizingTrial <= 0 {

@@ -1311,6 +1311,11 @@ func TestVerifyOrder(t *testing.T) {
 	if err := p.verifyOrder(&res); !errors.Is(err, errLost) {
 		t.Errorf("a message never applied: %v, want errLost", err)
 	}
+	// In a trial cut at its timeout, it is unfinished, not lost.
+	res = failTrial{cut: time.Minute}
+	if err := p.verifyOrder(&res); err != nil || res.unfinished != 1 {
+		t.Errorf("a message not applied when the trial was cut: %v, %d unfinished; want no error, 1", err, res.unfinished)
+	}
 }
 
 // TestOrderTargets: issue 45's rows divide the ordered variant's

@@ -60,6 +60,7 @@ type orderResults struct {
 	reps            int
 	backoff         time.Duration
 	retryPartitions int
+	timeout         time.Duration // -order-timeout
 	// trials[store][variant][rep]
 	trials map[string]map[string][]failTrial
 }
@@ -70,7 +71,7 @@ func (r *orderResults) group(store string, v failureVariant) failGroup {
 	if v.inProcess {
 		keys = r.unsetKeys
 	}
-	return failGroup{broker: "kafka", consumers: orderPartitions, n: keys * orderMessagesPerKey, orderKeys: keys, store: store, inProcess: v.inProcess, variants: []failureVariant{v}}
+	return failGroup{broker: "kafka", consumers: orderPartitions, n: keys * orderMessagesPerKey, orderKeys: keys, store: store, inProcess: v.inProcess, variants: []failureVariant{v}, cut: true}
 }
 
 // orderFirstFailures is firstFailures with a seed: the same messages of n
@@ -83,7 +84,7 @@ func orderFirstFailures(n, rep int) []int {
 
 func runOrder(ctx context.Context, o options, logf func(string, ...any)) (*orderResults, error) {
 	res := &orderResults{stores: o.orderStores, keys: o.orderKeys, unsetKeys: o.orderUnsetKeys, reps: o.orderReps,
-		backoff: o.failuresBackoff, retryPartitions: o.failuresRetryPartitions, trials: map[string]map[string][]failTrial{}}
+		backoff: o.failuresBackoff, retryPartitions: o.failuresRetryPartitions, timeout: o.orderTimeout, trials: map[string]map[string][]failTrial{}}
 	need := map[string]bool{}
 	for _, s := range res.stores {
 		need[s] = s != "memory"
@@ -114,14 +115,18 @@ func runOrder(ctx context.Context, o options, logf func(string, ...any)) (*order
 				}
 				g := res.group(store, v)
 				started := time.Now()
-				t, err := runFailTrial(ctx, e, k, g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout), orderFirstFailures(g.n, rep))
+				t, err := runFailTrial(ctx, e, k, g, v, o.failuresBackoff, o.orderTimeout, orderFirstFailures(g.n, rep))
 				if err != nil {
 					return nil, fmt.Errorf("rep %d, %s: %w", rep+1, store, err)
 				}
 				res.trials[store][v.name] = append(res.trials[store][v.name], t)
 				trips, _ := t.tripsPerKey90()
+				all := t.tAll.Round(time.Millisecond).String()
+				if t.cut > 0 {
+					all = fmt.Sprintf("not within %s (%d unfinished)", t.cut, t.unfinished)
+				}
 				logf("rep %d/%d order %-8s %-16s %6d messages: 90%% in %s (%.0f msg/s), all in %s; %d failed attempts, %d hand-offs, %d Behind, %.2f round trips/msg; hand-offs behind: delay %s median, %s p90, %s max, at most %d of a message; 90%% floor %s; lag behind a failure %s median, %s p90; out of order: %d messages, %d keys; applied twice %d  trial %s",
-					rep+1, res.reps, store, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), t.tAll.Round(time.Millisecond),
+					rep+1, res.reps, store, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), all,
 					t.failed, t.calls[inboxmw.OpRedeliver], t.behind, trips,
 					durMedian(t.behindDelays).Round(time.Millisecond), durQuantile(t.behindDelays, 0.9).Round(time.Millisecond), durQuantile(t.behindDelays, 1).Round(time.Millisecond), t.behindMost, t.floor90.Round(time.Millisecond),
 					durMedian(t.lags).Round(time.Millisecond), durQuantile(t.lags, 0.9).Round(time.Millisecond),
@@ -178,7 +183,7 @@ func (r *orderResults) markdown(b *strings.Builder) {
 	p("Variants: `ordered`, `Config.OrderKey: inboxkafka.OrderByRecordKey` with `Redelivery` (the Kafka retry topics, %s); `unordered`, the same without `OrderKey`; `redelivery-unset`, neither: the consumer waits out each backoff, blocking its partition, which keeps the order by itself, at %d keys (%d messages) a trial: at the others' size a trial would take minutes. ",
 		retryPartitionsName(r.retryPartitions), r.unsetKeys, r.unsetKeys*orderMessagesPerKey)
 	p("%s, the variants in an order rotated from one to the next; ratios within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
-	p("**Throughput**: messages processed (effect applied) per second from the first delivery until 90%% of the trial's were; **ordered ÷** is the ordered variant's over this one's, within each repetition. **Behind**: the claims the store answered `inbox.Behind` (a message waiting behind an earlier one of its key: handed to the retry topics); **hand-offs behind**: the delays the middleware gave those hand-offs (before the retry topics' ladder rounds them up; from a message's fourth on, at least `Backoff` of the hand-offs past the third), and the most hand-offs of one message that way. **90%% floor**: when the 90%% point would have come had each key's first failed message been applied when it was, every later one of the key as soon as that one was, the others at their first delivery: what waiting out the failed messages' own backoffs costs order, whatever is done with the messages behind them. **Lag**: for every message whose key had a failed attempt before it, the time from its predecessor's effect to its own. **Out of order**: messages applied after a later message of their key (must be 0 with `OrderKey`, and without `Redelivery`); a message never applied fails the run. Counts are totals over the repetitions, lags pooled, other figures medians.\n\n")
+	p("**Throughput**: messages processed (effect applied) per second from the first delivery until 90%% of the trial's were; **ordered ÷** is the ordered variant's over this one's, within each repetition. **Behind**: the claims the store answered `inbox.Behind` (a message waiting behind an earlier one of its key: handed to the retry topics); **hand-offs behind**: the delays the middleware gave those hand-offs (before the retry topics' ladder rounds them up; from a message's fourth on, at least `Backoff` of the hand-offs past the third), and the most hand-offs of one message that way. **90%% floor**: when the 90%% point would have come had each key's first failed message been applied when it was, every later one of the key as soon as that one was, the others at their first delivery: what waiting out the failed messages' own backoffs costs order, whatever is done with the messages behind them. **Lag**: for every message whose key had a failed attempt before it, the time from its predecessor's effect to its own. **All after**: until every message was applied; a trial past its 90%% point but unfinished %s after its consumers started is cut there (-order-timeout), its messages not applied by then counted. **Out of order**: messages applied after a later message of their key (must be 0 with `OrderKey`, and without `Redelivery`); a message not applied by the end of a trial not cut fails the run. Counts are totals over the repetitions, lags pooled, other figures medians.\n\n", r.timeout)
 	for _, s := range r.stores {
 		p("### %s\n\n", orderStoreNames[s])
 		p("| variant | messages | msg/s until 90%% processed | ordered ÷ | 90%% after, s | 90%% floor, s | all after, s | failed attempts | hand-offs per message | Behind per message | store round trips per message until 90%% | hand-offs behind: delay median, ms | p90, ms | most of one message | lag: median, ms | p90, ms | out of order | keys out of order | applied twice |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -204,7 +209,15 @@ func (r *orderResults) markdown(b *strings.Builder) {
 			}
 			s90 := r.col(s, v.name, func(t failTrial) (float64, bool) { return t.t90.Seconds(), true })
 			f90 := r.col(s, v.name, func(t failTrial) (float64, bool) { return t.floor90.Seconds(), t.floor90 > 0 })
-			sAll := r.col(s, v.name, func(t failTrial) (float64, bool) { return t.tAll.Seconds(), true })
+			sAll := r.col(s, v.name, func(t failTrial) (float64, bool) { return t.tAll.Seconds(), t.cut == 0 })
+			all := cell(sAll, "%.2f", false)
+			if cuts := len(ts) - len(sAll); cuts > 0 {
+				unfinished := 0
+				for _, t := range ts {
+					unfinished += t.unfinished
+				}
+				all = strings.TrimSpace(fmt.Sprintf("%s; %d of %d not within %s (%d messages)", all, cuts, len(ts), r.timeout, unfinished))
+			}
 			failed := r.col(s, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), true })
 			ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1e3, 'f', 0, 64) }
 			lagMed, lagP90, delayMed, delayP90 := "", "", "", ""
@@ -214,8 +227,8 @@ func (r *orderResults) markdown(b *strings.Builder) {
 			if len(delays) > 0 {
 				delayMed, delayP90 = ms(durMedian(delays)), ms(durQuantile(delays, 0.9))
 			}
-			p("| %s | %d | %s | %s | %.2f | %s | %.2f | %.0f | %s | %s | %s | %s | %s | %d | %s | %s | %d | %d | %d |\n", v.name, ts[0].keys, cell(rate, "%.0f", true), ratio,
-				median(s90), cell(f90, "%.2f", false), median(sAll), median(failed),
+			p("| %s | %d | %s | %s | %.2f | %s | %s | %.0f | %s | %s | %s | %s | %s | %d | %s | %s | %d | %d | %d |\n", v.name, ts[0].keys, cell(rate, "%.0f", true), ratio,
+				median(s90), cell(f90, "%.2f", false), all, median(failed),
 				cell(perMsg(func(t failTrial) float64 { return float64(t.calls[inboxmw.OpRedeliver]) }), "%.3f", false),
 				cell(perMsg(func(t failTrial) float64 { return float64(t.behind) }), "%.3f", false),
 				cell(r.col(s, v.name, failTrial.tripsPerKey90), "%.2f", false), delayMed, delayP90, most, lagMed, lagP90, out, keys, doubled)
