@@ -206,6 +206,9 @@ type failTrial struct {
 	// 0), and unfinished the messages not applied by then.
 	cut        time.Duration
 	unfinished int
+	// unfinishedWhy says, for up to 20 unfinished messages, what they
+	// waited for: for the log.
+	unfinishedWhy []string
 }
 
 func (t failTrial) rate90() float64 {
@@ -579,6 +582,10 @@ type handOffProbe struct {
 	last   map[string]int // by message UUID: MetadataBehind at its last hand-off
 	delays []time.Duration
 	most   int
+	// lastAt and lastDelay: by message UUID, when its last hand-off was
+	// made, and its delay.
+	lastAt    map[string]time.Time
+	lastDelay map[string]time.Duration
 }
 
 func (h *handOffProbe) Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error {
@@ -589,6 +596,7 @@ func (h *handOffProbe) Redeliver(ctx context.Context, topic string, msg *message
 		h.most = max(h.most, n)
 	}
 	h.last[msg.UUID] = n
+	h.lastAt[msg.UUID], h.lastDelay[msg.UUID] = time.Now(), delay
 	h.mu.Unlock()
 	return h.Redeliverer.Redeliver(ctx, topic, msg, delay)
 }
@@ -673,7 +681,7 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	metrics := newCountingMetrics()
 	// The order section's hand-offs go through a probe; the failures
 	// section's straight to the broker.
-	hands := &handOffProbe{Redeliverer: ts.redelivery, last: map[string]int{}}
+	hands := &handOffProbe{Redeliverer: ts.redelivery, last: map[string]int{}, lastAt: map[string]time.Time{}, lastDelay: map[string]time.Duration{}}
 	redelivery := ts.redelivery
 	if g.orderKeys > 0 {
 		redelivery = hands
@@ -782,6 +790,33 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	})
 	if cut {
 		res.tAll, res.cut = 0, timeout
+		cutAt := p.t0.Add(timeout) // about: the timer started with the router
+		hands.mu.Lock()
+		for uuid, k := range p.keys {
+			if k.ok > 0 || k.poison || len(res.unfinishedWhy) >= 20 {
+				continue
+			}
+			var before, applied int
+			var lastPred time.Time
+			for _, o := range p.keys {
+				if o.orderKey == k.orderKey && o.seq < k.seq {
+					before++
+					if o.ok > 0 {
+						applied++
+						lastPred = later(lastPred, o.applied)
+					}
+				}
+			}
+			why := fmt.Sprintf("%s #%d: %d runs, %d of %d earlier messages applied", k.orderKey, k.seq, len(k.runs), applied, before)
+			if !lastPred.IsZero() {
+				why += fmt.Sprintf(" (the last %s before the cut)", cutAt.Sub(lastPred).Round(time.Second))
+			}
+			if at, ok := hands.lastAt[uuid]; ok {
+				why += fmt.Sprintf("; %d hand-offs behind, the last %s before the cut, for %s", hands.last[uuid], cutAt.Sub(at).Round(time.Second), hands.lastDelay[uuid])
+			}
+			res.unfinishedWhy = append(res.unfinishedWhy, why)
+		}
+		hands.mu.Unlock()
 	}
 	if err == nil && p.orderKeys > 0 {
 		err = p.verifyOrder(&res)

@@ -120,6 +120,9 @@ func runOrder(ctx context.Context, o options, logf func(string, ...any)) (*order
 					return nil, fmt.Errorf("rep %d, %s: %w", rep+1, store, err)
 				}
 				res.trials[store][v.name] = append(res.trials[store][v.name], t)
+				for _, why := range t.unfinishedWhy {
+					logf("  unfinished: %s", why)
+				}
 				trips, _ := t.tripsPerKey90()
 				all := t.tAll.Round(time.Millisecond).String()
 				if t.cut > 0 {
