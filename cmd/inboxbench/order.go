@@ -128,10 +128,11 @@ func runOrder(ctx context.Context, o options, logf func(string, ...any)) (*order
 				if t.cut > 0 {
 					all = fmt.Sprintf("not within %s (%d unfinished)", t.cut, t.unfinished)
 				}
-				logf("rep %d/%d order %-8s %-16s %6d messages: 90%% in %s (%.0f msg/s), all in %s; %d failed attempts, %d hand-offs, %d Behind, %.2f round trips/msg; hand-offs behind: delay %s median, %s p90, %s max, at most %d of a message; 90%% floor %s; lag behind a failure %s median, %s p90; out of order: %d messages, %d keys; applied twice %d  trial %s",
+				logf("rep %d/%d order %-8s %-16s %6d messages: 90%% in %s (%.0f msg/s), all in %s; %d failed attempts, %d hand-offs, %d Behind, %.2f round trips/msg; hand-offs behind: delay %s median, %s p90, %s max, at most %d of a message; 90%% floor %s; failed messages' next run after their backoff: %s median, %s p90; lag behind a failure %s median, %s p90; out of order: %d messages, %d keys; applied twice %d  trial %s",
 					rep+1, res.reps, store, v.name, t.keys, t.t90.Round(time.Millisecond), t.rate90(), all,
 					t.failed, t.calls[inboxmw.OpRedeliver], t.behind, trips,
 					durMedian(t.behindDelays).Round(time.Millisecond), durQuantile(t.behindDelays, 0.9).Round(time.Millisecond), durQuantile(t.behindDelays, 1).Round(time.Millisecond), t.behindMost, t.floor90.Round(time.Millisecond),
+					durMedian(t.slack).Round(time.Millisecond), durQuantile(t.slack, 0.9).Round(time.Millisecond),
 					durMedian(t.lags).Round(time.Millisecond), durQuantile(t.lags, 0.9).Round(time.Millisecond),
 					t.outOfOrder, t.keysOutOfOrder, t.doubled, time.Since(started).Round(10*time.Millisecond))
 			}
