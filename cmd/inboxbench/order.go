@@ -220,7 +220,10 @@ func (r *orderResults) markdown(b *strings.Builder) {
 				for _, t := range ts {
 					unfinished += t.unfinished
 				}
-				all = strings.TrimSpace(fmt.Sprintf("%s; %d of %d not within %s (%d messages)", all, cuts, len(ts), r.timeout, unfinished))
+				if all != "" {
+					all += "; "
+				}
+				all += fmt.Sprintf("%d of %d not within %s (%d messages)", cuts, len(ts), r.timeout, unfinished)
 			}
 			failed := r.col(s, v.name, func(t failTrial) (float64, bool) { return float64(t.failed), true })
 			ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1e3, 'f', 0, 64) }
