@@ -109,7 +109,9 @@ cover:
 ## the sizing section (most of it the bulk loads of 5 million keys and the
 ## trials of the full stores);
 ## BENCH_FLAGS passes more flags
-## (go run ./cmd/inboxbench -h in that directory lists them).
+## (go run ./cmd/inboxbench -h in that directory lists them); the order
+## section (issue 45, order per key on Kafka) runs only when named:
+## BENCH_FLAGS='-sections order'.
 bench:
 	cd cmd/inboxbench && $(GO) run . -md ../../docs/bench-results.md -svg ../../docs/throughput.svg -benchmarks-md ../../BENCHMARKS.md $(BENCH_FLAGS)
 

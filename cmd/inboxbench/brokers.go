@@ -45,6 +45,9 @@ type trialSpec struct {
 	// redelivery) makes RabbitMQ's consumers read with inboxamqp.Marshaler,
 	// which a delay queue's dead-lettered copies need.
 	redelivery, failures bool
+	// route, on Kafka, gives a message its record key and partition; nil:
+	// no key, the partitions in turn.
+	route func(*message.Message) (key string, partition int32)
 }
 
 func (s trialSpec) messages(topic string) []*message.Message {
@@ -289,6 +292,10 @@ func (k *kafkaBroker) prepare(ctx context.Context, spec trialSpec) (*trialSetup,
 			return fail(err)
 		}
 		pm.Partition = int32(i % consumers)
+		if spec.route != nil {
+			key, part := spec.route(m)
+			pm.Key, pm.Partition = sarama.StringEncoder(key), part
+		}
 		batch = append(batch, pm)
 		if len(batch) == cap(batch) || i == len(msgs)-1 {
 			if err := k.producer.SendMessages(batch); err != nil {

@@ -19,10 +19,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox"
+	inboxkafka "github.com/watermill-inbox/inbox/kafka"
 	"github.com/watermill-inbox/inbox/keying"
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 	"github.com/watermill-inbox/inbox/stores/driver"
-	redisstore "github.com/watermill-inbox/inbox/stores/redis"
+	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // The failures section: the inbox on Redis with its broker's
@@ -69,6 +70,9 @@ type failureVariant struct {
 	// floor runs the hand-off floor (handoff.go) instead of the inbox: no
 	// store, every failed attempt handed to the broker's redelivery.
 	floor bool
+	// order sets Config.OrderKey to inboxkafka.OrderByRecordKey (the order
+	// section, order.go).
+	order bool
 }
 
 // failuresBaseline is the variant without failures, every group's
@@ -103,6 +107,18 @@ type failGroup struct {
 	n         int // keys per trial (poison keys besides)
 	inProcess bool
 	variants  []failureVariant
+	// orderKeys, for the order section, spreads the n keys (messages) over
+	// that many ordering keys, each published with its ordering key as the
+	// Kafka record key, to one partition, in order (failProbe.messages);
+	// 0: none.
+	orderKeys int
+	// store is the inbox's store: "redis" (or ""), "postgres" or
+	// "memory" (a new one per trial).
+	store string
+	// cut ends a trial at its timeout once it passed the 90 % point,
+	// counting the keys not processed by then (failTrial.unfinished),
+	// instead of failing it.
+	cut bool
 }
 
 type failuresResults struct {
@@ -165,6 +181,34 @@ type failTrial struct {
 	deadViolations, randomDead int
 	// doubled counts keys whose effect was applied more than once.
 	doubled int
+	// With ordering keys (failGroup.orderKeys): outOfOrder counts the
+	// messages applied after a later message of their ordering key,
+	// keysOutOfOrder the ordering keys with one or more; behind, the claims
+	// the store answered inbox.Behind; lags, for each message applied after
+	// an earlier message of its key had a failed attempt, the time from its
+	// predecessor's effect to its own. behindDelays are the delays the
+	// middleware asked of the broker for the hand-offs of messages waiting
+	// behind another (before its ladder rounds them up), and behindMost the
+	// most hand-offs of one message that way (inboxmw.MetadataBehind).
+	outOfOrder, keysOutOfOrder int
+	behind                     int64
+	lags                       []time.Duration
+	behindDelays               []time.Duration
+	behindMost                 int
+	// floor90 is when the 90 % point would have come had the first failed
+	// message of every key been applied when it was, every later one as
+	// soon as that one was, and the others at their first delivery: what
+	// waiting out the failed messages' own backoffs costs order, whatever
+	// the middleware does with the messages behind them.
+	floor90 time.Duration
+	// cut, for a trial of a failGroup with cut that reached the 90 % point
+	// but not its end within its timeout, is that timeout (tAll is then
+	// 0), and unfinished the messages not applied by then.
+	cut        time.Duration
+	unfinished int
+	// unfinishedWhy says, for up to 20 unfinished messages, what they
+	// waited for: for the log.
+	unfinishedWhy []string
 }
 
 func (t failTrial) rate90() float64 {
@@ -262,6 +306,12 @@ type keyRuns struct {
 	poison     bool
 	failFirst  bool // its first attempt fails (messages picks them)
 	randomDead bool
+	// orderKey and seq: the ordering key and the message's place in it
+	// (order section); applied, when its effect was first applied.
+	orderKey string
+	seq      int
+	applied  time.Time
+	seen     time.Time // its first delivery (order section)
 }
 
 // failProbe is a failures trial's handler and the poison queue's stand-in:
@@ -272,6 +322,10 @@ type failProbe struct {
 	n      int // regular keys
 	n90    int
 	poison int
+	// orderKeys: failGroup.orderKeys; first, the regular keys whose first
+	// attempt fails (nil: firstFailures picks them).
+	orderKeys int
+	first     []int
 
 	mu           sync.Mutex
 	keys         map[string]*keyRuns // by message UUID
@@ -300,20 +354,46 @@ type failProbe struct {
 	pass      time.Time
 	atPass    int
 	done      chan struct{}
+	// applied holds, by ordering key, its messages in the order their
+	// effects were applied (the first time).
+	applied map[string][]*keyRuns
 }
 
 // messages makes the trial's messages: the poison ones first (on Kafka,
 // one at the head of each partition), then the n regular ones.
+//
+// With ordering keys, message i (of n) is message i / orderKeys of
+// ordering key i % orderKeys: the first message of every ordering key, then
+// the second of every one, and so on.
 func (p *failProbe) messages(topic string) []*message.Message {
 	msgs := benchMessages(topic, p.poison+p.n)
 	p.keys = make(map[string]*keyRuns, len(msgs))
 	for i, m := range msgs {
-		p.keys[m.UUID] = &keyRuns{poison: i < p.poison}
+		k := &keyRuns{poison: i < p.poison}
+		if j := i - p.poison; p.orderKeys > 0 && j >= 0 {
+			k.orderKey, k.seq = orderKeyName(j%p.orderKeys), j/p.orderKeys
+		}
+		p.keys[m.UUID] = k
 	}
-	for _, i := range firstFailures(p.n, p.v.rate) {
+	first := p.first
+	if first == nil {
+		first = firstFailures(p.n, p.v.rate)
+	}
+	for _, i := range first {
 		p.keys[msgs[p.poison+i].UUID].failFirst = true
 	}
 	return msgs
+}
+
+// route gives a message of the order section its Kafka record key, its
+// ordering key, and its partition: ordering key i on partition i modulo
+// the partitions, so that each partition holds as many keys.
+func (p *failProbe) route(partitions int) func(*message.Message) (string, int32) {
+	return func(m *message.Message) (string, int32) {
+		k := p.keys[m.UUID]
+		i, _ := strconv.Atoi(strings.TrimPrefix(k.orderKey, orderKeyPrefix))
+		return k.orderKey, int32(i % partitions)
+	}
 }
 
 // firstFailures returns which of n keys fail their first attempt: exactly
@@ -358,6 +438,13 @@ func (p *failProbe) handler(msg *message.Message) error {
 		return errInjected
 	}
 	if k.ok++; k.ok == 1 {
+		k.applied = now
+		if k.orderKey != "" {
+			if p.applied == nil {
+				p.applied = map[string][]*keyRuns{}
+			}
+			p.applied[k.orderKey] = append(p.applied[k.orderKey], k)
+		}
 		p.endKey()
 	}
 	return nil
@@ -374,6 +461,11 @@ func (p *failProbe) middleware(h message.HandlerFunc) message.HandlerFunc {
 				p.batches0 = p.batchStats()
 			}
 			p.redisRead(&p.redis0, &p.redis0E)
+		}
+		if p.orderKeys > 0 {
+			if k := p.keys[msg.UUID]; k != nil && k.seen.IsZero() {
+				k.seen = time.Now()
+			}
 		}
 		p.mu.Unlock()
 		out, err := h(msg)
@@ -439,15 +531,29 @@ func (p *failProbe) check() {
 	}
 }
 
-// failRecorder is the store of a failures trial: the Redis store, with
-// every Fail that landed recorded by key, in order. It embeds the store
-// itself, not an inbox.LeaseStore, so that its Go reaches the middleware:
-// the marks then ride the store's batching, as in production, instead of a
-// goroutine each.
+// failRecorder is the store of a failures trial: the Redis store (or the
+// order section's PostgreSQL or memory store), with every Fail that landed
+// recorded by key, in order, and the claims answered Behind counted. It
+// embeds the stores' portable layer itself, not an inbox.LeaseStore, so
+// that its Go reaches the middleware: the marks then ride the store's
+// batching, as in production, instead of a goroutine each; and its
+// OrderAdmin, which Config.OrderKey needs. Not being a TxStore, it keeps
+// a SQL store in the lease mode.
 type failRecorder struct {
-	*redisstore.Store
-	mu    sync.Mutex
-	fails map[string][]inbox.FailOptions
+	*driver.Store
+	mu     sync.Mutex
+	fails  map[string][]inbox.FailOptions
+	behind int64
+}
+
+func (r *failRecorder) TryBegin(ctx context.Context, key string, opts inbox.BeginOptions) (inbox.Claim, error) {
+	c, err := r.Store.TryBegin(ctx, key, opts)
+	if err == nil && c.Status == inbox.Behind {
+		r.mu.Lock()
+		r.behind++
+		r.mu.Unlock()
+	}
+	return c, err
 }
 
 // The middleware's goer: what makes it send marks without waiting.
@@ -463,6 +569,36 @@ func (r *failRecorder) Fail(ctx context.Context, key, leaseID string, opts inbox
 		r.mu.Unlock()
 	}
 	return err
+}
+
+// handOffProbe is the Redeliverer of a trial with the broker's
+// redelivery: it records the delays of the hand-offs of messages that wait
+// behind an earlier one of their order key, those whose count of such
+// hand-offs (inboxmw.MetadataBehind) grew since the message's last
+// hand-off (a failed attempt's hand-off carries the count unchanged).
+type handOffProbe struct {
+	inboxmw.Redeliverer
+	mu     sync.Mutex
+	last   map[string]int // by message UUID: MetadataBehind at its last hand-off
+	delays []time.Duration
+	most   int
+	// lastAt and lastDelay: by message UUID, when its last hand-off was
+	// made, and its delay.
+	lastAt    map[string]time.Time
+	lastDelay map[string]time.Duration
+}
+
+func (h *handOffProbe) Redeliver(ctx context.Context, topic string, msg *message.Message, delay time.Duration) error {
+	n, _ := strconv.Atoi(msg.Metadata.Get(inboxmw.MetadataBehind))
+	h.mu.Lock()
+	if n > h.last[msg.UUID] {
+		h.delays = append(h.delays, delay)
+		h.most = max(h.most, n)
+	}
+	h.last[msg.UUID] = n
+	h.lastAt[msg.UUID], h.lastDelay[msg.UUID] = time.Now(), delay
+	h.mu.Unlock()
+	return h.Redeliverer.Redeliver(ctx, topic, msg, delay)
 }
 
 // countingMetrics counts the middleware's store calls by op, its outcomes
@@ -508,11 +644,18 @@ func failuresBackoff(base time.Duration) func(int) time.Duration {
 }
 
 // runFailTrial consumes a new queue or topic of g.n keys (and the poison
-// keys of v) through the inbox on Redis, with the broker's redelivery
-// unless v is in-process, and checks the waits and the dead keys.
-func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration) (failTrial, error) {
-	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{})}
-	if e.redis != nil {
+// keys of v) through the inbox on Redis (or g.store), with the broker's
+// redelivery unless v is in-process, and checks the waits and the dead
+// keys, and with ordering keys their order. first, when not nil, picks the
+// keys whose first attempt fails.
+func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureVariant, backoff time.Duration, timeout time.Duration, first []int) (failTrial, error) {
+	p := &failProbe{v: v, n: g.n, n90: need(g.n, failuresShare), done: make(chan struct{}), orderKeys: g.orderKeys, first: first}
+	ds, closeStore, err := trialStore(e, g.store)
+	if err != nil {
+		return failTrial{}, err
+	}
+	defer closeStore()
+	if e.redis != nil && ds == e.redisStore.Store {
 		p.redisCPU = func() (time.Duration, error) {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -522,16 +665,27 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	if v.poison {
 		p.poison = g.consumers
 	}
-	ts, err := b.prepare(ctx, trialSpec{n: g.n + p.poison, consumers: g.consumers, msgs: p.messages, redelivery: !v.inProcess, failures: true})
+	spec := trialSpec{n: g.n + p.poison, consumers: g.consumers, msgs: p.messages, redelivery: !v.inProcess, failures: true}
+	if g.orderKeys > 0 {
+		spec.route = p.route(g.consumers)
+	}
+	ts, err := b.prepare(ctx, spec)
 	if err != nil {
 		return failTrial{}, err
 	}
 	defer ts.cleanup()
-	store := &failRecorder{Store: e.redisStore, fails: map[string][]inbox.FailOptions{}}
+	store := &failRecorder{Store: ds, fails: map[string][]inbox.FailOptions{}}
 	if !v.floor {
-		p.batchStats = e.redisStore.BatchStats
+		p.batchStats = ds.BatchStats
 	}
 	metrics := newCountingMetrics()
+	// The order section's hand-offs go through a probe; the failures
+	// section's straight to the broker.
+	hands := &handOffProbe{Redeliverer: ts.redelivery, last: map[string]int{}, lastAt: map[string]time.Time{}, lastDelay: map[string]time.Duration{}}
+	redelivery := ts.redelivery
+	if g.orderKeys > 0 {
+		redelivery = hands
+	}
 	var ib *inboxmw.Inbox
 	var floor *handOffFloor
 	if v.floor {
@@ -540,10 +694,13 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 		cfg := inboxmw.Config{Store: store, Bus: b.name(), Group: ts.group, Alias: keying.StaticAlias("bench"),
 			Backoff: failuresBackoff(backoff), Metrics: metrics}
 		if !v.inProcess {
-			cfg.Redelivery = ts.redelivery
+			cfg.Redelivery = redelivery
 		}
 		if v.poison {
 			cfg.MaxAttempts = poisonMaxAttempts
+		}
+		if v.order {
+			cfg.OrderKey = inboxkafka.OrderByRecordKey
 		}
 		if ib, err = inboxmw.New(cfg); err != nil {
 			return failTrial{}, err
@@ -571,14 +728,19 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	p.mu.Unlock()
 	what := fmt.Sprintf("failures %s/%s", b.name(), v.name)
 	var waitErr error
+	cut := false
 	t := time.NewTimer(timeout)
 	select {
 	case <-done:
 	case <-t.C:
 		p.mu.Lock()
 		metrics.mu.Lock()
-		waitErr = fmt.Errorf("%s: %d of %d keys processed and %d of %d poison keys dead within %s (%d failed attempts; store calls and hand-offs %v; outcomes %v)",
-			what, p.ended, p.n, p.poisonDead, p.poison, timeout, p.failed, metrics.calls, metrics.outcomes)
+		if g.cut && !p.t90.IsZero() {
+			cut = true
+		} else {
+			waitErr = fmt.Errorf("%s: %d of %d keys processed and %d of %d poison keys dead within %s (%d failed attempts; store calls and hand-offs %v; outcomes %v)",
+				what, p.ended, p.n, p.poisonDead, p.poison, timeout, p.failed, metrics.calls, metrics.outcomes)
+		}
 		metrics.mu.Unlock()
 		p.mu.Unlock()
 	case err := <-routerDone:
@@ -614,20 +776,147 @@ func runFailTrial(ctx context.Context, e *env, b broker, g failGroup, v failureV
 	}
 	res := failTrial{keys: p.n, poison: p.poison, floor: v.floor, t90: p.t90.Sub(p.t0), tAll: p.end.Sub(p.t0), pass: p.pass.Sub(p.t0), atPass: p.atPass, failed: p.failed,
 		calls: metrics.calls, took: metrics.took, outcomes: metrics.outcomes, waited: metrics.waited,
-		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0)}
+		cpu90: p.cpu90 - p.cpu0, failed90: p.failed90, batches90: p.batches9.Sub(p.batches0), behind: store.behind}
+	hands.mu.Lock()
+	res.behindDelays, res.behindMost = hands.delays, hands.most
+	hands.mu.Unlock()
 	if p.redisCPU != nil && p.redis0E == nil && p.redis9E == nil {
 		res.redis90, res.redisMeasured = p.redis90-p.redis0, true
 	}
 	err = p.verify(&res, fails, func(key string) (inbox.Record, error) {
 		gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer gcancel()
-		return e.redisStore.Get(gctx, key)
+		return ds.Get(gctx, key)
 	})
+	if cut {
+		res.tAll, res.cut = 0, timeout
+		cutAt := p.t0.Add(timeout) // about: the timer started with the router
+		hands.mu.Lock()
+		for uuid, k := range p.keys {
+			if k.ok > 0 || k.poison || len(res.unfinishedWhy) >= 20 {
+				continue
+			}
+			var before, applied int
+			var lastPred time.Time
+			for _, o := range p.keys {
+				if o.orderKey == k.orderKey && o.seq < k.seq {
+					before++
+					if o.ok > 0 {
+						applied++
+						lastPred = later(lastPred, o.applied)
+					}
+				}
+			}
+			why := fmt.Sprintf("%s #%d: %d runs, %d of %d earlier messages applied", k.orderKey, k.seq, len(k.runs), applied, before)
+			if !lastPred.IsZero() {
+				why += fmt.Sprintf(" (the last %s before the cut)", cutAt.Sub(lastPred).Round(time.Second))
+			}
+			if at, ok := hands.lastAt[uuid]; ok {
+				why += fmt.Sprintf("; %d hand-offs behind, the last %s before the cut, for %s", hands.last[uuid], cutAt.Sub(at).Round(time.Second), hands.lastDelay[uuid])
+			}
+			res.unfinishedWhy = append(res.unfinishedWhy, why)
+		}
+		hands.mu.Unlock()
+	}
+	if err == nil && p.orderKeys > 0 {
+		err = p.verifyOrder(&res)
+	}
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", what, err)
 	}
 	return res, nil
 }
+
+// trialStore is the store of a failures or order trial (failGroup.store)
+// and what closes it: the env's Redis or PostgreSQL store, or a new memory
+// store.
+func trialStore(e *env, name string) (*driver.Store, func(), error) {
+	switch name {
+	case "", "redis":
+		if e.redisStore == nil {
+			return nil, nil, fmt.Errorf("%w: no Redis store in the env", errNoStore)
+		}
+		return e.redisStore.Store, func() {}, nil
+	case "postgres":
+		if e.pgStore == nil {
+			return nil, nil, fmt.Errorf("%w: no PostgreSQL store in the env", errNoStore)
+		}
+		return e.pgStore.Store, func() {}, nil
+	case "memory":
+		s, err := memory.New(memory.Options{Retention: retention})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s.Store, func() { _ = s.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("%w: %q (known: redis, postgres, memory)", errNoStore, name)
+}
+
+// errNoStore: a trial's store is unknown, or its env did not open it.
+var errNoStore = errors.New("inboxbench: no such store")
+
+// verifyOrder checks the order section's trial (p's lock held): every
+// message applied (else an error: a lost message), and in each ordering
+// key the effects in publish order; it counts into res the messages
+// applied after a later one of their key and the keys with any, and the
+// lags of the messages held behind a failed attempt.
+func (p *failProbe) verifyOrder(res *failTrial) error {
+	lost := 0
+	for _, k := range p.keys {
+		if !k.poison && k.ok == 0 {
+			lost++
+		}
+	}
+	if res.cut > 0 {
+		res.unfinished, lost = lost, 0
+	}
+	var floors []time.Time
+	for _, runs := range p.applied {
+		out, maxSeq := 0, -1
+		for _, k := range runs {
+			if k.seq < maxSeq {
+				out++
+			}
+			maxSeq = max(maxSeq, k.seq)
+		}
+		res.outOfOrder += out
+		if out > 0 {
+			res.keysOutOfOrder++
+		}
+		bySeq := slices.Clone(runs)
+		slices.SortFunc(bySeq, func(a, b *keyRuns) int { return a.seq - b.seq })
+		held := false
+		var head time.Time // when the key's first failed message was applied
+		for i, k := range bySeq {
+			if i > 0 && held {
+				res.lags = append(res.lags, k.applied.Sub(bySeq[i-1].applied))
+			}
+			if !held && len(k.fails) > 0 {
+				held, head = true, k.applied
+			}
+			floors = append(floors, later(k.seen, head))
+		}
+	}
+	if n := need(p.n, failuresShare); len(floors) >= n && !p.t0.IsZero() {
+		slices.SortFunc(floors, func(a, b time.Time) int { return a.Compare(b) })
+		res.floor90 = floors[n-1].Sub(p.t0)
+	}
+	if lost > 0 {
+		return fmt.Errorf("%w: %d of %d messages never applied", errLost, lost, p.n)
+	}
+	return nil
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// errLost: a message of a trial was never applied.
+var errLost = errors.New("inboxbench: messages lost")
 
 // verify fills in res's waits and violations from what the handler saw (p,
 // whose lock the caller holds), the Fails that landed (fails, by key), and
@@ -762,7 +1051,7 @@ func runFailures(ctx context.Context, o options, logf func(string, ...any)) (*fa
 					return nil, err
 				}
 				started := time.Now()
-				t, err := runFailTrial(ctx, e, brokers[g.broker], g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout))
+				t, err := runFailTrial(ctx, e, brokers[g.broker], g, v, o.failuresBackoff, max(o.trialTimeout, failuresTrialTimeout), nil)
 				if err != nil {
 					return nil, fmt.Errorf("rep %d: %w", rep+1, err)
 				}

@@ -34,12 +34,18 @@
 //     against their backoff, the dead keys' attempts, the hand-offs and
 //     store calls per failed attempt, and the inbox's ratio with failures
 //     relative to the floor's;
-//  4. the middleware's own cost per message on the memory store (CPU time and
+//  4. order per key (issue 45): Kafka with 16 partitions, ordering keys of
+//     10 messages each, 10% of first attempts failing, with
+//     Config.OrderKey and Redelivery, with Redelivery alone, and with
+//     neither (the consumer waits out the backoff): messages processed per
+//     second until 90% were, and every key's effects checked against its
+//     publish order (order.go);
+//  5. the middleware's own cost per message on the memory store (CPU time and
 //     allocations, against no middleware and the Deduplicator);
-//  5. store round trips, TryBegin+Complete against the raw client running the
+//  6. store round trips, TryBegin+Complete against the raw client running the
 //     same scripts or statements and against the least equivalent raw work,
 //     by running the stores' interleaved Go benchmarks;
-//  6. sizing: the bytes a processed key costs each store
+//  7. sizing: the bytes a processed key costs each store
 //     (Redis, PostgreSQL, MariaDB, SQLite, MongoDB on FerretDB, memory)
 //     against its floor, the key and its expiry alone; PostgreSQL's WAL per
 //     message against its floor's; and the claim-and-mark throughput of
@@ -105,6 +111,12 @@ type options struct {
 	failuresBackoff         time.Duration
 	failuresRetryPartitions int
 
+	orderKeys      int
+	orderUnsetKeys int
+	orderReps      int
+	orderStores    []string
+	orderTimeout   time.Duration
+
 	sizingN       int
 	sizingMongoN  int
 	sizingReps    int
@@ -159,7 +171,7 @@ func splitList(s string) []string {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
-	sections := fs.String("sections", "micro,router,failures,roundtrip,sizing", "sections to run: micro, router (with scaling), failures, roundtrip, sizing")
+	sections := fs.String("sections", "micro,router,failures,roundtrip,sizing", "sections to run: micro, router (with scaling), failures, order (not by default: some 10 minutes), roundtrip, sizing")
 	fs.IntVar(&o.reps, "reps", 7, "repetitions; medians are taken over them")
 	fs.IntVar(&o.n, "n", 2000, "messages per RabbitMQ trial with one consumer")
 	fs.IntVar(&o.scaleN, "scale-n", 4000, "messages per RabbitMQ trial with more than one consumer")
@@ -179,6 +191,11 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.failuresReps, "failures-reps", 0, "failures section: repetitions; 0: -reps, at most 3 (its trials with failures take 10 s to a minute each, most of it the backoff's tail)")
 	fs.DurationVar(&o.failuresBackoff, "failures-backoff", time.Second, "failures section: base of the inbox's backoff, full jitter up to base × 2^attempt, at most 1 min (1s: inboxmw.DefaultBackoff)")
 	fs.IntVar(&o.failuresRetryPartitions, "failures-retry-partitions", 0, "failures section: partitions of each Kafka retry topic (inboxkafka.RetryConfig.Partitions; 0: its default)")
+	fs.IntVar(&o.orderKeys, "order-keys", 2000, "order section: ordering keys per trial of the ordered and unordered variants, 10 messages each")
+	fs.IntVar(&o.orderUnsetKeys, "order-unset-keys", orderUnsetKeysDefault, "order section: ordering keys per trial of the redelivery-unset variant (its failed messages stall their partition for their backoff)")
+	fs.IntVar(&o.orderReps, "order-reps", 0, "order section: repetitions; 0: -reps, at most 3")
+	fs.DurationVar(&o.orderTimeout, "order-timeout", 3*time.Minute, "order section: a trial past its 90% point is cut this long after its consumers start, its messages not applied by then counted (the ordered variant's messages behind a failed one drain for minutes)")
+	orderStores := fs.String("order-stores", "redis", "order section: the inbox's stores, one set of trials each: redis, postgres, memory")
 	fs.IntVar(&o.sizingN, "sizing-n", 20000, "sizing section: keys claimed and marked per store for the bytes per key")
 	fs.IntVar(&o.sizingMongoN, "sizing-mongo-n", 300, "sizing section: the same on MongoDB (FerretDB in-process scans its collection on every write: 200 keys take some 20 s, and the time grows with the square)")
 	fs.IntVar(&o.sizingPrefill, "sizing-prefill", 5_000_000, "sizing section: retained keys bulk-loaded before the prefilled store's trials")
@@ -218,6 +235,16 @@ func parseFlags(args []string) (options, error) {
 	o.microVariants = splitList(*microVariants)
 	o.failuresVariants = splitList(*failuresVariants)
 	o.sizingStores = splitList(*sizingStores)
+	o.orderStores = splitList(*orderStores)
+	if err := pickOrderStores(o.orderStores); err != nil {
+		return o, err
+	}
+	if o.orderReps == 0 {
+		o.orderReps = min(o.reps, 3)
+	}
+	if o.orderKeys < 1 || o.orderUnsetKeys < 1 || o.orderReps < 1 || o.orderTimeout <= 0 {
+		return o, fmt.Errorf("-order-keys, -order-unset-keys, -order-reps and -order-timeout must be positive")
+	}
 	o.sizingThr = splitList(*sizingThr)
 	if o.sizingN < 1 || o.sizingMongoN < 1 || o.sizingReps < 1 || o.sizingPrefill < 1 || o.sizingTrial <= 0 {
 		return o, fmt.Errorf("-sizing-n, -sizing-mongo-n, -sizing-reps, -sizing-prefill and -sizing-trial must be positive")
@@ -356,6 +383,13 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 			return fmt.Errorf("failures: %w", err)
 		}
 		rep.failures = r
+	}
+	if o.has("order") {
+		r, err := runOrder(ctx, o, logf)
+		if err != nil {
+			return fmt.Errorf("order: %w", err)
+		}
+		rep.order = r
 	}
 	if o.has("roundtrip") {
 		r, err := runRoundTrips(ctx, o, logf)

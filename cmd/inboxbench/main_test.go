@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -28,8 +29,9 @@ import (
 	sqlstore "github.com/watermill-inbox/inbox/stores/sql"
 )
 
-// TestRun_smoke runs every section of the harness but the failures section
-// (TestFailures_smoke runs that) with tiny sizes (two repetitions, a few
+// TestRun_smoke runs every section of the harness but the failures and
+// order sections (TestFailures_smoke and TestOrder_smoke run those) with
+// tiny sizes (two repetitions, a few
 // dozen messages per trial; the sizing section with a few hundred keys, a
 // few thousand retained, on every store but MongoDB, whose FerretDB build
 // takes minutes), the router section with the stores on loopback
@@ -68,7 +70,7 @@ func TestRun_smoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := parseFlags([]string{
-		"-sections", "micro,router,roundtrip,sizing", // the failures section has a smoke test of its own
+		"-sections", "micro,router,roundtrip,sizing", // the failures and order sections have smoke tests of their own
 		"-reps", "2", "-n", "40", "-scale-n", "40", "-kafka-n", "40", "-kafka-scale-n", "40",
 		"-consumers", "1,16", "-micro-n", "500", "-store-rtt", "0,250us",
 		"-roundtrip-stores", "redis", "-roundtrip-scale", "0.01",
@@ -157,7 +159,7 @@ func TestRun_smoke(t *testing.T) {
 	}
 	section := doc[len(above) : len(doc)-len(below)]
 	for _, want := range []string{
-		"## Targets of issues 14, 21, 24, 29, 31 and 46", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
+		"## Targets of issues 14, 21, 24, 29, 31, 45 and 46", "Run `" + o.runID + "`", "2 repetitions", "Load average", "CPU: ", "Go: go", "Redis ", "PostgreSQL ", "MariaDB/MySQL ",
 		"Command: `inboxbench -sections micro,router,roundtrip,sizing -reps 2 ",
 		"| Sizing (issue 46): PostgreSQL bytes per processed key ÷ its floor | ", "| ≤ 1.35 |",
 		"| Sizing (issue 46): MariaDB, the same with the janitor deleting at the write rate ÷ empty | ",
@@ -179,13 +181,13 @@ func TestRun_smoke(t *testing.T) {
 		}
 	}
 	// Every variant ran: every row has a figure, and a row with a target a
-	// verdict; but issues 21's and 31's, whose section did not run.
+	// verdict; but issues 21's, 31's and 45's, whose sections did not run.
 	rows, failureRows := 0, 0
 	for _, l := range strings.Split(section, "\n") {
 		if !strings.HasPrefix(l, "| Kafka") && !strings.HasPrefix(l, "| RabbitMQ") && !strings.HasPrefix(l, "| Redis") && !strings.HasPrefix(l, "| Guard") && !strings.HasPrefix(l, "| Sizing") {
 			continue
 		}
-		if strings.Contains(l, ", failures (issue 21): ") {
+		if strings.Contains(l, ", failures (issue 21): ") || strings.Contains(l, ", order per key (issue 45), ") {
 			failureRows++
 			if !strings.Contains(l, "| not run |") || strings.Contains(l, "met |") {
 				t.Errorf("row of the failures section, which did not run: %s", l)
@@ -211,9 +213,10 @@ func TestRun_smoke(t *testing.T) {
 	// 4 the store's and the middleware's costs apart),
 	// issue 24's 16 against the floors and 4 against the Deduplicator at
 	// 250 µs, issue 13's 2 guards, issue 46's 10 of the sizing section;
-	// issues 21's and 31's 22 of the failures section.
-	if rows != 55 || failureRows != 22 {
-		t.Errorf("%d rows in the targets table and %d of issues 21 and 31, want 55 and 22:\n%s", rows, failureRows, section)
+	// issues 21's and 31's 22 of the failures section, issue 45's 6 of the
+	// order section.
+	if rows != 55 || failureRows != 28 {
+		t.Errorf("%d rows in the targets table and %d of issues 21, 31 and 45, want 55 and 28:\n%s", rows, failureRows, section)
 	}
 }
 
@@ -301,6 +304,12 @@ func TestParseFlags_rejects_bad_values(t *testing.T) {
 		{"-sizing-stores", "redis,cassandra"},
 		{"-sizing-prefill-stores", "sqlite"},
 		{"-sizing-postgres", "/nonexistent"},
+		{"-order-keys", "0"},
+		{"-order-unset-keys", "-1"},
+		{"-order-reps", "-1"},
+		{"-order-stores", "redis,mongo"},
+		{"-order-stores", "redis,redis"},
+		{"-order-stores", ""},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
@@ -1159,5 +1168,183 @@ func TestOwnServer_exits_early(t *testing.T) {
 	_, err = startRedis(context.Background(), bin)
 	if err == nil || !strings.Contains(err.Error(), "exited before it answered") {
 		t.Fatalf("startRedis(%s): %v, want an error saying it exited before it answered", bin, err)
+	}
+}
+
+// TestOrder_smoke runs the order section once on the memory store with
+// kfake, tiny (40 ordering keys of 10 messages; 16 for redelivery-unset)
+// and a 100 ms backoff, and checks its table: every variant's row, no
+// message applied twice, none lost (run would fail), no message out of its
+// key's order with OrderKey or without Redelivery, and some out of order
+// in the unordered variant, whose failed messages are applied after the
+// later ones of their keys: the check sees a broken order. Only the
+// ordered variant's claims answer Behind; the redelivery-unset variant
+// hands nothing off. It measures nothing; `make bench` does.
+func TestOrder_smoke(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags([]string{
+		"-sections", "order", "-order-stores", "memory", "-order-keys", "40", "-order-unset-keys", "16", "-order-reps", "1",
+		"-failures-backoff", "100ms", "-kafka", "",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, progress bytes.Buffer
+	if err := run(ctx, o, &out, &progress); err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	report := out.String()
+	if !strings.Contains(report, "## Order per key (issue 45)\n") {
+		t.Fatalf("report lacks the order section:\n%s", report)
+	}
+	tables := tablesAfter(report, "### memory\n")
+	if len(tables) != 1 {
+		t.Fatalf("%d tables in the order section, want 1:\n%s", len(tables), report)
+	}
+	want := map[string]int{"ordered": 400, "unordered": 400, "redelivery-unset": 160}
+	for v, n := range want {
+		row := tables[0][v]
+		if row == nil {
+			t.Errorf("no row for %s:\n%s", v, report)
+			continue
+		}
+		if got := number(row["messages"]); got != float64(n) {
+			t.Errorf("%s: %v messages, want %d", v, got, n)
+		}
+		if x := number(row["msg/s until 90% processed"]); !(x > 0) {
+			t.Errorf("%s: msg/s until 90%% %q, want a rate", v, row["msg/s until 90% processed"])
+		}
+		if x := number(row["failed attempts"]); !(x >= float64(n)/10) {
+			t.Errorf("%s: %v failed attempts, want at least a tenth of %d", v, x, n)
+		}
+		if row["applied twice"] != "0" {
+			t.Errorf("%s: applied twice %q, want 0", v, row["applied twice"])
+		}
+		outOfOrder := number(row["out of order"])
+		behind := number(row["Behind per message"])
+		switch v {
+		case "unordered":
+			if !(outOfOrder > 0) || !(number(row["keys out of order"]) > 0) {
+				t.Errorf("unordered: %q messages and %q keys out of order, want some: the check misses a broken order", row["out of order"], row["keys out of order"])
+			}
+			if behind != 0 {
+				t.Errorf("unordered: Behind per message %v, want 0 without OrderKey", behind)
+			}
+		default:
+			if outOfOrder != 0 || row["keys out of order"] != "0" {
+				t.Errorf("%s: %q messages and %q keys out of order, want 0", v, row["out of order"], row["keys out of order"])
+			}
+		}
+		if v == "ordered" && !(behind > 0) {
+			t.Errorf("ordered: Behind per message %q, want some: later messages of a failed one's key wait behind it", row["Behind per message"])
+		}
+		if most, delay := number(row["most of one message"]), number(row["hand-offs behind: delay median, ms"]); v == "ordered" && !(most >= 1 && delay >= 0) || v != "ordered" && (most != 0 || !math.IsNaN(delay)) {
+			t.Errorf("%s: hand-offs behind: most of one message %v, delay median %v; want figures for ordered alone", v, most, delay)
+		}
+		// Where order holds, no message comes before its floor.
+		if floor, at90 := number(row["90% floor, s"]), number(row["90% after, s"]); !(floor > 0) || v != "unordered" && floor > at90 {
+			t.Errorf("%s: 90%% floor %v s, want a time, no later than the 90%% point's (%v s) where order holds", v, floor, at90)
+		}
+		if hand := number(row["hand-offs per message"]); v == "redelivery-unset" && hand != 0 || v != "redelivery-unset" && !(hand > 0) {
+			t.Errorf("%s: hand-offs per message %v, want none exactly without Redelivery", v, hand)
+		}
+		if x := number(row["ordered ÷"]); v == "ordered" != math.IsNaN(x) {
+			t.Errorf("%s: ordered ÷ %q, want a ratio but in the ordered row", v, row["ordered ÷"])
+		}
+	}
+}
+
+// TestVerifyOrder: the order check counts the messages applied after a
+// later one of their key, the keys with any, and a lost message's error;
+// and the lags of the messages behind a failed attempt.
+func TestVerifyOrder(t *testing.T) {
+	t.Parallel()
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	probe := func(orders map[string][]int) *failProbe {
+		p := &failProbe{keys: map[string]*keyRuns{}, applied: map[string][]*keyRuns{}, t0: at(0)}
+		for key, seqs := range orders {
+			for i, seq := range seqs {
+				k := &keyRuns{orderKey: key, seq: seq, ok: 1, applied: at(100 * (i + 1)), seen: at(10 * seq)}
+				if key == "a" && seq == 1 {
+					k.fails = []time.Time{at(0)}
+				}
+				p.keys[fmt.Sprintf("%s-%d", key, seq)] = k
+				p.applied[key] = append(p.applied[key], k)
+				p.n++
+			}
+		}
+		return p
+	}
+	for _, c := range []struct {
+		name           string
+		orders         map[string][]int
+		out, keys, lag int
+	}{
+		{"in order", map[string][]int{"a": {0, 1, 2, 3}, "b": {0, 1}}, 0, 0, 2},
+		{"one late", map[string][]int{"a": {0, 2, 3, 1}, "b": {0, 1}}, 1, 1, 2},
+		{"two keys broken", map[string][]int{"a": {1, 0, 2, 3}, "b": {1, 0}}, 2, 2, 2},
+		{"reversed", map[string][]int{"a": {3, 2, 1, 0}, "b": {0, 1}}, 3, 1, 2},
+	} {
+		p := probe(c.orders)
+		var res failTrial
+		if err := p.verifyOrder(&res); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if res.outOfOrder != c.out || res.keysOutOfOrder != c.keys || len(res.lags) != c.lag {
+			t.Errorf("%s: %d messages and %d keys out of order, %d lags; want %d, %d, %d", c.name, res.outOfOrder, res.keysOutOfOrder, len(res.lags), c.out, c.keys, c.lag)
+		}
+	}
+	// a's messages 2 and 3 are held behind its message 1, applied at 200
+	// ms: the fourth of the four messages (90%) could come no sooner.
+	p := probe(map[string][]int{"a": {0, 1, 2, 3}})
+	if r := (failTrial{}); p.verifyOrder(&r) != nil || r.floor90 != 200*time.Millisecond {
+		t.Errorf("90%% floor %s, want 200ms", r.floor90)
+	}
+	if lags := func() []time.Duration { var r failTrial; _ = p.verifyOrder(&r); return r.lags }(); !slices.Equal(lags, []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}) {
+		t.Errorf("lags %v, want 100 ms each for a's messages 2 and 3, behind its failed message 1", lags)
+	}
+	p.keys["a-4"] = &keyRuns{orderKey: "a", seq: 4}
+	p.n++
+	var res failTrial
+	if err := p.verifyOrder(&res); !errors.Is(err, errLost) {
+		t.Errorf("a message never applied: %v, want errLost", err)
+	}
+	// In a trial cut at its timeout, it is unfinished, not lost.
+	res = failTrial{cut: time.Minute}
+	if err := p.verifyOrder(&res); err != nil || res.unfinished != 1 {
+		t.Errorf("a message not applied when the trial was cut: %v, %d unfinished; want no error, 1", err, res.unfinished)
+	}
+}
+
+// TestOrderTargets: issue 45's rows divide the ordered variant's
+// throughput until 90% by the others' within each repetition, and total
+// the ordered variant's violations.
+func TestOrderTargets(t *testing.T) {
+	t.Parallel()
+	trial := func(keys int, t90 time.Duration, out int) failTrial {
+		return failTrial{keys: keys, t90: t90, outOfOrder: out}
+	}
+	rep := &report{order: &orderResults{stores: []string{"redis"}, keys: 2000, unsetKeys: 200, reps: 2, trials: map[string]map[string][]failTrial{"redis": {
+		"ordered":          {trial(20000, 4*time.Second, 0), trial(20000, 5*time.Second, 1)},
+		"unordered":        {trial(20000, 2*time.Second, 9), trial(20000, 2*time.Second, 8)},
+		"redelivery-unset": {trial(2000, 10*time.Second, 0), trial(2000, 20*time.Second, 0)},
+	}}}}
+	got := map[string][]float64{}
+	for _, row := range rep.orderTargets() {
+		if strings.Contains(row.what, "Redis: ") {
+			got[row.what[strings.Index(row.what, "Redis: "):]] = row.values
+		}
+	}
+	want := map[string][]float64{
+		"Redis: messages processed per second until 90% were processed, ordered ÷ unordered (both with Redelivery)":                                    {0.5, 0.4},
+		"Redis: the same, ordered ÷ redelivery-unset (no Redelivery, no OrderKey: the consumer waits out the backoff; 200 keys × 10 messages a trial)": {25, 40},
+		"Redis: ordered: messages applied after a later message of their ordering key (violations)":                                                    {0, 1},
+	}
+	for what, w := range want {
+		if g, ok := got[what]; !ok || len(g) != len(w) || !slices.EqualFunc(g, w, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }) {
+			t.Errorf("%s: %v, want %v (rows: %v)", what, g, w, got)
+		}
 	}
 }

@@ -28,6 +28,7 @@ type report struct {
 	micro     *microResults
 	router    *routerResults
 	failures  *failuresResults
+	order     *orderResults
 	roundtrip *rtResults
 	sizing    *sizingResults
 }
@@ -84,7 +85,7 @@ func describeMachine(ctx context.Context, o options) []string {
 		}
 	}
 	var services []string
-	if o.has("router") || o.has("failures") || o.has("roundtrip") || o.has("sizing") {
+	if o.has("router") || o.has("failures") || o.has("order") || o.has("roundtrip") || o.has("sizing") {
 		if ro, err := redis.ParseURL(o.redisURL); err == nil {
 			c := redis.NewClient(ro)
 			if info, err := c.InfoMap(ctx, "server").Result(); err == nil {
@@ -117,7 +118,7 @@ func describeMachine(ctx context.Context, o options) []string {
 			_ = db.Close()
 		}
 	}
-	if o.has("router") || o.has("failures") {
+	if o.has("router") || o.has("failures") || o.has("order") {
 		if c, err := amqp091.Dial(o.amqpURL); err == nil {
 			if v, ok := c.Properties["version"].(string); ok {
 				services = append(services, "RabbitMQ "+v)
@@ -141,6 +142,9 @@ func (r *report) repetitions() string {
 	if r.failures != nil && r.failures.reps != r.opts.reps {
 		reps += fmt.Sprintf(" (%s in the failures section, -failures-reps)", repetitions(r.failures.reps))
 	}
+	if r.order != nil && r.order.reps != r.opts.reps {
+		reps += fmt.Sprintf(" (%s in the order section, -order-reps)", repetitions(r.order.reps))
+	}
 	return reps
 }
 
@@ -160,6 +164,9 @@ func (r *report) markdown() string {
 	}
 	if r.failures != nil {
 		r.failures.markdown(&b)
+	}
+	if r.order != nil {
+		r.order.markdown(&b)
 	}
 	if r.micro != nil {
 		r.micro.markdown(&b)
