@@ -34,7 +34,7 @@
 //     against their backoff, the dead keys' attempts, the hand-offs and
 //     store calls per failed attempt, and the inbox's ratio with failures
 //     relative to the floor's;
-//  4. order per key (issue 45): Kafka with 16 partitions, ordering keys of
+//  4. order per key: Kafka with 16 partitions, ordering keys of
 //     10 messages each, 10% of first attempts failing, with
 //     Config.OrderKey and Redelivery, with Redelivery alone, and with
 //     neither (the consumer waits out the backoff): messages processed per

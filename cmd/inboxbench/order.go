@@ -13,7 +13,7 @@ import (
 	inboxmw "github.com/watermill-inbox/inbox/middleware"
 )
 
-// The order section (issue 45): Kafka with orderPartitions partitions,
+// The order section: Kafka with orderPartitions partitions,
 // -order-keys ordering keys with orderMessagesPerKey messages each,
 // published in turn (the first message of every key, then the second of
 // every one...) with the ordering key as the record key, each key on one
@@ -187,7 +187,7 @@ func (r *orderResults) markdown(b *strings.Builder) {
 	p("Variants: `ordered`, `Config.OrderKey: inboxkafka.OrderByRecordKey` with `Redelivery` (the Kafka retry topics, %s); `unordered`, the same without `OrderKey`; `redelivery-unset`, neither: the consumer waits out each backoff, blocking its partition, which keeps the order by itself, at %d keys (%d messages) a trial: at the others' size a trial would take minutes. ",
 		retryPartitionsName(r.retryPartitions), r.unsetKeys, r.unsetKeys*orderMessagesPerKey)
 	p("%s, the variants in an order rotated from one to the next; ratios within a repetition.\n\n", strings.ToUpper(repetitions(r.reps)[:1])+repetitions(r.reps)[1:])
-	p("**Throughput**: messages processed (effect applied) per second from the first delivery until 90%% of the trial's were; **ordered ÷** is the ordered variant's over this one's, within each repetition. **Behind**: the claims the store answered `inbox.Behind` (a message waiting behind an earlier one of its key: handed to the retry topics); **hand-offs behind**: the delays the middleware gave those hand-offs (before the retry topics' ladder rounds them up; from a message's fourth on, at least `Backoff` of the hand-offs past the third), and the most hand-offs of one message that way. **90%% floor**: when the 90%% point would have come had each key's first failed message been applied when it was, every later one of the key as soon as that one was, the others at their first delivery: what waiting out the failed messages' own backoffs costs order, whatever is done with the messages behind them. **Lag**: for every message whose key had a failed attempt before it, the time from its predecessor's effect to its own. **All after**: until every message was applied; a trial past its 90%% point but unfinished %s after its consumers started is cut there (-order-timeout), its messages not applied by then counted. **Out of order**: messages applied after a later message of their key (must be 0 with `OrderKey`, and without `Redelivery`); a message not applied by the end of a trial not cut fails the run. Counts are totals over the repetitions, lags pooled, other figures medians.\n\n", r.timeout)
+	p("**Throughput**: messages processed (effect applied) per second from the first delivery until 90%% of the trial's were; **ordered ÷** is the ordered variant's over this one's, within each repetition. **Behind**: the claims the store answered `inbox.Behind` (a message waiting behind an earlier one of its key: handed to the retry topics); **hand-offs behind**: the delays the middleware gave those hand-offs (before the retry topics' ladder rounds them up; at least a quarter of the time the message has waited behind), and the most hand-offs of one message that way. **90%% floor**: when the 90%% point would have come had each key's first failed message been applied when it was, every later one of the key as soon as that one was, the others at their first delivery: what waiting out the failed messages' own backoffs costs order, whatever is done with the messages behind them. **Lag**: for every message whose key had a failed attempt before it, the time from its predecessor's effect to its own. **All after**: until every message was applied; a trial past its 90%% point but unfinished %s after its consumers started is cut there (-order-timeout), its messages not applied by then counted. **Out of order**: messages applied after a later message of their key (must be 0 with `OrderKey`, and without `Redelivery`); a message not applied by the end of a trial not cut fails the run. Counts are totals over the repetitions, lags pooled, other figures medians.\n\n", r.timeout)
 	for _, s := range r.stores {
 		p("### %s\n\n", orderStoreNames[s])
 		p("| variant | messages | msg/s until 90%% processed | ordered ÷ | 90%% after, s | 90%% floor, s | all after, s | failed attempts | hand-offs per message | Behind per message | store round trips per message until 90%% | hand-offs behind: delay median, ms | p90, ms | most of one message | lag: median, ms | p90, ms | out of order | keys out of order | applied twice |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -245,7 +245,7 @@ func (r *orderResults) markdown(b *strings.Builder) {
 }
 
 // orderTargets are the order section's rows, on Redis and PostgreSQL:
-// issue 45's two ratios of messages processed per second until 90% were,
+// the two target ratios of messages processed per second until 90% were,
 // and the ordered variant's violations.
 func (rep *report) orderTargets() []targetRow {
 	r := rep.order

@@ -74,10 +74,12 @@
 // [DDL], holds a row per order key that has a gate (its head, the keys
 // waiting behind it in their order, and when it expires: the retention
 // plus the default lease after its last change; reads ignore an expired
-// gate, and cleanup deletes it after the expired records). A TryBegin or Fail with an
-// OrderKey leaves the batch's waves and runs alone, in a short
-// transaction that holds an advisory lock of its order key; calls without
-// one keep the waves and their statements. On a table made without the
+// gate, and cleanup deletes it after the expired records). A TryBegin
+// whose OrderKey has no live gate (read in one statement per batch) runs
+// as one without; a TryBegin whose OrderKey has one, and a Fail with an
+// OrderKey, leave the batch's waves and run alone, in a short transaction
+// that holds an advisory lock of its order key; calls without one keep
+// the waves and their statements. On a table made without the
 // gate table (by an earlier version, with migrate off) calls with an
 // OrderKey fail with an error wrapping [inbox.ErrStoreUnavailable] that
 // says to migrate; the others work. MySQL, MariaDB and SQLite keep no

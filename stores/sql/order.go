@@ -23,8 +23,11 @@ import (
 // reads ignore an expired gate, and the next write replaces it; cleanup
 // deletes it after the expired records, see cleanupGates).
 //
-// The ops that carry an order key (a Claim with Op.OrderKey, a Fail with
-// Op.Failure.OrderKey) leave the batch's waves: each is a short
+// A batch's Claims with an order key first read which of their order keys
+// have a live gate (ungated): the others, most of them, run as Claims
+// without an order key. The other ops that carry an order key (a Claim
+// whose order key has a gate, a Fail with Op.Failure.OrderKey) leave the
+// batch's waves: each is a short
 // transaction of its own that takes a transaction-scoped advisory lock of
 // its order key (so that the ops of one order key take turns, with or
 // without a gate row to lock), reads the gate and the records of its keys,
