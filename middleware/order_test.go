@@ -12,10 +12,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testenv"
 	"github.com/watermill-inbox/inbox/middleware"
+	"github.com/watermill-inbox/inbox/stores/memory"
 )
 
 // byAccount is a Config.OrderKey: the message's "account" metadata.
@@ -136,19 +138,7 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 	logs := watermill.NewCaptureLogger()
 	ib := newInbox(t, inboxmw.Config{Store: store, Redelivery: broker, Backoff: fixedBackoff(time.Millisecond), OrderKey: byAccount,
 		Metrics: rec, Logger: logs})
-	var fx effects
-	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
-		id := m.Metadata.Get("IdempotencyKey")
-		if id == "a1" {
-			return nil, inbox.Permanent(errBoom)
-		}
-		fx.apply(id)
-		return nil, nil
-	}, poisoned())
-
-	publish(t, ps, ofAccount("a1", "A"))
-	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
-	publish(t, ps, ofAccount("a2", "A"))
+	fx := behindDeadA1(t, ps, store, ib)
 	a2 := func() (hs []handoff) {
 		for _, h := range broker.handoffs() {
 			if h.meta.Get("IdempotencyKey") == "a2" {
@@ -198,6 +188,26 @@ func TestOrderKey_behind_a_dead_message_backs_off_until_released(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "a2 processed once a1 was let go", func() bool { return slices.Contains(fx.get(), "a2") })
+}
+
+// behindDeadA1 starts a router through ib whose handler fails a1 for good
+// (inbox.Permanent) and applies the others, publishes a1 (account A) and,
+// once a1 is dead, a2 of the same account.
+func behindDeadA1(t *testing.T, ps *gochannel.GoChannel, store *memory.Store, ib *inboxmw.Inbox) *effects {
+	t.Helper()
+	var fx effects
+	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
+		id := m.Metadata.Get("IdempotencyKey")
+		if id == "a1" {
+			return nil, inbox.Permanent(errBoom)
+		}
+		fx.apply(id)
+		return nil, nil
+	}, poisoned())
+	publish(t, ps, ofAccount("a1", "A"))
+	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
+	publish(t, ps, ofAccount("a2", "A"))
+	return &fx
 }
 
 // poisoned is a middleware, outside the inbox's, that acks a message whose
@@ -365,19 +375,7 @@ func TestOrderKey_waiting_in_process_behind_a_dead_message_counts_behind(t *test
 	store := newMemory(t)
 	rec := newRecorder()
 	ib := newInbox(t, inboxmw.Config{Store: store, OrderKey: byAccount, MaxBusyWait: 100 * time.Millisecond, Metrics: rec})
-	var fx effects
-	startRouter(t, ps, nil, "", ib, func(m *message.Message) ([]*message.Message, error) {
-		id := m.Metadata.Get("IdempotencyKey")
-		if id == "a1" {
-			return nil, inbox.Permanent(errBoom)
-		}
-		fx.apply(id)
-		return nil, nil
-	}, poisoned())
-
-	publish(t, ps, ofAccount("a1", "A"))
-	testenv.Eventually(t, 5*time.Second, "a1 dead", func() bool { return getRecord(t, store, "a1").State == inbox.StateDead })
-	publish(t, ps, ofAccount("a2", "A"))
+	fx := behindDeadA1(t, ps, store, ib)
 	testenv.Eventually(t, 5*time.Second, "a2 nacked behind a1", func() bool { return rec.get(inboxmw.OutcomeBehind) >= 2 })
 	if n := rec.get(inboxmw.OutcomeBusy); n != 0 {
 		t.Errorf("busy counted %d: a2 waits behind a1, no lease holds it (%v)", n, rec)
